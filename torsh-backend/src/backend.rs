@@ -1,0 +1,508 @@
+//! [`Backend`]: the public handle to one device, how it is found ([`Backend::auto`],
+//! [`Backend::available`], [`Backend::list_devices`]) and configured ([`BackendBuilder`] and the
+//! per-backend builders).
+//!
+//! A `Backend` is a cheap, cloneable handle (an `Arc`) to one `dyn ComputeBackend` instance. Tensors keep
+//! their backend alive. Ops live in [`crate::ops`], one file per family, as methods on `Backend`.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::ComputeBackend;
+use crate::device::{BackendType, DeviceInfo};
+use crate::error::{BackendError, Result};
+
+/// The seed a new backend's random stream starts from (see [`Backend::manual_seed`]).
+pub const DEFAULT_SEED: u64 = 0x7043_6b5f_5eed;
+
+/// Settings a backend was built with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendConfig {
+    /// The backend kind (never `Auto` once built).
+    pub backend_type: BackendType,
+    /// Device index within the backend.
+    pub device_id: usize,
+    /// Worker threads requested for the CPU backend (`None`: all cores).
+    pub num_threads: Option<usize>,
+    /// Whether SIMD kernels may be used (CPU).
+    pub enable_simd: bool,
+    /// Whether f32 GEMM/conv may use reduced-precision tensor cores (TF32). Off by default, as in
+    /// PyTorch; backends without tensor cores ignore it.
+    pub enable_tensor_cores: bool,
+    /// Whether cuDNN may serve convolutions (CUDA).
+    pub enable_cudnn: bool,
+    /// Whether Metal Performance Shaders may be used (Metal).
+    pub enable_mps: bool,
+}
+
+impl BackendConfig {
+    fn new(backend_type: BackendType) -> Self {
+        BackendConfig {
+            backend_type,
+            device_id: 0,
+            num_threads: None,
+            enable_simd: true,
+            enable_tensor_cores: false,
+            enable_cudnn: true,
+            enable_mps: false,
+        }
+    }
+}
+
+struct Inner {
+    compute: Box<dyn ComputeBackend>,
+    config: BackendConfig,
+    seed: AtomicU64,
+    draws: AtomicU64,
+}
+
+/// A handle to one device's backend. Clone it freely: clones share the device, its memory and its
+/// random stream.
+#[derive(Clone)]
+pub struct Backend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend")
+            .field("backend_type", &self.inner.config.backend_type)
+            .field("device_id", &self.inner.config.device_id)
+            .finish()
+    }
+}
+
+/// Whether a backend kind can be used on this machine, and why not.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendStatus {
+    /// The backend kind.
+    pub backend_type: BackendType,
+    /// `Ok` when usable; otherwise the reason, as `Backend::new` would report it.
+    pub availability: std::result::Result<(), String>,
+}
+
+impl Backend {
+    /// A backend of `backend_type` on device 0 with default settings. `Auto` picks the best available
+    /// (see [`Backend::auto`]); a kind that cannot run here is `Unavailable` with the reason.
+    pub fn new(backend_type: BackendType) -> Result<Backend> {
+        BackendBuilder::new().backend_type(backend_type).build()
+    }
+
+    /// The best available backend: CUDA, then ROCm, Metal, a GPU through WebGPU, then the CPU. The CPU
+    /// is always available, so this fails only if every candidate failed to initialise.
+    pub fn auto() -> Result<Backend> {
+        let mut last = None;
+        for kind in BackendType::CONCRETE {
+            if kind == BackendType::Reference {
+                continue;
+            }
+            match Backend::new(kind) {
+                Ok(b) => return Ok(b),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(BackendError::Unavailable {
+            backend: BackendType::Auto,
+            reason: "no backend could be initialised".into(),
+        }))
+    }
+
+    /// The backend kinds that can run on this machine, best first (the order [`Backend::auto`] tries).
+    pub fn available() -> Vec<BackendType> {
+        Backend::probe()
+            .into_iter()
+            .filter(|s| s.availability.is_ok())
+            .map(|s| s.backend_type)
+            .collect()
+    }
+
+    /// Every concrete backend kind with its availability and, where unavailable, the reason.
+    pub fn probe() -> Vec<BackendStatus> {
+        BackendType::CONCRETE
+            .into_iter()
+            .map(|kind| BackendStatus {
+                backend_type: kind,
+                availability: match unavailable_reason(kind) {
+                    None => Ok(()),
+                    Some(reason) => Err(reason),
+                },
+            })
+            .collect()
+    }
+
+    /// Every device of every available backend.
+    pub fn list_devices() -> Result<Vec<DeviceInfo>> {
+        Backend::available()
+            .into_iter()
+            .map(|kind| Backend::new(kind).map(|b| b.device_info()))
+            .collect()
+    }
+
+    /// The scalar reference backend, the oracle of the parity suite.
+    pub fn reference() -> Result<Backend> {
+        Backend::new(BackendType::Reference)
+    }
+
+    /// A builder for the CPU backend.
+    pub fn cpu() -> CpuBuilder {
+        CpuBuilder {
+            config: BackendConfig::new(BackendType::Cpu),
+        }
+    }
+
+    /// A builder for the CUDA backend.
+    pub fn cuda() -> CudaBuilder {
+        CudaBuilder {
+            config: BackendConfig::new(BackendType::Cuda),
+        }
+    }
+
+    /// A builder for the Metal backend.
+    pub fn metal() -> MetalBuilder {
+        MetalBuilder {
+            config: BackendConfig::new(BackendType::Metal),
+        }
+    }
+
+    /// A builder for the WebGPU backend.
+    pub fn webgpu() -> WebGpuBuilder {
+        WebGpuBuilder {
+            config: BackendConfig::new(BackendType::WebGpu),
+        }
+    }
+
+    /// A builder for the ROCm backend.
+    pub fn rocm() -> RocmBuilder {
+        RocmBuilder {
+            config: BackendConfig::new(BackendType::Rocm),
+        }
+    }
+
+    /// A backend of the same kind and settings on device `index`. `InvalidArgument` when the backend
+    /// has no such device.
+    pub fn device(&self, index: usize) -> Result<Backend> {
+        let mut config = self.inner.config.clone();
+        config.device_id = index;
+        build(config)
+    }
+
+    /// Blocks until all work submitted to this backend has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.compute.synchronize()
+    }
+
+    /// The backend kind.
+    pub fn backend_type(&self) -> BackendType {
+        self.inner.config.backend_type
+    }
+
+    /// The settings this backend was built with.
+    pub fn config(&self) -> &BackendConfig {
+        &self.inner.config
+    }
+
+    /// A description of the device.
+    pub fn device_info(&self) -> DeviceInfo {
+        let mut info = self.inner.compute.device_info();
+        if let Some(n) = self.inner.config.num_threads {
+            info.details
+                .push(("threads requested".into(), n.to_string()));
+        }
+        info
+    }
+
+    /// The low-level backend, for callers that manage raw device memory themselves.
+    pub fn compute(&self) -> &dyn ComputeBackend {
+        self.inner.compute.as_ref()
+    }
+
+    /// True when both handles refer to the same backend instance (tensors of one can be used with the
+    /// other without a copy).
+    pub fn same_instance(&self, other: &Backend) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Restarts this backend's random stream at `seed`: the sequence of `randn`/`rand` results that
+    /// follows is then reproducible, on every backend kind.
+    pub fn manual_seed(&self, seed: u64) {
+        self.inner.seed.store(seed, Ordering::SeqCst);
+        self.inner.draws.store(0, Ordering::SeqCst);
+    }
+
+    /// The seed for the next random tensor: a hash of the stream seed and the number of draws so far.
+    pub(crate) fn next_seed(&self) -> u64 {
+        let draw = self.inner.draws.fetch_add(1, Ordering::SeqCst);
+        crate::rng::bits(self.inner.seed.load(Ordering::SeqCst), draw)
+    }
+}
+
+/// Why `kind` cannot run here, or `None` when it can.
+fn unavailable_reason(kind: BackendType) -> Option<String> {
+    match kind {
+        BackendType::Cpu | BackendType::Reference => None,
+        BackendType::Auto => None,
+        BackendType::Cuda => Some(not_built("CUDA", cfg!(feature = "cuda"), "cuda")),
+        BackendType::WebGpu => Some(not_built("WebGPU", cfg!(feature = "webgpu"), "webgpu")),
+        BackendType::Rocm => Some(not_built("ROCm", cfg!(feature = "rocm"), "rocm")),
+        BackendType::Metal => Some(if cfg!(target_vendor = "apple") {
+            not_built("Metal", cfg!(feature = "metal"), "metal")
+        } else {
+            "Metal exists only on Apple platforms".into()
+        }),
+    }
+}
+
+fn not_built(name: &str, feature_on: bool, feature: &str) -> String {
+    if feature_on {
+        format!("the `{feature}` feature is enabled, but this version of torsh-backend does not contain a {name} backend yet")
+    } else {
+        format!("this version of torsh-backend does not contain a {name} backend yet (its feature flag is `{feature}`)")
+    }
+}
+
+fn build(config: BackendConfig) -> Result<Backend> {
+    let kind = config.backend_type;
+    if kind == BackendType::Auto {
+        let mut auto = Backend::auto()?;
+        // Carry the user's settings onto the chosen backend.
+        let chosen = auto.backend_type();
+        let mut merged = config;
+        merged.backend_type = chosen;
+        if merged != auto.inner.config {
+            auto = build(merged)?;
+        }
+        return Ok(auto);
+    }
+    if let Some(reason) = unavailable_reason(kind) {
+        return Err(BackendError::Unavailable {
+            backend: kind,
+            reason,
+        });
+    }
+    if config.device_id != 0 {
+        return Err(BackendError::invalid(
+            "device",
+            format!(
+                "device index {} is out of range: the {kind} backend has 1 device (index 0)",
+                config.device_id
+            ),
+        ));
+    }
+    if config.num_threads == Some(0) {
+        return Err(BackendError::invalid(
+            "num_threads",
+            "the thread count must be at least 1",
+        ));
+    }
+    let mut compute: Box<dyn ComputeBackend> = match kind {
+        BackendType::Cpu | BackendType::Reference => Box::new(ReferenceBackend::new(kind)),
+        _ => {
+            return Err(BackendError::Unavailable {
+                backend: kind,
+                reason: "no implementation".into(),
+            })
+        }
+    };
+    compute.init()?;
+    Ok(Backend {
+        inner: Arc::new(Inner {
+            compute,
+            config,
+            seed: AtomicU64::new(DEFAULT_SEED),
+            draws: AtomicU64::new(0),
+        }),
+    })
+}
+
+/// Configures any backend kind, as in seed 001:
+/// `BackendBuilder::new().backend_type(BackendType::Cpu).device_id(0).build()`.
+#[derive(Clone, Debug)]
+pub struct BackendBuilder {
+    config: BackendConfig,
+    memory_pool_size: Option<usize>,
+}
+
+impl Default for BackendBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BackendBuilder {
+    /// A builder for `BackendType::Auto` on device 0.
+    pub fn new() -> Self {
+        BackendBuilder {
+            config: BackendConfig::new(BackendType::Auto),
+            memory_pool_size: None,
+        }
+    }
+
+    /// The backend kind (`Auto` by default).
+    pub fn backend_type(mut self, backend_type: BackendType) -> Self {
+        self.config.backend_type = backend_type;
+        self
+    }
+
+    /// The device index (0 by default).
+    pub fn device_id(mut self, device_id: usize) -> Self {
+        self.config.device_id = device_id;
+        self
+    }
+
+    /// Bounds device memory through the shared memory pool. The pool is not built yet, so `build`
+    /// returns `FeatureUnavailable` when this is set rather than ignoring the bound.
+    pub fn memory_pool_size(mut self, bytes: usize) -> Self {
+        self.memory_pool_size = Some(bytes);
+        self
+    }
+
+    /// Allows TF32 tensor cores for f32 GEMM and convolution (off by default).
+    pub fn enable_tensor_cores(mut self, enable: bool) -> Self {
+        self.config.enable_tensor_cores = enable;
+        self
+    }
+
+    /// CPU worker threads (`InvalidArgument` at `build` for 0).
+    pub fn num_threads(mut self, n: usize) -> Self {
+        self.config.num_threads = Some(n);
+        self
+    }
+
+    /// Whether CPU SIMD kernels may be used.
+    pub fn enable_simd(mut self, enable: bool) -> Self {
+        self.config.enable_simd = enable;
+        self
+    }
+
+    /// Builds the backend: `Unavailable` when the kind cannot run here, `InvalidArgument` for a device
+    /// index out of range, `FeatureUnavailable` for a memory-pool bound (not built yet).
+    pub fn build(self) -> Result<Backend> {
+        if let Some(bytes) = self.memory_pool_size {
+            return Err(BackendError::FeatureUnavailable {
+                feature: "memory_pool_size",
+                reason: format!(
+                    "the memory pool that would enforce a {bytes}-byte bound is not built yet"
+                ),
+            });
+        }
+        build(self.config)
+    }
+}
+
+/// Configures the CPU backend: `Backend::cpu().num_threads(8).enable_simd(true).build()`.
+///
+/// Until the CPU backend's own kernels land, the CPU is served by the scalar reference kernels on one
+/// thread; `device_info()` reports the threads requested and the threads used.
+#[derive(Clone, Debug)]
+pub struct CpuBuilder {
+    config: BackendConfig,
+}
+
+impl CpuBuilder {
+    /// Worker threads (all cores by default; `InvalidArgument` at `build` for 0).
+    pub fn num_threads(mut self, n: usize) -> Self {
+        self.config.num_threads = Some(n);
+        self
+    }
+
+    /// Whether SIMD kernels may be used (`false` forces the scalar path).
+    pub fn enable_simd(mut self, enable: bool) -> Self {
+        self.config.enable_simd = enable;
+        self
+    }
+
+    /// Builds the CPU backend.
+    pub fn build(self) -> Result<Backend> {
+        build(self.config)
+    }
+}
+
+/// Configures the CUDA backend: `Backend::cuda().device(0).enable_cudnn(true).build()`.
+#[derive(Clone, Debug)]
+pub struct CudaBuilder {
+    config: BackendConfig,
+}
+
+impl CudaBuilder {
+    /// The GPU index.
+    pub fn device(mut self, index: usize) -> Self {
+        self.config.device_id = index;
+        self
+    }
+
+    /// Whether cuDNN may serve convolutions.
+    pub fn enable_cudnn(mut self, enable: bool) -> Self {
+        self.config.enable_cudnn = enable;
+        self
+    }
+
+    /// Whether f32 GEMM may use TF32 tensor cores.
+    pub fn enable_tensor_cores(mut self, enable: bool) -> Self {
+        self.config.enable_tensor_cores = enable;
+        self
+    }
+
+    /// Builds the CUDA backend (`Unavailable` with the reason where it cannot run).
+    pub fn build(self) -> Result<Backend> {
+        build(self.config)
+    }
+}
+
+/// Configures the Metal backend: `Backend::metal().enable_mps(true).build()`.
+#[derive(Clone, Debug)]
+pub struct MetalBuilder {
+    config: BackendConfig,
+}
+
+impl MetalBuilder {
+    /// Whether Metal Performance Shaders may be used.
+    pub fn enable_mps(mut self, enable: bool) -> Self {
+        self.config.enable_mps = enable;
+        self
+    }
+
+    /// Builds the Metal backend (`Unavailable` with the reason where it cannot run).
+    pub fn build(self) -> Result<Backend> {
+        build(self.config)
+    }
+}
+
+/// Configures the WebGPU backend.
+#[derive(Clone, Debug)]
+pub struct WebGpuBuilder {
+    config: BackendConfig,
+}
+
+impl WebGpuBuilder {
+    /// The adapter index, as listed by [`Backend::list_devices`].
+    pub fn device(mut self, index: usize) -> Self {
+        self.config.device_id = index;
+        self
+    }
+
+    /// Builds the WebGPU backend (`Unavailable` with the reason where it cannot run).
+    pub fn build(self) -> Result<Backend> {
+        build(self.config)
+    }
+}
+
+/// Configures the ROCm backend.
+#[derive(Clone, Debug)]
+pub struct RocmBuilder {
+    config: BackendConfig,
+}
+
+impl RocmBuilder {
+    /// The GPU index.
+    pub fn device(mut self, index: usize) -> Self {
+        self.config.device_id = index;
+        self
+    }
+
+    /// Builds the ROCm backend (`Unavailable` with the reason where it cannot run).
+    pub fn build(self) -> Result<Backend> {
+        build(self.config)
+    }
+}

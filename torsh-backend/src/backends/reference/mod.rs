@@ -1,0 +1,248 @@
+//! The reference backend: scalar, readable kernels that accumulate in f64. It is the oracle every other
+//! backend is compared with, so each kernel is the textbook definition of its op and nothing more.
+//!
+//! Memory lives in host byte buffers behind synthetic device addresses. Fresh allocations are filled
+//! with a NaN pattern, addresses are never reused, and every op checks its regions against the live
+//! allocations before it runs. Ops hold one lock from check to store, so they complete in submission
+//! order. Float dtypes (f32, f64, f16, bf16) are computed in f64 and rounded once on store; integer
+//! dtypes support fill, cast and copies, and math ops on them answer `Unsupported`.
+
+mod adam;
+mod attention;
+mod blas;
+mod conv;
+mod elementwise;
+mod math;
+mod memory;
+mod norm;
+mod pool;
+mod reduce;
+
+use std::sync::{Mutex, MutexGuard};
+
+pub use memory::POISON_BYTE;
+
+use crate::compute::*;
+use crate::device::{host_memory_bytes, BackendType, Device, DeviceInfo};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use memory::HostMemory;
+
+/// The scalar reference backend. `ReferenceBackend::new(BackendType::Reference)` is the oracle;
+/// `BackendType::Cpu` uses the same kernels under the CPU's name until the CPU backend has its own.
+#[derive(Debug)]
+pub struct ReferenceBackend {
+    serves: BackendType,
+    initialized: bool,
+    memory: Mutex<HostMemory>,
+}
+
+impl ReferenceBackend {
+    /// A new, uninitialised instance reporting itself as `serves` (`Reference` or `Cpu`).
+    pub fn new(serves: BackendType) -> Self {
+        ReferenceBackend {
+            serves,
+            initialized: false,
+            memory: Mutex::new(HostMemory::default()),
+        }
+    }
+
+    /// Bytes currently allocated on this instance.
+    pub fn allocated_bytes(&self) -> usize {
+        self.memory().map_or(0, |m| m.table.allocated_bytes())
+    }
+
+    fn memory(&self) -> Result<MutexGuard<'_, HostMemory>> {
+        if !self.initialized {
+            return Err(BackendError::NotInitialized {
+                backend: self.serves,
+            });
+        }
+        // A panic while holding the lock cannot leave a half-written op behind (ops store last), so a
+        // poisoned lock is still usable.
+        Ok(self.memory.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn float_only(&self, op: &'static str, dtype: DType) -> Result<()> {
+        if dtype.is_float() {
+            Ok(())
+        } else {
+            Err(BackendError::Unsupported {
+                op,
+                backend: self.serves,
+                dtype,
+            })
+        }
+    }
+
+    /// Checks an op's regions, then runs `kernel` under the lock.
+    fn run(&self, acc: Accesses, kernel: impl FnOnce(&mut HostMemory) -> Result<()>) -> Result<()> {
+        let mut mem = self.memory()?;
+        mem.table.check_accesses(&acc)?;
+        kernel(&mut mem)
+    }
+}
+
+impl ComputeBackend for ReferenceBackend {
+    fn name(&self) -> &str {
+        self.serves.name()
+    }
+
+    fn backend_type(&self) -> BackendType {
+        self.serves
+    }
+
+    fn init(&mut self) -> Result<()> {
+        self.initialized = true;
+        Ok(())
+    }
+
+    fn is_initialized(&self) -> bool {
+        self.initialized
+    }
+
+    fn device_info(&self) -> DeviceInfo {
+        let api = match self.serves {
+            BackendType::Reference => "scalar reference kernels (f64 accumulation)",
+            _ => "scalar reference kernels (the CPU backend's own kernels are not built yet)",
+        };
+        DeviceInfo {
+            device: Device {
+                backend_type: self.serves,
+                index: 0,
+            },
+            name: crate::device::host_cpu_name(),
+            memory_bytes: host_memory_bytes(),
+            api: api.into(),
+            details: vec![
+                ("cores".into(), crate::device::host_core_count().to_string()),
+                ("threads used".into(), "1".into()),
+                ("simd".into(), "none (scalar)".into()),
+            ],
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.memory().map(|_| ())
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        self.memory()?.alloc(bytes)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.memory()?.free(ptr)
+    }
+
+    fn copy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.memory()?
+            .bytes_mut(dst, src.len())?
+            .copy_from_slice(src);
+        Ok(())
+    }
+
+    fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        dst.copy_from_slice(self.memory()?.bytes(src, dst.len())?);
+        Ok(())
+    }
+
+    fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        let mut acc = Accesses::new("copy_dtod", InPlace::Forbidden);
+        acc.push("src", src, bytes, Access::Read, true);
+        acc.push("dst", dst, bytes, Access::Write, true);
+        self.run(acc, |mem| {
+            let data = mem.bytes(src, bytes)?.to_vec();
+            mem.bytes_mut(dst, bytes)?.copy_from_slice(&data);
+            Ok(())
+        })
+    }
+
+    fn gemm(&self, desc: &GemmDesc) -> Result<()> {
+        self.float_only("gemm", desc.dtype)?;
+        let acc = desc.accesses()?;
+        let regions = [
+            acc.regions[0].bytes,
+            acc.regions[1].bytes,
+            acc.regions[2].bytes,
+        ];
+        self.run(acc, |mem| blas::gemm(mem, desc, regions))
+    }
+
+    fn gemv(&self, desc: &GemvDesc) -> Result<()> {
+        self.float_only("gemv", desc.dtype)?;
+        let acc = desc.accesses()?;
+        let regions = [
+            acc.regions[0].bytes,
+            acc.regions[1].bytes,
+            acc.regions[2].bytes,
+        ];
+        self.run(acc, |mem| blas::gemv(mem, desc, regions))
+    }
+
+    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
+        self.float_only("conv2d", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| conv::conv2d(mem, desc))
+    }
+
+    fn attention(&self, desc: &AttentionDesc) -> Result<()> {
+        self.float_only("attention", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| attention::attention(mem, desc))
+    }
+
+    fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
+        self.float_only("reduce", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| reduce::reduce(mem, desc))
+    }
+
+    fn unary(&self, desc: &UnaryDesc) -> Result<()> {
+        self.float_only("unary", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| elementwise::unary(mem, desc))
+    }
+
+    fn binary(&self, desc: &BinaryDesc) -> Result<()> {
+        self.float_only("binary", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| elementwise::binary(mem, desc))
+    }
+
+    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
+        self.float_only("softmax", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| norm::softmax(mem, desc))
+    }
+
+    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
+        self.float_only("layer_norm", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| norm::layer_norm(mem, desc))
+    }
+
+    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
+        self.float_only("batch_norm", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| norm::batch_norm(mem, desc))
+    }
+
+    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
+        self.float_only("pool2d", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| pool::pool2d(mem, desc))
+    }
+
+    fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
+        self.float_only("adam_step", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| adam::adam_step(mem, desc))
+    }
+
+    fn fill(&self, desc: &FillDesc) -> Result<()> {
+        self.run(desc.accesses()?, |mem| elementwise::fill(mem, desc))
+    }
+
+    fn cast(&self, desc: &CastDesc) -> Result<()> {
+        self.run(desc.accesses()?, |mem| elementwise::cast(mem, desc))
+    }
+
+    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
+        self.run(desc.accesses()?, |mem| elementwise::copy_strided(mem, desc))
+    }
+
+    fn random(&self, desc: &RandomDesc) -> Result<()> {
+        self.float_only("random", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| elementwise::random(mem, desc))
+    }
+}

@@ -1,0 +1,110 @@
+//! Softmax, layer norm and batch norm, in f64.
+
+use crate::compute::{BatchNormDesc, LayerNormDesc, SoftmaxDesc};
+use crate::error::Result;
+
+use super::memory::HostMemory;
+
+/// Softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim, max-subtracted.
+pub fn softmax(mem: &mut HostMemory, d: &SoftmaxDesc) -> Result<()> {
+    let (outer, len, inner) = (d.outer, d.axis_len, d.inner);
+    let x = mem.load_dense(d.dtype, d.input, outer * len * inner)?;
+    let mut out = vec![0.0f64; x.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let idx = |a: usize| (o * len + a) * inner + i;
+            let max = (0..len)
+                .map(|a| x[idx(a)])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = (0..len).map(|a| (x[idx(a)] - max).exp()).sum();
+            for a in 0..len {
+                out[idx(a)] = if d.log {
+                    x[idx(a)] - max - sum.ln()
+                } else {
+                    (x[idx(a)] - max).exp() / sum
+                };
+            }
+        }
+    }
+    mem.store(d.dtype, d.output, &out)
+}
+
+/// Mean and biased variance of `xs`.
+fn moments(xs: impl Iterator<Item = f64> + Clone) -> (f64, f64, usize) {
+    let n = xs.clone().count();
+    let mean = xs.clone().sum::<f64>() / n as f64;
+    let var = xs.map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
+    (mean, var, n)
+}
+
+/// Layer norm over each row of `[rows, cols]`.
+pub fn layer_norm(mem: &mut HostMemory, d: &LayerNormDesc) -> Result<()> {
+    let x = mem.load_dense(d.dtype, d.input, d.rows * d.cols)?;
+    let w = d
+        .weight
+        .map(|p| mem.load_dense(d.dtype, p, d.cols))
+        .transpose()?;
+    let b = d
+        .bias
+        .map(|p| mem.load_dense(d.dtype, p, d.cols))
+        .transpose()?;
+    let mut out = vec![0.0f64; x.len()];
+    for r in 0..d.rows {
+        let row = &x[r * d.cols..(r + 1) * d.cols];
+        let (mean, var, _) = moments(row.iter().copied());
+        let inv = 1.0 / (var + d.eps).sqrt();
+        for c in 0..d.cols {
+            let scale = w.as_ref().map_or(1.0, |w| w[c]);
+            let shift = b.as_ref().map_or(0.0, |b| b[c]);
+            out[r * d.cols + c] = (row[c] - mean) * inv * scale + shift;
+        }
+    }
+    mem.store(d.dtype, d.output, &out)
+}
+
+/// Batch norm of `[batch, channels, spatial]` per channel, updating running statistics in training.
+pub fn batch_norm(mem: &mut HostMemory, d: &BatchNormDesc) -> Result<()> {
+    let (n, c, s) = (d.batch, d.channels, d.spatial);
+    let x = mem.load_dense(d.dtype, d.input, n * c * s)?;
+    let load = |mem: &HostMemory, p: Option<crate::compute::DevicePtr>| {
+        p.map(|p| mem.load_dense(d.dtype, p, c)).transpose()
+    };
+    let w = load(mem, d.weight)?;
+    let b = load(mem, d.bias)?;
+    let mut rm = load(mem, d.running_mean)?;
+    let mut rv = load(mem, d.running_var)?;
+    let mut out = vec![0.0f64; x.len()];
+    for ch in 0..c {
+        let values = (0..n).flat_map(|ni| (0..s).map(move |si| (ni * c + ch) * s + si));
+        let (mean, var) = if d.training {
+            let (mean, var, count) = moments(values.clone().map(|i| x[i]));
+            if let (Some(rm), Some(rv)) = (rm.as_mut(), rv.as_mut()) {
+                let unbiased = var * count as f64 / (count as f64 - 1.0);
+                rm[ch] = (1.0 - d.momentum) * rm[ch] + d.momentum * mean;
+                rv[ch] = (1.0 - d.momentum) * rv[ch] + d.momentum * unbiased;
+            }
+            (mean, var)
+        } else {
+            match (rm.as_ref(), rv.as_ref()) {
+                (Some(rm), Some(rv)) => (rm[ch], rv[ch]),
+                _ => (0.0, 1.0),
+            }
+        };
+        let inv = 1.0 / (var + d.eps).sqrt();
+        let scale = w.as_ref().map_or(1.0, |w| w[ch]);
+        let shift = b.as_ref().map_or(0.0, |b| b[ch]);
+        for i in values {
+            out[i] = (x[i] - mean) * inv * scale + shift;
+        }
+    }
+    mem.store(d.dtype, d.output, &out)?;
+    if d.training {
+        if let (Some(p), Some(v)) = (d.running_mean, rm) {
+            mem.store(d.dtype, p, &v)?;
+        }
+        if let (Some(p), Some(v)) = (d.running_var, rv) {
+            mem.store(d.dtype, p, &v)?;
+        }
+    }
+    Ok(())
+}

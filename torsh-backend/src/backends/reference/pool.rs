@@ -1,0 +1,49 @@
+//! Max and average 2-D pooling over NCHW, in f64.
+
+use crate::compute::{Pool2dDesc, PoolKind};
+use crate::error::Result;
+
+use super::memory::HostMemory;
+
+/// Pools each window; padding never wins a max, and a NaN in a window makes its max NaN.
+pub fn pool2d(mem: &mut HostMemory, d: &Pool2dDesc) -> Result<()> {
+    let [n, c, h, w] = d.input_shape;
+    let [_, _, oh, ow] = d.output_shape;
+    let x = mem.load_dense(d.dtype, d.input, n * c * h * w)?;
+    let mut out = Vec::with_capacity(n * c * oh * ow);
+    for plane in 0..n * c {
+        let xp = &x[plane * h * w..(plane + 1) * h * w];
+        for y in 0..oh {
+            for xo in 0..ow {
+                let (mut max, mut sum, mut count) = (f64::NEG_INFINITY, 0.0f64, 0usize);
+                for r in 0..d.kernel[0] {
+                    let iy = (y * d.stride[0] + r) as isize - d.padding[0] as isize;
+                    for s in 0..d.kernel[1] {
+                        let ix = (xo * d.stride[1] + s) as isize - d.padding[1] as isize;
+                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                            continue;
+                        }
+                        let v = xp[iy as usize * w + ix as usize];
+                        max = if v.is_nan() || max.is_nan() {
+                            f64::NAN
+                        } else {
+                            max.max(v)
+                        };
+                        sum += v;
+                        count += 1;
+                    }
+                }
+                out.push(match d.kind {
+                    PoolKind::Max => max,
+                    PoolKind::Avg {
+                        count_include_pad: true,
+                    } => sum / (d.kernel[0] * d.kernel[1]) as f64,
+                    PoolKind::Avg {
+                        count_include_pad: false,
+                    } => sum / count as f64,
+                });
+            }
+        }
+    }
+    mem.store(d.dtype, d.output, &out)
+}

@@ -1,0 +1,151 @@
+//! The low-level device interface: [`ComputeBackend`], [`DevicePtr`], op descriptors and the memory
+//! checks every backend applies before touching memory.
+//!
+//! The contract (seed 003, with the choices DESIGN.md records):
+//! - **Safe**: every pointer-plus-extent is checked against the backend's live allocations, and outputs
+//!   against inputs for aliasing, before any memory is touched. Bad numbers give `InvalidPointer`,
+//!   `OutOfBounds`, `Aliasing`, `ShapeMismatch`, `InvalidArgument` or `SizeOverflow`, never undefined
+//!   behaviour.
+//! - **Ordered**: ops on one backend instance complete in submission order, like one GPU stream.
+//! - **Honest**: an op a backend lacks returns `Unsupported`; no method returns `Ok` without its work done.
+//! - **Column-major GEMM** with leading dimensions (BLAS). Row-major callers use `Cᵀ = Bᵀ·Aᵀ`.
+
+pub mod access;
+pub mod allocations;
+pub mod desc;
+
+use std::fmt::Debug;
+
+pub use access::{Access, Accesses, InPlace, Region};
+pub use allocations::AllocationTable;
+pub use desc::*;
+
+use crate::device::{BackendType, DeviceInfo};
+use crate::error::{BackendError, Result};
+
+/// An opaque device address. Offset arithmetic is allowed (`ptr.offset(bytes)`); validity is checked
+/// by the backend on every use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The pointer `bytes` further on, or `None` on overflow.
+    pub fn offset(self, bytes: usize) -> Option<DevicePtr> {
+        self.0.checked_add(bytes as u64).map(DevicePtr)
+    }
+}
+
+/// One compute device's ops over raw device memory. Object-safe: used as `Box<dyn ComputeBackend>`.
+///
+/// Every op takes a descriptor whose `accesses()` method performs the shape checks common to all
+/// backends; an implementation checks the resulting regions with an [`AllocationTable`] (or its own
+/// equivalent) before running.
+pub trait ComputeBackend: Send + Sync + Debug {
+    /// Short name ("reference", "cpu", "cuda", ...).
+    fn name(&self) -> &str;
+
+    /// The backend kind this instance serves.
+    fn backend_type(&self) -> BackendType;
+
+    /// Selects the device and creates its context. Idempotent. Other methods return
+    /// `NotInitialized` until it has succeeded.
+    fn init(&mut self) -> Result<()>;
+
+    /// True once `init` has succeeded.
+    fn is_initialized(&self) -> bool;
+
+    /// A description of the device this instance drives.
+    fn device_info(&self) -> DeviceInfo;
+
+    /// Blocks until every op submitted so far has completed.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Allocates `bytes` of device memory; `OutOfMemory` when it cannot. The contents are unspecified
+    /// (the reference backend fills them with `0xFF` bytes, a NaN pattern, so unwritten outputs show).
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
+
+    /// Frees an allocation by its base pointer; `InvalidPointer` for anything else.
+    fn free(&self, ptr: DevicePtr) -> Result<()>;
+
+    /// Copies `src` to device memory at `dst`.
+    fn copy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+
+    /// Copies `dst.len()` bytes of device memory at `src` to `dst`.
+    fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<()>;
+
+    /// Copies `bytes` from `src` to `dst` on the device; overlapping ranges are `Aliasing`.
+    fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+
+    /// Column-major GEMM; see [`GemmDesc`].
+    fn gemm(&self, desc: &GemmDesc) -> Result<()>;
+
+    /// Strided batched GEMM; see [`BatchedGemmDesc`]. The provided implementation validates the whole
+    /// batch, then issues one [`ComputeBackend::gemm`] per matrix.
+    fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        desc.accesses()?;
+        let g = &desc.gemm;
+        let size = g.dtype.size_in_bytes() as u64;
+        let at = |base: DevicePtr, stride: usize, i: usize| -> Result<DevicePtr> {
+            (i as u64)
+                .checked_mul(stride as u64)
+                .and_then(|e| e.checked_mul(size))
+                .and_then(|b| base.0.checked_add(b))
+                .map(DevicePtr)
+                .ok_or_else(|| BackendError::overflow("batched_gemm", "batch offset overflows"))
+        };
+        for i in 0..desc.batch_count {
+            self.gemm(&GemmDesc {
+                a: at(g.a, desc.stride_a, i)?,
+                b: at(g.b, desc.stride_b, i)?,
+                c: at(g.c, desc.stride_c, i)?,
+                ..g.clone()
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Matrix-vector product; see [`GemvDesc`].
+    fn gemv(&self, desc: &GemvDesc) -> Result<()>;
+
+    /// 2-D convolution forward; see [`Conv2dDesc`].
+    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()>;
+
+    /// Scaled dot-product attention; see [`AttentionDesc`].
+    fn attention(&self, desc: &AttentionDesc) -> Result<()>;
+
+    /// Reduction along an axis; see [`ReduceDesc`].
+    fn reduce(&self, desc: &ReduceDesc) -> Result<()>;
+
+    /// Elementwise unary op; see [`UnaryDesc`].
+    fn unary(&self, desc: &UnaryDesc) -> Result<()>;
+
+    /// Elementwise binary op with broadcasting by strides; see [`BinaryDesc`].
+    fn binary(&self, desc: &BinaryDesc) -> Result<()>;
+
+    /// Softmax or log-softmax; see [`SoftmaxDesc`].
+    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()>;
+
+    /// Layer normalisation; see [`LayerNormDesc`].
+    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()>;
+
+    /// Batch normalisation forward with running statistics; see [`BatchNormDesc`].
+    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()>;
+
+    /// Max or average 2-D pooling; see [`Pool2dDesc`].
+    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()>;
+
+    /// One fused Adam/AdamW step; see [`AdamDesc`].
+    fn adam_step(&self, desc: &AdamDesc) -> Result<()>;
+
+    /// Fills with a constant; see [`FillDesc`].
+    fn fill(&self, desc: &FillDesc) -> Result<()>;
+
+    /// Dtype conversion; see [`CastDesc`].
+    fn cast(&self, desc: &CastDesc) -> Result<()>;
+
+    /// Strided copy; see [`CopyDesc`].
+    fn copy_strided(&self, desc: &CopyDesc) -> Result<()>;
+
+    /// Random fill; see [`RandomDesc`].
+    fn random(&self, desc: &RandomDesc) -> Result<()>;
+}

@@ -1,0 +1,68 @@
+//! # torsh-backend
+//!
+//! One backend API for a Rust tensor library over every compute device. A [`Backend`] is a device; a
+//! [`Tensor`] is a strided view of its memory; every op (GEMM, batched matmul, GEMV, conv2d, attention,
+//! normalisation, softmax, reductions, elementwise, pooling, fused Adam) is a method on both, and gives
+//! the same answer on every backend within floating-point error.
+//!
+//! ```
+//! use torsh_backend::prelude::*;
+//!
+//! # fn main() -> Result<()> {
+//! let backend = Backend::auto()?;
+//! let a = backend.randn(&[64, 32], DType::F32)?;
+//! let b = backend.randn(&[32, 16], DType::F32)?;
+//! let c = backend.matmul(&a, &b)?.relu()?;
+//! assert_eq!(c.shape(), &[64, 16]);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Layers (see DESIGN.md in the repository):
+//! - [`Backend`] / [`Tensor`] and [`ops`]: the public API, shape and dtype checks, broadcasting;
+//! - [`ComputeBackend`]: the low-level, object-safe device trait over raw, validated [`DevicePtr`]s;
+//! - [`backends`]: one implementation per device kind; [`backends::reference`] is the f64 oracle;
+//! - [`validation`]: the parity suite that compares every backend with the reference.
+//!
+//! Errors are [`BackendError`] values; library code does not panic on bad input.
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod backends;
+pub mod compute;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod ops;
+pub mod rng;
+pub mod shape;
+pub mod tensor;
+pub mod validation;
+
+pub use backend::{Backend, BackendBuilder, BackendConfig, BackendStatus};
+pub use compute::{BinaryOp, ComputeBackend, DevicePtr, ReduceOp, Transpose, UnaryOp};
+pub use device::{BackendType, Device, DeviceInfo};
+pub use dtype::{DType, Element};
+pub use error::{BackendError, BackendResult, Result};
+pub use ops::conv::ConvConfig;
+pub use ops::norm::BatchNormConfig;
+pub use ops::optim::AdamState;
+pub use ops::pool::Pool2dConfig;
+pub use shape::Layout;
+pub use tensor::Tensor;
+
+/// Everything a user of the tensor API needs: `use torsh_backend::prelude::*;`.
+pub mod prelude {
+    pub use crate::backend::{Backend, BackendBuilder};
+    pub use crate::compute::{BinaryOp, ReduceOp, UnaryOp};
+    pub use crate::device::{BackendType, Device, DeviceInfo};
+    pub use crate::dtype::DType;
+    pub use crate::error::{BackendError, Result};
+    pub use crate::ops::conv::ConvConfig;
+    pub use crate::ops::norm::BatchNormConfig;
+    pub use crate::ops::optim::AdamState;
+    pub use crate::ops::pool::Pool2dConfig;
+    pub use crate::tensor::Tensor;
+    pub use half::{bf16, f16};
+}

@@ -1,0 +1,108 @@
+//! Unary and binary elementwise ops. Binary ops broadcast like NumPy; operands may be any strided view.
+
+use crate::backend::Backend;
+use crate::compute::{BinaryDesc, BinaryOp, UnaryDesc, UnaryOp};
+use crate::error::Result;
+use crate::shape::broadcast_shapes;
+use crate::tensor::Tensor;
+
+impl Backend {
+    /// `op` applied to every element, into a new contiguous tensor. Floating dtypes.
+    pub fn unary(&self, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+        let dtype = self.check_operands(op.name(), &[x])?;
+        let out = self.empty(x.shape(), dtype)?;
+        self.compute().unary(&UnaryDesc {
+            op,
+            dtype,
+            input: x.strided_buf(),
+            output: out.data_ptr(),
+        })?;
+        Ok(out)
+    }
+
+    /// `op(a, b)` elementwise after broadcasting both to their common shape. `ShapeMismatch` when the
+    /// shapes do not broadcast; `DTypeMismatch` when the dtypes differ.
+    pub fn binary(&self, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let dtype = self.check_operands(op.name(), &[a, b])?;
+        let shape = broadcast_shapes(op.name(), a.shape(), b.shape())?;
+        let (a, b) = (a.broadcast_to(&shape)?, b.broadcast_to(&shape)?);
+        let out = self.empty(&shape, dtype)?;
+        self.compute().binary(&BinaryDesc {
+            op,
+            dtype,
+            lhs: a.strided_buf(),
+            rhs: b.strided_buf(),
+            output: out.data_ptr(),
+        })?;
+        Ok(out)
+    }
+
+    /// `op(x, scalar)` elementwise; the scalar is rounded to `x`'s dtype first.
+    pub fn binary_scalar(&self, op: BinaryOp, x: &Tensor, scalar: f64) -> Result<Tensor> {
+        let s = self.full(&[], scalar, x.dtype())?;
+        self.binary(op, x, &s)
+    }
+}
+
+macro_rules! unary_ops {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Backend {
+            $(
+                #[doc = concat!("Elementwise `", stringify!($name), "`; see [`UnaryOp::", stringify!($op), "`].")]
+                pub fn $name(&self, x: &Tensor) -> Result<Tensor> {
+                    self.unary(UnaryOp::$op, x)
+                }
+            )*
+        }
+        impl Tensor {
+            $(
+                #[doc = concat!("Elementwise `", stringify!($name), "`; see [`UnaryOp::", stringify!($op), "`].")]
+                pub fn $name(&self) -> Result<Tensor> {
+                    self.backend().unary(UnaryOp::$op, self)
+                }
+            )*
+        }
+    };
+}
+
+unary_ops!(
+    neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, recip => Recip,
+    square => Square, relu => Relu, gelu => Gelu, gelu_tanh => GeluTanh, sigmoid => Sigmoid,
+    silu => Silu, tanh => Tanh, sin => Sin, cos => Cos, erf => Erf,
+);
+
+macro_rules! binary_ops {
+    ($($name:ident, $scalar:ident => $op:ident),* $(,)?) => {
+        impl Backend {
+            $(
+                #[doc = concat!("Broadcasting elementwise `", stringify!($name), "`; see [`BinaryOp::", stringify!($op), "`].")]
+                pub fn $name(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+                    self.binary(BinaryOp::$op, a, b)
+                }
+            )*
+        }
+        impl Tensor {
+            $(
+                #[doc = concat!("Broadcasting elementwise `", stringify!($name), "` with `other`, on this tensor's backend.")]
+                pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+                    self.backend().binary(BinaryOp::$op, self, other)
+                }
+
+                #[doc = concat!("Elementwise `", stringify!($name), "` with a scalar.")]
+                pub fn $scalar(&self, scalar: f64) -> Result<Tensor> {
+                    self.backend().binary_scalar(BinaryOp::$op, self, scalar)
+                }
+            )*
+        }
+    };
+}
+
+binary_ops!(
+    add, add_scalar => Add,
+    sub, sub_scalar => Sub,
+    mul, mul_scalar => Mul,
+    div, div_scalar => Div,
+    maximum, maximum_scalar => Maximum,
+    minimum, minimum_scalar => Minimum,
+    pow, pow_scalar => Pow,
+);

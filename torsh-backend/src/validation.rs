@@ -1,0 +1,1 @@
+//! The parity suite (placeholder while the core compiles).
