@@ -180,6 +180,23 @@ impl Backend {
         }
     }
 
+    /// Wraps a caller-supplied [`ComputeBackend`] (a custom device, an instrumented or test backend),
+    /// initialising it if needed. Its tensors work with every op of this crate.
+    pub fn from_compute(mut compute: Box<dyn ComputeBackend>) -> Result<Backend> {
+        if !compute.is_initialized() {
+            compute.init()?;
+        }
+        let config = BackendConfig::new(compute.backend_type());
+        Ok(Backend {
+            inner: Arc::new(Inner {
+                compute,
+                config,
+                seed: AtomicU64::new(DEFAULT_SEED),
+                draws: AtomicU64::new(0),
+            }),
+        })
+    }
+
     /// A backend of the same kind and settings on device `index`. `InvalidArgument` when the backend
     /// has no such device.
     pub fn device(&self, index: usize) -> Result<Backend> {

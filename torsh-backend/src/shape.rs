@@ -60,12 +60,14 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
-            _ => return Err(BackendError::shape(
-                op,
-                format!(
+            _ => {
+                return Err(BackendError::shape(
+                    op,
+                    format!(
                     "shapes {a:?} and {b:?} cannot be broadcast together (dim {i}: {da} vs {db})"
                 ),
-            )),
+                ))
+            }
         };
     }
     Ok(out)

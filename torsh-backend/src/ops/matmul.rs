@@ -170,12 +170,13 @@ impl Backend {
                 batch_count,
             })?;
         }
+        // Drop the dims the 1-D rules added: the row of a 1-D `a`, then the column of a 1-D `b`.
         let mut result = out;
-        if b.rank() == 1 {
-            result = result.squeeze(-1)?;
-        }
         if a.rank() == 1 {
             result = result.squeeze(-2)?;
+        }
+        if b.rank() == 1 {
+            result = result.squeeze(-1)?;
         }
         Ok(result)
     }

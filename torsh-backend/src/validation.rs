@@ -1,1 +1,0 @@
-//! The parity suite (placeholder while the core compiles).

@@ -1,0 +1,431 @@
+//! The body of each op's parity case. Inputs are random (never zeros), sizes include 1, primes and
+//! sizes that are no multiple of any tile, and strided views (transposes, narrows, broadcasts) appear
+//! wherever the op accepts them.
+
+use super::{Inputs, ParityCase};
+use crate::compute::{BinaryOp, Distribution, ReduceOp, UnaryOp};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::conv::ConvConfig;
+use crate::ops::norm::BatchNormConfig;
+use crate::ops::optim::AdamState;
+use crate::ops::pool::Pool2dConfig;
+use crate::tensor::Tensor;
+
+const FLOATS: &[DType] = &DType::FLOATS;
+
+/// Every parity case, in report order.
+pub fn all() -> Vec<ParityCase> {
+    vec![
+        ParityCase {
+            op: "matmul",
+            dtypes: FLOATS,
+            body: matmul,
+        },
+        ParityCase {
+            op: "matmul_batched",
+            dtypes: FLOATS,
+            body: matmul_batched,
+        },
+        ParityCase {
+            op: "gemm",
+            dtypes: FLOATS,
+            body: gemm,
+        },
+        ParityCase {
+            op: "gemv",
+            dtypes: FLOATS,
+            body: gemv,
+        },
+        ParityCase {
+            op: "conv2d",
+            dtypes: FLOATS,
+            body: conv2d,
+        },
+        ParityCase {
+            op: "attention",
+            dtypes: FLOATS,
+            body: attention,
+        },
+        ParityCase {
+            op: "softmax",
+            dtypes: FLOATS,
+            body: softmax,
+        },
+        ParityCase {
+            op: "layer_norm",
+            dtypes: FLOATS,
+            body: layer_norm,
+        },
+        ParityCase {
+            op: "batch_norm",
+            dtypes: FLOATS,
+            body: batch_norm,
+        },
+        ParityCase {
+            op: "unary",
+            dtypes: FLOATS,
+            body: unary,
+        },
+        ParityCase {
+            op: "binary",
+            dtypes: FLOATS,
+            body: binary,
+        },
+        ParityCase {
+            op: "reduce",
+            dtypes: FLOATS,
+            body: reduce,
+        },
+        ParityCase {
+            op: "pool2d",
+            dtypes: FLOATS,
+            body: pool2d,
+        },
+        ParityCase {
+            op: "adam",
+            dtypes: FLOATS,
+            body: adam,
+        },
+        ParityCase {
+            op: "cast_copy",
+            dtypes: FLOATS,
+            body: cast_copy,
+        },
+        ParityCase {
+            op: "random",
+            dtypes: FLOATS,
+            body: random,
+        },
+    ]
+}
+
+/// Looks a case up by name.
+pub fn find(op: &str) -> Option<ParityCase> {
+    all().into_iter().find(|c| c.op == op)
+}
+
+fn matmul(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let mut out = Vec::new();
+    for &(m, k, n) in &[(1, 1, 1), (7, 13, 5), (17, 3, 31), (33, 65, 9)] {
+        let a = i.normal(&[m, k])?;
+        let b = i.normal(&[k, n])?;
+        out.push(a.matmul(&b)?);
+    }
+    // Transposed and narrowed operands reach the kernel as strided views.
+    let at = i.normal(&[11, 6])?.t()?;
+    let bt = i.normal(&[5, 11])?.t()?;
+    out.push(at.matmul(&bt)?);
+    let wide = i.normal(&[6, 20])?.narrow(1, 3, 11)?;
+    out.push(wide.matmul(&i.normal(&[11, 4])?)?);
+    let skip = i.normal(&[12, 9])?.narrow(0, 1, 9)?.t()?.narrow(0, 0, 7)?;
+    out.push(skip.matmul(&i.normal(&[9, 3])?)?);
+    // Vector rules.
+    let v = i.normal(&[7])?;
+    out.push(i.normal(&[5, 7])?.matmul(&v)?);
+    out.push(v.matmul(&i.normal(&[7, 4])?)?);
+    out.push(v.matmul(&v)?);
+    Ok(out)
+}
+
+fn matmul_batched(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let a = i.normal(&[3, 5, 7])?;
+    let b = i.normal(&[3, 7, 2])?;
+    let bc_a = i.normal(&[2, 1, 4, 6])?;
+    let bc_b = i.normal(&[3, 6, 5])?;
+    let perm = i.normal(&[5, 3, 7])?.permute(&[1, 0, 2])?;
+    let shared = i.normal(&[7, 4])?;
+    Ok(vec![
+        a.matmul(&b)?,
+        bc_a.matmul(&bc_b)?,
+        perm.matmul(&shared)?,
+        a.matmul(&b.transpose(1, 2)?.transpose(1, 2)?)?,
+    ])
+}
+
+fn gemm(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let a = i.normal(&[9, 5])?;
+    let w = i.normal(&[5, 13])?;
+    let c = i.normal(&[9, 13])?;
+    let row = i.normal(&[13])?;
+    Ok(vec![
+        b.gemm(&a, &w, 0.7, &c, -1.3)?,
+        b.gemm(&a, &w, 1.5, &c, 0.0)?,
+        b.gemm(&a.t()?.t()?, &i.normal(&[13, 5])?.t()?, 1.0, &row, 1.0)?,
+    ])
+}
+
+fn gemv(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let a = i.normal(&[11, 7])?;
+    let x = i.normal(&[7])?;
+    let y = i.normal(&[11])?;
+    let at = i.normal(&[7, 11])?.t()?;
+    let strided_x = i
+        .normal(&[14])?
+        .reshape(&[7, 2])?
+        .narrow(1, 1, 1)?
+        .squeeze(1)?;
+    Ok(vec![
+        b.gemv(&a, &x, 0.9, &y, -0.4)?,
+        b.gemv(&at, &strided_x, 1.0, &y, 0.0)?,
+    ])
+}
+
+fn conv2d(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let x = i.normal(&[2, 4, 9, 7])?;
+    let w = i.normal(&[6, 4, 3, 3])?;
+    let bias = i.normal(&[6])?;
+    let plain = b.conv2d(
+        &x,
+        &w,
+        ConvConfig {
+            padding: [1, 1],
+            ..Default::default()
+        },
+    )?;
+    let grouped = b.conv2d_with_bias(
+        &x,
+        &i.normal(&[6, 2, 3, 2])?,
+        Some(&i.normal(&[6])?),
+        ConvConfig {
+            stride: [2, 1],
+            padding: [1, 1],
+            dilation: [2, 1],
+            groups: 2,
+        },
+    )?;
+    let depthwise = b.conv2d(
+        &x,
+        &i.normal(&[4, 1, 3, 3])?,
+        ConvConfig {
+            groups: 4,
+            padding: [1, 0],
+            ..Default::default()
+        },
+    )?;
+    let with_bias = b.conv2d_with_bias(
+        &x.permute(&[0, 1, 3, 2])?,
+        &w,
+        Some(&bias),
+        ConvConfig::default(),
+    )?;
+    let one = b.conv2d(
+        &i.normal(&[1, 1, 1, 1])?,
+        &i.normal(&[1, 1, 1, 1])?,
+        ConvConfig::default(),
+    )?;
+    Ok(vec![plain, grouped, depthwise, with_bias, one])
+}
+
+fn attention(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let q = i.normal(&[2, 3, 5, 8])?;
+    let k = i.normal(&[2, 3, 7, 8])?;
+    let v = i.normal(&[2, 3, 7, 8])?;
+    let q_strided = i.normal(&[2, 3, 8, 5])?.transpose(2, 3)?;
+    let q_long = i.normal(&[1, 2, 9, 4])?;
+    let kv = i.normal(&[1, 2, 6, 4])?;
+    Ok(vec![
+        b.attention(&q, &k, &v, false)?,
+        b.attention(&q, &k, &v, true)?,
+        b.attention(&q_long, &kv, &kv, true)?,
+        b.attention_with_scale(&q_strided, &k, &v, false, 0.3)?,
+        b.attention(
+            &i.normal(&[1, 1, 1, 1])?,
+            &i.normal(&[1, 1, 1, 1])?,
+            &i.normal(&[1, 1, 1, 1])?,
+            true,
+        )?,
+    ])
+}
+
+fn softmax(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let x = i.uniform(&[3, 7, 5], -4.0, 4.0)?;
+    let xt = x.transpose(0, 2)?;
+    Ok(vec![
+        x.softmax(-1)?,
+        x.softmax(1)?,
+        x.log_softmax(0)?,
+        xt.log_softmax(-1)?,
+        xt.softmax(1)?,
+    ])
+}
+
+fn layer_norm(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let x = i.normal(&[4, 3, 10])?;
+    let w = i.normal(&[10])?;
+    let bias = i.normal(&[10])?;
+    let w2 = i.normal(&[3, 10])?;
+    Ok(vec![
+        x.layer_norm(&[10], Some(&w), Some(&bias), 1e-5)?,
+        x.layer_norm(&[3, 10], Some(&w2), None, 1e-3)?,
+        x.transpose(0, 1)?.layer_norm(&[10], None, None, 1e-5)?,
+    ])
+}
+
+fn batch_norm(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let x = i.normal(&[5, 3, 4, 3])?;
+    let w = i.normal(&[3])?;
+    let bias = i.normal(&[3])?;
+    let rm = i.normal(&[3])?;
+    let rv = i.uniform(&[3], 0.5, 2.0)?;
+    let train = x.batch_norm(BatchNormConfig {
+        weight: Some(&w),
+        bias: Some(&bias),
+        running_mean: Some(&rm),
+        running_var: Some(&rv),
+        training: true,
+        momentum: Some(0.3),
+        eps: Some(1e-5),
+    })?;
+    let infer = i
+        .backend()
+        .batch_norm(&x.permute(&[0, 1, 3, 2])?, &rm, &rv, false)?;
+    let flat = i.normal(&[7, 3])?.batch_norm(BatchNormConfig {
+        training: true,
+        ..Default::default()
+    })?;
+    Ok(vec![train, rm, rv, infer, flat])
+}
+
+fn unary(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let general = i.uniform(&[6, 7], -3.0, 3.0)?.t()?;
+    let positive = i.uniform(&[5, 3], 0.25, 4.0)?;
+    let mut out = Vec::new();
+    for &op in UnaryOp::ALL {
+        let x = match op {
+            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => &positive,
+            _ => &general,
+        };
+        out.push(i.backend().unary(op, x)?);
+    }
+    Ok(out)
+}
+
+fn binary(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let a = i.uniform(&[4, 1, 5], 0.5, 2.0)?;
+    let b = i.uniform(&[3, 1], 0.5, 2.0)?;
+    let c = i.uniform(&[5, 3], -2.0, 2.0)?.t()?;
+    let row = i.uniform(&[1, 5], 0.5, 2.0)?;
+    let mut out = Vec::new();
+    for &op in BinaryOp::ALL {
+        out.push(i.backend().binary(op, &a, &b)?);
+        if op != BinaryOp::Pow {
+            out.push(i.backend().binary(op, &c, &row)?);
+        }
+    }
+    out.push(c.mul_scalar(-1.75)?);
+    Ok(out)
+}
+
+fn reduce(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let x = i.normal(&[4, 7, 3])?;
+    let xt = x.permute(&[2, 0, 1])?;
+    let distinct = i.distinct(&[5, 11])?;
+    let b = i.backend();
+    let mut out = Vec::new();
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Var { correction: 1 },
+        ReduceOp::Var { correction: 0 },
+    ] {
+        out.push(b.reduce(op, &x, 1, false)?);
+        out.push(b.reduce(op, &xt, -1, true)?);
+    }
+    for op in [ReduceOp::ArgMax, ReduceOp::ArgMin] {
+        out.push(b.reduce(op, &distinct, 1, false)?);
+        out.push(b.reduce(op, &distinct.t()?, 1, true)?);
+    }
+    out.push(x.sum_all()?);
+    Ok(out)
+}
+
+fn pool2d(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let x = i.normal(&[2, 3, 9, 8])?;
+    let padded = Pool2dConfig {
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+        count_include_pad: true,
+    };
+    Ok(vec![
+        x.max_pool2d(Pool2dConfig::new([2, 2]))?,
+        x.max_pool2d(padded)?,
+        x.avg_pool2d(padded)?,
+        x.avg_pool2d(Pool2dConfig {
+            count_include_pad: false,
+            ..padded
+        })?,
+        x.transpose(2, 3)?.avg_pool2d(Pool2dConfig {
+            kernel: [3, 2],
+            stride: [1, 2],
+            padding: [0, 1],
+            count_include_pad: true,
+        })?,
+    ])
+}
+
+fn adam(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let mut out = Vec::new();
+    for mut state in [
+        AdamState::adam().with_weight_decay(0.01),
+        AdamState::adamw(0.05),
+    ] {
+        let mut params = vec![i.normal(&[7, 3])?, i.normal(&[5])?];
+        for _ in 0..3 {
+            let grads = vec![i.normal(&[7, 3])?, i.normal(&[5])?];
+            b.fused_adam_step(&mut params, &grads, &mut state, 1e-2, (0.9, 0.999))?;
+        }
+        out.extend(params);
+        out.extend(state.exp_avg().iter().cloned());
+        out.extend(state.exp_avg_sq().iter().cloned());
+    }
+    Ok(out)
+}
+
+fn cast_copy(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let x = i.uniform(&[5, 4, 3], -100.0, 100.0)?;
+    let mut out = vec![
+        x.permute(&[2, 0, 1])?.contiguous()?,
+        x.narrow(1, 1, 2)?.reshape(&[5, 6])?,
+    ];
+    for dtype in DType::ALL {
+        out.push(x.transpose(0, 1)?.cast(dtype)?.cast(DType::F64)?);
+    }
+    Ok(out)
+}
+
+fn random(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let seed = i.seed();
+    let dtype = i.dtype();
+    Ok(vec![
+        b.random_seeded(
+            &[37, 3],
+            dtype,
+            Distribution::Normal {
+                mean: 0.5,
+                std: 2.0,
+            },
+            seed,
+        )?,
+        b.random_seeded(
+            &[101],
+            dtype,
+            Distribution::Uniform {
+                low: -1.0,
+                high: 3.0,
+            },
+            seed ^ 1,
+        )?,
+        b.arange(-2.0, 5.0, 0.5, dtype)?,
+        b.full(&[3, 2], -0.375, dtype)?,
+    ])
+}
