@@ -230,6 +230,12 @@ impl Backend {
         info
     }
 
+    /// Bytes of device memory currently held by this backend's tensors (and raw allocations), where the
+    /// backend tracks it; `None` otherwise.
+    pub fn allocated_bytes(&self) -> Option<usize> {
+        self.inner.compute.allocated_bytes()
+    }
+
     /// The low-level backend, for callers that manage raw device memory themselves.
     pub fn compute(&self) -> &dyn ComputeBackend {
         self.inner.compute.as_ref()

@@ -1,1 +1,285 @@
-fn main() {}
+//! `torsh-backend`: list devices and check every backend against the reference.
+//!
+//! - `torsh-backend devices [--json]`: every backend kind, whether it is available here (and why not),
+//!   and each device with id, name, memory and the API that serves it.
+//! - `torsh-backend parity [--json] [--backend NAME]... [--op NAME]...`: runs the op suite on every
+//!   available backend (or those named) against the reference and prints the max relative error per op,
+//!   dtype and backend. Exits with status 1 if any result exceeds its bound or fails.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+use torsh_backend::validation::{self, cases, Outcome, ParityResult};
+use torsh_backend::{Backend, BackendType};
+
+#[derive(Parser)]
+#[command(
+    name = "torsh-backend",
+    version,
+    about = "Devices and parity checks for torsh-backend"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List backend kinds, their availability and their devices.
+    Devices {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run every op on every available backend and compare with the reference backend.
+    Parity {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Only these backends (by name: cpu, cuda, webgpu, ...); repeatable.
+        #[arg(long = "backend")]
+        backends: Vec<String>,
+        /// Only these ops (as listed in the table); repeatable.
+        #[arg(long = "op")]
+        ops: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Devices { json } => devices(json),
+        Command::Parity {
+            json,
+            backends,
+            ops,
+        } => parity(json, &backends, &ops),
+    }
+}
+
+fn devices(json: bool) -> ExitCode {
+    let statuses = Backend::probe();
+    let mut rows = Vec::new();
+    for status in &statuses {
+        let kind = status.backend_type;
+        let entry = match &status.availability {
+            Ok(()) => match Backend::new(kind) {
+                Ok(b) => {
+                    let info = b.device_info();
+                    json!({
+                        "backend": kind.name(),
+                        "available": true,
+                        "devices": [{
+                            "id": info.id(),
+                            "name": info.name(),
+                            "memory_bytes": info.memory_bytes,
+                            "memory_gb": info.memory_gb(),
+                            "api": info.api,
+                            "details": info.details.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>(),
+                        }],
+                    })
+                }
+                Err(e) => {
+                    json!({"backend": kind.name(), "available": false, "reason": e.to_string(), "devices": []})
+                }
+            },
+            Err(reason) => {
+                json!({"backend": kind.name(), "available": false, "reason": reason, "devices": []})
+            }
+        };
+        rows.push(entry);
+    }
+    let best = Backend::auto()
+        .map(|b| b.backend_type().name().to_string())
+        .unwrap_or_else(|e| format!("none ({e})"));
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"auto": best, "backends": rows}))
+                .unwrap_or_default()
+        );
+        return ExitCode::SUCCESS;
+    }
+    println!("{:<10} {:<10} details", "backend", "available");
+    for row in &rows {
+        let name = row["backend"].as_str().unwrap_or("?");
+        if row["available"].as_bool() == Some(true) {
+            println!("{name:<10} {:<10}", "yes");
+            for d in row["devices"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<21} [{}] {} — {:.2} GiB — {}",
+                    "",
+                    d["id"],
+                    d["name"].as_str().unwrap_or("?"),
+                    d["memory_gb"].as_f64().unwrap_or(0.0),
+                    d["api"].as_str().unwrap_or("?")
+                );
+                let details: Vec<String> = d["details"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|kv| {
+                        format!(
+                            "{}: {}",
+                            kv["key"].as_str().unwrap_or(""),
+                            kv["value"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect();
+                if !details.is_empty() {
+                    println!("{:<25} {}", "", details.join(", "));
+                }
+            }
+        } else {
+            println!(
+                "{name:<10} {:<10} {}",
+                "no",
+                row["reason"].as_str().unwrap_or("")
+            );
+        }
+    }
+    println!("\nBackend::auto() picks: {best}");
+    ExitCode::SUCCESS
+}
+
+fn parity(json: bool, backend_names: &[String], ops: &[String]) -> ExitCode {
+    let mut wanted = Vec::new();
+    for name in backend_names {
+        match BackendType::from_name(name) {
+            Some(kind) => wanted.push(kind),
+            None => {
+                eprintln!("unknown backend `{name}`");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let selected: Vec<_> = cases::all()
+        .into_iter()
+        .filter(|c| ops.is_empty() || ops.iter().any(|o| o == c.op))
+        .collect();
+    if selected.is_empty() {
+        let names: Vec<&str> = cases::all().iter().map(|c| c.op).collect();
+        eprintln!("no op matches {ops:?}; ops are: {}", names.join(", "));
+        return ExitCode::from(2);
+    }
+    let mut notes = Vec::new();
+    let targets: Vec<Backend> = if wanted.is_empty() {
+        match validation::parity_targets() {
+            Ok((targets, skipped)) => {
+                notes = skipped;
+                targets
+            }
+            Err(reason) => {
+                eprintln!("{reason}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        let mut targets = Vec::new();
+        for kind in wanted {
+            match Backend::new(kind) {
+                Ok(b) => targets.push(b),
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        targets
+    };
+    let reference = match Backend::reference() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let all = cases::all();
+    let mut results = Vec::new();
+    for target in &targets {
+        for case in &selected {
+            let index = all.iter().position(|c| c.op == case.op).unwrap_or(0);
+            for &dtype in case.dtypes {
+                results.push(validation::run_case(
+                    case,
+                    target,
+                    &reference,
+                    dtype,
+                    validation::case_seed(index),
+                ));
+            }
+        }
+    }
+    let failed = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Failed(_) | Outcome::Error(_)))
+        .count();
+    if json {
+        let rows: Vec<Value> = results.iter().map(result_json).collect();
+        let doc = json!({"results": rows, "skipped": notes, "failed": failed});
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        print_table(&results, &notes);
+    }
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn status(r: &ParityResult) -> (&'static str, Option<&str>) {
+    match &r.outcome {
+        Outcome::Passed => ("ok", None),
+        Outcome::Failed(m) => ("FAIL", Some(m)),
+        Outcome::Unsupported(m) => ("unsupported", Some(m)),
+        Outcome::Error(m) => ("ERROR", Some(m)),
+    }
+}
+
+fn result_json(r: &ParityResult) -> Value {
+    let (s, message) = status(r);
+    let num = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
+    json!({
+        "op": r.op,
+        "dtype": r.dtype.name(),
+        "backend": r.backend.name(),
+        "rel_error": num(r.rel_error),
+        "max_abs_error": num(r.max_abs_error),
+        "bound": r.bound,
+        "status": s,
+        "message": message,
+    })
+}
+
+fn print_table(results: &[ParityResult], notes: &[String]) {
+    for n in notes {
+        println!("{n}");
+    }
+    println!(
+        "{:<16} {:<6} {:<10} {:>12} {:>12} {:>9}  status",
+        "op", "dtype", "backend", "rel error", "max abs", "bound"
+    );
+    for r in results {
+        let (s, message) = status(r);
+        println!(
+            "{:<16} {:<6} {:<10} {:>12.3e} {:>12.3e} {:>9.0e}  {s}{}",
+            r.op,
+            r.dtype.name(),
+            r.backend.name(),
+            r.rel_error,
+            r.max_abs_error,
+            r.bound,
+            message.map(|m| format!(": {m}")).unwrap_or_default()
+        );
+    }
+    let passed = results.iter().filter(|r| r.passed()).count();
+    let failed = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Failed(_) | Outcome::Error(_)))
+        .count();
+    println!(
+        "\n{passed} passed, {failed} failed, {} skipped",
+        results.len() - passed - failed
+    );
+}

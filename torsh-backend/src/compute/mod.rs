@@ -64,6 +64,12 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// (the reference backend fills them with `0xFF` bytes, a NaN pattern, so unwritten outputs show).
     fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
 
+    /// Bytes currently allocated through this instance and not yet freed, where the backend tracks them
+    /// (`None` otherwise).
+    fn allocated_bytes(&self) -> Option<usize> {
+        None
+    }
+
     /// Frees an allocation by its base pointer; `InvalidPointer` for anything else.
     fn free(&self, ptr: DevicePtr) -> Result<()>;
 

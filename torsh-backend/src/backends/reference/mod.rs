@@ -47,11 +47,6 @@ impl ReferenceBackend {
         }
     }
 
-    /// Bytes currently allocated on this instance.
-    pub fn allocated_bytes(&self) -> usize {
-        self.memory().map_or(0, |m| m.table.allocated_bytes())
-    }
-
     fn memory(&self) -> Result<MutexGuard<'_, HostMemory>> {
         if !self.initialized {
             return Err(BackendError::NotInitialized {
@@ -128,6 +123,10 @@ impl ComputeBackend for ReferenceBackend {
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.memory()?.alloc(bytes)
+    }
+
+    fn allocated_bytes(&self) -> Option<usize> {
+        self.memory().ok().map(|m| m.table.allocated_bytes())
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<()> {
