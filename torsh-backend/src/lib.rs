@@ -66,3 +66,8 @@ pub mod prelude {
     pub use crate::tensor::Tensor;
     pub use half::{bf16, f16};
 }
+
+/// Compiles and runs the README's examples as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

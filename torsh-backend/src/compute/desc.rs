@@ -938,7 +938,7 @@ impl BatchNormDesc {
     /// Validates and lists the regions.
     pub fn accesses(&self) -> Result<Accesses> {
         let op = "batch_norm";
-        if !(self.eps >= 0.0 && self.eps.is_finite()) || !(0.0..=1.0).contains(&self.momentum) {
+        if !(self.eps >= 0.0 && self.eps.is_finite() && (0.0..=1.0).contains(&self.momentum)) {
             return Err(BackendError::invalid(
                 op,
                 format!(
