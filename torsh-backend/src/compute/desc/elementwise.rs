@@ -1,0 +1,261 @@
+//! Elementwise descriptors: unary, binary, fill, cast, strided copy and random fill.
+
+use super::{dense_bytes, BinaryOp, StridedBuf, UnaryOp};
+use crate::compute::access::{Access, Accesses, InPlace};
+use crate::compute::DevicePtr;
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use crate::shape::Layout;
+
+/// Elementwise unary op from a strided input to a contiguous output of the same shape and dtype.
+/// The output may be the input itself when the input is contiguous.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnaryDesc {
+    /// The op.
+    pub op: UnaryOp,
+    /// Element type of input and output.
+    pub dtype: DType,
+    /// Input view.
+    pub input: StridedBuf,
+    /// Output pointer (contiguous, the input's shape).
+    pub output: DevicePtr,
+}
+
+impl UnaryDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "unary";
+        let mut acc = Accesses::new(op, InPlace::ExactAllowed);
+        self.input
+            .push(&mut acc, "input", self.dtype, Access::Read)?;
+        let bytes = dense_bytes(op, self.input.layout.shape(), self.dtype)?;
+        acc.push("output", self.output, bytes, Access::Write, true);
+        Ok(acc)
+    }
+}
+
+/// Elementwise binary op. `lhs` and `rhs` have the output's shape; broadcasting is expressed by
+/// stride-0 dims in their layouts. The output is contiguous and may be `lhs` or `rhs` itself when that
+/// operand is contiguous and not broadcast.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BinaryDesc {
+    /// The op.
+    pub op: BinaryOp,
+    /// Element type of every operand.
+    pub dtype: DType,
+    /// Left operand view.
+    pub lhs: StridedBuf,
+    /// Right operand view.
+    pub rhs: StridedBuf,
+    /// Output pointer.
+    pub output: DevicePtr,
+}
+
+impl BinaryDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "binary";
+        if self.lhs.layout.shape() != self.rhs.layout.shape() {
+            return Err(BackendError::shape(
+                op,
+                format!(
+                    "operand views must have the output's shape: {:?} vs {:?} (broadcast with stride-0 dims)",
+                    self.lhs.layout.shape(),
+                    self.rhs.layout.shape()
+                ),
+            ));
+        }
+        let mut acc = Accesses::new(op, InPlace::ExactAllowed);
+        self.lhs.push(&mut acc, "lhs", self.dtype, Access::Read)?;
+        self.rhs.push(&mut acc, "rhs", self.dtype, Access::Read)?;
+        let bytes = dense_bytes(op, self.lhs.layout.shape(), self.dtype)?;
+        acc.push("output", self.output, bytes, Access::Write, true);
+        Ok(acc)
+    }
+}
+
+/// Sets `len` contiguous elements to `value` (converted to `dtype` with Rust `as` semantics).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FillDesc {
+    /// Element type.
+    pub dtype: DType,
+    /// First element.
+    pub ptr: DevicePtr,
+    /// Elements.
+    pub len: usize,
+    /// The value.
+    pub value: f64,
+}
+
+impl FillDesc {
+    /// Validates and lists the regions (any dtype).
+    pub fn accesses(&self) -> Result<Accesses> {
+        let mut acc = Accesses::new("fill", InPlace::Forbidden);
+        acc.push(
+            "output",
+            self.ptr,
+            dense_bytes("fill", &[self.len], self.dtype)?,
+            Access::Write,
+            true,
+        );
+        Ok(acc)
+    }
+}
+
+/// Converts a strided input of one dtype into a contiguous output of another. Float → int truncates
+/// toward zero and saturates (NaN → 0); int → int wraps (two's complement); any → float rounds to nearest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CastDesc {
+    /// Input dtype.
+    pub src_dtype: DType,
+    /// Output dtype.
+    pub dst_dtype: DType,
+    /// Input view.
+    pub input: StridedBuf,
+    /// Output pointer.
+    pub output: DevicePtr,
+}
+
+impl CastDesc {
+    /// Validates and lists the regions (any dtypes).
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "cast";
+        let mut acc = Accesses::new(op, InPlace::ExactAllowed);
+        self.input
+            .push(&mut acc, "input", self.src_dtype, Access::Read)?;
+        let bytes = dense_bytes(op, self.input.layout.shape(), self.dst_dtype)?;
+        acc.push("output", self.output, bytes, Access::Write, true);
+        Ok(acc)
+    }
+}
+
+/// Copies one strided view into another of the same shape and dtype (any dtype). The destination view
+/// must not map two elements to one address.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CopyDesc {
+    /// Element type.
+    pub dtype: DType,
+    /// Source view.
+    pub src: StridedBuf,
+    /// Destination view.
+    pub dst: StridedBuf,
+}
+
+impl CopyDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "copy_strided";
+        if self.src.layout.shape() != self.dst.layout.shape() {
+            return Err(BackendError::shape(
+                op,
+                format!(
+                    "source {:?} and destination {:?} differ",
+                    self.src.layout.shape(),
+                    self.dst.layout.shape()
+                ),
+            ));
+        }
+        if !is_injective(&self.dst.layout) {
+            return Err(BackendError::Aliasing {
+                op,
+                details: format!(
+                    "destination view (shape {:?}, strides {:?}) writes several elements to one address",
+                    self.dst.layout.shape(),
+                    self.dst.layout.strides()
+                ),
+            });
+        }
+        let mut acc = Accesses::new(op, InPlace::ExactAllowed);
+        self.src.push(&mut acc, "src", self.dtype, Access::Read)?;
+        self.dst.push(&mut acc, "dst", self.dtype, Access::Write)?;
+        Ok(acc)
+    }
+}
+
+/// True when no two elements of the view share an address (checked by the sufficient rule: sorted by
+/// stride, each stride clears the extent of the smaller dims).
+pub fn is_injective(layout: &Layout) -> bool {
+    if layout.numel() <= 1 {
+        return true;
+    }
+    let mut dims: Vec<(usize, usize)> = layout
+        .shape()
+        .iter()
+        .zip(layout.strides())
+        .filter(|(&d, _)| d > 1)
+        .map(|(&d, &s)| (s, d))
+        .collect();
+    dims.sort_unstable();
+    let mut extent = 1usize;
+    for (s, d) in dims {
+        if s < extent {
+            return false;
+        }
+        extent = s.saturating_mul(d - 1).saturating_add(extent);
+    }
+    true
+}
+
+/// A distribution for [`RandomDesc`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Distribution {
+    /// Uniform on `[low, high)`.
+    Uniform {
+        /// Lower bound.
+        low: f64,
+        /// Upper bound.
+        high: f64,
+    },
+    /// Normal with this mean and standard deviation.
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation (≥ 0).
+        std: f64,
+    },
+}
+
+/// Fills `len` contiguous elements with random values from the crate's counter-based generator
+/// ([`crate::rng`]): element `i` depends only on `seed` and `i`, so every backend produces the same
+/// numbers for the same seed (up to the dtype's rounding).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RandomDesc {
+    /// Element type (floating).
+    pub dtype: DType,
+    /// First element.
+    pub ptr: DevicePtr,
+    /// Elements.
+    pub len: usize,
+    /// The distribution.
+    pub distribution: Distribution,
+    /// The seed.
+    pub seed: u64,
+}
+
+impl RandomDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "random";
+        let ok = match self.distribution {
+            Distribution::Uniform { low, high } => {
+                low.is_finite() && high.is_finite() && low <= high
+            }
+            Distribution::Normal { mean, std } => mean.is_finite() && std.is_finite() && std >= 0.0,
+        };
+        if !ok {
+            return Err(BackendError::invalid(
+                op,
+                format!("bad distribution parameters {:?}", self.distribution),
+            ));
+        }
+        let mut acc = Accesses::new(op, InPlace::Forbidden);
+        acc.push(
+            "output",
+            self.ptr,
+            dense_bytes(op, &[self.len], self.dtype)?,
+            Access::Write,
+            true,
+        );
+        Ok(acc)
+    }
+}

@@ -1,0 +1,259 @@
+//! Op descriptors: the arguments of each [`crate::ComputeBackend`] op, grouped as cuBLASLt and cuDNN
+//! group theirs, and op enums. Each descriptor's `accesses()` checks that its own numbers are coherent
+//! (ranks, leading dimensions, output shapes, dtypes) and lists the byte regions the op will touch, with
+//! every size computed with overflow checks.
+
+mod attention;
+mod blas;
+mod conv;
+mod elementwise;
+mod norm;
+mod optim;
+mod pool;
+mod reduce;
+
+pub use attention::AttentionDesc;
+pub use blas::{BatchedGemmDesc, GemmDesc, GemvDesc};
+pub use conv::{window_output_size, Conv2dDesc};
+pub use elementwise::{
+    is_injective, BinaryDesc, CastDesc, CopyDesc, Distribution, FillDesc, RandomDesc, UnaryDesc,
+};
+pub use norm::{BatchNormDesc, LayerNormDesc, SoftmaxDesc};
+pub use optim::AdamDesc;
+pub use pool::{Pool2dDesc, PoolKind};
+pub use reduce::{ReduceDesc, ReduceOp};
+
+use crate::compute::access::{Access, Accesses};
+use crate::compute::DevicePtr;
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use crate::shape::{checked_numel, Layout};
+
+/// Whether a GEMM operand is used as stored or transposed (seed 003's `BackendTranspose`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transpose {
+    /// `op(X) = X`.
+    No,
+    /// `op(X) = Xᵀ`.
+    Yes,
+}
+
+/// The name seed 003 uses.
+pub type BackendTranspose = Transpose;
+
+macro_rules! op_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident => $s:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vm])* $v),* }
+        impl $name {
+            /// Every variant.
+            pub const ALL: &'static [$name] = &[$($name::$v),*];
+            /// The lowercase name used in reports.
+            pub const fn name(self) -> &'static str { match self { $($name::$v => $s),* } }
+        }
+    };
+}
+
+op_enum!(
+    /// Elementwise unary ops. `Gelu` is the exact (erf) form, `GeluTanh` the tanh approximation, as in
+    /// PyTorch's `gelu(approximate='none'|'tanh')`.
+    UnaryOp {
+        /// `-x`
+        Neg => "neg",
+        /// `|x|`
+        Abs => "abs",
+        /// `eˣ`
+        Exp => "exp",
+        /// natural log
+        Log => "log",
+        /// `√x`
+        Sqrt => "sqrt",
+        /// `1/√x`
+        Rsqrt => "rsqrt",
+        /// `1/x`
+        Recip => "recip",
+        /// `x²`
+        Square => "square",
+        /// `max(x, 0)`
+        Relu => "relu",
+        /// `x·Φ(x)`
+        Gelu => "gelu",
+        /// `0.5x(1+tanh(√(2/π)(x+0.044715x³)))`
+        GeluTanh => "gelu_tanh",
+        /// `1/(1+e⁻ˣ)`
+        Sigmoid => "sigmoid",
+        /// `x·sigmoid(x)`
+        Silu => "silu",
+        /// hyperbolic tangent
+        Tanh => "tanh",
+        /// sine
+        Sin => "sin",
+        /// cosine
+        Cos => "cos",
+        /// error function
+        Erf => "erf",
+    }
+);
+
+op_enum!(
+    /// Elementwise binary ops. `Maximum`/`Minimum` propagate NaN, like `torch.maximum`.
+    BinaryOp {
+        /// `a + b`
+        Add => "add",
+        /// `a - b`
+        Sub => "sub",
+        /// `a * b`
+        Mul => "mul",
+        /// `a / b`
+        Div => "div",
+        /// `max(a, b)`
+        Maximum => "maximum",
+        /// `min(a, b)`
+        Minimum => "minimum",
+        /// `aᵇ`
+        Pow => "pow",
+    }
+);
+
+/// A strided operand: a base pointer and an element layout relative to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StridedBuf {
+    /// The buffer's base pointer (the layout's offset counts from here).
+    pub ptr: DevicePtr,
+    /// Shape, strides and offset, in elements.
+    pub layout: Layout,
+}
+
+impl StridedBuf {
+    /// A contiguous operand of `shape` at `ptr`.
+    pub fn contiguous(ptr: DevicePtr, shape: &[usize]) -> Self {
+        StridedBuf {
+            ptr,
+            layout: Layout::contiguous(shape),
+        }
+    }
+
+    /// Adds this operand's extent (first to last element) to `acc`.
+    fn push(
+        &self,
+        acc: &mut Accesses,
+        name: &'static str,
+        dtype: DType,
+        access: Access,
+    ) -> Result<()> {
+        let op = acc.op;
+        let size = dtype.size_in_bytes();
+        let span = self.layout.span_elements()?;
+        let start = self.layout.offset();
+        let start_bytes = mul(op, start, size)?;
+        let bytes = mul(op, span - start, size)?;
+        let ptr = self
+            .ptr
+            .offset(start_bytes)
+            .ok_or_else(|| BackendError::overflow(op, "pointer + offset overflows"))?;
+        acc.push(name, ptr, bytes, access, self.layout.is_contiguous());
+        Ok(())
+    }
+}
+
+pub(crate) fn mul(op: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| BackendError::overflow(op, format!("{a} × {b} overflows")))
+}
+
+pub(crate) fn add(op: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_add(b)
+        .ok_or_else(|| BackendError::overflow(op, format!("{a} + {b} overflows")))
+}
+
+/// Bytes of a column-major `rows × cols` matrix with leading dimension `ld`.
+pub(crate) fn matrix_bytes(
+    op: &'static str,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    size: usize,
+) -> Result<usize> {
+    if rows == 0 || cols == 0 {
+        return Ok(0);
+    }
+    mul(op, add(op, mul(op, cols - 1, ld)?, rows)?, size)
+}
+
+/// Bytes of a vector of `len` elements with increment `inc`.
+pub(crate) fn vector_bytes(op: &'static str, len: usize, inc: usize, size: usize) -> Result<usize> {
+    if len == 0 {
+        return Ok(0);
+    }
+    mul(op, add(op, mul(op, len - 1, inc)?, 1)?, size)
+}
+
+pub(crate) fn dense_bytes(op: &'static str, shape: &[usize], dtype: DType) -> Result<usize> {
+    mul(op, checked_numel(op, shape)?, dtype.size_in_bytes())
+}
+
+pub(crate) fn check_ld(op: &'static str, name: &str, ld: usize, rows: usize) -> Result<()> {
+    if ld < rows.max(1) {
+        return Err(BackendError::invalid(
+            op,
+            format!("{name} = {ld} must be at least max(1, {rows}) for a column-major matrix with {rows} rows"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn injectivity() {
+        assert!(is_injective(&Layout::contiguous(&[3, 4])));
+        assert!(is_injective(
+            &Layout::contiguous(&[3, 4]).transpose(0, 1).unwrap()
+        ));
+        assert!(!is_injective(
+            &Layout::contiguous(&[3, 1]).broadcast_to(&[3, 4]).unwrap()
+        ));
+        assert!(!is_injective(
+            &Layout::new(vec![3, 3], vec![1, 1], 0).unwrap()
+        ));
+    }
+
+    #[test]
+    fn window_sizes() {
+        assert_eq!(window_output_size(5, 3, 1, 1, 1), Some(5));
+        assert_eq!(window_output_size(5, 3, 2, 0, 2), Some(1));
+        assert_eq!(window_output_size(2, 5, 1, 1, 1), None);
+        assert_eq!(window_output_size(2, 0, 1, 1, 1), None);
+    }
+
+    #[test]
+    fn gemm_leading_dimensions_are_checked() {
+        let d = GemmDesc {
+            dtype: DType::F32,
+            trans_a: Transpose::No,
+            trans_b: Transpose::No,
+            m: 4,
+            n: 3,
+            k: 2,
+            alpha: 1.0,
+            a: DevicePtr(4096),
+            lda: 3,
+            b: DevicePtr(8192),
+            ldb: 2,
+            beta: 0.0,
+            c: DevicePtr(16384),
+            ldc: 4,
+        };
+        assert!(matches!(
+            d.accesses(),
+            Err(BackendError::InvalidArgument { .. })
+        ));
+        let ok = GemmDesc { lda: 4, ..d };
+        let acc = ok.accesses().unwrap();
+        assert_eq!(acc.regions[0].bytes, (4 + 4) * 4);
+        assert_eq!(acc.regions[2].access, Access::Write);
+    }
+}

@@ -1,0 +1,78 @@
+//! The fused Adam/AdamW step descriptor.
+
+use super::dense_bytes;
+use crate::compute::access::{Access, Accesses, InPlace};
+use crate::compute::DevicePtr;
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+
+/// One Adam or AdamW step over `len` contiguous elements, in place, following `torch.optim.Adam` /
+/// `AdamW` (no AMSGrad): with `t = step`,
+/// `g += wd·p` (Adam) or `p *= 1 - lr·wd` (AdamW); `m = β₁m + (1-β₁)g`; `v = β₂v + (1-β₂)g²`;
+/// `p -= lr/(1-β₁ᵗ) · m / (√v/√(1-β₂ᵗ) + eps)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamDesc {
+    /// Element type of every operand (moments are kept in the parameters' dtype, as PyTorch does).
+    pub dtype: DType,
+    /// Parameters, updated.
+    pub params: DevicePtr,
+    /// Gradients, read.
+    pub grads: DevicePtr,
+    /// First moment, updated.
+    pub exp_avg: DevicePtr,
+    /// Second moment, updated.
+    pub exp_avg_sq: DevicePtr,
+    /// Elements.
+    pub len: usize,
+    /// Learning rate, ≥ 0.
+    pub lr: f64,
+    /// β₁ in `[0, 1)`.
+    pub beta1: f64,
+    /// β₂ in `[0, 1)`.
+    pub beta2: f64,
+    /// ε ≥ 0.
+    pub eps: f64,
+    /// Weight decay ≥ 0.
+    pub weight_decay: f64,
+    /// AdamW (decoupled decay) instead of Adam (L2 added to the gradient).
+    pub decoupled_weight_decay: bool,
+    /// The step number after this update (1 for the first step).
+    pub step: u64,
+}
+
+impl AdamDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "adam_step";
+        let ok = self.lr >= 0.0
+            && (0.0..1.0).contains(&self.beta1)
+            && (0.0..1.0).contains(&self.beta2)
+            && self.eps >= 0.0
+            && self.weight_decay >= 0.0
+            && self.lr.is_finite()
+            && self.eps.is_finite()
+            && self.weight_decay.is_finite();
+        if !ok || self.step == 0 {
+            return Err(BackendError::invalid(
+                op,
+                format!(
+                    "need lr ≥ 0, betas in [0, 1), eps ≥ 0, weight_decay ≥ 0 (all finite) and step ≥ 1; got lr {}, betas ({}, {}), eps {}, weight_decay {}, step {}",
+                    self.lr, self.beta1, self.beta2, self.eps, self.weight_decay, self.step
+                ),
+            ));
+        }
+        let bytes = dense_bytes(op, &[self.len], self.dtype)?;
+        let mut acc = Accesses::new(op, InPlace::Forbidden);
+        acc.push("params", self.params, bytes, Access::ReadWrite, true);
+        acc.push("grads", self.grads, bytes, Access::Read, true);
+        acc.push("exp_avg", self.exp_avg, bytes, Access::ReadWrite, true);
+        acc.push(
+            "exp_avg_sq",
+            self.exp_avg_sq,
+            bytes,
+            Access::ReadWrite,
+            true,
+        );
+        Ok(acc)
+    }
+}
