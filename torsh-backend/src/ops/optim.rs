@@ -15,7 +15,9 @@ pub(crate) fn widen(x: f32) -> f64 {
 
 /// Optimizer state for [`Backend::fused_adam_step`]: the moments of each parameter (created as zeros on
 /// the first step), the step count and the hyper-parameters that do not change per call.
-#[derive(Clone, Debug)]
+///
+/// Not `Clone`: the moments are tensor handles, so a shallow copy would share (and co-update) them.
+#[derive(Debug)]
 pub struct AdamState {
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
