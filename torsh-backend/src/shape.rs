@@ -371,7 +371,10 @@ impl Layout {
     pub fn unsqueeze(&self, dim: isize) -> Result<Layout> {
         let d = normalize_axis("unsqueeze", dim, self.rank() + 1)?;
         let mut out = self.clone();
-        let stride = self.strides.get(d).map_or(1, |&s| s * self.shape[d].max(1));
+        let stride = self
+            .strides
+            .get(d)
+            .map_or(1, |&s| s.saturating_mul(self.shape[d].max(1)));
         out.shape.insert(d, 1);
         out.strides.insert(d, stride);
         Ok(out)

@@ -3,6 +3,7 @@
 //! hand out addresses.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::compute::access::{Accesses, Region};
 use crate::compute::DevicePtr;
@@ -15,11 +16,14 @@ const GUARD_BYTES: u64 = 4096;
 /// Alignment of synthetic addresses.
 const ALIGN: u64 = 256;
 
+/// The next free synthetic address in this process. One counter for every table, so no two backend
+/// instances ever hand out the same address and a pointer from one instance is never valid in another.
+static NEXT_SYNTHETIC_ADDRESS: AtomicU64 = AtomicU64::new(1 << 20);
+
 /// Live allocations, keyed by base address.
 #[derive(Debug)]
 pub struct AllocationTable {
     live: BTreeMap<u64, usize>,
-    next_address: u64,
     allocated_bytes: usize,
 }
 
@@ -30,31 +34,32 @@ impl Default for AllocationTable {
 }
 
 impl AllocationTable {
-    /// An empty table whose synthetic addresses start at 1 MiB (so 0 and small integers are never valid).
+    /// An empty table. Synthetic addresses start at 1 MiB (so 0 and small integers are never valid).
     pub fn new() -> Self {
         AllocationTable {
             live: BTreeMap::new(),
-            next_address: 1 << 20,
             allocated_bytes: 0,
         }
     }
 
     /// Reserves a fresh synthetic address range of `bytes` and records it as live. Addresses are never
-    /// reused, so a freed pointer stays invalid for the life of the backend. `OutOfMemory` if the
-    /// address space is exhausted.
+    /// reused in this process, by this table or any other, so a freed pointer stays invalid and a
+    /// pointer from another instance is never valid here. `OutOfMemory` if the address space is
+    /// exhausted.
     pub fn allocate_synthetic(&mut self, bytes: usize) -> Result<DevicePtr> {
-        let base = self.next_address;
+        let exhausted = || BackendError::OutOfMemory {
+            requested: bytes,
+            available: 0,
+        };
         let span = (bytes as u64)
             .checked_add(GUARD_BYTES + ALIGN - 1)
             .map(|s| s / ALIGN * ALIGN)
-            .and_then(|s| base.checked_add(s));
-        let Some(next) = span else {
-            return Err(BackendError::OutOfMemory {
-                requested: bytes,
-                available: 0,
-            });
-        };
-        self.next_address = next;
+            .ok_or_else(exhausted)?;
+        let base = NEXT_SYNTHETIC_ADDRESS
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                next.checked_add(span)
+            })
+            .map_err(|_| exhausted())?;
         self.insert(DevicePtr(base), bytes);
         Ok(DevicePtr(base))
     }

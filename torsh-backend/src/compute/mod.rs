@@ -99,10 +99,16 @@ pub trait ComputeBackend: Send + Sync + Debug {
                 .map(DevicePtr)
                 .ok_or_else(|| BackendError::overflow("batched_gemm", "batch offset overflows"))
         };
+        // With k = 0, A and B are never read: keep their (possibly zero-byte) base pointers.
+        let (stride_a, stride_b) = if g.k == 0 {
+            (0, 0)
+        } else {
+            (desc.stride_a, desc.stride_b)
+        };
         for i in 0..desc.batch_count {
             self.gemm(&GemmDesc {
-                a: at(g.a, desc.stride_a, i)?,
-                b: at(g.b, desc.stride_b, i)?,
+                a: at(g.a, stride_a, i)?,
+                b: at(g.b, stride_b, i)?,
                 c: at(g.c, desc.stride_c, i)?,
                 ..g.clone()
             })?;

@@ -1,7 +1,7 @@
 //! `fused_adam_step` and [`AdamState`]: Adam and AdamW as `torch.optim.Adam` / `AdamW` define them.
 
 use crate::backend::Backend;
-use crate::compute::AdamDesc;
+use crate::compute::{Access, Accesses, AdamDesc, InPlace};
 use crate::error::{BackendError, Result};
 use crate::tensor::Tensor;
 
@@ -141,6 +141,26 @@ impl Backend {
                 }
             }
         }
+        // Every parameter, gradient and moment, checked together so that nothing is updated when any
+        // written operand overlaps another.
+        let mut all = Accesses::new(op, InPlace::Forbidden);
+        for (i, p) in params.iter().enumerate() {
+            p.strided_buf()
+                .add_region(&mut all, "params", p.dtype(), Access::ReadWrite)?;
+            grads[i]
+                .strided_buf()
+                .add_region(&mut all, "grads", p.dtype(), Access::Read)?;
+            for (name, t) in [
+                ("exp_avg", state.exp_avg.get(i)),
+                ("exp_avg_sq", state.exp_avg_sq.get(i)),
+            ] {
+                if let Some(t) = t {
+                    t.strided_buf()
+                        .add_region(&mut all, name, p.dtype(), Access::ReadWrite)?;
+                }
+            }
+        }
+        all.check_aliasing()?;
         let step = state.step + 1;
         let desc = |p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor| AdamDesc {
             dtype: p.dtype(),

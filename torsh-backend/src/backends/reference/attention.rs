@@ -9,6 +9,9 @@ use super::memory::HostMemory;
 /// `O[b, h, i] = Σ_j softmax_j(scale · Q[b, h, i] · K[b, h, j]) · V[b, h, j]`, with `j ≤ i` when causal.
 pub fn attention(mem: &mut HostMemory, d: &AttentionDesc) -> Result<()> {
     let (bh, sq, skv, dim) = (d.batch * d.heads, d.seq_q, d.seq_kv, d.head_dim);
+    if bh == 0 || sq == 0 || dim == 0 {
+        return Ok(()); // O is empty; K and V may be any length.
+    }
     let q = mem.load_dense(d.dtype, d.q, bh * sq * dim)?;
     let k = mem.load_dense(d.dtype, d.k, bh * skv * dim)?;
     let v = mem.load_dense(d.dtype, d.v, bh * skv * dim)?;

@@ -15,6 +15,9 @@ fn at(x: &[f64], trans: Transpose, ld: usize, i: usize, j: usize) -> f64 {
 
 /// `C = alpha · op(A) · op(B) + beta · C`; C is not read when `beta == 0`.
 pub fn gemm(mem: &mut HostMemory, d: &GemmDesc, regions: [usize; 3]) -> Result<()> {
+    if d.m == 0 || d.n == 0 {
+        return Ok(()); // C is empty: nothing to compute or write.
+    }
     let size = d.dtype.size_in_bytes();
     let a = mem.load_dense(d.dtype, d.a, regions[0] / size)?;
     let b = mem.load_dense(d.dtype, d.b, regions[1] / size)?;

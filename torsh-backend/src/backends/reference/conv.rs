@@ -11,6 +11,9 @@ pub fn conv2d(mem: &mut HostMemory, d: &Conv2dDesc) -> Result<()> {
     let [n, c, h, w] = d.input_shape;
     let [k, cg, r, s] = d.weight_shape;
     let [_, _, oh, ow] = d.output_shape;
+    if d.output_shape.contains(&0) {
+        return Ok(()); // No output element: nothing to compute or write.
+    }
     let x = mem.load_dense(d.dtype, d.input, n * c * h * w)?;
     let wt = mem.load_dense(d.dtype, d.weight, k * cg * r * s)?;
     let bias = match d.bias {
@@ -28,15 +31,14 @@ pub fn conv2d(mem: &mut HostMemory, d: &Conv2dDesc) -> Result<()> {
                     for ci in 0..cg {
                         let cin = g * cg + ci;
                         for ri in 0..r {
-                            let iy = (y * d.stride[0] + ri * d.dilation[0]) as isize
-                                - d.padding[0] as isize;
-                            if iy < 0 || iy >= h as isize {
+                            let iy = window_index(y, d.stride[0], ri, d.dilation[0], d.padding[0]);
+                            if iy < 0 || iy >= h as i128 {
                                 continue;
                             }
                             for si in 0..s {
-                                let ix = (xo * d.stride[1] + si * d.dilation[1]) as isize
-                                    - d.padding[1] as isize;
-                                if ix < 0 || ix >= w as isize {
+                                let ix =
+                                    window_index(xo, d.stride[1], si, d.dilation[1], d.padding[1]);
+                                if ix < 0 || ix >= w as i128 {
                                     continue;
                                 }
                                 let xv = x[((ni * c + cin) * h + iy as usize) * w + ix as usize];
@@ -50,4 +52,16 @@ pub fn conv2d(mem: &mut HostMemory, d: &Conv2dDesc) -> Result<()> {
         }
     }
     mem.store(d.dtype, d.output, &out)
+}
+
+/// Input coordinate `out·stride + tap·dilation − padding` of a sliding window, in i128 so that no
+/// combination of validated `usize` parameters can overflow.
+pub(super) fn window_index(
+    out: usize,
+    stride: usize,
+    tap: usize,
+    dilation: usize,
+    padding: usize,
+) -> i128 {
+    out as i128 * stride as i128 + tap as i128 * dilation as i128 - padding as i128
 }

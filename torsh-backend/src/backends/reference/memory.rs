@@ -116,9 +116,10 @@ impl HostMemory {
         Ok(bytes.chunks_exact(size).map(|c| decode(dtype, c)).collect())
     }
 
-    /// The elements of a strided view in row-major order of the view, as f64.
+    /// The elements of a strided view in row-major order of the view, as f64. `OutOfMemory` when the
+    /// host cannot hold them (a broadcast view may have far more elements than its buffer).
     pub fn load(&self, dtype: DType, buf: &StridedBuf) -> Result<Vec<f64>> {
-        let mut out = Vec::with_capacity(buf.layout.numel());
+        let mut out = host_vec(buf.layout.numel())?;
         self.for_each_element(dtype, buf, |b| out.push(decode(dtype, b)))?;
         Ok(out)
     }
@@ -151,6 +152,17 @@ impl HostMemory {
         }
         Ok(())
     }
+}
+
+/// An empty vector with room for `n` f64 values, or `OutOfMemory` instead of an allocation failure.
+pub fn host_vec(n: usize) -> Result<Vec<f64>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| BackendError::OutOfMemory {
+            requested: n.saturating_mul(8),
+            available: 0,
+        })?;
+    Ok(v)
 }
 
 fn lost_buffer(base: DevicePtr) -> BackendError {

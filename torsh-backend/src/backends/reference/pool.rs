@@ -3,12 +3,16 @@
 use crate::compute::{Pool2dDesc, PoolKind};
 use crate::error::Result;
 
+use super::conv::window_index;
 use super::memory::HostMemory;
 
 /// Pools each window; padding never wins a max, and a NaN in a window makes its max NaN.
 pub fn pool2d(mem: &mut HostMemory, d: &Pool2dDesc) -> Result<()> {
     let [n, c, h, w] = d.input_shape;
     let [_, _, oh, ow] = d.output_shape;
+    if d.output_shape.contains(&0) {
+        return Ok(());
+    }
     let x = mem.load_dense(d.dtype, d.input, n * c * h * w)?;
     let mut out = Vec::with_capacity(n * c * oh * ow);
     for plane in 0..n * c {
@@ -17,10 +21,10 @@ pub fn pool2d(mem: &mut HostMemory, d: &Pool2dDesc) -> Result<()> {
             for xo in 0..ow {
                 let (mut max, mut sum, mut count) = (f64::NEG_INFINITY, 0.0f64, 0usize);
                 for r in 0..d.kernel[0] {
-                    let iy = (y * d.stride[0] + r) as isize - d.padding[0] as isize;
+                    let iy = window_index(y, d.stride[0], r, 1, d.padding[0]);
                     for s in 0..d.kernel[1] {
-                        let ix = (xo * d.stride[1] + s) as isize - d.padding[1] as isize;
-                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                        let ix = window_index(xo, d.stride[1], s, 1, d.padding[1]);
+                        if iy < 0 || ix < 0 || iy >= h as i128 || ix >= w as i128 {
                             continue;
                         }
                         let v = xp[iy as usize * w + ix as usize];

@@ -104,7 +104,7 @@ impl BatchedGemmDesc {
         if self.batch_count > 1
             && g.m > 0
             && g.n > 0
-            && self.stride_c < mul(op, g.ldc, g.n - 1)? + g.m
+            && self.stride_c < add(op, mul(op, g.ldc, g.n - 1)?, g.m)?
         {
             return Err(BackendError::Aliasing {
                 op,

@@ -27,7 +27,7 @@ impl UnaryDesc {
         let op = "unary";
         let mut acc = Accesses::new(op, InPlace::ExactAllowed);
         self.input
-            .push(&mut acc, "input", self.dtype, Access::Read)?;
+            .add_region(&mut acc, "input", self.dtype, Access::Read)?;
         let bytes = dense_bytes(op, self.input.layout.shape(), self.dtype)?;
         acc.push("output", self.output, bytes, Access::Write, true);
         Ok(acc)
@@ -66,8 +66,10 @@ impl BinaryDesc {
             ));
         }
         let mut acc = Accesses::new(op, InPlace::ExactAllowed);
-        self.lhs.push(&mut acc, "lhs", self.dtype, Access::Read)?;
-        self.rhs.push(&mut acc, "rhs", self.dtype, Access::Read)?;
+        self.lhs
+            .add_region(&mut acc, "lhs", self.dtype, Access::Read)?;
+        self.rhs
+            .add_region(&mut acc, "rhs", self.dtype, Access::Read)?;
         let bytes = dense_bytes(op, self.lhs.layout.shape(), self.dtype)?;
         acc.push("output", self.output, bytes, Access::Write, true);
         Ok(acc)
@@ -122,7 +124,7 @@ impl CastDesc {
         let op = "cast";
         let mut acc = Accesses::new(op, InPlace::ExactAllowed);
         self.input
-            .push(&mut acc, "input", self.src_dtype, Access::Read)?;
+            .add_region(&mut acc, "input", self.src_dtype, Access::Read)?;
         let bytes = dense_bytes(op, self.input.layout.shape(), self.dst_dtype)?;
         acc.push("output", self.output, bytes, Access::Write, true);
         Ok(acc)
@@ -166,8 +168,10 @@ impl CopyDesc {
             });
         }
         let mut acc = Accesses::new(op, InPlace::ExactAllowed);
-        self.src.push(&mut acc, "src", self.dtype, Access::Read)?;
-        self.dst.push(&mut acc, "dst", self.dtype, Access::Write)?;
+        self.src
+            .add_region(&mut acc, "src", self.dtype, Access::Read)?;
+        self.dst
+            .add_region(&mut acc, "dst", self.dtype, Access::Write)?;
         Ok(acc)
     }
 }

@@ -134,8 +134,9 @@ impl StridedBuf {
         }
     }
 
-    /// Adds this operand's extent (first to last element) to `acc`.
-    fn push(
+    /// Adds this operand's extent (first to last element) to `acc`, as an operand named `name` of
+    /// `dtype` used as `access`. `SizeOverflow` when the extent does not fit in the address space.
+    pub fn add_region(
         &self,
         acc: &mut Accesses,
         name: &'static str,

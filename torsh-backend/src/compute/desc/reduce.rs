@@ -109,7 +109,7 @@ impl ReduceDesc {
         }
         let mut acc = Accesses::new(op, InPlace::Forbidden);
         self.input
-            .push(&mut acc, "input", self.dtype, Access::Read)?;
+            .add_region(&mut acc, "input", self.dtype, Access::Read)?;
         let out_dtype = self.op.output_dtype(self.dtype);
         acc.push(
             "output",
