@@ -99,6 +99,27 @@ impl Accesses {
         });
     }
 
+    /// Adds a dense operand of `shape` and `dtype` (its byte size checked for overflow).
+    pub fn push_dense(
+        &mut self,
+        name: &'static str,
+        ptr: DevicePtr,
+        shape: &[usize],
+        dtype: crate::dtype::DType,
+        access: Access,
+    ) -> Result<()> {
+        let bytes = crate::shape::checked_numel(self.op, shape)?
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or_else(|| {
+                BackendError::overflow(
+                    self.op,
+                    format!("operand {name} of shape {shape:?} overflows"),
+                )
+            })?;
+        self.push(name, ptr, bytes, access, true);
+        Ok(())
+    }
+
     /// `Aliasing` if any written region overlaps another region, unless the op allows exact in-place
     /// execution and the two coincide exactly and densely. Reads may overlap each other freely.
     pub fn check_aliasing(&self) -> Result<()> {

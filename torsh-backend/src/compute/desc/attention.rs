@@ -1,6 +1,5 @@
 //! The scaled dot-product attention descriptor.
 
-use super::dense_bytes;
 use crate::compute::access::{Access, Accesses, InPlace};
 use crate::compute::DevicePtr;
 use crate::dtype::DType;
@@ -56,34 +55,10 @@ impl AttentionDesc {
         let q_shape = [self.batch, self.heads, self.seq_q, self.head_dim];
         let kv_shape = [self.batch, self.heads, self.seq_kv, self.head_dim];
         let mut acc = Accesses::new(op, InPlace::Forbidden);
-        acc.push(
-            "q",
-            self.q,
-            dense_bytes(op, &q_shape, self.dtype)?,
-            Access::Read,
-            true,
-        );
-        acc.push(
-            "k",
-            self.k,
-            dense_bytes(op, &kv_shape, self.dtype)?,
-            Access::Read,
-            true,
-        );
-        acc.push(
-            "v",
-            self.v,
-            dense_bytes(op, &kv_shape, self.dtype)?,
-            Access::Read,
-            true,
-        );
-        acc.push(
-            "o",
-            self.o,
-            dense_bytes(op, &q_shape, self.dtype)?,
-            Access::Write,
-            true,
-        );
+        acc.push_dense("q", self.q, &q_shape, self.dtype, Access::Read)?;
+        acc.push_dense("k", self.k, &kv_shape, self.dtype, Access::Read)?;
+        acc.push_dense("v", self.v, &kv_shape, self.dtype, Access::Read)?;
+        acc.push_dense("o", self.o, &q_shape, self.dtype, Access::Write)?;
         Ok(acc)
     }
 }

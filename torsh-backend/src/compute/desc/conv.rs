@@ -1,6 +1,6 @@
 //! The 2-D convolution descriptor and the window arithmetic shared with pooling.
 
-use super::dense_bytes;
+use super::check_output_shape;
 use crate::compute::access::{Access, Accesses, InPlace};
 use crate::compute::DevicePtr;
 use crate::dtype::DType;
@@ -119,46 +119,38 @@ impl Conv2dDesc {
             self.dilation,
             self.groups,
         )?;
-        if expected != self.output_shape {
-            return Err(BackendError::shape(
-                op,
-                format!(
-                    "output shape {:?} should be {expected:?}",
-                    self.output_shape
-                ),
-            ));
-        }
+        check_output_shape(op, &expected, &self.output_shape)?;
         let mut acc = Accesses::new(op, InPlace::Forbidden);
-        acc.push(
+        acc.push_dense(
             "input",
             self.input,
-            dense_bytes(op, &self.input_shape, self.dtype)?,
+            &self.input_shape,
+            self.dtype,
             Access::Read,
-            true,
-        );
-        acc.push(
+        )?;
+        acc.push_dense(
             "weight",
             self.weight,
-            dense_bytes(op, &self.weight_shape, self.dtype)?,
+            &self.weight_shape,
+            self.dtype,
             Access::Read,
-            true,
-        );
+        )?;
         if let Some(bias) = self.bias {
-            acc.push(
+            acc.push_dense(
                 "bias",
                 bias,
-                dense_bytes(op, &[self.weight_shape[0]], self.dtype)?,
+                &[self.weight_shape[0]],
+                self.dtype,
                 Access::Read,
-                true,
-            );
+            )?;
         }
-        acc.push(
+        acc.push_dense(
             "output",
             self.output,
-            dense_bytes(op, &self.output_shape, self.dtype)?,
+            &self.output_shape,
+            self.dtype,
             Access::Write,
-            true,
-        );
+        )?;
         Ok(acc)
     }
 }

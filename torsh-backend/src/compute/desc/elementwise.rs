@@ -253,13 +253,7 @@ impl RandomDesc {
             ));
         }
         let mut acc = Accesses::new(op, InPlace::Forbidden);
-        acc.push(
-            "output",
-            self.ptr,
-            dense_bytes(op, &[self.len], self.dtype)?,
-            Access::Write,
-            true,
-        );
+        acc.push_dense("output", self.ptr, &[self.len], self.dtype, Access::Write)?;
         Ok(acc)
     }
 }

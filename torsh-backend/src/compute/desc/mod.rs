@@ -194,6 +194,22 @@ pub(crate) fn dense_bytes(op: &'static str, shape: &[usize], dtype: DType) -> Re
     mul(op, checked_numel(op, shape)?, dtype.size_in_bytes())
 }
 
+/// `ShapeMismatch` unless a descriptor's output shape is the one its inputs imply.
+pub(crate) fn check_output_shape(
+    op: &'static str,
+    expected: &[usize],
+    got: &[usize],
+) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(BackendError::shape(
+            op,
+            format!("output shape {got:?} should be {expected:?}"),
+        ))
+    }
+}
+
 pub(crate) fn check_ld(op: &'static str, name: &str, ld: usize, rows: usize) -> Result<()> {
     if ld < rows.max(1) {
         return Err(BackendError::invalid(

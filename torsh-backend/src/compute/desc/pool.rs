@@ -1,6 +1,6 @@
 //! The 2-D pooling descriptor.
 
-use super::{dense_bytes, window_output_size};
+use super::{check_output_shape, window_output_size};
 use crate::compute::access::{Access, Accesses, InPlace};
 use crate::compute::DevicePtr;
 use crate::dtype::DType;
@@ -81,30 +81,22 @@ impl Pool2dDesc {
         let op = "pool2d";
         let expected =
             Self::expected_output_shape(self.input_shape, self.kernel, self.stride, self.padding)?;
-        if expected != self.output_shape {
-            return Err(BackendError::shape(
-                op,
-                format!(
-                    "output shape {:?} should be {expected:?}",
-                    self.output_shape
-                ),
-            ));
-        }
+        check_output_shape(op, &expected, &self.output_shape)?;
         let mut acc = Accesses::new(op, InPlace::Forbidden);
-        acc.push(
+        acc.push_dense(
             "input",
             self.input,
-            dense_bytes(op, &self.input_shape, self.dtype)?,
+            &self.input_shape,
+            self.dtype,
             Access::Read,
-            true,
-        );
-        acc.push(
+        )?;
+        acc.push_dense(
             "output",
             self.output,
-            dense_bytes(op, &self.output_shape, self.dtype)?,
+            &self.output_shape,
+            self.dtype,
             Access::Write,
-            true,
-        );
+        )?;
         Ok(acc)
     }
 }

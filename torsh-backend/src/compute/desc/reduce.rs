@@ -1,6 +1,6 @@
 //! Reductions along one axis: the op enum and the descriptor.
 
-use super::{dense_bytes, StridedBuf};
+use super::StridedBuf;
 use crate::compute::access::{Access, Accesses, InPlace};
 use crate::compute::DevicePtr;
 use crate::dtype::DType;
@@ -111,13 +111,7 @@ impl ReduceDesc {
         self.input
             .add_region(&mut acc, "input", self.dtype, Access::Read)?;
         let out_dtype = self.op.output_dtype(self.dtype);
-        acc.push(
-            "output",
-            self.output,
-            dense_bytes(op, &out_shape, out_dtype)?,
-            Access::Write,
-            true,
-        );
+        acc.push_dense("output", self.output, &out_shape, out_dtype, Access::Write)?;
         Ok(acc)
     }
 }
