@@ -5,6 +5,11 @@ use torsh_backend::prelude::*;
 
 type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
+/// The CPU backend and the reference: every body below runs on both.
+fn both() -> torsh_backend::Result<Vec<Backend>> {
+    Ok(vec![Backend::cpu().build()?, Backend::reference()?])
+}
+
 fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
     a.len() == b.len()
         && a.iter()
@@ -102,7 +107,13 @@ fn seed_conv_snippet_on_cpu() -> TestResult {
 
 #[test]
 fn seed_unified_operations_signatures() -> TestResult {
-    let backend = Backend::cpu().build()?;
+    for backend in both()? {
+        seed_unified_operations_signatures_on(&backend)?;
+    }
+    Ok(())
+}
+
+fn seed_unified_operations_signatures_on(backend: &Backend) -> TestResult {
     let a = backend.randn(&[5, 3], DType::F32)?;
     let x = backend.randn(&[3], DType::F32)?;
     let y = backend.randn(&[5], DType::F32)?;
@@ -143,7 +154,13 @@ fn seed_device_management_snippet() -> TestResult {
 
 #[test]
 fn small_products_by_hand() -> TestResult {
-    let b = Backend::cpu().build()?;
+    for backend in both()? {
+        small_products_by_hand_on(&backend)?;
+    }
+    Ok(())
+}
+
+fn small_products_by_hand_on(b: &Backend) -> TestResult {
     let x = b.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
     let y = b.from_slice(&[5.0f32, 6.0, 7.0, 8.0], &[2, 2])?;
     assert_eq!(x.matmul(&y)?.to_vec::<f32>()?, vec![19.0, 22.0, 43.0, 50.0]);
@@ -170,7 +187,13 @@ fn small_products_by_hand() -> TestResult {
 
 #[test]
 fn views_constructors_and_copies() -> TestResult {
-    let b = Backend::cpu().build()?;
+    for backend in both()? {
+        views_constructors_and_copies_on(&backend)?;
+    }
+    Ok(())
+}
+
+fn views_constructors_and_copies_on(b: &Backend) -> TestResult {
     let t = b.arange(0.0, 6.0, 1.0, DType::F64)?.reshape(&[2, 3])?;
     assert_eq!(
         t.transpose(0, 1)?.contiguous()?.to_vec::<f64>()?,
@@ -224,7 +247,13 @@ fn views_constructors_and_copies() -> TestResult {
 
 #[test]
 fn random_streams_are_seeded_and_shared_across_backends() -> TestResult {
-    let cpu = Backend::cpu().build()?;
+    for backend in both()? {
+        random_streams_are_seeded_and_shared_across_backends_on(&backend)?;
+    }
+    Ok(())
+}
+
+fn random_streams_are_seeded_and_shared_across_backends_on(cpu: &Backend) -> TestResult {
     let reference = Backend::reference()?;
     cpu.manual_seed(11);
     reference.manual_seed(11);
@@ -243,7 +272,13 @@ fn random_streams_are_seeded_and_shared_across_backends() -> TestResult {
 
 #[test]
 fn reductions_softmax_and_norms() -> TestResult {
-    let b = Backend::cpu().build()?;
+    for backend in both()? {
+        reductions_softmax_and_norms_on(&backend)?;
+    }
+    Ok(())
+}
+
+fn reductions_softmax_and_norms_on(b: &Backend) -> TestResult {
     let x = b.from_slice(&[1.0f64, 5.0, 3.0, 2.0, 0.0, 4.0], &[2, 3])?;
     assert_eq!(x.sum(1, false)?.to_vec::<f64>()?, vec![9.0, 6.0]);
     assert_eq!(x.sum(0, true)?.shape(), &[1, 3]);
@@ -276,7 +311,13 @@ fn reductions_softmax_and_norms() -> TestResult {
 
 #[test]
 fn attention_with_one_key_returns_the_value() -> TestResult {
-    let b = Backend::cpu().build()?;
+    for backend in both()? {
+        attention_with_one_key_returns_the_value_on(&backend)?;
+    }
+    Ok(())
+}
+
+fn attention_with_one_key_returns_the_value_on(b: &Backend) -> TestResult {
     let q = b.randn(&[1, 2, 3, 4], DType::F32)?;
     let k = b.randn(&[1, 2, 1, 4], DType::F32)?;
     let v = b.randn(&[1, 2, 1, 4], DType::F32)?;
@@ -300,7 +341,13 @@ fn attention_with_one_key_returns_the_value() -> TestResult {
 
 #[test]
 fn pooling_by_hand() -> TestResult {
-    let b = Backend::cpu().build()?;
+    for backend in both()? {
+        pooling_by_hand_on(&backend)?;
+    }
+    Ok(())
+}
+
+fn pooling_by_hand_on(b: &Backend) -> TestResult {
     let x = b
         .arange(0.0, 16.0, 1.0, DType::F32)?
         .reshape(&[1, 1, 4, 4])?;
@@ -317,7 +364,13 @@ fn pooling_by_hand() -> TestResult {
 
 #[test]
 fn memory_returns_on_drop() -> TestResult {
-    let backend = Backend::cpu().build()?;
+    for backend in both()? {
+        memory_returns_on_drop_on(&backend)?;
+    }
+    Ok(())
+}
+
+fn memory_returns_on_drop_on(backend: &Backend) -> TestResult {
     assert_eq!(backend.allocated_bytes(), Some(0));
     {
         let a = backend.randn(&[32, 32], DType::F32)?;
