@@ -53,6 +53,8 @@ impl BackendConfig {
 
 struct Inner {
     compute: Box<dyn ComputeBackend>,
+    /// Made by [`Backend::from_compute`]: the crate cannot build more devices of it.
+    custom: bool,
     config: BackendConfig,
     seed: AtomicU64,
     draws: AtomicU64,
@@ -190,6 +192,7 @@ impl Backend {
         Ok(Backend {
             inner: Arc::new(Inner {
                 compute,
+                custom: true,
                 config,
                 seed: AtomicU64::new(DEFAULT_SEED),
                 draws: AtomicU64::new(0),
@@ -198,8 +201,14 @@ impl Backend {
     }
 
     /// A backend of the same kind and settings on device `index`. `InvalidArgument` when the backend
-    /// has no such device.
+    /// has no such device, or was supplied through [`Backend::from_compute`].
     pub fn device(&self, index: usize) -> Result<Backend> {
+        if self.inner.custom {
+            return Err(BackendError::invalid(
+                "device",
+                "this backend was supplied through Backend::from_compute; build its other devices the same way",
+            ));
+        }
         let mut config = self.inner.config.clone();
         config.device_id = index;
         build(config)
@@ -332,6 +341,7 @@ fn build(config: BackendConfig) -> Result<Backend> {
     Ok(Backend {
         inner: Arc::new(Inner {
             compute,
+            custom: false,
             config,
             seed: AtomicU64::new(DEFAULT_SEED),
             draws: AtomicU64::new(0),

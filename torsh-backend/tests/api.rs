@@ -390,3 +390,17 @@ fn memory_returns_on_drop_on(backend: &Backend) -> TestResult {
     assert_eq!(backend.allocated_bytes(), Some(0));
     Ok(())
 }
+
+#[test]
+fn a_custom_compute_backend_plugs_in() -> TestResult {
+    use torsh_backend::backends::reference::ReferenceBackend;
+    // Any ComputeBackend can serve the tensor API; the crate cannot build more devices of it.
+    let custom = Backend::from_compute(Box::new(ReferenceBackend::new(BackendType::Reference)))?;
+    let x = custom.from_slice(&[1.0f32, -2.0], &[2])?;
+    assert_eq!(x.relu()?.to_vec::<f32>()?, vec![1.0, 0.0]);
+    assert!(matches!(
+        custom.device(0),
+        Err(BackendError::InvalidArgument { .. })
+    ));
+    Ok(())
+}
