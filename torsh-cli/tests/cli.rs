@@ -1,0 +1,110 @@
+//! The `torsh-backend` binary, run as a user runs it.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_torsh-backend"));
+    cmd.args(args).env_remove("TORSH_REQUIRE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("the torsh-backend binary runs")
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn devices_lists_every_backend_kind_with_a_reason_when_unavailable() {
+    let out = run(&["devices", "--json"], &[]);
+    assert!(out.status.success());
+    let doc = json(&out);
+    let backends = doc["backends"].as_array().expect("a backends array");
+    let names: Vec<&str> = backends
+        .iter()
+        .filter_map(|b| b["backend"].as_str())
+        .collect();
+    for kind in ["cuda", "rocm", "metal", "webgpu", "cpu", "reference"] {
+        assert!(names.contains(&kind), "{kind} missing from {names:?}");
+    }
+    for b in backends {
+        if b["available"].as_bool() == Some(true) {
+            let device = &b["devices"][0];
+            assert!(
+                device["name"].as_str().is_some_and(|n| !n.is_empty()),
+                "{b}"
+            );
+            assert!(device["memory_bytes"].as_u64().is_some(), "{b}");
+        } else {
+            assert!(b["reason"].as_str().is_some_and(|r| !r.is_empty()), "{b}");
+        }
+    }
+    let cpu = backends.iter().find(|b| b["backend"] == "cpu").unwrap();
+    assert_eq!(cpu["available"], true);
+    assert!(doc["auto"].as_str().is_some());
+
+    let table = run(&["devices"], &[]);
+    assert!(table.status.success());
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("cpu") && text.contains("Backend::auto() picks"),
+        "{text}"
+    );
+}
+
+#[test]
+fn parity_reports_every_op_and_dtype_and_passes() {
+    let out = run(
+        &["parity", "--json", "--op", "softmax", "--op", "matmul"],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = json(&out);
+    let rows = doc["results"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for dtype in ["f32", "f64", "f16", "bf16"] {
+        assert!(rows
+            .iter()
+            .any(|r| r["op"] == "softmax" && r["dtype"] == dtype && r["status"] == "ok"));
+    }
+    assert_eq!(doc["failed"], 0);
+    let table = run(&["parity", "--op", "gemv"], &[]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("gemv") && text.contains("0 failed"), "{text}");
+}
+
+#[test]
+fn parity_fails_on_a_required_backend_that_is_missing_and_on_bad_arguments() {
+    let missing = run(&["parity", "--op", "softmax"], &[("TORSH_REQUIRE", "cuda")]);
+    let cuda_available = json(&run(&["devices", "--json"], &[]))["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["backend"] == "cuda" && b["available"] == true);
+    if !cuda_available {
+        assert!(!missing.status.success());
+        assert!(String::from_utf8_lossy(&missing.stderr).contains("cuda"));
+    }
+    assert_eq!(
+        run(&["parity", "--backend", "nonsense"], &[]).status.code(),
+        Some(2)
+    );
+    assert_eq!(
+        run(&["parity", "--op", "nonsense"], &[]).status.code(),
+        Some(2)
+    );
+    assert!(
+        !run(&["parity", "--backend", "metal", "--op", "softmax"], &[])
+            .status
+            .success()
+            || cfg!(target_vendor = "apple")
+    );
+}
