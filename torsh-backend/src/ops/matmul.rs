@@ -198,25 +198,15 @@ impl Backend {
         expect_rank(op, "b", b, 2)?;
         let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
         expect_shape(op, "b", b, &[k, n])?;
-        let out = if beta == 0.0 {
-            self.empty(&[m, n], dtype)?
-        } else {
-            let out = self.empty(&[m, n], dtype)?;
-            out.copy_from(&c.broadcast_to(&[m, n]).map_err(|_| {
-                BackendError::shape(
-                    op,
-                    format!("c {:?} does not broadcast to [{m}, {n}]", c.shape()),
-                )
-            })?)?;
-            out
-        };
-        if beta == 0.0 {
-            c.broadcast_to(&[m, n]).map_err(|_| {
-                BackendError::shape(
-                    op,
-                    format!("c {:?} does not broadcast to [{m}, {n}]", c.shape()),
-                )
-            })?;
+        let c = c.broadcast_to(&[m, n]).map_err(|_| {
+            BackendError::shape(
+                op,
+                format!("c {:?} does not broadcast to [{m}, {n}]", c.shape()),
+            )
+        })?;
+        let out = self.empty(&[m, n], dtype)?;
+        if beta != 0.0 {
+            out.copy_from(&c)?; // C is read only when beta is non-zero (BLAS semantics).
         }
         if out.numel() == 0 {
             return Ok(out);
