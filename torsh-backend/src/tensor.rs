@@ -268,7 +268,14 @@ impl Tensor {
             .numel()
             .checked_mul(c.dtype.size_in_bytes())
             .ok_or_else(|| BackendError::overflow("to_vec", "byte size overflows"))?;
-        let mut bytes = vec![0u8; len];
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(len)
+            .map_err(|_| BackendError::OutOfMemory {
+                requested: len,
+                available: 0,
+            })?;
+        bytes.resize(len, 0);
         c.backend().compute().copy_dtoh(&mut bytes, c.data_ptr())?;
         Ok(bytes)
     }

@@ -404,3 +404,13 @@ fn a_custom_compute_backend_plugs_in() -> TestResult {
     ));
     Ok(())
 }
+
+#[test]
+fn host_buffers_too_large_for_memory_are_typed_errors() -> TestResult {
+    let b = Backend::cpu().build()?;
+    // 1e15 elements: the host staging vector cannot exist; the answer is an error, not an abort.
+    let r = b.arange(0.0, 1e15, 1.0, DType::F32);
+    assert!(matches!(r, Err(BackendError::OutOfMemory { .. })), "{r:?}");
+    assert_eq!(b.allocated_bytes(), Some(0));
+    Ok(())
+}

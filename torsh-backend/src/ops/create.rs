@@ -110,9 +110,15 @@ impl Backend {
                 format!("{count} elements"),
             ));
         }
-        let values: Vec<f64> = (0..count as usize)
-            .map(|i| start + i as f64 * step)
-            .collect();
+        let count = count as usize;
+        let mut values = Vec::new();
+        values
+            .try_reserve_exact(count)
+            .map_err(|_| BackendError::OutOfMemory {
+                requested: count.saturating_mul(8),
+                available: 0,
+            })?;
+        values.extend((0..count).map(|i| start + i as f64 * step));
         self.from_f64(&values, &[values.len()], dtype)
     }
 
