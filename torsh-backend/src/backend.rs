@@ -134,12 +134,19 @@ impl Backend {
             .collect()
     }
 
-    /// Every device of every available backend.
+    /// Every device of every available backend: each GPU the CUDA driver reports (name, memory,
+    /// compute capability, SM count), then one entry per other kind. An error when a backend that
+    /// probed as available fails to describe its devices.
     pub fn list_devices() -> Result<Vec<DeviceInfo>> {
-        Backend::available()
-            .into_iter()
-            .map(|kind| Backend::new(kind).map(|b| b.device_info()))
-            .collect()
+        let mut all = Vec::new();
+        for kind in Backend::available() {
+            match kind {
+                #[cfg(feature = "cuda")]
+                BackendType::Cuda => all.extend(crate::backends::cuda::list_devices()?),
+                _ => all.push(Backend::new(kind)?.device_info()),
+            }
+        }
+        Ok(all)
     }
 
     /// The scalar reference backend, the oracle of the parity suite.
@@ -275,7 +282,7 @@ fn unavailable_reason(kind: BackendType) -> Option<String> {
     match kind {
         BackendType::Cpu | BackendType::Reference => None,
         BackendType::Auto => None,
-        BackendType::Cuda => Some(not_built("CUDA", cfg!(feature = "cuda"), "cuda")),
+        BackendType::Cuda => cuda_unavailable_reason(),
         BackendType::WebGpu => Some(not_built("WebGPU", cfg!(feature = "webgpu"), "webgpu")),
         BackendType::Rocm => Some(not_built("ROCm", cfg!(feature = "rocm"), "rocm")),
         BackendType::Metal => Some(if cfg!(target_vendor = "apple") {
@@ -284,6 +291,16 @@ fn unavailable_reason(kind: BackendType) -> Option<String> {
             "Metal exists only on Apple platforms".into()
         }),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_unavailable_reason() -> Option<String> {
+    crate::backends::cuda::unavailable_reason()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_unavailable_reason() -> Option<String> {
+    Some("this build of torsh-backend leaves out the CUDA backend (enable the `cuda` feature, on by default)".into())
 }
 
 fn not_built(name: &str, feature_on: bool, feature: &str) -> String {
@@ -313,7 +330,8 @@ fn build(config: BackendConfig) -> Result<Backend> {
             reason,
         });
     }
-    if config.device_id != 0 {
+    let host = matches!(kind, BackendType::Cpu | BackendType::Reference);
+    if host && config.device_id != 0 {
         return Err(BackendError::invalid(
             "device",
             format!(
@@ -330,6 +348,14 @@ fn build(config: BackendConfig) -> Result<Backend> {
     }
     let mut compute: Box<dyn ComputeBackend> = match kind {
         BackendType::Cpu | BackendType::Reference => Box::new(ReferenceBackend::new(kind)),
+        #[cfg(feature = "cuda")]
+        BackendType::Cuda => Box::new(crate::backends::cuda::CudaBackend::new(
+            crate::backends::cuda::CudaOptions {
+                ordinal: config.device_id,
+                tensor_cores: config.enable_tensor_cores,
+                cudnn: config.enable_cudnn,
+            },
+        )),
         _ => {
             return Err(BackendError::Unavailable {
                 backend: kind,

@@ -105,14 +105,21 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32) {
 // Tensor helpers
 // ---------------------------------------------------------------------------------------------------
 
-/// The backends every test runs on: the reference and the CPU.
+/// The backends every test runs on: the reference, the CPU, and every device backend available on
+/// this machine (CUDA where a GPU is present).
 fn backends() -> Vec<Backend> {
-    vec![
+    let mut all = vec![
         Backend::reference().expect("the reference backend is always available"),
         Backend::cpu()
             .build()
             .expect("the CPU backend is always available"),
-    ]
+    ];
+    for kind in Backend::available() {
+        if !matches!(kind, BackendType::Cpu | BackendType::Reference) {
+            all.push(Backend::new(kind).unwrap_or_else(|e| panic!("{kind} probed available: {e}")));
+        }
+    }
+    all
 }
 
 fn t(b: &Backend, data: &[f32], shape: &[usize]) -> Tensor {
@@ -285,12 +292,16 @@ fn raw_works(c: &dyn ComputeBackend) {
 
 #[test]
 fn unavailable_backends_and_bad_builder_settings() {
+    let available = Backend::available();
     for kind in [
         BackendType::Cuda,
         BackendType::WebGpu,
         BackendType::Rocm,
         BackendType::Metal,
     ] {
+        if available.contains(&kind) {
+            continue;
+        }
         let err = assert_err!(Backend::new(kind), Unavailable);
         match &err {
             BackendError::Unavailable { backend, reason } => {
@@ -301,8 +312,12 @@ fn unavailable_backends_and_bad_builder_settings() {
         }
         assert_mentions(&err, &[kind.name(), "unavailable"]);
     }
-    assert_err!(Backend::cuda().build(), Unavailable);
-    assert_err!(Backend::cuda().device(3).build(), Unavailable);
+    if available.contains(&BackendType::Cuda) {
+        assert_err!(Backend::cuda().device(1 << 20).build(), InvalidArgument);
+    } else {
+        assert_err!(Backend::cuda().build(), Unavailable);
+        assert_err!(Backend::cuda().device(3).build(), Unavailable);
+    }
     assert_err!(Backend::webgpu().build(), Unavailable);
     assert_err!(Backend::rocm().build(), Unavailable);
     assert_err!(Backend::metal().build(), Unavailable);

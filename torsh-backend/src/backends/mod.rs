@@ -1,4 +1,7 @@
-//! The device backends, one folder each. Only the reference backend exists so far; the CPU kind is
-//! served by its kernels, and every other kind answers `Unavailable` (see [`crate::Backend::probe`]).
+//! The device backends, one folder each: the reference backend (which also serves the CPU kind until
+//! the CPU backend has kernels of its own) and CUDA. Every other kind answers `Unavailable` (see
+//! [`crate::Backend::probe`]).
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod reference;

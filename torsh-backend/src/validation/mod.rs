@@ -244,14 +244,19 @@ pub fn run_all(targets: &[Backend]) -> Result<Vec<ParityResult>> {
     Ok(out)
 }
 
-/// Backend kinds named in `TORSH_REQUIRE` (comma-separated; unknown names are an error).
+/// Names in `TORSH_REQUIRE` that are not backends: `nvrtc` requires the CUDA kernel compile check of
+/// `tests/cuda.rs`, which needs only NVRTC and no GPU.
+pub const REQUIRE_TOKENS: &[&str] = &["nvrtc"];
+
+/// Backend kinds named in `TORSH_REQUIRE` (comma-separated; names that are neither a backend nor one of
+/// [`REQUIRE_TOKENS`] are an error).
 pub fn required_backends() -> std::result::Result<Vec<BackendType>, String> {
     let Ok(list) = std::env::var("TORSH_REQUIRE") else {
         return Ok(Vec::new());
     };
     list.split(',')
         .map(str::trim)
-        .filter(|s| !s.is_empty())
+        .filter(|s| !s.is_empty() && !REQUIRE_TOKENS.contains(s))
         .map(|s| {
             BackendType::from_name(s)
                 .ok_or_else(|| format!("TORSH_REQUIRE names an unknown backend `{s}`"))

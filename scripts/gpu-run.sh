@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs the CUDA checks on a GPU machine from prebuilt binaries, for docs/gpu-runs.md.
+#
+# Build on the development machine (no GPU or CUDA needed there), then carry `gpu-bin/` to the GPU machine
+# (keep `gpu-bin/` in .git/info/exclude):
+#   scripts/gpu-run.sh build            # cargo test --no-run + release CLI, copies the executables into gpu-bin/
+#   scripts/gpu-run.sh run [OUT_DIR]    # on the GPU machine: finds the CUDA libraries, runs every test binary
+#                                       # with TORSH_REQUIRE=cuda, then `parity --backend cuda --json`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build() {
+    rm -rf gpu-bin && mkdir -p gpu-bin
+    cargo test --workspace --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])' |
+        while read -r exe; do cp "$exe" gpu-bin/; done
+    cargo build --release -p torsh-cli
+    cp target/release/torsh-backend gpu-bin/torsh-backend-cli
+    ls -la gpu-bin
+}
+
+# Adds the folder of the first file matching each library name to LD_LIBRARY_PATH.
+find_libraries() {
+    local dirs=()
+    for lib in libcuda.so.1 libnvrtc.so libcublas.so libcublasLt.so; do
+        local hit
+        hit="$(find / -xdev \( -name "$lib" -o -name "$lib.*" \) -not -path '/proc/*' 2>/dev/null | head -n 1 || true)"
+        if [ -n "$hit" ]; then dirs+=("$(dirname "$hit")"); else echo "warning: $lib not found" >&2; fi
+    done
+    local joined
+    joined="$(printf '%s:' "${dirs[@]}")"
+    export LD_LIBRARY_PATH="${joined}${LD_LIBRARY_PATH:-}"
+}
+
+run() {
+    local out="${1:-${OUT:-gpu-out}}"
+    mkdir -p "$out"
+    find_libraries
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$out/env.txt"
+    { nvidia-smi || true; } > "$out/nvidia-smi.txt" 2>&1
+    git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
+    export TORSH_REQUIRE=cuda,nvrtc RUST_BACKTRACE=1
+    local status=0
+    for exe in gpu-bin/*; do
+        case "$(basename "$exe")" in torsh-backend-cli) continue ;; esac
+        echo "== $(basename "$exe")" | tee -a "$out/tests.txt"
+        # Integration-test binaries of the CLI look for the CLI next to themselves; skip those here.
+        "$exe" --test-threads=4 >> "$out/tests.txt" 2>&1 || { status=1; echo "FAILED: $exe" | tee -a "$out/tests.txt"; }
+    done
+    gpu-bin/torsh-backend-cli devices > "$out/devices.txt" 2>&1 || status=1
+    gpu-bin/torsh-backend-cli parity --backend cuda --json > "$out/parity.json" 2> "$out/parity.err" || status=1
+    grep -E "^test result|FAILED|panicked" "$out/tests.txt" || true
+    return $status
+}
+
+case "${1:-}" in
+    build) build ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 build | run [OUT_DIR]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,259 @@
+//! GEMM, batched GEMM and GEMV through cuBLAS (`cublasGemmEx` and its strided-batched form).
+//!
+//! - f32: `CUBLAS_COMPUTE_32F`, or `CUBLAS_COMPUTE_32F_FAST_TF32` when the backend was built with
+//!   `enable_tensor_cores(true)` (off by default, as in PyTorch).
+//! - f16 and bf16: 16-bit A, B and C with f32 accumulation and f32 alpha/beta.
+//! - f64: `CUBLAS_COMPUTE_64F`.
+//!
+//! GEMV is the 1-row GEMM `yᵀ = xᵀ · op(A)ᵀ`: x becomes a 1×k matrix whose leading dimension is `incx`
+//! and y a 1×n matrix with leading dimension `incy`, so strided vectors need no copy and every dtype
+//! takes the same path. cuBLAS takes 32-bit sizes: larger dimensions are `InvalidArgument`.
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::cublas::result as blas;
+use cudarc::cublas::sys;
+use cudarc::driver::CudaStream;
+
+use super::launch::to_i32;
+use super::{loader, Gpu};
+use crate::compute::{BatchedGemmDesc, GemmDesc, GemvDesc, Transpose};
+use crate::device::BackendType;
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+
+/// One cuBLAS handle bound to the backend's stream.
+pub(crate) struct Blas {
+    handle: Mutex<sys::cublasHandle_t>,
+    tensor_cores: bool,
+}
+
+// SAFETY: the handle is only used under its mutex, and cuBLAS handles may move between threads.
+unsafe impl Send for Blas {}
+// SAFETY: as above.
+unsafe impl Sync for Blas {}
+
+impl std::fmt::Debug for Blas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Blas")
+            .field("tensor_cores", &self.tensor_cores)
+            .finish()
+    }
+}
+
+impl Blas {
+    /// A handle whose work goes to `stream`. The caller has bound the stream's context.
+    pub(crate) fn new(stream: &CudaStream, tensor_cores: bool) -> Result<Blas> {
+        let handle = loader::guarded("loading cuBLAS", blas::create_handle)
+            .map_err(|reason| BackendError::Unavailable {
+                backend: BackendType::Cuda,
+                reason,
+            })?
+            .map_err(|e| blas_error("cublasCreate", e))?;
+        // SAFETY: a fresh handle and a live stream of the current context.
+        unsafe { blas::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
+            .map_err(|e| blas_error("cublasSetStream", e))?;
+        Ok(Blas {
+            handle: Mutex::new(handle),
+            tensor_cores,
+        })
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        let handle = *self.handle.get_mut().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the handle is not used after this.
+        let _ = unsafe { blas::destroy_handle(handle) };
+    }
+}
+
+fn blas_error(what: &str, e: blas::CublasError) -> BackendError {
+    if e.0 == sys::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED {
+        return BackendError::OutOfMemory {
+            requested: 0,
+            available: 0,
+        };
+    }
+    BackendError::Driver {
+        backend: BackendType::Cuda,
+        code: e.0 as i64,
+        message: format!("{what}: {:?}", e.0),
+    }
+}
+
+/// alpha and beta in the compute type's precision, as cuBLAS reads them through `*const c_void`.
+enum Scalars {
+    F32([f32; 2]),
+    F64([f64; 2]),
+}
+
+impl Scalars {
+    fn ptrs(&self) -> (*const c_void, *const c_void) {
+        match self {
+            Scalars::F32(s) => (&s[0] as *const f32 as _, &s[1] as *const f32 as _),
+            Scalars::F64(s) => (&s[0] as *const f64 as _, &s[1] as *const f64 as _),
+        }
+    }
+}
+
+/// Data type, compute type and scalars for `dtype`.
+fn types(
+    blas: &Blas,
+    dtype: DType,
+    alpha: f64,
+    beta: f64,
+) -> Result<(sys::cudaDataType, sys::cublasComputeType_t, Scalars)> {
+    use sys::cublasComputeType_t::*;
+    use sys::cudaDataType::*;
+    let f32s = Scalars::F32([alpha as f32, beta as f32]);
+    Ok(match dtype {
+        DType::F32 if blas.tensor_cores => (CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, f32s),
+        DType::F32 => (CUDA_R_32F, CUBLAS_COMPUTE_32F, f32s),
+        DType::F16 => (CUDA_R_16F, CUBLAS_COMPUTE_32F, f32s),
+        DType::BF16 => (CUDA_R_16BF, CUBLAS_COMPUTE_32F, f32s),
+        DType::F64 => (CUDA_R_64F, CUBLAS_COMPUTE_64F, Scalars::F64([alpha, beta])),
+        other => {
+            return Err(BackendError::Unsupported {
+                op: "gemm",
+                backend: BackendType::Cuda,
+                dtype: other,
+            })
+        }
+    })
+}
+
+fn op(t: Transpose) -> sys::cublasOperation_t {
+    match t {
+        Transpose::No => sys::cublasOperation_t::CUBLAS_OP_N,
+        Transpose::Yes => sys::cublasOperation_t::CUBLAS_OP_T,
+    }
+}
+
+fn flip(t: Transpose) -> Transpose {
+    match t {
+        Transpose::No => Transpose::Yes,
+        Transpose::Yes => Transpose::No,
+    }
+}
+
+fn lock(blas: &Blas) -> std::sync::MutexGuard<'_, sys::cublasHandle_t> {
+    blas.handle.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `C = alpha·op(A)·op(B) + beta·C`, column-major; regions already checked.
+pub(crate) fn gemm(gpu: &Gpu, d: &GemmDesc) -> Result<()> {
+    if d.m == 0 || d.n == 0 {
+        return Ok(());
+    }
+    let name = "gemm";
+    let (dt, compute, scalars) = types(&gpu.blas, d.dtype, d.alpha, d.beta)?;
+    let (alpha, beta) = scalars.ptrs();
+    let handle = lock(&gpu.blas);
+    // SAFETY: every region was checked against live allocations by the caller; sizes fit cuBLAS's
+    // 32-bit parameters (checked here); scalars outlive the call (host pointer mode is synchronous
+    // in reading them).
+    unsafe {
+        blas::gemm_ex(
+            *handle,
+            op(d.trans_a),
+            op(d.trans_b),
+            to_i32(name, d.m)?,
+            to_i32(name, d.n)?,
+            to_i32(name, d.k)?,
+            alpha,
+            d.a.0 as *const c_void,
+            dt,
+            to_i32(name, d.lda)?,
+            d.b.0 as *const c_void,
+            dt,
+            to_i32(name, d.ldb)?,
+            beta,
+            d.c.0 as *mut c_void,
+            dt,
+            to_i32(name, d.ldc)?,
+            compute,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| blas_error("cublasGemmEx", e))
+}
+
+/// `batch_count` GEMMs at fixed element strides, one cuBLAS call.
+pub(crate) fn batched_gemm(gpu: &Gpu, d: &BatchedGemmDesc) -> Result<()> {
+    let g = &d.gemm;
+    if g.m == 0 || g.n == 0 || d.batch_count == 0 {
+        return Ok(());
+    }
+    let name = "batched_gemm";
+    let (dt, compute, scalars) = types(&gpu.blas, g.dtype, g.alpha, g.beta)?;
+    let (alpha, beta) = scalars.ptrs();
+    let stride = |s: usize| {
+        i64::try_from(s).map_err(|_| BackendError::overflow(name, "batch stride exceeds i64"))
+    };
+    // With k = 0, A and B are never read.
+    let (stride_a, stride_b) = if g.k == 0 {
+        (0, 0)
+    } else {
+        (stride(d.stride_a)?, stride(d.stride_b)?)
+    };
+    let handle = lock(&gpu.blas);
+    // SAFETY: as in `gemm`; the descriptor's regions cover every batch.
+    unsafe {
+        blas::gemm_strided_batched_ex(
+            *handle,
+            op(g.trans_a),
+            op(g.trans_b),
+            to_i32(name, g.m)?,
+            to_i32(name, g.n)?,
+            to_i32(name, g.k)?,
+            alpha,
+            g.a.0 as *const c_void,
+            dt,
+            to_i32(name, g.lda)?,
+            stride_a,
+            g.b.0 as *const c_void,
+            dt,
+            to_i32(name, g.ldb)?,
+            stride_b,
+            beta,
+            g.c.0 as *mut c_void,
+            dt,
+            to_i32(name, g.ldc)?,
+            stride(d.stride_c)?,
+            to_i32(name, d.batch_count)?,
+            compute,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| blas_error("cublasGemmStridedBatchedEx", e))
+}
+
+/// `y = alpha·op(A)·x + beta·y` as the GEMM `yᵀ (1×len y) = xᵀ (1×len x) · op(A)ᵀ`.
+pub(crate) fn gemv(gpu: &Gpu, d: &GemvDesc) -> Result<()> {
+    let (y_len, x_len) = match d.trans {
+        Transpose::No => (d.m, d.n),
+        Transpose::Yes => (d.n, d.m),
+    };
+    gemm(
+        gpu,
+        &GemmDesc {
+            dtype: d.dtype,
+            trans_a: Transpose::No,
+            // op(A)ᵀ: B' is A itself with the transpose flag flipped.
+            trans_b: flip(d.trans),
+            m: 1,
+            n: y_len,
+            k: x_len,
+            alpha: d.alpha,
+            a: d.x,
+            lda: d.incx,
+            b: d.a,
+            ldb: d.lda,
+            beta: d.beta,
+            c: d.y,
+            ldc: d.incy,
+        },
+    )
+}

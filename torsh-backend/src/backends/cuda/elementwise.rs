@@ -1,0 +1,522 @@
+//! Host side of the elementwise kernels (`kernels/elementwise.cu`): unary and binary math, fill, cast,
+//! strided copy and random fill, with the reference backend's semantics.
+//!
+//! - Unary and binary ops compute in the dtype's accumulator (f64 for f64, f32 otherwise) with the
+//!   formulas of `reference/math.rs`; the op travels as an `i32` code ([`unary_code`], [`binary_code`]).
+//! - Casts decode a float source as f64 and an integer source as i64, then encode as `reference/memory.rs`
+//!   does: Rust `as` semantics for float → integer (truncate, saturate, NaN → 0), wrapping for
+//!   integer → integer, round to nearest for any → float. One kernel per (source, destination) pair.
+//! - Fill encodes the value here, on the host, with the reference's own conversions, and the kernel
+//!   writes its bits; fill and strided copy are kernels per element width (1, 2, 4, 8 bytes).
+//! - Random fill reproduces [`crate::rng`]: element `i` is `low + (high - low) · uniform(seed, i)` or
+//!   `mean + std · normal(seed, i)` in f64, rounded once to the dtype.
+//!
+//! Strided operands are coalesced first (unit dims dropped, dims that are contiguous in every operand
+//! merged), so contiguous views reach the kernels as rank 1 and skip the index divisions. Every pointer
+//! must be aligned to its element size: a misaligned one is `InvalidArgument`, not a device fault.
+
+use cudarc::driver::{CudaFunction, PushKernelArg};
+use half::{bf16, f16};
+
+use super::launch::{suffix, to_i64, StridedArg};
+use super::{driver_error, Gpu};
+use crate::compute::*;
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use crate::shape::Layout;
+
+/// The kernel module (`kernels/elementwise.cu`).
+const MODULE: &str = "elementwise";
+
+/// `output[i] = op(input[i])` in the dtype's accumulator.
+pub(crate) fn unary(gpu: &Gpu, d: &UnaryDesc) -> Result<()> {
+    const OP: &str = "unary";
+    let numel = d.input.layout.numel();
+    if numel == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.input.ptr, d.output])?;
+    let (shape, [xs]) = coalesce(OP, [&d.input.layout])?;
+    let x = strided_arg(OP, &shape, xs, &d.input)?;
+    let f = kernel(gpu, &format!("unary_{}", suffix(d.dtype)))?;
+    let n = to_i64(OP, numel)?;
+    let code = unary_code(d.op);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.input.ptr.0)
+        .arg(&x)
+        .arg(&d.output.0)
+        .arg(&n)
+        .arg(&code);
+    // SAFETY: the caller checked every region against live allocations and for aliasing; the
+    // arguments match `unary_<dtype>(const T*, Strided, T*, i64, int)`.
+    unsafe { b.launch(gpu.grid(numel)) }.map_err(|e| driver_error(OP, e))?;
+    Ok(())
+}
+
+/// `output[i] = op(lhs[i], rhs[i])` over the (broadcast) views, in the dtype's accumulator.
+pub(crate) fn binary(gpu: &Gpu, d: &BinaryDesc) -> Result<()> {
+    const OP: &str = "binary";
+    let numel = d.lhs.layout.numel();
+    if numel == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.lhs.ptr, d.rhs.ptr, d.output])?;
+    let (shape, [ls, rs]) = coalesce(OP, [&d.lhs.layout, &d.rhs.layout])?;
+    let lhs = strided_arg(OP, &shape, ls, &d.lhs)?;
+    let rhs = strided_arg(OP, &shape, rs, &d.rhs)?;
+    let f = kernel(gpu, &format!("binary_{}", suffix(d.dtype)))?;
+    let n = to_i64(OP, numel)?;
+    let code = binary_code(d.op);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.lhs.ptr.0)
+        .arg(&lhs)
+        .arg(&d.rhs.ptr.0)
+        .arg(&rhs)
+        .arg(&d.output.0)
+        .arg(&n)
+        .arg(&code);
+    // SAFETY: regions checked by the caller; the arguments match
+    // `binary_<dtype>(const T*, Strided, const T*, Strided, T*, i64, int)`.
+    unsafe { b.launch(gpu.grid(numel)) }.map_err(|e| driver_error(OP, e))?;
+    Ok(())
+}
+
+/// Sets `len` elements to `value`, encoded on the host exactly as the reference encodes it.
+pub(crate) fn fill(gpu: &Gpu, d: &FillDesc) -> Result<()> {
+    const OP: &str = "fill";
+    if d.len == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.ptr])?;
+    let f = kernel(gpu, &format!("fill_{}", width_suffix(d.dtype)))?;
+    let n = to_i64(OP, d.len)?;
+    let bits = fill_bits(d.dtype, d.value);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.ptr.0).arg(&n).arg(&bits);
+    // SAFETY: the region was checked by the caller; the arguments match `fill_<width>(W*, i64, u64)`.
+    unsafe { b.launch(gpu.grid(d.len)) }.map_err(|e| driver_error(OP, e))?;
+    Ok(())
+}
+
+/// Copies a strided view into another of the same shape, element by element (any dtype).
+pub(crate) fn copy_strided(gpu: &Gpu, d: &CopyDesc) -> Result<()> {
+    const OP: &str = "copy_strided";
+    let numel = d.src.layout.numel();
+    if numel == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.src.ptr, d.dst.ptr])?;
+    let (shape, [ss, ds]) = coalesce(OP, [&d.src.layout, &d.dst.layout])?;
+    let src = strided_arg(OP, &shape, ss, &d.src)?;
+    let dst = strided_arg(OP, &shape, ds, &d.dst)?;
+    let f = kernel(gpu, &format!("copy_{}", width_suffix(d.dtype)))?;
+    let n = to_i64(OP, numel)?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.src.ptr.0)
+        .arg(&src)
+        .arg(&d.dst.ptr.0)
+        .arg(&dst)
+        .arg(&n);
+    // SAFETY: regions checked by the caller (the destination view is injective, and it overlaps the
+    // source only when both are the same dense region); the arguments match
+    // `copy_<width>(const W*, Strided, W*, Strided, i64)`.
+    unsafe { b.launch(gpu.grid(numel)) }.map_err(|e| driver_error(OP, e))?;
+    Ok(())
+}
+
+/// Fills `len` elements from the crate's counter-based generator.
+pub(crate) fn random(gpu: &Gpu, d: &RandomDesc) -> Result<()> {
+    const OP: &str = "random";
+    if d.len == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.ptr])?;
+    let f = kernel(gpu, &format!("random_{}", suffix(d.dtype)))?;
+    let n = to_i64(OP, d.len)?;
+    let (dist, a, b_param) = distribution_args(d.distribution);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.ptr.0)
+        .arg(&n)
+        .arg(&d.seed)
+        .arg(&dist)
+        .arg(&a)
+        .arg(&b_param);
+    // SAFETY: the region was checked by the caller; the arguments match
+    // `random_<dtype>(T*, i64, u64, int, double, double)`.
+    unsafe { b.launch(gpu.grid(d.len)) }.map_err(|e| driver_error(OP, e))?;
+    Ok(())
+}
+
+/// Converts a strided input of one dtype into a dense output of another (any pair of dtypes).
+pub(crate) fn cast(gpu: &Gpu, d: &CastDesc) -> Result<()> {
+    const OP: &str = "cast";
+    let numel = d.input.layout.numel();
+    if numel == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.src_dtype, &[d.input.ptr])?;
+    check_aligned(OP, d.dst_dtype, &[d.output])?;
+    let (shape, [xs]) = coalesce(OP, [&d.input.layout])?;
+    let x = strided_arg(OP, &shape, xs, &d.input)?;
+    let f = kernel(gpu, &cast_entry(d.src_dtype, d.dst_dtype))?;
+    let n = to_i64(OP, numel)?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.input.ptr.0).arg(&x).arg(&d.output.0).arg(&n);
+    // SAFETY: regions checked by the caller; the arguments match
+    // `cast_<src>_<dst>(const S*, Strided, D*, i64)`.
+    unsafe { b.launch(gpu.grid(numel)) }.map_err(|e| driver_error(OP, e))?;
+    Ok(())
+}
+
+/// Kernel `name` of this module.
+fn kernel(gpu: &Gpu, name: &str) -> Result<CudaFunction> {
+    gpu.function(MODULE, name)
+}
+
+/// The code of `op` in `elementwise.cu` (`UNARY_*`).
+fn unary_code(op: UnaryOp) -> i32 {
+    match op {
+        UnaryOp::Neg => 0,
+        UnaryOp::Abs => 1,
+        UnaryOp::Exp => 2,
+        UnaryOp::Log => 3,
+        UnaryOp::Sqrt => 4,
+        UnaryOp::Rsqrt => 5,
+        UnaryOp::Recip => 6,
+        UnaryOp::Square => 7,
+        UnaryOp::Relu => 8,
+        UnaryOp::Gelu => 9,
+        UnaryOp::GeluTanh => 10,
+        UnaryOp::Sigmoid => 11,
+        UnaryOp::Silu => 12,
+        UnaryOp::Tanh => 13,
+        UnaryOp::Sin => 14,
+        UnaryOp::Cos => 15,
+        UnaryOp::Erf => 16,
+    }
+}
+
+/// The code of `op` in `elementwise.cu` (`BINARY_*`).
+fn binary_code(op: BinaryOp) -> i32 {
+    match op {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Maximum => 4,
+        BinaryOp::Minimum => 5,
+        BinaryOp::Pow => 6,
+    }
+}
+
+/// The random kernel's `(dist, a, b)`: `(RANDOM_UNIFORM, low, high)` or `(RANDOM_NORMAL, mean, std)`.
+fn distribution_args(d: Distribution) -> (i32, f64, f64) {
+    match d {
+        Distribution::Uniform { low, high } => (0, low, high),
+        Distribution::Normal { mean, std } => (1, mean, std),
+    }
+}
+
+/// The entry point converting `src` to `dst`: `cast_<src>_<dst>`.
+fn cast_entry(src: DType, dst: DType) -> String {
+    format!("cast_{}_{}", suffix(src), suffix(dst))
+}
+
+/// The suffix of the width-generic kernels (`fill_*`, `copy_*`) for `dtype`'s element size.
+fn width_suffix(dtype: DType) -> &'static str {
+    match dtype {
+        DType::U8 => "u8",
+        DType::F16 | DType::BF16 => "u16",
+        DType::F32 | DType::I32 => "u32",
+        DType::F64 | DType::I64 => "u64",
+    }
+}
+
+/// `value` encoded as one element of `dtype`, in the low bits: the conversions of the reference's
+/// `encode` (Rust `as` for integers and f32, `half`'s `from_f64` for f16 and bf16).
+fn fill_bits(dtype: DType, value: f64) -> u64 {
+    match dtype {
+        DType::F32 => u64::from((value as f32).to_bits()),
+        DType::F64 => value.to_bits(),
+        DType::F16 => u64::from(f16::from_f64(value).to_bits()),
+        DType::BF16 => u64::from(bf16::from_f64(value).to_bits()),
+        DType::I32 => u64::from((value as i32) as u32),
+        DType::I64 => (value as i64) as u64,
+        DType::U8 => u64::from(value as u8),
+    }
+}
+
+/// `InvalidArgument` unless every pointer is a multiple of `dtype`'s size (a misaligned access would
+/// be a device fault that ends the context).
+fn check_aligned(op: &'static str, dtype: DType, ptrs: &[DevicePtr]) -> Result<()> {
+    let size = dtype.size_in_bytes() as u64;
+    match ptrs.iter().find(|p| p.0 % size != 0) {
+        Some(p) => Err(BackendError::invalid(
+            op,
+            format!(
+                "pointer {:#x} is not aligned to the {size}-byte elements of {dtype}; the CUDA kernels need aligned operands",
+                p.0
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The common shape of `layouts` (which must agree) and each one's strides, with dims of size 1
+/// dropped and each dim merged into the next-outer one wherever that is contiguous over it in every
+/// layout. Element `i` in row-major order is the same element before and after.
+fn coalesce<const K: usize>(
+    op: &'static str,
+    layouts: [&Layout; K],
+) -> Result<(Vec<usize>, [Vec<usize>; K])> {
+    let shape = layouts.first().map(|l| l.shape()).unwrap_or(&[]);
+    if layouts.iter().any(|l| l.shape() != shape) {
+        return Err(BackendError::shape(op, "operand views differ in shape"));
+    }
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: [Vec<usize>; K] = std::array::from_fn(|_| Vec::with_capacity(shape.len()));
+    for (dim, &extent) in shape.iter().enumerate() {
+        if extent == 1 {
+            continue;
+        }
+        // The outer dim's stride must be exactly this dim's extent times its stride, in every layout.
+        let merges = !out_shape.is_empty()
+            && layouts
+                .iter()
+                .zip(&out_strides)
+                .all(|(l, out)| out.last().copied() == l.strides()[dim].checked_mul(extent));
+        match out_shape.last_mut() {
+            Some(outer) if merges => {
+                *outer *= extent;
+                for (l, out) in layouts.iter().zip(out_strides.iter_mut()) {
+                    if let Some(s) = out.last_mut() {
+                        *s = l.strides()[dim];
+                    }
+                }
+            }
+            _ => {
+                out_shape.push(extent);
+                for (l, out) in layouts.iter().zip(out_strides.iter_mut()) {
+                    out.push(l.strides()[dim]);
+                }
+            }
+        }
+    }
+    Ok((out_shape, out_strides))
+}
+
+/// The kernel argument for `buf` seen through its coalesced `shape` and `strides`.
+fn strided_arg(
+    op: &'static str,
+    shape: &[usize],
+    strides: Vec<usize>,
+    buf: &StridedBuf,
+) -> Result<StridedArg> {
+    let layout = Layout::new(shape.to_vec(), strides, buf.layout.offset())?;
+    StridedArg::new(op, &layout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `#define <prefix><NAME> <code>` lines of the kernel source.
+    fn defines(prefix: &str) -> Vec<(String, i32)> {
+        include_str!("kernels/elementwise.cu")
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define "))
+            .filter_map(|l| l.strip_prefix(prefix))
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let name = it.next()?.to_string();
+                let code = it.next()?.parse().ok()?;
+                Some((name, code))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn unary_codes_match_the_kernel_source() {
+        let table = defines("UNARY_");
+        assert_eq!(table.len(), UnaryOp::ALL.len());
+        for &op in UnaryOp::ALL {
+            let name = op.name().to_uppercase();
+            assert!(
+                table.contains(&(name.clone(), unary_code(op))),
+                "UNARY_{name} is not {} in elementwise.cu",
+                unary_code(op)
+            );
+        }
+    }
+
+    #[test]
+    fn binary_codes_match_the_kernel_source() {
+        let table = defines("BINARY_");
+        assert_eq!(table.len(), BinaryOp::ALL.len());
+        for &op in BinaryOp::ALL {
+            let name = op.name().to_uppercase();
+            assert!(
+                table.contains(&(name.clone(), binary_code(op))),
+                "BINARY_{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn distribution_codes_match_the_kernel_source() {
+        let table = defines("RANDOM_");
+        let uniform = distribution_args(Distribution::Uniform {
+            low: -1.0,
+            high: 2.0,
+        });
+        let normal = distribution_args(Distribution::Normal {
+            mean: 0.5,
+            std: 3.0,
+        });
+        assert_eq!(uniform, (0, -1.0, 2.0));
+        assert_eq!(normal, (1, 0.5, 3.0));
+        assert!(table.contains(&("UNIFORM".into(), uniform.0)));
+        assert!(table.contains(&("NORMAL".into(), normal.0)));
+    }
+
+    #[test]
+    fn cast_entries_cover_every_pair_once() {
+        let mut names: Vec<String> = DType::ALL
+            .iter()
+            .flat_map(|&s| DType::ALL.iter().map(move |&d| cast_entry(s, d)))
+            .collect();
+        assert_eq!(cast_entry(DType::F16, DType::U8), "cast_f16_u8");
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 49);
+    }
+
+    #[test]
+    fn widths_follow_element_sizes() {
+        for dtype in DType::ALL {
+            let bits = 8 * dtype.size_in_bytes();
+            assert_eq!(width_suffix(dtype), format!("u{bits}"));
+        }
+    }
+
+    #[test]
+    fn fill_values_are_encoded_like_the_reference() {
+        assert_eq!(fill_bits(DType::F32, 1.5), u64::from(1.5f32.to_bits()));
+        assert_eq!(fill_bits(DType::F64, -0.375), (-0.375f64).to_bits());
+        assert_eq!(fill_bits(DType::F16, 1.0), 0x3c00);
+        assert_eq!(fill_bits(DType::BF16, -2.0), 0xc000);
+        assert_eq!(fill_bits(DType::F16, 1e6), 0x7c00); // overflows to +inf
+                                                        // Float → integer: truncation toward zero, saturation, NaN → 0.
+        assert_eq!(fill_bits(DType::I32, -2.9), u64::from((-2i32) as u32));
+        assert_eq!(fill_bits(DType::I32, 1e12), u64::from(i32::MAX as u32));
+        assert_eq!(fill_bits(DType::I32, f64::NAN), 0);
+        assert_eq!(fill_bits(DType::I64, -1e30), i64::MIN as u64);
+        assert_eq!(fill_bits(DType::U8, 300.7), 255);
+        assert_eq!(fill_bits(DType::U8, -5.0), 0);
+        assert_eq!(fill_bits(DType::U8, 7.99), 7);
+    }
+
+    #[test]
+    fn misaligned_pointers_are_rejected() {
+        assert!(check_aligned("t", DType::F32, &[DevicePtr(256), DevicePtr(260)]).is_ok());
+        assert!(check_aligned("t", DType::F32, &[DevicePtr(256), DevicePtr(258)]).is_err());
+        assert!(check_aligned("t", DType::U8, &[DevicePtr(257)]).is_ok());
+        assert!(check_aligned("t", DType::F64, &[DevicePtr(260)]).is_err());
+    }
+
+    #[test]
+    fn contiguous_views_coalesce_to_one_dim() {
+        let l = Layout::contiguous(&[4, 1, 3, 5]);
+        let (shape, [s]) = coalesce("t", [&l]).unwrap();
+        assert_eq!((shape, s), (vec![60], vec![1]));
+        let scalar = Layout::contiguous(&[1, 1]);
+        let (shape, [s]) = coalesce("t", [&scalar]).unwrap();
+        assert!(shape.is_empty() && s.is_empty());
+    }
+
+    #[test]
+    fn strided_views_keep_their_order() {
+        // A transpose cannot merge; a narrowed inner dim merges only the outer pair.
+        let t = Layout::contiguous(&[3, 4]).transpose(0, 1).unwrap();
+        let (shape, [s]) = coalesce("t", [&t]).unwrap();
+        assert_eq!((shape, s), (vec![4, 3], vec![1, 4]));
+        let n = Layout::new(vec![2, 3, 4], vec![30, 10, 2], 7).unwrap();
+        let (shape, [s]) = coalesce("t", [&n]).unwrap();
+        assert_eq!((shape, s), (vec![6, 4], vec![10, 2]));
+    }
+
+    #[test]
+    fn broadcast_operands_coalesce_jointly() {
+        // lhs [2, 3, 4] contiguous; rhs broadcast along the middle dim.
+        let lhs = Layout::contiguous(&[2, 3, 4]);
+        let rhs = Layout::new(vec![2, 3, 4], vec![4, 0, 1], 0).unwrap();
+        let (shape, [a, b]) = coalesce("t", [&lhs, &rhs]).unwrap();
+        assert_eq!(shape, vec![2, 3, 4]);
+        assert_eq!((a, b), (vec![12, 4, 1], vec![4, 0, 1]));
+        // A scalar broadcast over a contiguous operand: one dim, stride 0.
+        let scalar = Layout::new(vec![2, 3], vec![0, 0], 5).unwrap();
+        let dense = Layout::contiguous(&[2, 3]);
+        let (shape, [a, b]) = coalesce("t", [&dense, &scalar]).unwrap();
+        assert_eq!((shape, a, b), (vec![6], vec![1], vec![0]));
+        let other = Layout::contiguous(&[3, 2]);
+        assert!(coalesce("t", [&dense, &other]).is_err());
+    }
+
+    #[test]
+    fn coalescing_preserves_every_element_offset() {
+        let cases = [
+            Layout::new(vec![2, 1, 3, 4, 2], vec![48, 7, 16, 2, 1], 3).unwrap(),
+            Layout::contiguous(&[3, 4, 5]).permute(&[2, 0, 1]).unwrap(),
+            Layout::new(vec![3, 2, 2], vec![0, 2, 1], 1).unwrap(),
+        ];
+        for l in &cases {
+            let (shape, [s]) = coalesce("t", [l]).unwrap();
+            let merged = Layout::new(shape, s, l.offset()).unwrap();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            l.for_each_index(|e| a.push(e));
+            merged.for_each_index(|e| b.push(e));
+            assert_eq!(a, b, "{l:?} -> {merged:?}");
+        }
+    }
+
+    #[test]
+    fn the_host_rng_matches_the_formulas_the_kernel_mirrors() {
+        // The kernel mirrors rng.rs operation by operation; this pins the constants it copies.
+        let z = crate::rng::bits(42, 7);
+        let key = crate::rng::mix64(42 ^ 0x9E37_79B9_7F4A_7C15);
+        assert_eq!(
+            z,
+            crate::rng::mix64(key.wrapping_add(7u64.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        );
+        assert_eq!(std::f64::consts::TAU.to_bits(), 0x4019_21FB_5444_2D18);
+        assert_eq!(1.0 / 9_007_199_254_740_992.0, 1.0 / (1u64 << 53) as f64);
+    }
+
+    #[test]
+    fn every_entry_point_is_in_the_compiled_module() {
+        let ptx = match super::super::kernels::compile(MODULE, "compute_80") {
+            Ok(p) => p.to_src(),
+            Err(BackendError::Unavailable { reason, .. }) => {
+                eprintln!("skipped: {reason}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut names: Vec<String> = Vec::new();
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            for op in ["unary", "binary", "random"] {
+                names.push(format!("{op}_{}", suffix(dtype)));
+            }
+        }
+        for s in DType::ALL {
+            names.push(format!("fill_{}", width_suffix(s)));
+            names.push(format!("copy_{}", width_suffix(s)));
+            for d in DType::ALL {
+                names.push(cast_entry(s, d));
+            }
+        }
+        for name in names {
+            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+        }
+    }
+}

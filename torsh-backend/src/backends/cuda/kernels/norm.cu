@@ -1,0 +1,249 @@
+// Softmax, layer norm and batch norm (module `norm`).
+//
+// Every kernel gives one "row" (a softmax lane, a layer-norm row, a batch-norm channel) to a group of G
+// threads (G = 1, 32 or 256 = the whole block; blockDim.x is always NORM_BLOCK). Each thread accumulates
+// every G-th element of the row in order, then the group combines its partials with a tree (warp
+// shuffles, then shared memory across the warps of the block). The loop over rows is uniform across a
+// group, so every thread of a block reaches every __syncthreads() (which only the G = 256 form uses,
+// where the group is the whole block).
+//
+// Semantics (the reference backend's, `backends/reference/norm.rs`):
+// - softmax: m = max of the lane ignoring NaN (fmax; -inf when every element is NaN), s = sum(exp(x - m)),
+//   y = exp(x - m) / s, or for log-softmax y = (x - m) - log(s);
+// - layer norm and batch norm: two passes, mean then biased variance sum((x - mean)^2) / n,
+//   y = (x - mean) * (1 / sqrt(var + eps)) * weight + bias (weight 1 and bias 0 when absent);
+// - batch norm in training normalises with the batch statistics and, when running statistics are given,
+//   updates them to (1 - momentum) * old + momentum * new, with the unbiased variance var * n / (n - 1);
+//   in inference it normalises with the running statistics.
+// Sums start at -0, the exact identity of + (as Rust's f64 sum does).
+
+#define NORM_BLOCK 256
+#define NORM_FULL_MASK 0xffffffffu
+
+// Negative infinity of the accumulator type.
+template <typename A> __device__ __forceinline__ A norm_neg_inf();
+template <> __device__ __forceinline__ float norm_neg_inf<float>() { return __uint_as_float(0xff800000u); }
+template <> __device__ __forceinline__ double norm_neg_inf<double>() {
+    return __longlong_as_double(0xfff0000000000000LL);
+}
+
+// NaN-ignoring maximum (C's fmax), as Rust's f64::max.
+__device__ __forceinline__ float norm_fmax(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double norm_fmax(double a, double b) { return fmax(a, b); }
+
+__device__ __forceinline__ float norm_exp(float a) { return expf(a); }
+__device__ __forceinline__ double norm_exp(double a) { return exp(a); }
+__device__ __forceinline__ float norm_log(float a) { return logf(a); }
+__device__ __forceinline__ double norm_log(double a) { return log(a); }
+__device__ __forceinline__ float norm_sqrt(float a) { return sqrtf(a); }
+__device__ __forceinline__ double norm_sqrt(double a) { return sqrt(a); }
+
+// Combines `v` over the G threads of a group (NaN-ignoring max if MAX, else sum); every thread of
+// the group receives the result.
+template <int G, bool MAX, typename A>
+__device__ __forceinline__ A norm_group(A v) {
+    if constexpr (G == 1) {
+        return v;
+    } else {
+        for (int off = 16; off > 0; off >>= 1) {
+            const A o = __shfl_down_sync(NORM_FULL_MASK, v, off);
+            v = MAX ? norm_fmax(v, o) : v + o;
+        }
+        if constexpr (G == 32) {
+            return __shfl_sync(NORM_FULL_MASK, v, 0);
+        } else {
+            static_assert(G == NORM_BLOCK, "a group is one thread, one warp or the whole block");
+            // Slots 0..7: one partial per warp; slot 32: the result.
+            __shared__ A sh[33];
+            const int warp = threadIdx.x >> 5;
+            const int lane = threadIdx.x & 31;
+            if (lane == 0) {
+                sh[warp] = v;
+            }
+            __syncthreads();
+            if (warp == 0) {
+                v = lane < NORM_BLOCK / 32 ? sh[lane] : (MAX ? norm_neg_inf<A>() : (A)-0.0);
+                for (int off = 16; off > 0; off >>= 1) {
+                    const A o = __shfl_down_sync(NORM_FULL_MASK, v, off);
+                    v = MAX ? norm_fmax(v, o) : v + o;
+                }
+                if (lane == 0) {
+                    sh[32] = v;
+                }
+            }
+            __syncthreads();
+            return sh[32];
+        }
+    }
+}
+
+template <int G, typename A>
+__device__ __forceinline__ A norm_group_sum(A v) { return norm_group<G, false, A>(v); }
+
+template <int G, typename A>
+__device__ __forceinline__ A norm_group_max(A v) { return norm_group<G, true, A>(v); }
+
+// ---------------------------------------------------------------------------------------------------
+// Softmax of a contiguous [outer, len, inner] tensor along the middle dim: row r = (o, i) has its
+// elements at (o * len + a) * inner + i.
+
+template <int G, typename T>
+__device__ void softmax_body(const T* x, T* y, i64 outer, i64 len, i64 inner, int log_softmax) {
+    typedef typename Num<T>::acc A;
+    const int groups = NORM_BLOCK / G;
+    const int lane = (int)(threadIdx.x % G);
+    const i64 group = (i64)(threadIdx.x / G);
+    const i64 rows = outer * inner;
+    for (i64 r = (i64)blockIdx.x * groups + group; r < rows; r += (i64)gridDim.x * groups) {
+        const i64 o = r / inner;
+        const i64 base = o * len * inner + (r - o * inner);
+        const T* xr = x + base;
+        T* yr = y + base;
+        A m = norm_neg_inf<A>();
+        for (i64 a = lane; a < len; a += G) {
+            m = norm_fmax(m, Num<T>::load(xr[a * inner]));
+        }
+        m = norm_group_max<G, A>(m);
+        A s = (A)-0.0;
+        for (i64 a = lane; a < len; a += G) {
+            s += norm_exp(Num<T>::load(xr[a * inner]) - m);
+        }
+        s = norm_group_sum<G, A>(s);
+        const A log_s = norm_log(s);
+        for (i64 a = lane; a < len; a += G) {
+            const A d = Num<T>::load(xr[a * inner]) - m;
+            yr[a * inner] = Num<T>::store(log_softmax ? d - log_s : norm_exp(d) / s);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Layer norm of a contiguous [rows, cols] tensor over each row. `w` and `b` may be null.
+
+template <int G, typename T>
+__device__ void layer_norm_body(const T* x, const T* w, const T* b, T* y, i64 rows, i64 cols,
+                                double eps) {
+    typedef typename Num<T>::acc A;
+    const int groups = NORM_BLOCK / G;
+    const int lane = (int)(threadIdx.x % G);
+    const i64 group = (i64)(threadIdx.x / G);
+    for (i64 r = (i64)blockIdx.x * groups + group; r < rows; r += (i64)gridDim.x * groups) {
+        const T* xr = x + r * cols;
+        T* yr = y + r * cols;
+        A s = (A)-0.0;
+        for (i64 c = lane; c < cols; c += G) {
+            s += Num<T>::load(xr[c]);
+        }
+        const A mean = norm_group_sum<G, A>(s) / (A)cols;
+        A q = (A)-0.0;
+        for (i64 c = lane; c < cols; c += G) {
+            const A d = Num<T>::load(xr[c]) - mean;
+            q += d * d;
+        }
+        const A var = norm_group_sum<G, A>(q) / (A)cols;
+        const A inv = (A)1 / norm_sqrt(var + (A)eps);
+        for (i64 c = lane; c < cols; c += G) {
+            const A scale = w ? Num<T>::load(w[c]) : (A)1;
+            const A shift = b ? Num<T>::load(b[c]) : (A)0;
+            yr[c] = Num<T>::store((Num<T>::load(xr[c]) - mean) * inv * scale + shift);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Batch norm of a contiguous [batch, channels, spatial] tensor per channel: channel c's k-th value
+// (k = n * spatial + s) is at (n * channels + c) * spatial + s. `w`, `b`, `rm`, `rv` may be null (rm and
+// rv together).
+
+// Walks the k = lane, lane + G, ... values of one channel without a division per step.
+struct NormChannelCursor {
+    i64 n;
+    i64 s;
+    i64 dn;
+    i64 ds;
+    i64 spatial;
+
+    __device__ __forceinline__ NormChannelCursor(i64 start, i64 step, i64 spatial_)
+        : n(start / spatial_), s(start % spatial_), dn(step / spatial_), ds(step % spatial_),
+          spatial(spatial_) {}
+
+    __device__ __forceinline__ i64 offset(i64 channels, i64 c) const { return (n * channels + c) * spatial + s; }
+
+    __device__ __forceinline__ void advance() {
+        n += dn;
+        s += ds;
+        if (s >= spatial) {
+            s -= spatial;
+            n += 1;
+        }
+    }
+};
+
+template <int G, typename T>
+__device__ void batch_norm_body(const T* x, T* y, const T* w, const T* b, T* rm, T* rv, i64 batch,
+                                i64 channels, i64 spatial, int training, double momentum, double eps) {
+    typedef typename Num<T>::acc A;
+    const int groups = NORM_BLOCK / G;
+    const int lane = (int)(threadIdx.x % G);
+    const i64 group = (i64)(threadIdx.x / G);
+    const i64 count = batch * spatial;
+    for (i64 c = (i64)blockIdx.x * groups + group; c < channels; c += (i64)gridDim.x * groups) {
+        A mean = 0;
+        A var = 1;
+        if (training) {
+            A s = (A)-0.0;
+            NormChannelCursor k(lane, G, spatial);
+            for (i64 i = lane; i < count; i += G, k.advance()) {
+                s += Num<T>::load(x[k.offset(channels, c)]);
+            }
+            mean = norm_group_sum<G, A>(s) / (A)count;
+            A q = (A)-0.0;
+            NormChannelCursor k2(lane, G, spatial);
+            for (i64 i = lane; i < count; i += G, k2.advance()) {
+                const A d = Num<T>::load(x[k2.offset(channels, c)]) - mean;
+                q += d * d;
+            }
+            var = norm_group_sum<G, A>(q) / (A)count;
+            if (rm && rv && lane == 0) {
+                const A mom = (A)momentum;
+                const A unbiased = var * (A)count / ((A)count - (A)1);
+                rm[c] = Num<T>::store(((A)1 - mom) * Num<T>::load(rm[c]) + mom * mean);
+                rv[c] = Num<T>::store(((A)1 - mom) * Num<T>::load(rv[c]) + mom * unbiased);
+            }
+        } else if (rm && rv) {
+            mean = Num<T>::load(rm[c]);
+            var = Num<T>::load(rv[c]);
+        }
+        const A inv = (A)1 / norm_sqrt(var + (A)eps);
+        const A scale = w ? Num<T>::load(w[c]) : (A)1;
+        const A shift = b ? Num<T>::load(b[c]) : (A)0;
+        NormChannelCursor k(lane, G, spatial);
+        for (i64 i = lane; i < count; i += G, k.advance()) {
+            const i64 off = k.offset(channels, c);
+            y[off] = Num<T>::store((Num<T>::load(x[off]) - mean) * inv * scale + shift);
+        }
+    }
+}
+
+// Entry points, for G in {1, 32, 256}:
+//   softmax_g<G>_<dtype>(x, y, outer, len, inner, log_softmax)
+//   layer_norm_g<G>_<dtype>(x, w, b, y, rows, cols, eps)
+//   batch_norm_g<G>_<dtype>(x, y, w, b, rm, rv, batch, channels, spatial, training, momentum, eps)
+#define ENTRY_G(S, T, G)                                                                              \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK) softmax_g##G##_##S(                      \
+        const T* x, T* y, i64 outer, i64 len, i64 inner, int log_softmax) {                           \
+        softmax_body<G, T>(x, y, outer, len, inner, log_softmax);                                     \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK) layer_norm_g##G##_##S(                   \
+        const T* x, const T* w, const T* b, T* y, i64 rows, i64 cols, double eps) {                   \
+        layer_norm_body<G, T>(x, w, b, y, rows, cols, eps);                                           \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK) batch_norm_g##G##_##S(                   \
+        const T* x, T* y, const T* w, const T* b, T* rm, T* rv, i64 batch, i64 channels,             \
+        i64 spatial, int training, double momentum, double eps) {                                     \
+        batch_norm_body<G, T>(x, y, w, b, rm, rv, batch, channels, spatial, training, momentum, eps); \
+    }
+#define ENTRY(S, T) ENTRY_G(S, T, 1) ENTRY_G(S, T, 32) ENTRY_G(S, T, 256)
+TORSH_FLOAT_TYPES(ENTRY)
+#undef ENTRY
+#undef ENTRY_G

@@ -1,0 +1,127 @@
+//! What every kernel launch needs: the dtype suffix of entry-point names, strided operands passed by
+//! value, and grid sizes for grid-stride loops.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use crate::shape::Layout;
+
+/// Highest rank a strided operand may have (`TORSH_MAX_RANK` in `common.cuh`).
+pub(crate) const MAX_RANK: usize = 8;
+
+/// Threads per block for the 1-D elementwise kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// The suffix of a kernel's entry point for `dtype` (`unary_f32`, `cast_f16_i32`, ...).
+pub(crate) fn suffix(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::U8 => "u8",
+    }
+}
+
+/// A strided view as the kernels receive it (`struct Strided` in `common.cuh`, same layout).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StridedArg {
+    shape: [i64; MAX_RANK],
+    strides: [i64; MAX_RANK],
+    offset: i64,
+    rank: i32,
+    pad: i32,
+}
+
+// SAFETY: a plain `repr(C)` struct of integers with the same layout as the kernels' `Strided`.
+unsafe impl DeviceRepr for StridedArg {}
+
+impl StridedArg {
+    /// The kernel-side form of `layout`. `Unsupported`-style `InvalidArgument` above rank 8; dims of
+    /// size 1 are dropped first, so only the rank that matters counts.
+    pub(crate) fn new(op: &'static str, layout: &Layout) -> Result<StridedArg> {
+        let dims: Vec<(usize, usize)> = layout
+            .shape()
+            .iter()
+            .zip(layout.strides())
+            .filter(|(&d, _)| d != 1)
+            .map(|(&d, &s)| (d, s))
+            .collect();
+        if dims.len() > MAX_RANK {
+            return Err(BackendError::invalid(
+                op,
+                format!(
+                    "the CUDA kernels take views of at most {MAX_RANK} non-unit dims; this one has {} (make it contiguous first)",
+                    dims.len()
+                ),
+            ));
+        }
+        let mut arg = StridedArg {
+            shape: [1; MAX_RANK],
+            strides: [0; MAX_RANK],
+            offset: to_i64(op, layout.offset())?,
+            rank: dims.len() as i32,
+            pad: 0,
+        };
+        for (i, (d, s)) in dims.into_iter().enumerate() {
+            arg.shape[i] = to_i64(op, d)?;
+            arg.strides[i] = to_i64(op, s)?;
+        }
+        Ok(arg)
+    }
+}
+
+/// `x` as a kernel's 64-bit count; `SizeOverflow` past `i64::MAX`.
+pub(crate) fn to_i64(op: &'static str, x: usize) -> Result<i64> {
+    i64::try_from(x).map_err(|_| BackendError::overflow(op, format!("{x} exceeds i64")))
+}
+
+/// `x` as a kernel's 32-bit parameter; `InvalidArgument` past `i32::MAX`.
+pub(crate) fn to_i32(op: &'static str, x: usize) -> Result<i32> {
+    i32::try_from(x).map_err(|_| {
+        BackendError::invalid(
+            op,
+            format!("{x} exceeds the 32-bit limit of this CUDA kernel"),
+        )
+    })
+}
+
+/// A 1-D launch of `BLOCK`-thread blocks for a grid-stride loop over `n` items: enough blocks to fill
+/// the device (`sm_count × 32` at most), at least one.
+pub(crate) fn grid_for(n: usize, sm_count: i32) -> LaunchConfig {
+    let wanted = n.div_ceil(BLOCK as usize).max(1);
+    let cap = (sm_count.max(1) as usize) * 32;
+    LaunchConfig {
+        grid_dim: (wanted.min(cap) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_arg_matches_the_kernel_struct_layout() {
+        assert_eq!(std::mem::size_of::<StridedArg>(), 8 * MAX_RANK * 2 + 16);
+        let l = Layout::contiguous(&[2, 1, 3]).transpose(0, 2).unwrap();
+        let a = StridedArg::new("t", &l).unwrap();
+        assert_eq!(a.rank, 2);
+        assert_eq!(&a.shape[..2], &[3, 2]);
+        assert_eq!(&a.strides[..2], &[1, 3]);
+        let deep = Layout::contiguous(&[2; 9]);
+        assert!(StridedArg::new("t", &deep).is_err());
+    }
+
+    #[test]
+    fn grids_cover_small_and_large_counts() {
+        assert_eq!(grid_for(0, 132).grid_dim.0, 1);
+        assert_eq!(grid_for(257, 132).grid_dim.0, 2);
+        assert_eq!(grid_for(1 << 30, 132).grid_dim.0, 132 * 32);
+    }
+}

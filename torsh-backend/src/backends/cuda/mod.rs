@@ -1,0 +1,456 @@
+//! The CUDA backend: cudarc's driver API loaded at run time, kernels of our own compiled by NVRTC,
+//! cuBLAS for GEMM.
+//!
+//! Nothing of CUDA is needed to build: the driver, NVRTC and cuBLAS are opened with `dlopen` when a CUDA
+//! backend is first asked for, and their absence is an `Unavailable` error with the reason
+//! (`loader.rs`). Each backend instance owns one context (the device's primary context), one stream on
+//! which every op is enqueued in order, a caching allocator (`memory.rs`) and its loaded kernels
+//! ([`kernels`]). Every op checks its regions against the live allocations and for aliasing, under the
+//! memory lock, before it enqueues anything.
+//!
+//! One file per op family holds the host side of its kernels; the CUDA C sources are in `kernels/`.
+
+mod attention;
+mod blas;
+mod conv;
+mod device;
+mod elementwise;
+pub mod kernels;
+mod launch;
+pub(crate) mod loader;
+mod memory;
+mod norm;
+mod optim;
+mod pool;
+mod reduce;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::{result as drv, sys, CudaContext, CudaStream, DriverError, LaunchConfig};
+
+use crate::compute::*;
+use crate::device::{BackendType, DeviceInfo};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use device::GpuProperties;
+use kernels::KernelCache;
+use memory::DeviceMemory;
+
+pub(crate) use device::list as list_devices;
+
+/// Settings of a CUDA backend instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// The GPU's index.
+    pub ordinal: usize,
+    /// Whether f32 GEMM may use TF32 tensor cores (off by default, as in PyTorch).
+    pub tensor_cores: bool,
+    /// Whether cuDNN may serve convolutions.
+    pub cudnn: bool,
+}
+
+/// Why the CUDA backend cannot run on this machine, or `None` when it can.
+pub fn unavailable_reason() -> Option<String> {
+    loader::unavailable_reason()
+}
+
+/// The NVRTC version `(major, minor)`, or why NVRTC cannot be loaded.
+pub fn nvrtc_version() -> std::result::Result<(i32, i32), String> {
+    loader::nvrtc_version()
+}
+
+/// The CUDA implementation of [`ComputeBackend`]. Build it through [`crate::Backend::cuda`].
+#[derive(Debug)]
+pub struct CudaBackend {
+    options: CudaOptions,
+    gpu: Option<Gpu>,
+}
+
+/// Everything an initialised backend holds. Op files receive `&Gpu`.
+#[derive(Debug)]
+pub(crate) struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    props: GpuProperties,
+    options: CudaOptions,
+    kernels: KernelCache,
+    memory: Mutex<DeviceMemory>,
+    blas: blas::Blas,
+    /// Fill fresh allocations with NaN bytes (debug builds, or `TORSH_POISON=1`).
+    poison: bool,
+}
+
+impl Gpu {
+    /// The backend's stream.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Kernel `function` of module `module`.
+    pub(crate) fn function(
+        &self,
+        module: &'static str,
+        function: &str,
+    ) -> Result<cudarc::driver::CudaFunction> {
+        self.kernels.function(module, function)
+    }
+
+    /// A 1-D grid-stride launch over `n` items.
+    pub(crate) fn grid(&self, n: usize) -> LaunchConfig {
+        launch::grid_for(n, self.props.sm_count)
+    }
+
+    /// Streaming multiprocessors on the device.
+    pub(crate) fn sm_count(&self) -> i32 {
+        self.props.sm_count
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("binding the CUDA context", e))
+    }
+
+    fn memory(&self) -> MutexGuard<'_, DeviceMemory> {
+        // Ops store nothing in the table before their checks pass, so a poisoned lock is still sound.
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A driver error from `what` as a `BackendError`: errors that leave the context unusable are
+/// `DeviceLost`, out-of-memory is `OutOfMemory`, the rest `Driver` with the code and the driver's text.
+pub(crate) fn driver_error(what: &str, e: DriverError) -> BackendError {
+    use sys::CUresult::*;
+    let message = format!("{what}: {}", loader::describe(e));
+    match e.0 {
+        CUDA_ERROR_OUT_OF_MEMORY => BackendError::OutOfMemory {
+            requested: 0,
+            available: drv::mem_get_info().map(|(free, _)| free).unwrap_or(0),
+        },
+        CUDA_ERROR_ILLEGAL_ADDRESS
+        | CUDA_ERROR_LAUNCH_FAILED
+        | CUDA_ERROR_ILLEGAL_INSTRUCTION
+        | CUDA_ERROR_MISALIGNED_ADDRESS
+        | CUDA_ERROR_HARDWARE_STACK_ERROR
+        | CUDA_ERROR_ECC_UNCORRECTABLE
+        | CUDA_ERROR_CONTEXT_IS_DESTROYED => BackendError::DeviceLost {
+            backend: BackendType::Cuda,
+            reason: format!(
+                "{message} (the CUDA context cannot be used again; build a new backend)"
+            ),
+        },
+        code => BackendError::Driver {
+            backend: BackendType::Cuda,
+            code: code as i64,
+            message,
+        },
+    }
+}
+
+impl CudaBackend {
+    /// An uninitialised backend for `options`; [`ComputeBackend::init`] opens the device.
+    pub fn new(options: CudaOptions) -> Self {
+        CudaBackend { options, gpu: None }
+    }
+
+    fn gpu(&self) -> Result<&Gpu> {
+        let gpu = self.gpu.as_ref().ok_or(BackendError::NotInitialized {
+            backend: BackendType::Cuda,
+        })?;
+        gpu.bind()?;
+        Ok(gpu)
+    }
+
+    /// Floating-point dtypes only; others are `Unsupported` for `op`.
+    fn float_only(op: &'static str, dtype: DType) -> Result<()> {
+        if dtype.is_float() {
+            Ok(())
+        } else {
+            Err(BackendError::Unsupported {
+                op,
+                backend: BackendType::Cuda,
+                dtype,
+            })
+        }
+    }
+
+    /// Checks `acc` against the live allocations and for aliasing, then enqueues `f`, all under the
+    /// memory lock so no allocation can change in between.
+    fn run(&self, acc: Accesses, f: impl FnOnce(&Gpu) -> Result<()>) -> Result<()> {
+        let gpu = self.gpu()?;
+        let mem = gpu.memory();
+        mem.table.check_accesses(&acc)?;
+        let out = f(gpu);
+        drop(mem);
+        out
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if let Some(gpu) = self.gpu.take() {
+            if gpu.bind().is_ok() {
+                let _ = gpu.stream.synchronize();
+                gpu.memory().release_all();
+            }
+        }
+    }
+}
+
+impl ComputeBackend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn backend_type(&self) -> BackendType {
+        BackendType::Cuda
+    }
+
+    fn init(&mut self) -> Result<()> {
+        if self.gpu.is_some() {
+            return Ok(());
+        }
+        if let Some(reason) = loader::unavailable_reason() {
+            return Err(BackendError::Unavailable {
+                backend: BackendType::Cuda,
+                reason,
+            });
+        }
+        let count = loader::driver().map(|d| d.device_count).unwrap_or(0);
+        let ordinal = self.options.ordinal;
+        if ordinal >= count {
+            return Err(BackendError::invalid(
+                "device",
+                format!("device index {ordinal} is out of range: the CUDA driver reports {count} device(s)"),
+            ));
+        }
+        let props = device::properties(ordinal)?;
+        let ctx = loader::guarded("creating the CUDA context", || CudaContext::new(ordinal))
+            .map_err(|reason| BackendError::Unavailable {
+                backend: BackendType::Cuda,
+                reason,
+            })?
+            .map_err(|e| driver_error("creating the CUDA context", e))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| driver_error("creating a stream", e))?;
+        let (major, minor) = props.compute_capability;
+        let arch = format!("compute_{major}{minor}");
+        let blas = blas::Blas::new(&stream, self.options.tensor_cores)?;
+        let poison =
+            cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
+        self.gpu = Some(Gpu {
+            kernels: KernelCache::new(ctx.clone(), arch),
+            ctx,
+            stream,
+            props,
+            options: self.options,
+            memory: Mutex::new(DeviceMemory::default()),
+            blas,
+            poison,
+        });
+        Ok(())
+    }
+
+    fn is_initialized(&self) -> bool {
+        self.gpu.is_some()
+    }
+
+    fn device_info(&self) -> DeviceInfo {
+        match &self.gpu {
+            Some(gpu) => {
+                let mut info = device::describe(self.options.ordinal, &gpu.props);
+                info.details.push((
+                    "TF32 tensor cores".into(),
+                    if gpu.options.tensor_cores {
+                        "on"
+                    } else {
+                        "off"
+                    }
+                    .into(),
+                ));
+                info.details
+                    .push(("kernels compiled for".into(), gpu.kernels.arch().into()));
+                // cuDNN is not wired in yet: conv2d always runs this backend's implicit-GEMM kernel,
+                // whatever `enable_cudnn` says, and the listing says so.
+                info.details.push((
+                    "conv2d".into(),
+                    "implicit-GEMM kernel (cuDNN not wired in yet)".into(),
+                ));
+                info.details.push((
+                    "cached bytes".into(),
+                    gpu.memory().cached_bytes().to_string(),
+                ));
+                info
+            }
+            None => match device::properties(self.options.ordinal) {
+                Ok(p) => device::describe(self.options.ordinal, &p),
+                Err(e) => DeviceInfo {
+                    device: crate::device::Device {
+                        backend_type: BackendType::Cuda,
+                        index: self.options.ordinal,
+                    },
+                    name: "CUDA device (not initialised)".into(),
+                    memory_bytes: 0,
+                    api: "CUDA".into(),
+                    details: vec![("error".into(), e.to_string())],
+                },
+            },
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.gpu()?
+            .stream
+            .synchronize()
+            .map_err(|e| driver_error("synchronizing the stream", e))
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let gpu = self.gpu()?;
+        let mut mem = gpu.memory();
+        let ptr = mem.alloc(bytes)?;
+        if gpu.poison && bytes > 0 {
+            // SAFETY: `ptr` is a live block of at least `bytes` bytes; the memset is stream-ordered.
+            unsafe {
+                drv::memset_d8_async(ptr.0, memory::POISON_BYTE, bytes, gpu.stream.cu_stream())
+            }
+            .map_err(|e| driver_error("cuMemsetD8Async", e))?;
+        }
+        Ok(ptr)
+    }
+
+    fn allocated_bytes(&self) -> Option<usize> {
+        self.gpu.as_ref().map(|g| g.memory().allocated_bytes())
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.gpu()?.memory().free(ptr)
+    }
+
+    fn copy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        let gpu = self.gpu()?;
+        let mem = gpu.memory();
+        mem.table.check(dst, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the destination range is inside a live allocation. From pageable memory the call
+        // returns once `src` has been staged, so the caller may reuse it at once.
+        unsafe { drv::memcpy_htod_async(dst.0, src, gpu.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
+    }
+
+    fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        let gpu = self.gpu()?;
+        let mem = gpu.memory();
+        mem.table.check(src, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the source range is inside a live allocation; the stream is synchronised before
+        // `dst` is handed back.
+        unsafe { drv::memcpy_dtoh_async(dst, src.0, gpu.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))?;
+        drop(mem);
+        gpu.stream
+            .synchronize()
+            .map_err(|e| driver_error("synchronizing after a device-to-host copy", e))
+    }
+
+    fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        let mut acc = Accesses::new("copy_dtod", InPlace::Forbidden);
+        acc.push("src", src, bytes, Access::Read, true);
+        acc.push("dst", dst, bytes, Access::Write, true);
+        self.run(acc, |gpu| {
+            if bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: both ranges were checked against live allocations and do not overlap.
+            unsafe { drv::memcpy_dtod_async(dst.0, src.0, bytes, gpu.stream.cu_stream()) }
+                .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+        })
+    }
+
+    fn gemm(&self, desc: &GemmDesc) -> Result<()> {
+        Self::float_only("gemm", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| blas::gemm(gpu, desc))
+    }
+
+    fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        Self::float_only("batched_gemm", desc.gemm.dtype)?;
+        self.run(desc.accesses()?, |gpu| blas::batched_gemm(gpu, desc))
+    }
+
+    fn gemv(&self, desc: &GemvDesc) -> Result<()> {
+        Self::float_only("gemv", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| blas::gemv(gpu, desc))
+    }
+
+    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
+        Self::float_only("conv2d", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| conv::conv2d(gpu, desc))
+    }
+
+    fn attention(&self, desc: &AttentionDesc) -> Result<()> {
+        Self::float_only("attention", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| attention::attention(gpu, desc))
+    }
+
+    fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
+        Self::float_only("reduce", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| reduce::reduce(gpu, desc))
+    }
+
+    fn unary(&self, desc: &UnaryDesc) -> Result<()> {
+        Self::float_only("unary", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| elementwise::unary(gpu, desc))
+    }
+
+    fn binary(&self, desc: &BinaryDesc) -> Result<()> {
+        Self::float_only("binary", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| elementwise::binary(gpu, desc))
+    }
+
+    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
+        Self::float_only("softmax", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| norm::softmax(gpu, desc))
+    }
+
+    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
+        Self::float_only("layer_norm", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| norm::layer_norm(gpu, desc))
+    }
+
+    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
+        Self::float_only("batch_norm", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| norm::batch_norm(gpu, desc))
+    }
+
+    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
+        Self::float_only("pool2d", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| pool::pool2d(gpu, desc))
+    }
+
+    fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
+        Self::float_only("adam_step", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| optim::adam_step(gpu, desc))
+    }
+
+    fn fill(&self, desc: &FillDesc) -> Result<()> {
+        self.run(desc.accesses()?, |gpu| elementwise::fill(gpu, desc))
+    }
+
+    fn cast(&self, desc: &CastDesc) -> Result<()> {
+        self.run(desc.accesses()?, |gpu| elementwise::cast(gpu, desc))
+    }
+
+    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
+        self.run(desc.accesses()?, |gpu| elementwise::copy_strided(gpu, desc))
+    }
+
+    fn random(&self, desc: &RandomDesc) -> Result<()> {
+        Self::float_only("random", desc.dtype)?;
+        self.run(desc.accesses()?, |gpu| elementwise::random(gpu, desc))
+    }
+}

@@ -1,0 +1,139 @@
+//! Host side of the norm kernels (`kernels/norm.cu`): softmax and log-softmax, layer norm, batch norm.
+//!
+//! Each kernel gives one row (a softmax lane, a layer-norm row, a batch-norm channel) to a group of 1,
+//! 32 or 256 threads, chosen by [`super::reduce::group_size`].
+
+use cudarc::driver::{CudaFunction, PushKernelArg};
+
+use super::launch::{suffix, to_i64};
+use super::reduce::{group_launch, group_size};
+use super::Gpu;
+use crate::compute::{BatchNormDesc, DevicePtr, LayerNormDesc, SoftmaxDesc};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+
+/// Kernel `<kernel>_g<group>_<dtype>` of the norm module.
+fn function(gpu: &Gpu, kernel: &str, group: u32, dtype: DType) -> Result<CudaFunction> {
+    gpu.function("norm", &format!("{kernel}_g{group}_{}", suffix(dtype)))
+}
+
+/// An optional operand as the kernels take it: its address, or 0 (null) when absent.
+fn optional(p: Option<DevicePtr>) -> u64 {
+    p.map_or(0, |p| p.0)
+}
+
+/// `a · b`, `SizeOverflow` when it does not fit.
+fn mul(op: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| BackendError::overflow(op, format!("{a} × {b} overflows")))
+}
+
+/// Softmax (or log-softmax) of `[outer, axis_len, inner]` along the middle dim, one group per lane.
+pub(crate) fn softmax(gpu: &Gpu, d: &SoftmaxDesc) -> Result<()> {
+    let op = if d.log { "log_softmax" } else { "softmax" };
+    let rows = mul(op, d.outer, d.inner)?;
+    if mul(op, rows, d.axis_len)? == 0 {
+        return Ok(());
+    }
+    let group = group_size(d.axis_len, rows, d.inner == 1, gpu.sm_count());
+    let f = function(gpu, "softmax", group, d.dtype)?;
+    let (x, y) = (d.input.0, d.output.0);
+    let (outer, len, inner) = (
+        to_i64(op, d.outer)?,
+        to_i64(op, d.axis_len)?,
+        to_i64(op, d.inner)?,
+    );
+    let log = i32::from(d.log);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&x)
+        .arg(&y)
+        .arg(&outer)
+        .arg(&len)
+        .arg(&inner)
+        .arg(&log);
+    // SAFETY: the caller checked the dense input and output regions of `outer · len · inner` elements;
+    // the arguments match `softmax_g<G>_<dtype>`'s parameters.
+    unsafe { b.launch(group_launch(rows, group, gpu.sm_count())) }
+        .map_err(|e| super::driver_error(op, e))?;
+    Ok(())
+}
+
+/// Layer norm over each row of `[rows, cols]`, one group per row.
+pub(crate) fn layer_norm(gpu: &Gpu, d: &LayerNormDesc) -> Result<()> {
+    let op = "layer_norm";
+    if mul(op, d.rows, d.cols)? == 0 {
+        return Ok(());
+    }
+    let group = group_size(d.cols, d.rows, true, gpu.sm_count());
+    let f = function(gpu, "layer_norm", group, d.dtype)?;
+    let (x, w, bias, y) = (d.input.0, optional(d.weight), optional(d.bias), d.output.0);
+    let (rows, cols) = (to_i64(op, d.rows)?, to_i64(op, d.cols)?);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&x).arg(&w).arg(&bias).arg(&y);
+    b.arg(&rows).arg(&cols).arg(&d.eps);
+    // SAFETY: the caller checked the input and output (`rows · cols` elements) and the optional
+    // `cols`-element weight and bias; absent ones are null and never read. The arguments match
+    // `layer_norm_g<G>_<dtype>`'s parameters.
+    unsafe { b.launch(group_launch(d.rows, group, gpu.sm_count())) }
+        .map_err(|e| super::driver_error(op, e))?;
+    Ok(())
+}
+
+/// Batch norm of `[batch, channels, spatial]` per channel, one group per channel; in training it also
+/// updates the running statistics when they are given.
+pub(crate) fn batch_norm(gpu: &Gpu, d: &BatchNormDesc) -> Result<()> {
+    let op = "batch_norm";
+    let count = mul(op, d.batch, d.spatial)?;
+    if mul(op, count, d.channels)? == 0 {
+        // No element to normalise, and training with channels needs more than one value each.
+        return Ok(());
+    }
+    let group = group_size(count, d.channels, d.spatial > 1, gpu.sm_count());
+    let f = function(gpu, "batch_norm", group, d.dtype)?;
+    let (x, y) = (d.input.0, d.output.0);
+    let (w, bias) = (optional(d.weight), optional(d.bias));
+    let (rm, rv) = (optional(d.running_mean), optional(d.running_var));
+    let batch = to_i64(op, d.batch)?;
+    let channels = to_i64(op, d.channels)?;
+    let spatial = to_i64(op, d.spatial)?;
+    let training = i32::from(d.training);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&x).arg(&y).arg(&w).arg(&bias).arg(&rm).arg(&rv);
+    b.arg(&batch).arg(&channels).arg(&spatial);
+    b.arg(&training).arg(&d.momentum).arg(&d.eps);
+    // SAFETY: the caller checked the input and output (`batch · channels · spatial` elements) and the
+    // optional `channels`-element operands (running statistics writable in training); absent ones are
+    // null and never touched. The arguments match `batch_norm_g<G>_<dtype>`'s parameters.
+    unsafe { b.launch(group_launch(d.channels, group, gpu.sm_count())) }
+        .map_err(|e| super::driver_error(op, e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_operands_are_null() {
+        assert_eq!(optional(None), 0);
+        assert_eq!(optional(Some(DevicePtr(0x1000))), 0x1000);
+    }
+
+    #[test]
+    fn products_overflow_as_errors() {
+        assert_eq!(mul("t", 3, 5).unwrap(), 15);
+        assert!(matches!(
+            mul("t", usize::MAX, 2),
+            Err(BackendError::SizeOverflow { .. })
+        ));
+    }
+
+    #[test]
+    fn every_kernel_name_exists_in_the_source() {
+        let src = include_str!("kernels/norm.cu");
+        for kernel in ["softmax", "layer_norm", "batch_norm"] {
+            assert!(src.contains(&format!("{kernel}_g##G##_##S(")), "{kernel}");
+        }
+        assert!(src.contains("ENTRY_G(S, T, 1) ENTRY_G(S, T, 32) ENTRY_G(S, T, 256)"));
+    }
+}

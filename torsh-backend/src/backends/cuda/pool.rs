@@ -1,0 +1,234 @@
+//! Host side of the 2-D pooling kernels (`kernels/pool.cu`): one launch of `pool2d_<dtype>`, one thread
+//! per output element, with the window geometry passed by value.
+
+use cudarc::driver::{DeviceRepr, PushKernelArg};
+
+use super::launch::{suffix, to_i64};
+use super::Gpu;
+use crate::compute::{Pool2dDesc, PoolKind};
+use crate::error::{BackendError, Result};
+
+/// The op's name in errors.
+const OP: &str = "pool2d";
+
+/// Maximum over the window (`POOL_MAX` in `pool.cu`).
+const MODE_MAX: i32 = 0;
+/// Mean with the window area as divisor (`POOL_AVG_INCLUDE_PAD`).
+const MODE_AVG_INCLUDE_PAD: i32 = 1;
+/// Mean over the taps inside the input (`POOL_AVG_EXCLUDE_PAD`).
+const MODE_AVG_EXCLUDE_PAD: i32 = 2;
+
+/// The launch's geometry, as the kernel receives it (`struct PoolGeometry` in `pool.cu`, same layout).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PoolGeometry {
+    /// `N·C·OH·OW` output elements.
+    total: i64,
+    /// `H`.
+    height: i64,
+    /// `W`.
+    width: i64,
+    /// `OH`.
+    out_height: i64,
+    /// `OW`.
+    out_width: i64,
+    /// Window rows.
+    kernel_h: i64,
+    /// Window columns.
+    kernel_w: i64,
+    /// Vertical stride.
+    stride_h: i64,
+    /// Horizontal stride.
+    stride_w: i64,
+    /// Rows of padding above (and below).
+    pad_h: i64,
+    /// Columns of padding left (and right).
+    pad_w: i64,
+    /// `kh·kw`, the divisor of an average that counts padding (the reference's `(kh·kw) as f64`).
+    area: f64,
+    /// One of the `MODE_*` constants.
+    mode: i32,
+    /// Explicit tail padding, always 0.
+    pad: i32,
+}
+
+// SAFETY: a plain `repr(C)` struct of integers and a double with the same layout as the kernel's
+// `PoolGeometry`.
+unsafe impl DeviceRepr for PoolGeometry {}
+
+impl PoolGeometry {
+    /// The geometry of `d`, whose shapes have been validated. `SizeOverflow` when a size, or a padded
+    /// extent `H + 2·ph` / `W + 2·pw` the kernel's index math reaches, does not fit in `i64`.
+    fn of(d: &Pool2dDesc) -> Result<PoolGeometry> {
+        let [n, c, h, w] = d.input_shape;
+        let [_, _, oh, ow] = d.output_shape;
+        let total = [n, c, oh, ow]
+            .iter()
+            .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+            .ok_or_else(|| BackendError::overflow(OP, "the output element count exceeds usize"))?;
+        padded_fits(h, d.padding[0])?;
+        padded_fits(w, d.padding[1])?;
+        Ok(PoolGeometry {
+            total: to_i64(OP, total)?,
+            height: to_i64(OP, h)?,
+            width: to_i64(OP, w)?,
+            out_height: to_i64(OP, oh)?,
+            out_width: to_i64(OP, ow)?,
+            kernel_h: to_i64(OP, d.kernel[0])?,
+            kernel_w: to_i64(OP, d.kernel[1])?,
+            stride_h: to_i64(OP, d.stride[0])?,
+            stride_w: to_i64(OP, d.stride[1])?,
+            pad_h: to_i64(OP, d.padding[0])?,
+            pad_w: to_i64(OP, d.padding[1])?,
+            area: d.kernel[0] as f64 * d.kernel[1] as f64,
+            mode: mode(d.kind),
+            pad: 0,
+        })
+    }
+}
+
+/// `SizeOverflow` unless `extent + 2·padding` fits in `i64` (the kernel computes window coordinates
+/// and clamps up to that bound).
+fn padded_fits(extent: usize, padding: usize) -> Result<()> {
+    padding
+        .checked_mul(2)
+        .and_then(|p| p.checked_add(extent))
+        .and_then(|x| i64::try_from(x).ok())
+        .map(|_| ())
+        .ok_or_else(|| {
+            BackendError::overflow(
+                OP,
+                format!("the padded extent {extent} + 2×{padding} exceeds i64"),
+            )
+        })
+}
+
+/// The kernel's mode for `kind`.
+fn mode(kind: PoolKind) -> i32 {
+    match kind {
+        PoolKind::Max => MODE_MAX,
+        PoolKind::Avg {
+            count_include_pad: true,
+        } => MODE_AVG_INCLUDE_PAD,
+        PoolKind::Avg {
+            count_include_pad: false,
+        } => MODE_AVG_EXCLUDE_PAD,
+    }
+}
+
+/// Enqueues `d` (validated by the caller) on the backend's stream; nothing for an empty output.
+pub(crate) fn pool2d(gpu: &Gpu, d: &Pool2dDesc) -> Result<()> {
+    if d.output_shape.contains(&0) {
+        return Ok(());
+    }
+    let geometry = PoolGeometry::of(d)?;
+    let f = gpu.function("pool", &format!("pool2d_{}", suffix(d.dtype)))?;
+    let (output, input) = (d.output.0, d.input.0);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&output).arg(&input).arg(&geometry);
+    // The output has at least one element, so the grid has at least one block.
+    let config = gpu.grid(geometry.total as usize);
+    // SAFETY: the caller checked both regions against live allocations and for aliasing; the arguments
+    // match `pool2d_<dtype>(T* y, const T* x, PoolGeometry g)`.
+    unsafe { b.launch(config) }.map_err(|e| super::driver_error(OP, e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::DevicePtr;
+    use crate::dtype::DType;
+
+    fn desc(
+        kind: PoolKind,
+        input_shape: [usize; 4],
+        kernel: [usize; 2],
+        padding: [usize; 2],
+    ) -> Pool2dDesc {
+        let stride = [2, 1];
+        let output_shape =
+            Pool2dDesc::expected_output_shape(input_shape, kernel, stride, padding).unwrap();
+        Pool2dDesc {
+            kind,
+            dtype: DType::F32,
+            input: DevicePtr(0x1000),
+            input_shape,
+            output: DevicePtr(0x2000),
+            output_shape,
+            kernel,
+            stride,
+            padding,
+        }
+    }
+
+    #[test]
+    fn geometry_matches_the_kernel_struct_layout() {
+        assert_eq!(std::mem::size_of::<PoolGeometry>(), 11 * 8 + 8 + 4 + 4);
+        assert_eq!(std::mem::align_of::<PoolGeometry>(), 8);
+    }
+
+    #[test]
+    fn geometry_carries_the_descriptor() {
+        let d = desc(PoolKind::Max, [2, 3, 7, 5], [3, 2], [1, 1]);
+        let g = PoolGeometry::of(&d).unwrap();
+        // OH = (7 + 2 - 3) / 2 + 1 = 4, OW = (5 + 2 - 2) / 1 + 1 = 6.
+        assert_eq!((g.out_height, g.out_width), (4, 6));
+        assert_eq!(g.total, 2 * 3 * 4 * 6);
+        assert_eq!((g.height, g.width), (7, 5));
+        assert_eq!(
+            (g.kernel_h, g.kernel_w, g.stride_h, g.stride_w),
+            (3, 2, 2, 1)
+        );
+        assert_eq!((g.pad_h, g.pad_w), (1, 1));
+        assert_eq!(g.area, 6.0);
+        assert_eq!((g.mode, g.pad), (MODE_MAX, 0));
+    }
+
+    #[test]
+    fn modes_follow_the_kind() {
+        assert_eq!(mode(PoolKind::Max), MODE_MAX);
+        let include = PoolKind::Avg {
+            count_include_pad: true,
+        };
+        let exclude = PoolKind::Avg {
+            count_include_pad: false,
+        };
+        assert_eq!(mode(include), MODE_AVG_INCLUDE_PAD);
+        assert_eq!(mode(exclude), MODE_AVG_EXCLUDE_PAD);
+        let g = PoolGeometry::of(&desc(exclude, [1, 1, 4, 4], [2, 2], [0, 0])).unwrap();
+        assert_eq!(g.mode, MODE_AVG_EXCLUDE_PAD);
+    }
+
+    #[test]
+    fn modes_and_entry_points_match_the_kernel_source() {
+        let src = include_str!("kernels/pool.cu");
+        for (name, code) in [
+            ("POOL_MAX", MODE_MAX),
+            ("POOL_AVG_INCLUDE_PAD", MODE_AVG_INCLUDE_PAD),
+            ("POOL_AVG_EXCLUDE_PAD", MODE_AVG_EXCLUDE_PAD),
+        ] {
+            let line = format!("#define {name} {code}\n");
+            assert!(src.contains(&line), "pool.cu lacks `{}`", line.trim());
+        }
+        assert!(src.contains(
+            "void pool2d_##S(T* __restrict__ y, const T* __restrict__ x, const PoolGeometry g)"
+        ));
+        assert!(src.contains("TORSH_FLOAT_TYPES(ENTRY)"));
+    }
+
+    #[test]
+    fn padded_extents_past_i64_are_refused() {
+        assert!(padded_fits(10, 3).is_ok());
+        assert!(padded_fits(0, (i64::MAX / 2) as usize).is_ok());
+        assert!(padded_fits(1, (i64::MAX / 2) as usize).is_ok());
+        assert!(padded_fits(2, (i64::MAX / 2) as usize).is_err());
+        assert!(padded_fits(0, usize::MAX / 2 + 1).is_err());
+        let mut d = desc(PoolKind::Max, [1, 1, 4, 4], [2, 2], [1, 1]);
+        d.padding = [1, 1 << 62];
+        assert!(matches!(
+            PoolGeometry::of(&d),
+            Err(BackendError::SizeOverflow { .. })
+        ));
+    }
+}

@@ -1,0 +1,217 @@
+//! Host side of the reduce kernels (`kernels/reduce.cu`), and the "group per row" launch plan that the
+//! norm kernels share.
+//!
+//! The input is seen as `[n_out, len]`: output element `j` (the contiguous output's index, row-major
+//! over the input's dims other than the axis) starts at element `j` of the input view without the axis,
+//! and its lane steps by the axis stride. A group of 1, 32 or 256 threads reduces one lane.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::launch::{suffix, to_i64, StridedArg, BLOCK};
+use super::Gpu;
+use crate::compute::{ReduceDesc, ReduceOp};
+use crate::error::{BackendError, Result};
+use crate::shape::{checked_numel, Layout};
+
+/// Longest row a single thread reduces on its own, whatever the layout.
+const SERIAL_MAX: usize = 32;
+
+/// Longest row a single thread reduces when that makes neighbouring threads read neighbouring elements.
+const SERIAL_STRIDED_MAX: usize = 256;
+
+/// Shortest row that always gets a whole block.
+const BLOCK_ROW_MIN: usize = 4096;
+
+/// Threads that a group of one thread per row must supply, per SM, before it is preferred.
+const THREADS_PER_SM: usize = 2048;
+
+/// Blocks per SM at most in a grid-stride launch.
+const BLOCKS_PER_SM: usize = 32;
+
+/// How many threads reduce one row of `len` elements when there are `rows` rows: 1, 32 (a warp) or
+/// 256 (the whole block). `unit_stride` says a row's elements are adjacent in memory (so a warp reading
+/// one row is coalesced); otherwise adjacent rows are assumed adjacent, which favours one thread per
+/// row. Short rows get one thread (few serial additions), long rows or too few rows to fill the device
+/// with warps get a block, the rest a warp. The serial part of each thread is at most `len / group`
+/// additions before the tree, which bounds the rounding error.
+pub(super) fn group_size(len: usize, rows: usize, unit_stride: bool, sm_count: i32) -> u32 {
+    let sms = sm_count.max(1) as usize;
+    let warps_per_block = (BLOCK / 32) as usize;
+    if len <= SERIAL_MAX
+        || (!unit_stride && len <= SERIAL_STRIDED_MAX && rows >= sms * THREADS_PER_SM)
+    {
+        1
+    } else if len >= BLOCK_ROW_MIN
+        || (len > SERIAL_STRIDED_MAX && rows.div_ceil(warps_per_block) < sms)
+    {
+        BLOCK
+    } else {
+        32
+    }
+}
+
+/// A launch of `BLOCK`-thread blocks covering `rows` rows with `group` threads each (a divisor of
+/// `BLOCK`): enough blocks for every row, at most `BLOCKS_PER_SM` per SM (the kernels loop), at least
+/// one.
+pub(super) fn group_launch(rows: usize, group: u32, sm_count: i32) -> LaunchConfig {
+    let per_block = (BLOCK / group.clamp(1, BLOCK)) as usize;
+    let cap = sm_count.max(1) as usize * BLOCKS_PER_SM;
+    let blocks = rows.div_ceil(per_block).clamp(1, cap);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `layout` without dim `axis`, with that dim's length and stride. `InvalidArgument` for an axis out
+/// of range.
+fn split_axis(layout: &Layout, axis: usize) -> Result<(Layout, usize, usize)> {
+    let (shape, strides) = (layout.shape(), layout.strides());
+    if axis >= shape.len() {
+        return Err(BackendError::invalid(
+            "reduce",
+            format!("axis {axis} out of range for shape {shape:?}"),
+        ));
+    }
+    let without = |v: &[usize]| {
+        let mut v = v.to_vec();
+        v.remove(axis);
+        v
+    };
+    let rest = Layout::new(without(shape), without(strides), layout.offset())?;
+    Ok((rest, shape[axis], strides[axis]))
+}
+
+/// The kernel's op code (the `RED_*` defines in `reduce.cu`) and the variance correction.
+fn op_code(op: ReduceOp) -> (i32, i64) {
+    match op {
+        ReduceOp::Sum => (0, 0),
+        ReduceOp::Mean => (1, 0),
+        ReduceOp::Max => (2, 0),
+        ReduceOp::Min => (3, 0),
+        ReduceOp::Var { correction } => (4, i64::from(correction)),
+        ReduceOp::ArgMax => (5, 0),
+        ReduceOp::ArgMin => (6, 0),
+    }
+}
+
+/// Reduces `d.input` along `d.axis` into the contiguous output (`i64` indices for the arg reductions).
+/// Every output element is written, also over an empty axis (sum 0, mean and var NaN; the descriptor
+/// rejects max, min and the arg reductions there).
+pub(crate) fn reduce(gpu: &Gpu, d: &ReduceDesc) -> Result<()> {
+    let op = "reduce";
+    let n_out = checked_numel(op, &d.output_shape())?;
+    if n_out == 0 {
+        return Ok(());
+    }
+    let (rest, len, axis_stride) = split_axis(&d.input.layout, d.axis)?;
+    let group = group_size(len, n_out, axis_stride == 1, gpu.sm_count());
+    let f = gpu.function("reduce", &format!("reduce_g{group}_{}", suffix(d.dtype)))?;
+    let rest = StridedArg::new(op, &rest)?;
+    let (x, out) = (d.input.ptr.0, d.output.0);
+    let (axis_stride, len, n) = (
+        to_i64(op, axis_stride)?,
+        to_i64(op, len)?,
+        to_i64(op, n_out)?,
+    );
+    let (code, correction) = op_code(d.op);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&x).arg(&out).arg(&rest).arg(&axis_stride);
+    b.arg(&len).arg(&n).arg(&code).arg(&correction);
+    // SAFETY: the caller checked every region the kernel touches (the input view and the `n_out`-element
+    // output of the op's output dtype); the arguments match `reduce_g<G>_<dtype>`'s parameters.
+    unsafe { b.launch(group_launch(n_out, group, gpu.sm_count())) }
+        .map_err(|e| super::driver_error(op, e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels' `strided_offset`, over the full (unfiltered) layout.
+    fn strided_offset(l: &Layout, mut linear: usize) -> usize {
+        let mut off = l.offset();
+        for (&extent, &stride) in l.shape().iter().zip(l.strides()).rev() {
+            off += (linear % extent) * stride;
+            linear /= extent;
+        }
+        off
+    }
+
+    #[test]
+    fn lanes_cover_the_view_in_the_references_order() {
+        let base = Layout::new(vec![3, 4, 5], vec![40, 1, 4], 7).unwrap();
+        for l in [
+            base.clone(),
+            base.transpose(0, 2).unwrap(),
+            Layout::contiguous(&[2, 1, 6]),
+            Layout::contiguous(&[5]),
+        ] {
+            let shape = l.shape().to_vec();
+            for axis in 0..shape.len() {
+                let (rest, len, stride) = split_axis(&l, axis).unwrap();
+                let outer: usize = shape[..axis].iter().product();
+                let inner: usize = shape[axis + 1..].iter().product();
+                assert_eq!(len, shape[axis]);
+                for o in 0..outer {
+                    for i in 0..inner {
+                        let j = o * inner + i;
+                        for a in 0..len {
+                            let logical = (o * len + a) * inner + i;
+                            assert_eq!(
+                                strided_offset(&rest, j) + a * stride,
+                                strided_offset(&l, logical),
+                                "{l:?} axis {axis}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(split_axis(&base, 3).is_err());
+    }
+
+    #[test]
+    fn short_rows_get_a_thread_long_rows_a_block() {
+        assert_eq!(group_size(0, 10, true, 132), 1);
+        assert_eq!(group_size(32, 1, true, 132), 1);
+        assert_eq!(group_size(100, 1 << 20, false, 132), 1);
+        assert_eq!(group_size(100, 1 << 20, true, 132), 32);
+        assert_eq!(group_size(1000, 10_000, true, 132), 32);
+        assert_eq!(group_size(1000, 10, true, 132), BLOCK);
+        assert_eq!(group_size(100, 10, true, 132), 32);
+        assert_eq!(group_size(4096, 1 << 20, true, 132), BLOCK);
+        assert_eq!(group_size(1 << 30, 1, false, 0), BLOCK);
+    }
+
+    #[test]
+    fn launches_cover_every_row_with_bounded_grids() {
+        let g = group_launch(1, 1, 132);
+        assert_eq!((g.grid_dim, g.block_dim), ((1, 1, 1), (BLOCK, 1, 1)));
+        assert_eq!(group_launch(257, 1, 132).grid_dim.0, 2);
+        assert_eq!(group_launch(9, 32, 132).grid_dim.0, 2);
+        assert_eq!(group_launch(3, BLOCK, 132).grid_dim.0, 3);
+        assert_eq!(group_launch(1 << 40, BLOCK, 132).grid_dim.0, 132 * 32);
+        assert_eq!(group_launch(0, 32, 0).grid_dim.0, 1);
+    }
+
+    #[test]
+    fn op_codes_match_the_kernel_defines() {
+        let src = include_str!("kernels/reduce.cu");
+        for (name, op) in [
+            ("SUM", ReduceOp::Sum),
+            ("MEAN", ReduceOp::Mean),
+            ("MAX", ReduceOp::Max),
+            ("MIN", ReduceOp::Min),
+            ("VAR", ReduceOp::Var { correction: 3 }),
+            ("ARGMAX", ReduceOp::ArgMax),
+            ("ARGMIN", ReduceOp::ArgMin),
+        ] {
+            let line = format!("#define RED_{name} {}\n", op_code(op).0);
+            assert!(src.contains(&line), "reduce.cu lacks `{}`", line.trim());
+        }
+        assert_eq!(op_code(ReduceOp::Var { correction: 3 }).1, 3);
+    }
+}

@@ -1,0 +1,214 @@
+//! CUDA-specific checks. The parity suite (`tests/parity.rs`) runs every op on CUDA wherever a GPU is
+//! present; this file holds what must run even without one:
+//! - every kernel source compiles under NVRTC for sm_80 and sm_90 wherever `libnvrtc` can be loaded
+//!   (pip's `nvidia-cuda-nvrtc` wheel provides it on any x86-64 Linux machine), so a syntax error in a
+//!   kernel cannot hide until someone has a GPU. `TORSH_REQUIRE=nvrtc` makes a missing NVRTC a failure;
+//! - on a machine without CUDA, asking for the backend is an `Unavailable` error with a reason.
+#![cfg(feature = "cuda")]
+
+use torsh_backend::backends::cuda::{self, kernels};
+use torsh_backend::{Backend, BackendError, BackendType};
+
+fn required(token: &str) -> bool {
+    std::env::var("TORSH_REQUIRE")
+        .map(|v| v.split(',').any(|t| t.trim() == token))
+        .unwrap_or(false)
+}
+
+#[test]
+fn every_kernel_compiles_under_nvrtc_for_sm80_and_sm90() {
+    if let Err(reason) = cuda::nvrtc_version() {
+        assert!(
+            !required("nvrtc"),
+            "TORSH_REQUIRE names nvrtc, which cannot be loaded: {reason}"
+        );
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    for arch in ["compute_80", "compute_90"] {
+        let compiled = kernels::compile_all(arch).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(compiled.len(), kernels::SOURCES.len());
+        for (name, ptx_bytes) in compiled {
+            assert!(ptx_bytes > 0, "{name}.cu produced no PTX for {arch}");
+        }
+    }
+}
+
+#[test]
+fn a_syntax_error_is_reported_with_nvrtc_log() {
+    if cuda::nvrtc_version().is_err() {
+        return;
+    }
+    let err = kernels::compile_source(
+        "broken",
+        "extern \"C\" __global__ void k() { int x = ; }",
+        "compute_80",
+    )
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("broken.cu") && text.contains("error"),
+        "{text}"
+    );
+}
+
+#[test]
+fn without_cuda_the_backend_is_unavailable_with_a_reason() {
+    let Some(reason) = cuda::unavailable_reason() else {
+        // A GPU is present: the backend must build.
+        let b = Backend::cuda()
+            .build()
+            .expect("CUDA is available but the backend failed to build");
+        assert_eq!(b.backend_type(), BackendType::Cuda);
+        return;
+    };
+    assert!(!required("cuda"), "TORSH_REQUIRE names cuda: {reason}");
+    match Backend::cuda().build() {
+        Err(BackendError::Unavailable { backend, reason: r }) => {
+            assert_eq!(backend, BackendType::Cuda);
+            assert_eq!(r, reason);
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    let status = Backend::probe()
+        .into_iter()
+        .find(|s| s.backend_type == BackendType::Cuda)
+        .unwrap();
+    assert_eq!(status.availability, Err(reason));
+    assert_ne!(Backend::auto().unwrap().backend_type(), BackendType::Cuda);
+}
+
+/// The CUDA backend, or `None` (after printing why) where this machine has none. With
+/// `TORSH_REQUIRE=cuda` a missing GPU fails the test instead.
+fn gpu() -> Option<Backend> {
+    match Backend::cuda().build() {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(!required("cuda"), "TORSH_REQUIRE names cuda: {e}");
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn devices_are_listed_with_capability_and_sm_count() {
+    let Some(b) = gpu() else { return };
+    let gpus: Vec<_> = Backend::list_devices()
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.backend_type() == BackendType::Cuda)
+        .collect();
+    assert!(!gpus.is_empty());
+    for (i, d) in gpus.iter().enumerate() {
+        assert_eq!(d.id(), i);
+        assert!(d.memory_gb() > 0.0, "{d:?}");
+        let keys: Vec<&str> = d.details.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(
+            keys.contains(&"compute capability") && keys.contains(&"SMs"),
+            "{d:?}"
+        );
+    }
+    assert_eq!(b.device_info().name, gpus[0].name);
+    let last = gpus.len() - 1;
+    assert_eq!(b.device(last).unwrap().device_info().device.index, last);
+    assert!(matches!(
+        b.device(gpus.len()),
+        Err(BackendError::InvalidArgument { .. })
+    ));
+    b.synchronize().unwrap();
+}
+
+#[test]
+fn fresh_memory_is_poisoned_and_freed_blocks_are_reused() {
+    let Some(b) = gpu() else { return };
+    let c = b.compute();
+    let before = c.allocated_bytes().unwrap();
+    let p = c.alloc(1000).unwrap();
+    let mut bytes = vec![0u8; 1000];
+    c.copy_dtoh(&mut bytes, p).unwrap();
+    if cfg!(debug_assertions) {
+        assert!(
+            bytes.iter().all(|&x| x == 0xFF),
+            "fresh memory is not poisoned"
+        );
+    }
+    assert_eq!(c.allocated_bytes().unwrap(), before + 1000);
+    c.free(p).unwrap();
+    assert!(matches!(
+        c.free(p),
+        Err(BackendError::InvalidPointer { .. })
+    ));
+    let q = c.alloc(900).unwrap();
+    assert_eq!(
+        q, p,
+        "a freed block of the same size class should be reused"
+    );
+    c.free(q).unwrap();
+    assert_eq!(c.allocated_bytes().unwrap(), before);
+}
+
+#[test]
+fn copies_round_trip_at_odd_sizes_and_are_bounds_checked() {
+    let Some(b) = gpu() else { return };
+    let c = b.compute();
+    for n in [1usize, 7, 4099, (1 << 20) + 13] {
+        let data: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
+        let a = c.alloc(n).unwrap();
+        let d = c.alloc(n).unwrap();
+        c.copy_htod(a, &data).unwrap();
+        c.copy_dtod(d, a, n).unwrap();
+        let mut back = vec![0u8; n];
+        c.copy_dtoh(&mut back, d).unwrap();
+        assert_eq!(back, data, "n = {n}");
+        assert!(matches!(
+            c.copy_htod(a, &vec![0u8; n + 1]),
+            Err(BackendError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            c.copy_dtod(a, a, n),
+            Err(BackendError::Aliasing { .. })
+        ));
+        c.free(a).unwrap();
+        c.free(d).unwrap();
+    }
+}
+
+#[test]
+fn tf32_is_opt_in_and_stays_within_its_precision() {
+    let Some(_) = gpu() else { return };
+    let reference = Backend::reference().unwrap();
+    let (m, k, n) = (67, 129, 33);
+    let av: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
+    let bv: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 24.0)
+        .collect();
+    let want = reference
+        .from_slice(&av, &[m, k])
+        .unwrap()
+        .matmul(&reference.from_slice(&bv, &[k, n]).unwrap())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let scale = want.iter().fold(0f32, |a, &x| a.max(x.abs()));
+    for (tensor_cores, bound) in [(false, 1e-5f32), (true, 2e-2)] {
+        let g = Backend::cuda()
+            .enable_tensor_cores(tensor_cores)
+            .build()
+            .unwrap();
+        let got = g
+            .from_slice(&av, &[m, k])
+            .unwrap()
+            .matmul(&g.from_slice(&bv, &[k, n]).unwrap())
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |a, (x, y)| a.max((x - y).abs() / scale));
+        assert!(worst <= bound, "tensor cores {tensor_cores}: error {worst}");
+    }
+}
