@@ -5,7 +5,8 @@
 # (keep `gpu-bin/` in .git/info/exclude):
 #   scripts/gpu-run.sh build            # cargo test --no-run + release CLI, copies the executables into gpu-bin/
 #   scripts/gpu-run.sh run [OUT_DIR]    # on the GPU machine: finds the CUDA libraries, runs every test binary
-#                                       # with TORSH_REQUIRE=cuda, then `parity --backend cuda --json`
+#                                       # with TORSH_REQUIRE=cuda,nvrtc,cudnn, then `parity --backend cuda --json`
+#                                       # and `bench --backend cuda --json` (release build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,7 @@ for line in sys.stdin:
 # Adds the folder of the first file matching each library name to LD_LIBRARY_PATH.
 find_libraries() {
     local dirs=()
-    for lib in libcuda.so.1 libnvrtc.so libcublas.so libcublasLt.so; do
+    for lib in libcuda.so.1 libnvrtc.so libcublas.so libcublasLt.so libcudnn.so; do
         local hit
         hit="$(find / -xdev \( -name "$lib" -o -name "$lib.*" \) -not -path '/proc/*' 2>/dev/null | head -n 1 || true)"
         if [ -n "$hit" ]; then dirs+=("$(dirname "$hit")"); else echo "warning: $lib not found" >&2; fi
@@ -44,7 +45,7 @@ run() {
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$out/env.txt"
     { nvidia-smi || true; } > "$out/nvidia-smi.txt" 2>&1
     git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
-    export TORSH_REQUIRE=cuda,nvrtc RUST_BACKTRACE=1
+    export TORSH_REQUIRE=cuda,nvrtc,cudnn RUST_BACKTRACE=1
     local status=0
     for exe in gpu-bin/*; do
         case "$(basename "$exe")" in torsh-backend-cli) continue ;; esac
@@ -54,6 +55,8 @@ run() {
     done
     gpu-bin/torsh-backend-cli devices > "$out/devices.txt" 2>&1 || status=1
     gpu-bin/torsh-backend-cli parity --backend cuda --json > "$out/parity.json" 2> "$out/parity.err" || status=1
+    TORSH_COMMIT="$(cat "$out/commit.txt" 2>/dev/null || true)" \
+        gpu-bin/torsh-backend-cli bench --backend cuda --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
     grep -E "^test result|FAILED|panicked" "$out/tests.txt" || true
     return $status
 }

@@ -37,6 +37,7 @@ pub mod error;
 pub mod ops;
 pub mod rng;
 pub mod shape;
+pub mod stream;
 pub mod tensor;
 pub mod validation;
 
@@ -50,6 +51,7 @@ pub use ops::norm::BatchNormConfig;
 pub use ops::optim::AdamState;
 pub use ops::pool::Pool2dConfig;
 pub use shape::Layout;
+pub use stream::{Completion, Event, PinnedBuffer, Stream};
 pub use tensor::Tensor;
 
 /// Everything a user of the tensor API needs: `use torsh_backend::prelude::*;`.

@@ -212,3 +212,138 @@ fn tf32_is_opt_in_and_stays_within_its_precision() {
         assert!(worst <= bound, "tensor cores {tensor_cores}: error {worst}");
     }
 }
+
+/// `n` values uniform on [-1, 1) from `seed` (SplitMix64), the same on every machine.
+fn uniform(n: usize, seed: u64) -> Vec<f64> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+/// `(‖got − want‖ / ‖want‖, max |got − want| / max |want|)`; infinite when `got` has a NaN or inf.
+fn conv_errors(got: &[f64], want: &[f64]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    if got.iter().any(|x| !x.is_finite()) {
+        return (f64::INFINITY, f64::INFINITY);
+    }
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+    let diff = norm(&mut got.iter().zip(want).map(|(a, b)| a - b));
+    let worst = got
+        .iter()
+        .zip(want)
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+    (diff / norm(&mut want.iter().copied()), worst / scale)
+}
+
+/// conv2d with cuDNN (`enable_cudnn(true)`) and with the implicit-GEMM kernel (`enable_cudnn(false)`)
+/// against the reference on the same inputs: odd sizes, stride 2, padding, dilation, groups (depthwise
+/// included), bias, 1×1, in f32 (bound 1e-5: cuDNN runs FMA math with GEMM-family algorithms only) and
+/// f16 (bound 1e-2). Where cuDNN cannot be loaded both backends run the kernel, and the test says so;
+/// `TORSH_REQUIRE=cudnn` makes that a failure, and also any call cuDNN declined.
+#[test]
+fn conv2d_through_cudnn_and_the_kernel_matches_the_reference() {
+    use torsh_backend::{ConvConfig, DType};
+    let Some(_) = gpu() else { return };
+    let reference = Backend::reference().unwrap();
+    let with = Backend::cuda().enable_cudnn(true).build().unwrap();
+    let without = Backend::cuda().enable_cudnn(false).build().unwrap();
+    let cfg = |stride, padding, dilation, groups| ConvConfig {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let cases = [
+        (
+            [2, 3, 17, 13],
+            [5, 3, 3, 3],
+            cfg([2, 2], [1, 1], [1, 1], 1),
+            true,
+        ),
+        (
+            [1, 6, 11, 19],
+            [9, 2, 3, 5],
+            cfg([1, 2], [2, 1], [2, 1], 3),
+            true,
+        ),
+        (
+            [3, 4, 10, 9],
+            [4, 1, 3, 3],
+            cfg([2, 1], [1, 2], [1, 2], 4),
+            false,
+        ),
+        (
+            [2, 8, 7, 7],
+            [16, 8, 1, 1],
+            cfg([1, 1], [0, 0], [1, 1], 1),
+            true,
+        ),
+        (
+            [1, 16, 23, 29],
+            [32, 16, 3, 3],
+            cfg([1, 1], [1, 1], [1, 1], 1),
+            true,
+        ),
+        (
+            [2, 5, 8, 8],
+            [7, 5, 5, 5],
+            cfg([2, 2], [3, 3], [1, 1], 1),
+            false,
+        ),
+    ];
+    for (dtype, bound) in [(DType::F32, 1e-5), (DType::F16, 1e-2)] {
+        for (i, &(input, weight, config, has_bias)) in cases.iter().enumerate() {
+            let seed = 1000 * i as u64;
+            let xv = uniform(input.iter().product(), seed + 1);
+            let wv = uniform(weight.iter().product(), seed + 2);
+            let bv = uniform(weight[0], seed + 3);
+            let run = |b: &Backend| -> Vec<f64> {
+                let x = b.from_f64(&xv, &input, dtype).unwrap();
+                let w = b.from_f64(&wv, &weight, dtype).unwrap();
+                let bias = has_bias.then(|| b.from_f64(&bv, &[weight[0]], dtype).unwrap());
+                b.conv2d_with_bias(&x, &w, bias.as_ref(), config)
+                    .unwrap()
+                    .to_vec_f64()
+                    .unwrap()
+            };
+            let want = run(&reference);
+            for (path, b) in [("cuDNN", &with), ("kernel", &without)] {
+                let (rel, worst) = conv_errors(&run(b), &want);
+                assert!(
+                    rel <= bound && worst <= bound,
+                    "{path}, {dtype:?}, case {i} ({input:?} * {weight:?}, {config:?}, bias \
+                     {has_bias}): relative error {rel:e}, worst {worst:e} > {bound:e}"
+                );
+            }
+        }
+    }
+    let conv_path = |b: &Backend| {
+        b.device_info()
+            .details
+            .into_iter()
+            .find(|(k, _)| k == "conv2d")
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        conv_path(&without),
+        "implicit-GEMM kernel (enable_cudnn(false))"
+    );
+    let used = conv_path(&with);
+    eprintln!("conv2d with enable_cudnn(true): {used}");
+    if required("cudnn") {
+        assert!(
+            used.starts_with("cuDNN 9.") && used.contains("fell back 0"),
+            "TORSH_REQUIRE names cudnn: {used}"
+        );
+    }
+}

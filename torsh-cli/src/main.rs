@@ -1,11 +1,17 @@
-//! `torsh-backend`: list devices and check every backend against the reference.
+//! `torsh-backend`: list devices, check every backend against the reference, and benchmark.
 //!
 //! - `torsh-backend devices [--json]`: every backend kind, whether it is available here (and why not),
 //!   and each device with id, name, memory and the API that serves it.
 //! - `torsh-backend parity [--json] [--backend NAME]... [--op NAME]...`: runs the op suite on every
 //!   available backend (or those named) against the reference and prints the max relative error per op,
 //!   dtype and backend. Exits with status 1 if any result exceeds its bound or fails.
+//! - `torsh-backend bench [--backend KIND] [--op NAME]... [--quick] [--repeats N] [--json FILE]`: times
+//!   GEMM, memory-bound ops, attention, conv2d and fused Adam on one backend, beside the peers measured
+//!   in the same run (CUDA: cuBLAS); see `bench.rs`.
 
+mod bench;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -17,7 +23,7 @@ use torsh_backend::{Backend, BackendType};
 #[command(
     name = "torsh-backend",
     version,
-    about = "Devices and parity checks for torsh-backend"
+    about = "Devices, parity checks and benchmarks for torsh-backend"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -44,6 +50,27 @@ enum Command {
         #[arg(long = "op")]
         ops: Vec<String>,
     },
+    /// Time ops on one backend (GEMM, memory-bound ops, attention, conv2d, fused Adam) next to the
+    /// peers measured in the same run, and print throughput, ratio to peer and fraction of the
+    /// measured copy bandwidth.
+    Bench {
+        /// The backend to measure (cpu, cuda, reference, ...); default: the one Backend::auto() picks.
+        #[arg(long, value_name = "KIND")]
+        backend: Option<String>,
+        /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, sum, cast,
+        /// attention, conv2d, adam); repeatable.
+        #[arg(long = "op", value_name = "NAME")]
+        ops: Vec<String>,
+        /// Tiny sizes and short repeats: a smoke run (used by the tests).
+        #[arg(long)]
+        quick: bool,
+        /// Repeats per case; the median is reported.
+        #[arg(long, value_name = "N", default_value_t = 5)]
+        repeats: usize,
+        /// Also write every result as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -54,6 +81,19 @@ fn main() -> ExitCode {
             backends,
             ops,
         } => parity(json, &backends, &ops),
+        Command::Bench {
+            backend,
+            ops,
+            quick,
+            repeats,
+            json,
+        } => bench::run(bench::Options {
+            backend,
+            ops,
+            quick,
+            repeats,
+            json,
+        }),
     }
 }
 

@@ -108,3 +108,130 @@ fn parity_fails_on_a_required_backend_that_is_missing_and_on_bad_arguments() {
             || cfg!(target_vendor = "apple")
     );
 }
+
+#[test]
+fn bench_measures_every_section_on_the_reference_and_writes_json() {
+    let path = std::env::temp_dir().join(format!("torsh-bench-{}.json", std::process::id()));
+    let out = run(
+        &[
+            "bench",
+            "--backend",
+            "reference",
+            "--quick",
+            "--json",
+            path.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "GEMM",
+        "Memory-bound",
+        "Attention",
+        "Conv2d",
+        "Fused Adam",
+        "median",
+        "GFLOP/s",
+        "GB/s",
+        "peers: none yet on this backend",
+        "0 failed",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from\n{text}");
+    }
+    let written = std::fs::read(&path).expect("the JSON file is written");
+    std::fs::remove_file(&path).ok();
+    let doc: Value = serde_json::from_slice(&written).expect("the JSON file parses");
+    assert_eq!(doc["backend"], "reference");
+    assert!(doc["device"]["name"].as_str().is_some());
+    assert!(doc["ceiling"]["copy_gbps"]
+        .as_f64()
+        .is_some_and(|g| g > 0.0));
+    let rows = doc["results"].as_array().expect("a results array");
+    for op in [
+        "matmul",
+        "memcpy",
+        "copy",
+        "add",
+        "mul",
+        "exp",
+        "gelu",
+        "softmax",
+        "layer_norm",
+        "sum",
+        "cast",
+        "attention",
+        "conv2d",
+        "adam",
+    ] {
+        assert!(rows.iter().any(|r| r["op"] == op), "{op} missing");
+    }
+    for dtype in ["f32", "f64", "f16", "bf16"] {
+        assert!(rows
+            .iter()
+            .any(|r| r["op"] == "matmul" && r["dtype"] == dtype));
+    }
+    for r in rows {
+        assert!(r["error"].is_null(), "{r}");
+        let (min, median, max) = (
+            r["min_s"].as_f64().unwrap(),
+            r["median_s"].as_f64().unwrap(),
+            r["max_s"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= median && median <= max, "{r}");
+        assert!(r["throughput"].as_f64().is_some_and(|t| t > 0.0), "{r}");
+        assert!(r["peer"].is_null(), "{r}");
+        if r["section"] == "memory" {
+            assert!(r["bytes"].as_f64().is_some_and(|b| b > 0.0), "{r}");
+            assert!(
+                r["fraction_of_ceiling"].as_f64().is_some_and(|f| f > 0.0),
+                "{r}"
+            );
+        } else {
+            assert!(
+                r["flops"].as_f64().is_some_and(|f| f > 0.0) || r["op"] == "adam",
+                "{r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bench_selects_ops_and_rejects_bad_arguments() {
+    let out = run(
+        &["bench", "--backend", "cpu", "--quick", "--op", "matmul"],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("bench on cpu") && text.contains("GEMM"),
+        "{text}"
+    );
+    assert!(text.contains("matmul") && text.contains("bf16"), "{text}");
+    assert!(
+        !text.contains("softmax") && !text.contains("Attention"),
+        "{text}"
+    );
+    for bad in [
+        &["bench", "--op", "nonsense", "--quick"][..],
+        &["bench", "--backend", "nonsense", "--quick"],
+        &["bench", "--repeats", "0", "--quick"],
+    ] {
+        assert_eq!(run(bad, &[]).status.code(), Some(2), "{bad:?}");
+    }
+    assert!(
+        !run(&["bench", "--backend", "metal", "--quick"], &[])
+            .status
+            .success()
+            || cfg!(target_vendor = "apple")
+    );
+}

@@ -13,12 +13,14 @@
 pub mod access;
 pub mod allocations;
 pub mod desc;
+pub mod stream;
 
 use std::fmt::Debug;
 
 pub use access::{Access, Accesses, InPlace, Region};
 pub use allocations::AllocationTable;
 pub use desc::*;
+pub use stream::{EventId, HostBuffer, PageableBuffer, StreamId};
 
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
@@ -160,4 +162,89 @@ pub trait ComputeBackend: Send + Sync + Debug {
 
     /// Random fill; see [`RandomDesc`].
     fn random(&self, desc: &RandomDesc) -> Result<()>;
+
+    // ----- Streams, events and page-locked memory (see [`stream`]) -------------------------------
+    //
+    // The provided bodies suit backends whose ops complete before they return: every stream is then
+    // ordered with every other, and an event is complete as soon as it is recorded.
+
+    /// A new stream. Device backends may hand out streams from a fixed pool, round-robin.
+    fn create_stream(&self) -> Result<StreamId> {
+        Ok(StreamId(1))
+    }
+
+    /// Makes `stream` the one this thread's ops on this backend use, returning the previous one.
+    /// `InvalidArgument` for a stream this backend did not create.
+    fn set_current_stream(&self, stream: StreamId) -> Result<StreamId> {
+        let _ = stream;
+        Ok(StreamId::DEFAULT)
+    }
+
+    /// Records an event on this thread's current stream.
+    fn record_event(&self) -> Result<EventId> {
+        Ok(EventId(0))
+    }
+
+    /// Makes this thread's current stream wait (on the device, without blocking the host) until
+    /// `event` has completed.
+    fn wait_event(&self, event: EventId) -> Result<()> {
+        let _ = event;
+        Ok(())
+    }
+
+    /// Whether the work before `event` has completed.
+    fn event_complete(&self, event: EventId) -> Result<bool> {
+        let _ = event;
+        Ok(true)
+    }
+
+    /// Blocks until `event` has completed.
+    fn event_synchronize(&self, event: EventId) -> Result<()> {
+        let _ = event;
+        Ok(())
+    }
+
+    /// Milliseconds of device time between two completed events, where the backend can time them;
+    /// `FeatureUnavailable` otherwise.
+    fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
+        let _ = (start, end);
+        Err(BackendError::FeatureUnavailable {
+            feature: "event timing",
+            reason: format!(
+                "{} ops complete before they return; time them on the host",
+                self.name()
+            ),
+        })
+    }
+
+    /// Releases an event. Unknown ids are `InvalidArgument`.
+    fn destroy_event(&self, event: EventId) -> Result<()> {
+        let _ = event;
+        Ok(())
+    }
+
+    /// `bytes` of host memory for asynchronous copies: page-locked where the device has such memory,
+    /// ordinary memory otherwise. `OutOfMemory` when it cannot be had.
+    fn alloc_host(&self, bytes: usize) -> Result<Box<dyn HostBuffer>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(bytes)
+            .map_err(|_| BackendError::OutOfMemory {
+                requested: bytes,
+                available: 0,
+            })?;
+        v.resize(bytes, 0);
+        Ok(Box::new(PageableBuffer(v)))
+    }
+
+    /// Enqueues a copy of `src` to device memory at `dst` on the current stream. The caller keeps `src`
+    /// alive and unchanged until an event recorded after this call completes.
+    fn copy_htod_async(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.copy_htod(dst, src)
+    }
+
+    /// Enqueues a copy of device memory at `src` into `dst` on the current stream. The caller keeps
+    /// `dst` alive and does not read it until an event recorded after this call completes.
+    fn copy_dtoh_async(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        self.copy_dtoh(dst, src)
+    }
 }

@@ -245,8 +245,9 @@ pub fn run_all(targets: &[Backend]) -> Result<Vec<ParityResult>> {
 }
 
 /// Names in `TORSH_REQUIRE` that are not backends: `nvrtc` requires the CUDA kernel compile check of
-/// `tests/cuda.rs`, which needs only NVRTC and no GPU.
-pub const REQUIRE_TOKENS: &[&str] = &["nvrtc"];
+/// `tests/cuda.rs` (which needs only NVRTC, no GPU); `cudnn` requires cuDNN to serve every conv2d of
+/// the cuDNN test there.
+pub const REQUIRE_TOKENS: &[&str] = &["nvrtc", "cudnn"];
 
 /// Backend kinds named in `TORSH_REQUIRE` (comma-separated; names that are neither a backend nor one of
 /// [`REQUIRE_TOKENS`] are an error).

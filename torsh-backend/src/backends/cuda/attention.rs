@@ -82,7 +82,7 @@ pub(crate) fn attention(gpu: &Gpu, d: &AttentionDesc) -> Result<()> {
         .checked_mul(d.heads)
         .ok_or_else(|| BackendError::overflow(OP, "batch · heads overflows"))?;
     let plan = plan(heads, d.seq_q, d.head_dim)?;
-    let f = gpu.function("attention", &entry_name(plan.width, d.dtype))?;
+    let f = gpu.function_for("attention", d.dtype, &entry_name(plan.width, d.dtype))?;
     let (bh, sq, skv, dim) = (
         to_i64(OP, heads)?,
         to_i64(OP, d.seq_q)?,

@@ -138,8 +138,13 @@ fn flip(t: Transpose) -> Transpose {
     }
 }
 
-fn lock(blas: &Blas) -> std::sync::MutexGuard<'_, sys::cublasHandle_t> {
-    blas.handle.lock().unwrap_or_else(|e| e.into_inner())
+/// The handle, locked and bound to this thread's current stream.
+fn lock(gpu: &Gpu) -> Result<std::sync::MutexGuard<'_, sys::cublasHandle_t>> {
+    let handle = gpu.blas.handle.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: a live handle and a live stream of the bound context.
+    unsafe { blas::set_stream(*handle, gpu.stream().cu_stream() as sys::cudaStream_t) }
+        .map_err(|e| blas_error("cublasSetStream", e))?;
+    Ok(handle)
 }
 
 /// `C = alpha·op(A)·op(B) + beta·C`, column-major; regions already checked.
@@ -150,7 +155,7 @@ pub(crate) fn gemm(gpu: &Gpu, d: &GemmDesc) -> Result<()> {
     let name = "gemm";
     let (dt, compute, scalars) = types(&gpu.blas, d.dtype, d.alpha, d.beta)?;
     let (alpha, beta) = scalars.ptrs();
-    let handle = lock(&gpu.blas);
+    let handle = lock(gpu)?;
     // SAFETY: every region was checked against live allocations by the caller; sizes fit cuBLAS's
     // 32-bit parameters (checked here); scalars outlive the call (host pointer mode is synchronous
     // in reading them).
@@ -198,7 +203,7 @@ pub(crate) fn batched_gemm(gpu: &Gpu, d: &BatchedGemmDesc) -> Result<()> {
     } else {
         (stride(d.stride_a)?, stride(d.stride_b)?)
     };
-    let handle = lock(&gpu.blas);
+    let handle = lock(gpu)?;
     // SAFETY: as in `gemm`; the descriptor's regions cover every batch.
     unsafe {
         blas::gemm_strided_batched_ex(

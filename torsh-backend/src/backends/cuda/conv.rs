@@ -210,7 +210,7 @@ pub(crate) fn conv2d(gpu: &Gpu, d: &Conv2dDesc) -> Result<()> {
         return Ok(());
     }
     let params = ConvParams::new(d)?;
-    let f = gpu.function("conv", &format!("conv2d_{}", suffix(d.dtype)))?;
+    let f = gpu.function_for("conv", d.dtype, &format!("conv2d_{}", suffix(d.dtype)))?;
     let bias = d.bias.map_or(0u64, |b| b.0);
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&d.input.0)

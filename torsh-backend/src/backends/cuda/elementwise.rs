@@ -1,5 +1,8 @@
-//! Host side of the elementwise kernels (`kernels/elementwise.cu`): unary and binary math, fill, cast,
-//! strided copy and random fill, with the reference backend's semantics.
+//! Host side of the elementwise kernels: unary and binary math, fill, cast, strided copy and random fill,
+//! with the reference backend's semantics. The kernels are five modules (`kernels/<module>.cu`), so the
+//! first op of a kind compiles only its own kernels: `unary`, `binary`, `cast` and `random`, each
+//! loaded per dtype (the variant of a cast is its source dtype), and `copy` (fill and strided copy by
+//! element width), loaded whole.
 //!
 //! - Unary and binary ops compute in the dtype's accumulator (f64 for f64, f32 otherwise) with the
 //!   formulas of `reference/math.rs`; the op travels as an `i32` code ([`unary_code`], [`binary_code`]).
@@ -25,9 +28,6 @@ use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::Layout;
 
-/// The kernel module (`kernels/elementwise.cu`).
-const MODULE: &str = "elementwise";
-
 /// `output[i] = op(input[i])` in the dtype's accumulator.
 pub(crate) fn unary(gpu: &Gpu, d: &UnaryDesc) -> Result<()> {
     const OP: &str = "unary";
@@ -38,7 +38,7 @@ pub(crate) fn unary(gpu: &Gpu, d: &UnaryDesc) -> Result<()> {
     check_aligned(OP, d.dtype, &[d.input.ptr, d.output])?;
     let (shape, [xs]) = coalesce(OP, [&d.input.layout])?;
     let x = strided_arg(OP, &shape, xs, &d.input)?;
-    let f = kernel(gpu, &format!("unary_{}", suffix(d.dtype)))?;
+    let f = kernel(gpu, unary_entry(d.dtype))?;
     let n = to_i64(OP, numel)?;
     let code = unary_code(d.op);
     let mut b = gpu.stream().launch_builder(&f);
@@ -64,7 +64,7 @@ pub(crate) fn binary(gpu: &Gpu, d: &BinaryDesc) -> Result<()> {
     let (shape, [ls, rs]) = coalesce(OP, [&d.lhs.layout, &d.rhs.layout])?;
     let lhs = strided_arg(OP, &shape, ls, &d.lhs)?;
     let rhs = strided_arg(OP, &shape, rs, &d.rhs)?;
-    let f = kernel(gpu, &format!("binary_{}", suffix(d.dtype)))?;
+    let f = kernel(gpu, binary_entry(d.dtype))?;
     let n = to_i64(OP, numel)?;
     let code = binary_code(d.op);
     let mut b = gpu.stream().launch_builder(&f);
@@ -88,7 +88,7 @@ pub(crate) fn fill(gpu: &Gpu, d: &FillDesc) -> Result<()> {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.ptr])?;
-    let f = kernel(gpu, &format!("fill_{}", width_suffix(d.dtype)))?;
+    let f = kernel(gpu, fill_entry(d.dtype))?;
     let n = to_i64(OP, d.len)?;
     let bits = fill_bits(d.dtype, d.value);
     let mut b = gpu.stream().launch_builder(&f);
@@ -109,7 +109,7 @@ pub(crate) fn copy_strided(gpu: &Gpu, d: &CopyDesc) -> Result<()> {
     let (shape, [ss, ds]) = coalesce(OP, [&d.src.layout, &d.dst.layout])?;
     let src = strided_arg(OP, &shape, ss, &d.src)?;
     let dst = strided_arg(OP, &shape, ds, &d.dst)?;
-    let f = kernel(gpu, &format!("copy_{}", width_suffix(d.dtype)))?;
+    let f = kernel(gpu, copy_entry(d.dtype))?;
     let n = to_i64(OP, numel)?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&d.src.ptr.0)
@@ -131,7 +131,7 @@ pub(crate) fn random(gpu: &Gpu, d: &RandomDesc) -> Result<()> {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.ptr])?;
-    let f = kernel(gpu, &format!("random_{}", suffix(d.dtype)))?;
+    let f = kernel(gpu, random_entry(d.dtype))?;
     let n = to_i64(OP, d.len)?;
     let (dist, a, b_param) = distribution_args(d.distribution);
     let mut b = gpu.stream().launch_builder(&f);
@@ -158,7 +158,7 @@ pub(crate) fn cast(gpu: &Gpu, d: &CastDesc) -> Result<()> {
     check_aligned(OP, d.dst_dtype, &[d.output])?;
     let (shape, [xs]) = coalesce(OP, [&d.input.layout])?;
     let x = strided_arg(OP, &shape, xs, &d.input)?;
-    let f = kernel(gpu, &cast_entry(d.src_dtype, d.dst_dtype))?;
+    let f = kernel(gpu, cast_entry(d.src_dtype, d.dst_dtype))?;
     let n = to_i64(OP, numel)?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&d.input.ptr.0).arg(&x).arg(&d.output.0).arg(&n);
@@ -168,12 +168,50 @@ pub(crate) fn cast(gpu: &Gpu, d: &CastDesc) -> Result<()> {
     Ok(())
 }
 
-/// Kernel `name` of this module.
-fn kernel(gpu: &Gpu, name: &str) -> Result<CudaFunction> {
-    gpu.function(MODULE, name)
+/// Where a kernel lives: its module, the variant to load (`Some(dtype)`: the module compiled for that
+/// dtype only; `None`: the full module) and its entry point.
+type Entry = (&'static str, Option<DType>, String);
+
+/// Loads the kernel at `entry`.
+fn kernel(gpu: &Gpu, (module, variant, name): Entry) -> Result<CudaFunction> {
+    match variant {
+        Some(dtype) => gpu.function_for(module, dtype, &name),
+        None => gpu.function(module, &name),
+    }
 }
 
-/// The code of `op` in `elementwise.cu` (`UNARY_*`).
+/// `unary_<dtype>` in `unary.cu`.
+fn unary_entry(dtype: DType) -> Entry {
+    ("unary", Some(dtype), format!("unary_{}", suffix(dtype)))
+}
+
+/// `binary_<dtype>` in `binary.cu`.
+fn binary_entry(dtype: DType) -> Entry {
+    ("binary", Some(dtype), format!("binary_{}", suffix(dtype)))
+}
+
+/// `random_<dtype>` in `random.cu`.
+fn random_entry(dtype: DType) -> Entry {
+    ("random", Some(dtype), format!("random_{}", suffix(dtype)))
+}
+
+/// `cast_<src>_<dst>` in `cast.cu`, in the variant of its source dtype.
+fn cast_entry(src: DType, dst: DType) -> Entry {
+    let name = format!("cast_{}_{}", suffix(src), suffix(dst));
+    ("cast", Some(src), name)
+}
+
+/// `fill_<width>` in `copy.cu` (no dtype variants).
+fn fill_entry(dtype: DType) -> Entry {
+    ("copy", None, format!("fill_{}", width_suffix(dtype)))
+}
+
+/// `copy_<width>` in `copy.cu` (no dtype variants).
+fn copy_entry(dtype: DType) -> Entry {
+    ("copy", None, format!("copy_{}", width_suffix(dtype)))
+}
+
+/// The code of `op` in `unary.cu` (`UNARY_*`).
 fn unary_code(op: UnaryOp) -> i32 {
     match op {
         UnaryOp::Neg => 0,
@@ -196,7 +234,7 @@ fn unary_code(op: UnaryOp) -> i32 {
     }
 }
 
-/// The code of `op` in `elementwise.cu` (`BINARY_*`).
+/// The code of `op` in `binary.cu` (`BINARY_*`).
 fn binary_code(op: BinaryOp) -> i32 {
     match op {
         BinaryOp::Add => 0,
@@ -215,11 +253,6 @@ fn distribution_args(d: Distribution) -> (i32, f64, f64) {
         Distribution::Uniform { low, high } => (0, low, high),
         Distribution::Normal { mean, std } => (1, mean, std),
     }
-}
-
-/// The entry point converting `src` to `dst`: `cast_<src>_<dst>`.
-fn cast_entry(src: DType, dst: DType) -> String {
-    format!("cast_{}_{}", suffix(src), suffix(dst))
 }
 
 /// The suffix of the width-generic kernels (`fill_*`, `copy_*`) for `dtype`'s element size.
@@ -320,10 +353,9 @@ fn strided_arg(
 mod tests {
     use super::*;
 
-    /// The `#define <prefix><NAME> <code>` lines of the kernel source.
-    fn defines(prefix: &str) -> Vec<(String, i32)> {
-        include_str!("kernels/elementwise.cu")
-            .lines()
+    /// The `#define <prefix><NAME> <code>` lines of the kernel source `src`.
+    fn defines(src: &str, prefix: &str) -> Vec<(String, i32)> {
+        src.lines()
             .filter_map(|l| l.strip_prefix("#define "))
             .filter_map(|l| l.strip_prefix(prefix))
             .filter_map(|l| {
@@ -337,13 +369,13 @@ mod tests {
 
     #[test]
     fn unary_codes_match_the_kernel_source() {
-        let table = defines("UNARY_");
+        let table = defines(include_str!("kernels/unary.cu"), "UNARY_");
         assert_eq!(table.len(), UnaryOp::ALL.len());
         for &op in UnaryOp::ALL {
             let name = op.name().to_uppercase();
             assert!(
                 table.contains(&(name.clone(), unary_code(op))),
-                "UNARY_{name} is not {} in elementwise.cu",
+                "UNARY_{name} is not {} in unary.cu",
                 unary_code(op)
             );
         }
@@ -351,7 +383,7 @@ mod tests {
 
     #[test]
     fn binary_codes_match_the_kernel_source() {
-        let table = defines("BINARY_");
+        let table = defines(include_str!("kernels/binary.cu"), "BINARY_");
         assert_eq!(table.len(), BinaryOp::ALL.len());
         for &op in BinaryOp::ALL {
             let name = op.name().to_uppercase();
@@ -364,7 +396,7 @@ mod tests {
 
     #[test]
     fn distribution_codes_match_the_kernel_source() {
-        let table = defines("RANDOM_");
+        let table = defines(include_str!("kernels/random.cu"), "RANDOM_");
         let uniform = distribution_args(Distribution::Uniform {
             low: -1.0,
             high: 2.0,
@@ -383,9 +415,12 @@ mod tests {
     fn cast_entries_cover_every_pair_once() {
         let mut names: Vec<String> = DType::ALL
             .iter()
-            .flat_map(|&s| DType::ALL.iter().map(move |&d| cast_entry(s, d)))
+            .flat_map(|&s| DType::ALL.iter().map(move |&d| cast_entry(s, d).2))
             .collect();
-        assert_eq!(cast_entry(DType::F16, DType::U8), "cast_f16_u8");
+        assert_eq!(
+            cast_entry(DType::F16, DType::U8),
+            ("cast", Some(DType::F16), "cast_f16_u8".to_string())
+        );
         names.sort();
         names.dedup();
         assert_eq!(names.len(), 49);
@@ -492,31 +527,46 @@ mod tests {
         assert_eq!(1.0 / 9_007_199_254_740_992.0, 1.0 / (1u64 << 53) as f64);
     }
 
+    /// Every entry point the host fetches, by (module, variant), compiled as the backend compiles it:
+    /// each kernel must be in the variant it is fetched from.
     #[test]
-    fn every_entry_point_is_in_the_compiled_module() {
-        let ptx = match super::super::kernels::compile(MODULE, "compute_80") {
-            Ok(p) => p.to_src(),
-            Err(BackendError::Unavailable { reason, .. }) => {
-                eprintln!("skipped: {reason}");
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        };
-        let mut names: Vec<String> = Vec::new();
-        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
-            for op in ["unary", "binary", "random"] {
-                names.push(format!("{op}_{}", suffix(dtype)));
-            }
-        }
+    fn every_entry_point_is_in_the_variant_it_is_fetched_from() {
+        let mut entries: Vec<Entry> = Vec::new();
         for s in DType::ALL {
-            names.push(format!("fill_{}", width_suffix(s)));
-            names.push(format!("copy_{}", width_suffix(s)));
-            for d in DType::ALL {
-                names.push(cast_entry(s, d));
+            if s.is_float() {
+                entries.extend([unary_entry(s), binary_entry(s), random_entry(s)]);
             }
+            entries.extend([fill_entry(s), copy_entry(s)]);
+            entries.extend(DType::ALL.iter().map(|&d| cast_entry(s, d)));
         }
-        for name in names {
-            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+        let mut modules: Vec<(&str, Option<DType>)> = entries.iter().map(|e| (e.0, e.1)).collect();
+        modules.sort();
+        modules.dedup();
+        for (module, variant) in modules {
+            let ptx = match super::super::kernels::compile(module, variant, "compute_80") {
+                Ok(p) => p.to_src(),
+                Err(BackendError::Unavailable { reason, .. }) => {
+                    eprintln!("skipped: {reason}");
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            // Exactly the kernels fetched from this variant: a per-dtype variant holds no other
+            // dtype's kernels.
+            let mut wanted: Vec<&str> = entries
+                .iter()
+                .filter(|e| (e.0, e.1) == (module, variant))
+                .map(|e| e.2.as_str())
+                .collect();
+            wanted.sort();
+            wanted.dedup();
+            let mut found: Vec<&str> = ptx
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+                .filter_map(|l| l.split('(').next())
+                .collect();
+            found.sort();
+            assert_eq!(found, wanted, "{module} {variant:?}");
         }
     }
 }

@@ -107,6 +107,127 @@ pub(crate) fn cublas() -> Result<(), String> {
         .clone()
 }
 
+/// Every cuDNN entry point `cudnn.rs` calls. The probe checks them all, so no call can panic on a
+/// missing symbol later.
+const CUDNN_SYMBOLS: &[&str] = &[
+    "cudnnGetVersion",
+    "cudnnGetCudartVersion",
+    "cudnnGetErrorString",
+    "cudnnCreate",
+    "cudnnDestroy",
+    "cudnnSetStream",
+    "cudnnCreateTensorDescriptor",
+    "cudnnSetTensor4dDescriptor",
+    "cudnnDestroyTensorDescriptor",
+    "cudnnCreateFilterDescriptor",
+    "cudnnSetFilter4dDescriptor",
+    "cudnnDestroyFilterDescriptor",
+    "cudnnCreateConvolutionDescriptor",
+    "cudnnSetConvolution2dDescriptor",
+    "cudnnSetConvolutionGroupCount",
+    "cudnnSetConvolutionMathType",
+    "cudnnDestroyConvolutionDescriptor",
+    "cudnnGetConvolution2dForwardOutputDim",
+    "cudnnGetConvolutionForwardAlgorithm_v7",
+    "cudnnGetConvolutionForwardWorkspaceSize",
+    "cudnnConvolutionForward",
+    "cudnnAddTensor",
+];
+
+/// A cuDNN entry point without arguments returning a status.
+type CudnnCheck = unsafe fn() -> cudarc::cudnn::sys::cudnnStatus_t;
+
+/// Sub-library checks cuDNN 9 offers (`cudnnOpsVersionCheck`, `cudnnCnnVersionCheck`): called when
+/// exported, and a failure means the convolution sub-libraries are missing or of another version.
+const CUDNN_VERSION_CHECKS: &[(&str, CudnnCheck)] = &[
+    (
+        "cudnnOpsVersionCheck",
+        cudarc::cudnn::sys::cudnnOpsVersionCheck,
+    ),
+    (
+        "cudnnCnnVersionCheck",
+        cudarc::cudnn::sys::cudnnCnnVersionCheck,
+    ),
+];
+
+/// cuDNN as `major.minor.patch` from `cudnnGetVersion` (9.x encodes `major·10000 + minor·100 + patch`,
+/// 8.x and older `major·1000 + minor·100 + patch`), with whether it is a 9.x release.
+fn cudnn_version(v: usize) -> (String, bool) {
+    if v >= 90_000 {
+        let text = format!("{}.{}.{}", v / 10_000, v % 10_000 / 100, v % 100);
+        (text, v < 100_000)
+    } else {
+        (
+            format!("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100),
+            false,
+        )
+    }
+}
+
+/// cuDNN present in version 9 with every entry point the convolution path needs: its version as
+/// `"9.21.0 (built for CUDA 13.0)"`, or why it cannot be used. cuDNN is optional: without it conv2d
+/// runs this backend's own kernel, so this is not part of [`unavailable_reason`].
+pub(crate) fn cudnn() -> Result<&'static str, String> {
+    static PROBE: OnceLock<Result<String, String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            // SAFETY: only `dlopen` attempts.
+            if !unsafe { cudarc::cudnn::sys::is_culib_present() } {
+                return Err(
+                    "cuDNN (libcudnn.so.9) was not found: install cuDNN 9 or `pip install \
+                     nvidia-cudnn-cu13` (or -cu12, matching the driver), and put the folder holding \
+                     the library on LD_LIBRARY_PATH"
+                        .into(),
+                );
+            }
+            guarded("probing cuDNN", cudnn_checks)?
+        })
+        .as_ref()
+        .map(String::as_str)
+        .map_err(Clone::clone)
+}
+
+/// The symbol, version and sub-library checks of [`cudnn`], once the library is known to open.
+fn cudnn_checks() -> Result<String, String> {
+    use cudarc::cudnn::sys;
+    // SAFETY: the library opens (checked by the caller), so `culib` does not panic; looking a symbol
+    // up has no side effect.
+    let lib = unsafe { sys::culib() };
+    // SAFETY: as above; the function pointer type is never called through.
+    let has = |name: &str| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_ok();
+    if let Some(missing) = CUDNN_SYMBOLS.iter().find(|name| !has(name)) {
+        return Err(format!(
+            "the cuDNN library found lacks `{missing}`: it is not a cuDNN 9 release"
+        ));
+    }
+    // SAFETY: both symbols exist (checked above); they take no arguments.
+    let (version, cudart) = unsafe { (sys::cudnnGetVersion(), sys::cudnnGetCudartVersion()) };
+    let (version, is_9) = cudnn_version(version);
+    if !is_9 {
+        return Err(format!(
+            "cuDNN {version} was found, but this backend needs cuDNN 9"
+        ));
+    }
+    for (name, check) in CUDNN_VERSION_CHECKS {
+        if has(name) {
+            // SAFETY: the symbol exists; the call takes no arguments and only compares versions.
+            let status = unsafe { check() };
+            if status != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+                return Err(format!(
+                    "cuDNN {version}: {name} failed with status {} (its convolution sub-libraries \
+                     are missing or of another version)",
+                    status as u32
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "{version} (built for CUDA {}.{})",
+        cudart / 1000,
+        cudart % 1000 / 10
+    ))
+}
+
 /// Why the CUDA backend cannot run here, or `None` when driver, device, NVRTC and cuBLAS are all present.
 pub(crate) fn unavailable_reason() -> Option<String> {
     driver()
@@ -139,4 +260,25 @@ pub(crate) fn describe(e: drv::DriverError) -> String {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     format!("{name}: {text}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cudnn_versions_decode_both_encodings() {
+        assert_eq!(cudnn_version(92_100), ("9.21.0".to_string(), true));
+        assert_eq!(cudnn_version(90_001), ("9.0.1".to_string(), true));
+        assert_eq!(cudnn_version(8907), ("8.9.7".to_string(), false));
+        assert_eq!(cudnn_version(100_200), ("10.2.0".to_string(), false));
+    }
+
+    #[test]
+    fn a_missing_cudnn_is_a_reason_not_a_panic() {
+        match cudnn() {
+            Ok(version) => assert!(version.starts_with("9."), "{version}"),
+            Err(reason) => assert!(reason.contains("cuDNN"), "{reason}"),
+        }
+    }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use cudarc::driver::{result as drv, sys};
+use cudarc::driver::{result as drv, sys, CudaEvent};
 
 use crate::compute::{AllocationTable, DevicePtr};
 use crate::error::{BackendError, Result};
@@ -29,8 +29,8 @@ pub(crate) struct DeviceMemory {
     pub table: AllocationTable,
     /// Rounded size of each live block.
     block_sizes: HashMap<u64, usize>,
-    /// Freed blocks by rounded size.
-    cached: BTreeMap<usize, Vec<u64>>,
+    /// Freed blocks by rounded size, each with the events that must complete before it is reused.
+    cached: BTreeMap<usize, Vec<(u64, Vec<CudaEvent>)>>,
     /// Bytes held in `cached`.
     cached_bytes: usize,
 }
@@ -56,11 +56,16 @@ impl DeviceMemory {
         Ok(DevicePtr(ptr))
     }
 
-    /// Returns `ptr` (an allocation's base) to the cache. `InvalidPointer` for anything else.
-    pub(crate) fn free(&mut self, ptr: DevicePtr) -> Result<()> {
+    /// Returns `ptr` (an allocation's base) to the cache; it is reused only after every event in
+    /// `fences` has completed (work on other streams that may still use it). `InvalidPointer` for
+    /// anything but a live allocation's base.
+    pub(crate) fn free(&mut self, ptr: DevicePtr, fences: Vec<CudaEvent>) -> Result<()> {
         self.table.remove(ptr)?;
         let rounded = self.block_sizes.remove(&ptr.0).unwrap_or(ROUNDING);
-        self.cached.entry(rounded).or_default().push(ptr.0);
+        self.cached
+            .entry(rounded)
+            .or_default()
+            .push((ptr.0, fences));
         self.cached_bytes += rounded;
         Ok(())
     }
@@ -75,11 +80,20 @@ impl DeviceMemory {
         self.cached_bytes
     }
 
+    /// The smallest cached block that fits `rounded` (wasting at most a quarter of it) and whose
+    /// fences have all completed.
     fn take_cached(&mut self, rounded: usize) -> Option<u64> {
         let limit = rounded.saturating_add(rounded / 4);
-        let (&size, _) = self.cached.range(rounded..=limit).next()?;
+        let ready =
+            |fences: &Vec<CudaEvent>| fences.iter().all(|e| e.try_is_complete().unwrap_or(false));
+        let (size, index) = self
+            .cached
+            .range(rounded..=limit)
+            .find_map(|(&size, list)| {
+                list.iter().rposition(|(_, f)| ready(f)).map(|i| (size, i))
+            })?;
         let list = self.cached.get_mut(&size)?;
-        let ptr = list.pop()?;
+        let (ptr, _) = list.swap_remove(index);
         if list.is_empty() {
             self.cached.remove(&size);
         }
@@ -113,7 +127,12 @@ impl DeviceMemory {
     /// work that used those blocks may still be running (cuMemFree synchronises the device itself).
     pub(crate) fn release_cache(&mut self) -> Result<()> {
         for (size, list) in std::mem::take(&mut self.cached) {
-            for ptr in list {
+            for (ptr, fences) in list {
+                for fence in fences {
+                    fence
+                        .synchronize()
+                        .map_err(|e| super::driver_error("cuEventSynchronize", e))?;
+                }
                 self.cached_bytes -= size;
                 // SAFETY: `ptr` came from cuMemAlloc and is not live.
                 unsafe { drv::free_sync(ptr) }.map_err(|e| super::driver_error("cuMemFree", e))?;

@@ -1,5 +1,5 @@
 //! The CUDA backend: cudarc's driver API loaded at run time, kernels of our own compiled by NVRTC,
-//! cuBLAS for GEMM.
+//! cuBLAS for GEMM, and cuDNN for conv2d where it can be loaded (optional: `cudnn.rs`).
 //!
 //! Nothing of CUDA is needed to build: the driver, NVRTC and cuBLAS are opened with `dlopen` when a CUDA
 //! backend is first asked for, and their absence is an `Unavailable` error with the reason
@@ -13,6 +13,7 @@
 mod attention;
 mod blas;
 mod conv;
+mod cudnn;
 mod device;
 mod elementwise;
 pub mod kernels;
@@ -21,10 +22,12 @@ pub(crate) mod loader;
 mod memory;
 mod norm;
 mod optim;
+mod pinned;
 mod pool;
 mod reduce;
+mod streams;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::{result as drv, sys, CudaContext, CudaStream, DriverError, LaunchConfig};
 
@@ -69,8 +72,11 @@ pub struct CudaBackend {
 /// Everything an initialised backend holds. Op files receive `&Gpu`.
 #[derive(Debug)]
 pub(crate) struct Gpu {
+    /// cuDNN for conv2d, created by the first conv2d when `options.cudnn` (`Err`: why it cannot
+    /// serve). Declared first so that it is destroyed before the streams it was bound to.
+    cudnn: OnceLock<std::result::Result<cudnn::Cudnn, String>>,
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    streams: streams::Streams,
     props: GpuProperties,
     options: CudaOptions,
     kernels: KernelCache,
@@ -81,18 +87,32 @@ pub(crate) struct Gpu {
 }
 
 impl Gpu {
-    /// The backend's stream.
+    /// The stream this thread's ops go to: the default stream unless the thread made another
+    /// current (see `streams.rs`).
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        self.streams.current()
     }
 
-    /// Kernel `function` of module `module`.
+    /// Kernel `function` of module `module`, from the full module (every dtype): for modules whose
+    /// kernels take no dtype (`copy`).
     pub(crate) fn function(
         &self,
         module: &'static str,
         function: &str,
     ) -> Result<cudarc::driver::CudaFunction> {
-        self.kernels.function(module, function)
+        self.kernels.function(module, None, function)
+    }
+
+    /// Kernel `function` of module `module` compiled for `dtype` only (`-DTORSH_ONLY_<DTYPE>`), so
+    /// the first use of a dtype compiles just that dtype's entry points. `function` must be one of
+    /// `dtype`'s entry points (for a cast: one from `dtype`).
+    pub(crate) fn function_for(
+        &self,
+        module: &'static str,
+        dtype: DType,
+        function: &str,
+    ) -> Result<cudarc::driver::CudaFunction> {
+        self.kernels.function(module, Some(dtype), function)
     }
 
     /// A 1-D grid-stride launch over `n` items.
@@ -109,6 +129,27 @@ impl Gpu {
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver_error("binding the CUDA context", e))
+    }
+
+    /// cuDNN, or `None` when the backend was built with `enable_cudnn(false)` or cuDNN cannot serve
+    /// (missing, or its handle could not be created). The handle is created on first use; the caller
+    /// has bound the context.
+    fn cudnn(&self) -> Option<&cudnn::Cudnn> {
+        if !self.options.cudnn {
+            return None;
+        }
+        self.cudnn
+            .get_or_init(|| cudnn::Cudnn::new(self.options.tensor_cores))
+            .as_ref()
+            .ok()
+    }
+
+    /// Returns a temporary block an op took from the locked `mem` (a library's workspace) once the
+    /// work using it has been enqueued on this thread's current stream; fenced like
+    /// [`ComputeBackend::free`].
+    pub(crate) fn free_temp(&self, mem: &mut DeviceMemory, ptr: DevicePtr) -> Result<()> {
+        let fences = self.streams.fences()?;
+        mem.free(ptr, fences)
     }
 
     fn memory(&self) -> MutexGuard<'_, DeviceMemory> {
@@ -177,12 +218,62 @@ impl CudaBackend {
     /// Checks `acc` against the live allocations and for aliasing, then enqueues `f`, all under the
     /// memory lock so no allocation can change in between.
     fn run(&self, acc: Accesses, f: impl FnOnce(&Gpu) -> Result<()>) -> Result<()> {
+        self.run_with_memory(acc, |gpu, _| f(gpu))
+    }
+
+    /// [`run`](Self::run) for ops that need temporary device memory: `f` also gets the locked memory.
+    fn run_with_memory(
+        &self,
+        acc: Accesses,
+        f: impl FnOnce(&Gpu, &mut DeviceMemory) -> Result<()>,
+    ) -> Result<()> {
         let gpu = self.gpu()?;
-        let mem = gpu.memory();
+        let mut mem = gpu.memory();
         mem.table.check_accesses(&acc)?;
-        let out = f(gpu);
+        let out = f(gpu, &mut mem);
         drop(mem);
         out
+    }
+}
+
+/// True when `bytes` lie in page-locked memory the driver knows (`cuMemAllocHost`/`cuMemHostRegister`).
+fn is_page_locked(bytes: &[u8]) -> bool {
+    let mut flags = 0u32;
+    // SAFETY: a query on a host address; pageable memory just returns an error code.
+    unsafe { sys::cuMemHostGetFlags(&mut flags, bytes.as_ptr() as *mut std::ffi::c_void) }
+        .result()
+        .is_ok()
+}
+
+impl CudaBackend {
+    /// Checks the destination and enqueues a host-to-device copy on the current stream. The caller
+    /// keeps `src` unchanged until the copy has completed (see `copy_htod`).
+    fn enqueue_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<&Gpu> {
+        let gpu = self.gpu()?;
+        let mem = gpu.memory();
+        mem.table.check(dst, src.len())?;
+        if !src.is_empty() {
+            // SAFETY: the destination range is inside a live allocation; `src` outlives the copy
+            // as the caller guarantees.
+            unsafe { drv::memcpy_htod_async(dst.0, src, gpu.stream().cu_stream()) }
+                .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))?;
+        }
+        Ok(gpu)
+    }
+
+    /// Checks the source and enqueues a device-to-host copy on the current stream. The caller does
+    /// not read `dst` until the copy has completed.
+    fn enqueue_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<&Gpu> {
+        let gpu = self.gpu()?;
+        let mem = gpu.memory();
+        mem.table.check(src, dst.len())?;
+        if !dst.is_empty() {
+            // SAFETY: the source range is inside a live allocation; `dst` outlives the copy as the
+            // caller guarantees.
+            unsafe { drv::memcpy_dtoh_async(dst, src.0, gpu.stream().cu_stream()) }
+                .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))?;
+        }
+        Ok(gpu)
     }
 }
 
@@ -190,7 +281,7 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         if let Some(gpu) = self.gpu.take() {
             if gpu.bind().is_ok() {
-                let _ = gpu.stream.synchronize();
+                let _ = gpu.streams.synchronize_all();
                 gpu.memory().release_all();
             }
         }
@@ -237,16 +328,18 @@ impl ComputeBackend for CudaBackend {
         let (major, minor) = props.compute_capability;
         let arch = format!("compute_{major}{minor}");
         let blas = blas::Blas::new(&stream, self.options.tensor_cores)?;
+        let streams = streams::Streams::new(ctx.clone(), stream);
         let poison =
             cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
         self.gpu = Some(Gpu {
             kernels: KernelCache::new(ctx.clone(), arch),
             ctx,
-            stream,
+            streams,
             props,
             options: self.options,
             memory: Mutex::new(DeviceMemory::default()),
             blas,
+            cudnn: OnceLock::new(),
             poison,
         });
         Ok(())
@@ -271,11 +364,9 @@ impl ComputeBackend for CudaBackend {
                 ));
                 info.details
                     .push(("kernels compiled for".into(), gpu.kernels.arch().into()));
-                // cuDNN is not wired in yet: conv2d always runs this backend's implicit-GEMM kernel,
-                // whatever `enable_cudnn` says, and the listing says so.
                 info.details.push((
                     "conv2d".into(),
-                    "implicit-GEMM kernel (cuDNN not wired in yet)".into(),
+                    cudnn::describe(gpu.options.cudnn, &gpu.cudnn),
                 ));
                 info.details.push((
                     "cached bytes".into(),
@@ -300,10 +391,7 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.gpu()?
-            .stream
-            .synchronize()
-            .map_err(|e| driver_error("synchronizing the stream", e))
+        self.gpu()?.streams.synchronize_all()
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
@@ -313,7 +401,7 @@ impl ComputeBackend for CudaBackend {
         if gpu.poison && bytes > 0 {
             // SAFETY: `ptr` is a live block of at least `bytes` bytes; the memset is stream-ordered.
             unsafe {
-                drv::memset_d8_async(ptr.0, memory::POISON_BYTE, bytes, gpu.stream.cu_stream())
+                drv::memset_d8_async(ptr.0, memory::POISON_BYTE, bytes, gpu.stream().cu_stream())
             }
             .map_err(|e| driver_error("cuMemsetD8Async", e))?;
         }
@@ -325,35 +413,29 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<()> {
-        self.gpu()?.memory().free(ptr)
+        let gpu = self.gpu()?;
+        let mut mem = gpu.memory();
+        // Check before fencing, so a bad pointer records nothing.
+        mem.table.check(ptr, 0)?;
+        let fences = gpu.streams.fences()?;
+        mem.free(ptr, fences)
     }
 
     fn copy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        let gpu = self.gpu()?;
-        let mem = gpu.memory();
-        mem.table.check(dst, src.len())?;
-        if src.is_empty() {
-            return Ok(());
+        let gpu = self.enqueue_htod(dst, src)?;
+        // From pageable memory the copy returns once `src` has been staged; from page-locked memory
+        // it is truly asynchronous, so wait for it before the caller may change `src`.
+        if !src.is_empty() && is_page_locked(src) {
+            gpu.stream()
+                .synchronize()
+                .map_err(|e| driver_error("synchronizing after a host-to-device copy", e))?;
         }
-        // SAFETY: the destination range is inside a live allocation. From pageable memory the call
-        // returns once `src` has been staged, so the caller may reuse it at once.
-        unsafe { drv::memcpy_htod_async(dst.0, src, gpu.stream.cu_stream()) }
-            .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
+        Ok(())
     }
 
     fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        let gpu = self.gpu()?;
-        let mem = gpu.memory();
-        mem.table.check(src, dst.len())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: the source range is inside a live allocation; the stream is synchronised before
-        // `dst` is handed back.
-        unsafe { drv::memcpy_dtoh_async(dst, src.0, gpu.stream.cu_stream()) }
-            .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))?;
-        drop(mem);
-        gpu.stream
+        let gpu = self.enqueue_dtoh(dst, src)?;
+        gpu.stream()
             .synchronize()
             .map_err(|e| driver_error("synchronizing after a device-to-host copy", e))
     }
@@ -367,7 +449,7 @@ impl ComputeBackend for CudaBackend {
                 return Ok(());
             }
             // SAFETY: both ranges were checked against live allocations and do not overlap.
-            unsafe { drv::memcpy_dtod_async(dst.0, src.0, bytes, gpu.stream.cu_stream()) }
+            unsafe { drv::memcpy_dtod_async(dst.0, src.0, bytes, gpu.stream().cu_stream()) }
                 .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
         })
     }
@@ -389,7 +471,16 @@ impl ComputeBackend for CudaBackend {
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
         Self::float_only("conv2d", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| conv::conv2d(gpu, desc))
+        self.run_with_memory(desc.accesses()?, |gpu, mem| {
+            if desc.output_shape.contains(&0) {
+                return Ok(());
+            }
+            // cuDNN when enabled and loadable; whenever it declines, the implicit-GEMM kernel.
+            match gpu.cudnn().map(|dnn| dnn.conv2d(gpu, mem, desc)) {
+                Some(Ok(())) => Ok(()),
+                Some(Err(cudnn::Declined(_))) | None => conv::conv2d(gpu, desc),
+            }
+        })
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
@@ -452,5 +543,50 @@ impl ComputeBackend for CudaBackend {
     fn random(&self, desc: &RandomDesc) -> Result<()> {
         Self::float_only("random", desc.dtype)?;
         self.run(desc.accesses()?, |gpu| elementwise::random(gpu, desc))
+    }
+
+    fn create_stream(&self) -> Result<StreamId> {
+        self.gpu()?.streams.create()
+    }
+
+    fn set_current_stream(&self, stream: StreamId) -> Result<StreamId> {
+        self.gpu()?.streams.set_current(stream)
+    }
+
+    fn record_event(&self) -> Result<EventId> {
+        self.gpu()?.streams.record_event()
+    }
+
+    fn wait_event(&self, event: EventId) -> Result<()> {
+        self.gpu()?.streams.wait_event(event)
+    }
+
+    fn event_complete(&self, event: EventId) -> Result<bool> {
+        self.gpu()?.streams.event_complete(event)
+    }
+
+    fn event_synchronize(&self, event: EventId) -> Result<()> {
+        self.gpu()?.streams.event_synchronize(event)
+    }
+
+    fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
+        self.gpu()?.streams.elapsed_ms(start, end)
+    }
+
+    fn destroy_event(&self, event: EventId) -> Result<()> {
+        self.gpu()?.streams.destroy_event(event)
+    }
+
+    fn alloc_host(&self, bytes: usize) -> Result<Box<dyn HostBuffer>> {
+        let gpu = self.gpu()?;
+        Ok(Box::new(pinned::PinnedHost::new(gpu.ctx.clone(), bytes)?))
+    }
+
+    fn copy_htod_async(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.enqueue_htod(dst, src).map(drop)
+    }
+
+    fn copy_dtoh_async(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        self.enqueue_dtoh(dst, src).map(drop)
     }
 }

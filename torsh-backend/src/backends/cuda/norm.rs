@@ -14,7 +14,11 @@ use crate::error::{BackendError, Result};
 
 /// Kernel `<kernel>_g<group>_<dtype>` of the norm module.
 fn function(gpu: &Gpu, kernel: &str, group: u32, dtype: DType) -> Result<CudaFunction> {
-    gpu.function("norm", &format!("{kernel}_g{group}_{}", suffix(dtype)))
+    gpu.function_for(
+        "norm",
+        dtype,
+        &format!("{kernel}_g{group}_{}", suffix(dtype)),
+    )
 }
 
 /// An optional operand as the kernels take it: its address, or 0 (null) when absent.

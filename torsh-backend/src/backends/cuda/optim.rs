@@ -137,7 +137,7 @@ fn launch<A: DeviceRepr>(
     config: LaunchConfig,
     s: &AdamScalars<A>,
 ) -> Result<()> {
-    let f = gpu.function("adam", name)?;
+    let f = gpu.function_for("adam", d.dtype, name)?;
     let n = to_i64(OP, d.len)?;
     let (params, grads, exp_avg, exp_avg_sq) = (d.params.0, d.grads.0, d.exp_avg.0, d.exp_avg_sq.0);
     let mut b = gpu.stream().launch_builder(&f);

@@ -122,7 +122,7 @@ pub(crate) fn pool2d(gpu: &Gpu, d: &Pool2dDesc) -> Result<()> {
         return Ok(());
     }
     let geometry = PoolGeometry::of(d)?;
-    let f = gpu.function("pool", &format!("pool2d_{}", suffix(d.dtype)))?;
+    let f = gpu.function_for("pool", d.dtype, &format!("pool2d_{}", suffix(d.dtype)))?;
     let (output, input) = (d.output.0, d.input.0);
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&output).arg(&input).arg(&geometry);

@@ -107,7 +107,11 @@ pub(crate) fn reduce(gpu: &Gpu, d: &ReduceDesc) -> Result<()> {
     }
     let (rest, len, axis_stride) = split_axis(&d.input.layout, d.axis)?;
     let group = group_size(len, n_out, axis_stride == 1, gpu.sm_count());
-    let f = gpu.function("reduce", &format!("reduce_g{group}_{}", suffix(d.dtype)))?;
+    let f = gpu.function_for(
+        "reduce",
+        d.dtype,
+        &format!("reduce_g{group}_{}", suffix(d.dtype)),
+    )?;
     let rest = StridedArg::new(op, &rest)?;
     let (x, out) = (d.input.ptr.0, d.output.0);
     let (axis_stride, len, n) = (

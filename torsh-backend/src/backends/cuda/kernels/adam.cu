@@ -99,6 +99,7 @@ __device__ __forceinline__ AdamScalars<A> adam_scalars(
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY
 
+#if TORSH_HAS_F32
 // Four f32 values loaded and stored as one 16-byte access.
 struct alignas(16) adam_f32x4 {
     float v[4];
@@ -131,3 +132,4 @@ extern "C" __global__ void adam_vec4_f32(ADAM_PARAMS(float, float)) {
         adam_element<float>(params, grads, exp_avg, exp_avg_sq, tail, s);
     }
 }
+#endif // TORSH_HAS_F32

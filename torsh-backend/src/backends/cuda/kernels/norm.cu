@@ -18,18 +18,6 @@
 // Sums start at -0, the exact identity of + (as Rust's f64 sum does).
 
 #define NORM_BLOCK 256
-#define NORM_FULL_MASK 0xffffffffu
-
-// Negative infinity of the accumulator type.
-template <typename A> __device__ __forceinline__ A norm_neg_inf();
-template <> __device__ __forceinline__ float norm_neg_inf<float>() { return __uint_as_float(0xff800000u); }
-template <> __device__ __forceinline__ double norm_neg_inf<double>() {
-    return __longlong_as_double(0xfff0000000000000LL);
-}
-
-// NaN-ignoring maximum (C's fmax), as Rust's f64::max.
-__device__ __forceinline__ float norm_fmax(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double norm_fmax(double a, double b) { return fmax(a, b); }
 
 __device__ __forceinline__ float norm_exp(float a) { return expf(a); }
 __device__ __forceinline__ double norm_exp(double a) { return exp(a); }
@@ -38,50 +26,19 @@ __device__ __forceinline__ double norm_log(double a) { return log(a); }
 __device__ __forceinline__ float norm_sqrt(float a) { return sqrtf(a); }
 __device__ __forceinline__ double norm_sqrt(double a) { return sqrt(a); }
 
-// Combines `v` over the G threads of a group (NaN-ignoring max if MAX, else sum); every thread of
-// the group receives the result.
-template <int G, bool MAX, typename A>
-__device__ __forceinline__ A norm_group(A v) {
-    if constexpr (G == 1) {
-        return v;
-    } else {
-        for (int off = 16; off > 0; off >>= 1) {
-            const A o = __shfl_down_sync(NORM_FULL_MASK, v, off);
-            v = MAX ? norm_fmax(v, o) : v + o;
-        }
-        if constexpr (G == 32) {
-            return __shfl_sync(NORM_FULL_MASK, v, 0);
-        } else {
-            static_assert(G == NORM_BLOCK, "a group is one thread, one warp or the whole block");
-            // Slots 0..7: one partial per warp; slot 32: the result.
-            __shared__ A sh[33];
-            const int warp = threadIdx.x >> 5;
-            const int lane = threadIdx.x & 31;
-            if (lane == 0) {
-                sh[warp] = v;
-            }
-            __syncthreads();
-            if (warp == 0) {
-                v = lane < NORM_BLOCK / 32 ? sh[lane] : (MAX ? norm_neg_inf<A>() : (A)-0.0);
-                for (int off = 16; off > 0; off >>= 1) {
-                    const A o = __shfl_down_sync(NORM_FULL_MASK, v, off);
-                    v = MAX ? norm_fmax(v, o) : v + o;
-                }
-                if (lane == 0) {
-                    sh[32] = v;
-                }
-            }
-            __syncthreads();
-            return sh[32];
-        }
-    }
+// Sum and NaN-ignoring max of `v` over the G threads of a group (`torsh_group_reduce` in common.cuh);
+// every thread of the group receives the result.
+template <int G, typename A>
+__device__ __forceinline__ A norm_group_sum(A v) {
+    static_assert(G == 1 || G == 32 || G == NORM_BLOCK, "a group is one thread, one warp or the whole block");
+    return torsh_group_reduce<G, TorshSum<A>>(v);
 }
 
 template <int G, typename A>
-__device__ __forceinline__ A norm_group_sum(A v) { return norm_group<G, false, A>(v); }
-
-template <int G, typename A>
-__device__ __forceinline__ A norm_group_max(A v) { return norm_group<G, true, A>(v); }
+__device__ __forceinline__ A norm_group_max(A v) {
+    static_assert(G == 1 || G == 32 || G == NORM_BLOCK, "a group is one thread, one warp or the whole block");
+    return torsh_group_reduce<G, TorshFmax<A>>(v);
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Softmax of a contiguous [outer, len, inner] tensor along the middle dim: row r = (o, i) has its
@@ -99,9 +56,9 @@ __device__ void softmax_body(const T* x, T* y, i64 outer, i64 len, i64 inner, in
         const i64 base = o * len * inner + (r - o * inner);
         const T* xr = x + base;
         T* yr = y + base;
-        A m = norm_neg_inf<A>();
+        A m = torsh_neg_inf<A>();
         for (i64 a = lane; a < len; a += G) {
-            m = norm_fmax(m, Num<T>::load(xr[a * inner]));
+            m = torsh_fmax(m, Num<T>::load(xr[a * inner]));
         }
         m = norm_group_max<G, A>(m);
         A s = (A)-0.0;

@@ -19,7 +19,6 @@
 //   its index as i64.
 
 #define RED_BLOCK 256
-#define RED_FULL_MASK 0xffffffffu
 
 #define RED_SUM 0
 #define RED_MEAN 1
@@ -36,40 +35,12 @@ template <> __device__ __forceinline__ double red_nan<double>() {
     return __longlong_as_double(0x7ff8000000000000LL);
 }
 
-// Sum of `v` over the G threads of a group; every thread of the group receives the total.
+// Sum of `v` over the G threads of a group (`torsh_group_reduce` in common.cuh); every thread of the
+// group receives the total.
 template <int G, typename A>
 __device__ __forceinline__ A red_group_sum(A v) {
-    if constexpr (G == 1) {
-        return v;
-    } else {
-        for (int off = 16; off > 0; off >>= 1) {
-            v += __shfl_down_sync(RED_FULL_MASK, v, off);
-        }
-        if constexpr (G == 32) {
-            return __shfl_sync(RED_FULL_MASK, v, 0);
-        } else {
-            static_assert(G == RED_BLOCK, "a group is one thread, one warp or the whole block");
-            // Slots 0..7: one partial per warp; slot 32: the total.
-            __shared__ A sh[33];
-            const int warp = threadIdx.x >> 5;
-            const int lane = threadIdx.x & 31;
-            if (lane == 0) {
-                sh[warp] = v;
-            }
-            __syncthreads();
-            if (warp == 0) {
-                v = lane < RED_BLOCK / 32 ? sh[lane] : (A)-0.0;
-                for (int off = 16; off > 0; off >>= 1) {
-                    v += __shfl_down_sync(RED_FULL_MASK, v, off);
-                }
-                if (lane == 0) {
-                    sh[32] = v;
-                }
-            }
-            __syncthreads();
-            return sh[32];
-        }
-    }
+    static_assert(G == 1 || G == 32 || G == RED_BLOCK, "a group is one thread, one warp or the whole block");
+    return torsh_group_reduce<G, TorshSum<A>>(v);
 }
 
 // Folds candidate (ov, oi) into the running extreme (v, i). Index < 0 means "no element". The result is
@@ -106,8 +77,8 @@ template <int G, typename A>
 __device__ __forceinline__ void red_group_ext(A& v, i64& i, bool is_max) {
     if constexpr (G > 1) {
         for (int off = 16; off > 0; off >>= 1) {
-            const A ov = __shfl_down_sync(RED_FULL_MASK, v, off);
-            const i64 oi = __shfl_down_sync(RED_FULL_MASK, i, off);
+            const A ov = __shfl_down_sync(TORSH_FULL_MASK, v, off);
+            const i64 oi = __shfl_down_sync(TORSH_FULL_MASK, i, off);
             red_ext_fold(v, i, ov, oi, is_max);
         }
         if constexpr (G == RED_BLOCK) {
@@ -124,8 +95,8 @@ __device__ __forceinline__ void red_group_ext(A& v, i64& i, bool is_max) {
                 v = lane < RED_BLOCK / 32 ? sv[lane] : (A)0;
                 i = lane < RED_BLOCK / 32 ? si[lane] : (i64)-1;
                 for (int off = 16; off > 0; off >>= 1) {
-                    const A ov = __shfl_down_sync(RED_FULL_MASK, v, off);
-                    const i64 oi = __shfl_down_sync(RED_FULL_MASK, i, off);
+                    const A ov = __shfl_down_sync(TORSH_FULL_MASK, v, off);
+                    const i64 oi = __shfl_down_sync(TORSH_FULL_MASK, i, off);
                     red_ext_fold(v, i, ov, oi, is_max);
                 }
             }
