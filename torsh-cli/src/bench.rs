@@ -2,10 +2,11 @@
 //! the peers measured in the same run (CUDA: cuBLAS called directly), and reports throughput, the
 //! ratio to the peer and the fraction of the measured copy bandwidth.
 //!
-//! Timing: one warm-up call, then each repeat runs the op `k` times back to back and synchronises the
-//! backend once; the time per op is the repeat's wall time over `k`, with `k` chosen so that a repeat
-//! lasts at least [`TARGET_S`] (launches are asynchronous on GPUs, so this measures device throughput).
-//! The median over the repeats is reported with the min and max.
+//! Timing: one warm-up call, then each repeat runs the op `k` times back to back; the time per op is the
+//! repeat's time over `k`, with `k` chosen so that a repeat lasts at least [`TARGET_S`]. On CUDA a repeat
+//! is timed by device events recorded around it (ours on the backend's default stream, cuBLAS on its
+//! own stream); elsewhere by the wall clock up to one `synchronize()`. The median over the repeats is
+//! reported with the min and max.
 
 mod cases;
 mod cublas;
@@ -64,23 +65,48 @@ pub struct Measured {
     pub peer: Option<PeerResult>,
 }
 
-/// Runs `run` after one warm-up call: `repeats` repeats of `k` back-to-back calls and one `sync`.
-fn measure(
-    run: &mut Runner<'_>,
+/// Seconds a batch of `k` back-to-back calls of a case takes.
+type BatchTimer<'t> = dyn Fn(&mut Runner<'_>, usize) -> Result<f64, String> + 't;
+
+/// Times a batch on the host clock, from before the first call to after `sync` returns.
+fn wall_clock(
     sync: &dyn Fn() -> Result<(), String>,
-    repeats: usize,
-    target: f64,
-) -> Result<Timing, String> {
-    run()?;
-    sync()?;
-    let mut batch = |k: usize| -> Result<f64, String> {
+) -> impl Fn(&mut Runner<'_>, usize) -> Result<f64, String> + '_ {
+    move |run, k| {
         let start = Instant::now();
         for _ in 0..k {
             run()?;
         }
         sync()?;
         Ok(start.elapsed().as_secs_f64())
-    };
+    }
+}
+
+/// Times a batch with device events recorded on the backend's default stream around it (backends
+/// whose events can be timed: CUDA).
+fn device_events(backend: &Backend) -> impl Fn(&mut Runner<'_>, usize) -> Result<f64, String> + '_ {
+    move |run, k| {
+        let stream = backend.default_stream();
+        let start = stream.record_event().map_err(|e| e.to_string())?;
+        for _ in 0..k {
+            run()?;
+        }
+        let end = stream.record_event().map_err(|e| e.to_string())?;
+        let ms = start.elapsed_ms(&end).map_err(|e| e.to_string())?;
+        Ok(f64::from(ms) / 1e3)
+    }
+}
+
+/// Runs `run` after one warm-up call: `repeats` repeats of `k` back-to-back calls, each timed by
+/// `time_batch`; `k` grows until one repeat lasts `target` seconds.
+fn measure(
+    run: &mut Runner<'_>,
+    time_batch: &BatchTimer<'_>,
+    repeats: usize,
+    target: f64,
+) -> Result<Timing, String> {
+    time_batch(run, 1)?;
+    let mut batch = |k: usize| time_batch(run, k);
     let mut k = 1;
     let mut per_op = Vec::with_capacity(repeats);
     // Grow k until one repeat lasts `target`; that repeat is the first measured one.
@@ -124,8 +150,12 @@ fn measure_ours(
     target: f64,
 ) -> Result<Timing, String> {
     let mut run = case.prepare(backend).map_err(|e| e.to_string())?;
+    if backend.backend_type() == BackendType::Cuda {
+        return measure(&mut run, &device_events(backend), repeats, target);
+    }
     let sync = || backend.synchronize().map_err(|e| e.to_string());
-    measure(&mut run, &sync, repeats, target)
+    let timer = wall_clock(&sync);
+    measure(&mut run, &timer, repeats, target)
 }
 
 /// cuBLAS's side of a GEMM case.
@@ -139,7 +169,12 @@ fn measure_cublas(
         return Err("cuBLAS is a peer of GEMM only".into());
     };
     let mut run = peer.gemm(case.dtype, case.target == Target::Tf32, m, n, k)?;
-    measure(&mut run, &|| peer.synchronize(), repeats, target)
+    measure(
+        &mut run,
+        &|run: &mut Runner<'_>, k| peer.time_batch(run, k),
+        repeats,
+        target,
+    )
 }
 
 /// The backend named on the command line, or `Backend::auto()`. Exit code 2 for a name that is no
@@ -314,7 +349,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_micros(200));
             Ok(())
         });
-        let t = measure(&mut run, &|| Ok(()), 3, 0.002).unwrap();
+        let t = measure(&mut run, &wall_clock(&|| Ok(())), 3, 0.002).unwrap();
         drop(run);
         assert_eq!(t.repeats, 3);
         assert!(t.k >= 2, "{t:?}");
@@ -327,7 +362,7 @@ mod tests {
     fn measure_passes_errors_on() {
         let mut run: Runner<'_> = Box::new(|| Err("out of memory".into()));
         assert_eq!(
-            measure(&mut run, &|| Ok(()), 3, 0.001),
+            measure(&mut run, &wall_clock(&|| Ok(())), 3, 0.001),
             Err("out of memory".to_string())
         );
     }

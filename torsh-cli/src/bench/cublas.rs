@@ -64,12 +64,27 @@ impl Cublas {
         })
     }
 
-    /// Waits for the handle's stream.
-    pub fn synchronize(&self) -> Result<(), String> {
-        guarded("cuStreamSynchronize", || {
+    /// Seconds of device time for `k` calls of `run` on the handle's stream, measured between two
+    /// events recorded around them.
+    pub fn time_batch(&self, run: &mut Runner<'_>, k: usize) -> Result<f64, String> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = guarded("cuEventRecord", || {
             self.stream
-                .synchronize()
-                .map_err(|e| format!("synchronizing: {e}"))
+                .record_event(flags)
+                .map_err(|e| format!("recording an event: {e}"))
+        })?;
+        for _ in 0..k {
+            run()?;
+        }
+        guarded("cuEventElapsedTime", || {
+            let end = self
+                .stream
+                .record_event(flags)
+                .map_err(|e| format!("recording an event: {e}"))?;
+            start
+                .elapsed_ms(&end)
+                .map(|ms| f64::from(ms) / 1e3)
+                .map_err(|e| format!("timing events: {e}"))
         })
     }
 
