@@ -16,7 +16,7 @@ use cudarc::cublas::result as blas;
 use cudarc::cublas::sys;
 use cudarc::driver::CudaStream;
 
-use super::launch::to_i32;
+use super::launch::{check_aligned, to_i32};
 use super::{loader, Gpu};
 use crate::compute::{BatchedGemmDesc, GemmDesc, GemvDesc, Transpose};
 use crate::device::BackendType;
@@ -153,6 +153,7 @@ pub(crate) fn gemm(gpu: &Gpu, d: &GemmDesc) -> Result<()> {
         return Ok(());
     }
     let name = "gemm";
+    check_aligned(name, d.dtype, &[d.a, d.b, d.c])?;
     let (dt, compute, scalars) = types(&gpu.blas, d.dtype, d.alpha, d.beta)?;
     let (alpha, beta) = scalars.ptrs();
     let handle = lock(gpu)?;
@@ -192,6 +193,7 @@ pub(crate) fn batched_gemm(gpu: &Gpu, d: &BatchedGemmDesc) -> Result<()> {
         return Ok(());
     }
     let name = "batched_gemm";
+    check_aligned(name, g.dtype, &[g.a, g.b, g.c])?;
     let (dt, compute, scalars) = types(&gpu.blas, g.dtype, g.alpha, g.beta)?;
     let (alpha, beta) = scalars.ptrs();
     let stride = |s: usize| {

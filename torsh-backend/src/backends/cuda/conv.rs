@@ -4,7 +4,7 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::launch::{suffix, to_i32, to_i64};
+use super::launch::{check_aligned, suffix, to_i32, to_i64};
 use super::Gpu;
 use crate::compute::*;
 use crate::error::{BackendError, Result};
@@ -209,6 +209,11 @@ pub(crate) fn conv2d(gpu: &Gpu, d: &Conv2dDesc) -> Result<()> {
     if d.output_shape.contains(&0) {
         return Ok(());
     }
+    let ptrs: Vec<DevicePtr> = [d.input, d.weight, d.output]
+        .into_iter()
+        .chain(d.bias)
+        .collect();
+    check_aligned(OP, d.dtype, &ptrs)?;
     let params = ConvParams::new(d)?;
     let f = gpu.function_for("conv", d.dtype, &format!("conv2d_{}", suffix(d.dtype)))?;
     let bias = d.bias.map_or(0u64, |b| b.0);

@@ -21,7 +21,7 @@
 use cudarc::driver::{CudaFunction, PushKernelArg};
 use half::{bf16, f16};
 
-use super::launch::{suffix, to_i64, StridedArg};
+use super::launch::{check_aligned, suffix, to_i64, StridedArg};
 use super::{driver_error, Gpu};
 use crate::compute::*;
 use crate::dtype::DType;
@@ -276,22 +276,6 @@ fn fill_bits(dtype: DType, value: f64) -> u64 {
         DType::I32 => u64::from((value as i32) as u32),
         DType::I64 => (value as i64) as u64,
         DType::U8 => u64::from(value as u8),
-    }
-}
-
-/// `InvalidArgument` unless every pointer is a multiple of `dtype`'s size (a misaligned access would
-/// be a device fault that ends the context).
-fn check_aligned(op: &'static str, dtype: DType, ptrs: &[DevicePtr]) -> Result<()> {
-    let size = dtype.size_in_bytes() as u64;
-    match ptrs.iter().find(|p| p.0 % size != 0) {
-        Some(p) => Err(BackendError::invalid(
-            op,
-            format!(
-                "pointer {:#x} is not aligned to the {size}-byte elements of {dtype}; the CUDA kernels need aligned operands",
-                p.0
-            ),
-        )),
-        None => Ok(()),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
+use crate::compute::DevicePtr;
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::Layout;
@@ -72,6 +73,22 @@ impl StridedArg {
             arg.strides[i] = to_i64(op, s)?;
         }
         Ok(arg)
+    }
+}
+
+/// `InvalidArgument` unless every pointer is a multiple of `dtype`'s size (a misaligned access would
+/// be a device fault that ends the context).
+pub(crate) fn check_aligned(op: &'static str, dtype: DType, ptrs: &[DevicePtr]) -> Result<()> {
+    let size = dtype.size_in_bytes() as u64;
+    match ptrs.iter().find(|p| p.0 % size != 0) {
+        Some(p) => Err(BackendError::invalid(
+            op,
+            format!(
+                "pointer {:#x} is not aligned to the {size}-byte elements of {dtype}; the CUDA kernels need aligned operands",
+                p.0
+            ),
+        )),
+        None => Ok(()),
     }
 }
 

@@ -47,11 +47,12 @@ impl DeviceMemory {
                     requested: bytes,
                     available: 0,
                 })?;
-        let ptr = match self.take_cached(rounded) {
-            Some(ptr) => ptr,
-            None => self.alloc_from_driver(bytes, rounded)?,
+        // A cached block may be up to a quarter larger than `rounded`: it keeps its own size.
+        let (ptr, size) = match self.take_cached(rounded) {
+            Some(block) => block,
+            None => (self.alloc_from_driver(bytes, rounded)?, rounded),
         };
-        self.block_sizes.insert(ptr, rounded);
+        self.block_sizes.insert(ptr, size);
         self.table.insert(DevicePtr(ptr), bytes);
         Ok(DevicePtr(ptr))
     }
@@ -81,8 +82,8 @@ impl DeviceMemory {
     }
 
     /// The smallest cached block that fits `rounded` (wasting at most a quarter of it) and whose
-    /// fences have all completed.
-    fn take_cached(&mut self, rounded: usize) -> Option<u64> {
+    /// fences have all completed, with its rounded size.
+    fn take_cached(&mut self, rounded: usize) -> Option<(u64, usize)> {
         let limit = rounded.saturating_add(rounded / 4);
         let ready =
             |fences: &Vec<CudaEvent>| fences.iter().all(|e| e.try_is_complete().unwrap_or(false));
@@ -98,7 +99,7 @@ impl DeviceMemory {
             self.cached.remove(&size);
         }
         self.cached_bytes -= size;
-        Some(ptr)
+        Some((ptr, size))
     }
 
     fn alloc_from_driver(&mut self, bytes: usize, rounded: usize) -> Result<u64> {

@@ -75,13 +75,16 @@ pub(crate) struct Gpu {
     /// cuDNN for conv2d, created by the first conv2d when `options.cudnn` (`Err`: why it cannot
     /// serve). Declared first so that it is destroyed before the streams it was bound to.
     cudnn: OnceLock<std::result::Result<cudnn::Cudnn, String>>,
+    /// cuBLAS, which holds no reference to the context: declared before `ctx`, `streams` and
+    /// `kernels` (the context's owners here) so that it is destroyed while the context and the
+    /// streams it was bound to still exist.
+    blas: blas::Blas,
     ctx: Arc<CudaContext>,
     streams: streams::Streams,
     props: GpuProperties,
     options: CudaOptions,
     kernels: KernelCache,
     memory: Mutex<DeviceMemory>,
-    blas: blas::Blas,
     /// Fill fresh allocations with NaN bytes (debug builds, or `TORSH_POISON=1`).
     poison: bool,
 }
@@ -400,10 +403,14 @@ impl ComputeBackend for CudaBackend {
         let ptr = mem.alloc(bytes)?;
         if gpu.poison && bytes > 0 {
             // SAFETY: `ptr` is a live block of at least `bytes` bytes; the memset is stream-ordered.
-            unsafe {
+            let poisoned = unsafe {
                 drv::memset_d8_async(ptr.0, memory::POISON_BYTE, bytes, gpu.stream().cu_stream())
+            };
+            if let Err(e) = poisoned {
+                // Nothing was enqueued on the block: it can go back to the cache unfenced.
+                let _ = mem.free(ptr, Vec::new());
+                return Err(driver_error("cuMemsetD8Async", e));
             }
-            .map_err(|e| driver_error("cuMemsetD8Async", e))?;
         }
         Ok(ptr)
     }
@@ -485,7 +492,11 @@ impl ComputeBackend for CudaBackend {
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
         Self::float_only("attention", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| attention::attention(gpu, desc))
+        self.run(desc.accesses()?, |gpu| {
+            let ptrs = [desc.q, desc.k, desc.v, desc.o];
+            launch::check_aligned("attention", desc.dtype, &ptrs)?;
+            attention::attention(gpu, desc)
+        })
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {

@@ -5,7 +5,7 @@
 
 use cudarc::driver::{CudaFunction, PushKernelArg};
 
-use super::launch::{suffix, to_i64};
+use super::launch::{check_aligned, suffix, to_i64};
 use super::reduce::{group_launch, group_size};
 use super::Gpu;
 use crate::compute::{BatchNormDesc, DevicePtr, LayerNormDesc, SoftmaxDesc};
@@ -39,6 +39,7 @@ pub(crate) fn softmax(gpu: &Gpu, d: &SoftmaxDesc) -> Result<()> {
     if mul(op, rows, d.axis_len)? == 0 {
         return Ok(());
     }
+    check_aligned(op, d.dtype, &[d.input, d.output])?;
     let group = group_size(d.axis_len, rows, d.inner == 1, gpu.sm_count());
     let f = function(gpu, "softmax", group, d.dtype)?;
     let (x, y) = (d.input.0, d.output.0);
@@ -68,6 +69,12 @@ pub(crate) fn layer_norm(gpu: &Gpu, d: &LayerNormDesc) -> Result<()> {
     if mul(op, d.rows, d.cols)? == 0 {
         return Ok(());
     }
+    let optional_ptrs = [d.weight, d.bias].into_iter().flatten();
+    let ptrs: Vec<DevicePtr> = [d.input, d.output]
+        .into_iter()
+        .chain(optional_ptrs)
+        .collect();
+    check_aligned(op, d.dtype, &ptrs)?;
     let group = group_size(d.cols, d.rows, true, gpu.sm_count());
     let f = function(gpu, "layer_norm", group, d.dtype)?;
     let (x, w, bias, y) = (d.input.0, optional(d.weight), optional(d.bias), d.output.0);
@@ -92,6 +99,14 @@ pub(crate) fn batch_norm(gpu: &Gpu, d: &BatchNormDesc) -> Result<()> {
         // No element to normalise, and training with channels needs more than one value each.
         return Ok(());
     }
+    let optional_ptrs = [d.weight, d.bias, d.running_mean, d.running_var]
+        .into_iter()
+        .flatten();
+    let ptrs: Vec<DevicePtr> = [d.input, d.output]
+        .into_iter()
+        .chain(optional_ptrs)
+        .collect();
+    check_aligned(op, d.dtype, &ptrs)?;
     let group = group_size(count, d.channels, d.spatial > 1, gpu.sm_count());
     let f = function(gpu, "batch_norm", group, d.dtype)?;
     let (x, y) = (d.input.0, d.output.0);

@@ -5,7 +5,7 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::launch::{suffix, to_i64};
+use super::launch::{check_aligned, suffix, to_i64};
 use super::Gpu;
 use crate::compute::AdamDesc;
 use crate::dtype::DType;
@@ -109,6 +109,7 @@ pub(crate) fn adam_step(gpu: &Gpu, d: &AdamDesc) -> Result<()> {
     if d.len == 0 {
         return Ok(());
     }
+    check_aligned(OP, d.dtype, &[d.params, d.grads, d.exp_avg, d.exp_avg_sq])?;
     let scalars = AdamScalars::of(d);
     if use_vec4(d) {
         launch(

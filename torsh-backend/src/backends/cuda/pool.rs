@@ -3,7 +3,7 @@
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
-use super::launch::{suffix, to_i64};
+use super::launch::{check_aligned, suffix, to_i64};
 use super::Gpu;
 use crate::compute::{Pool2dDesc, PoolKind};
 use crate::error::{BackendError, Result};
@@ -121,6 +121,7 @@ pub(crate) fn pool2d(gpu: &Gpu, d: &Pool2dDesc) -> Result<()> {
     if d.output_shape.contains(&0) {
         return Ok(());
     }
+    check_aligned(OP, d.dtype, &[d.input, d.output])?;
     let geometry = PoolGeometry::of(d)?;
     let f = gpu.function_for("pool", d.dtype, &format!("pool2d_{}", suffix(d.dtype)))?;
     let (output, input) = (d.output.0, d.input.0);

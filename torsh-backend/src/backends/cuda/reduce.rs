@@ -7,7 +7,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::launch::{suffix, to_i64, StridedArg, BLOCK};
+use super::launch::{check_aligned, suffix, to_i64, StridedArg, BLOCK};
 use super::Gpu;
 use crate::compute::{ReduceDesc, ReduceOp};
 use crate::error::{BackendError, Result};
@@ -105,6 +105,8 @@ pub(crate) fn reduce(gpu: &Gpu, d: &ReduceDesc) -> Result<()> {
     if n_out == 0 {
         return Ok(());
     }
+    check_aligned(op, d.dtype, &[d.input.ptr])?;
+    check_aligned(op, d.op.output_dtype(d.dtype), &[d.output])?;
     let (rest, len, axis_stride) = split_axis(&d.input.layout, d.axis)?;
     let group = group_size(len, n_out, axis_stride == 1, gpu.sm_count());
     let f = gpu.function_for(

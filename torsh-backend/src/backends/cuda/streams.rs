@@ -88,7 +88,14 @@ impl Streams {
                 let _ = self.pool[slot].set(s);
             }
         }
-        self.pool_in_use.store(true, Ordering::SeqCst);
+        if !self.pool_in_use.swap(true, Ordering::SeqCst) {
+            // Blocks freed until now carry no fences (only the default stream could use them), and
+            // an op on the new stream may take one: let the default stream's work on them finish
+            // first. Frees from here on are fenced, so this happens once per instance.
+            self.default
+                .synchronize()
+                .map_err(|e| driver_error("cuStreamSynchronize", e))?;
+        }
         Ok(StreamId(slot as u64 + 1))
     }
 
