@@ -347,3 +347,132 @@ fn conv2d_through_cudnn_and_the_kernel_matches_the_reference() {
         );
     }
 }
+
+/// The cases of the tensor-core attention test: dtype, `[batch, heads, seq_q, head_dim]`, `seq_kv`,
+/// causal. Every f16/bf16 case with head_dim 64 or 128 takes the tensor-core kernel on sm_80 and later;
+/// the sequence lengths are not multiples of its 64-row tiles (or are exactly one tile).
+fn attention_cases() -> Vec<(torsh_backend::DType, [usize; 4], usize, bool)> {
+    use torsh_backend::DType;
+    let lengths = [1, 17, 64, 129];
+    let mut cases = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for head_dim in [64, 128] {
+            for seq_q in lengths {
+                for seq_kv in lengths {
+                    for causal in [false, true] {
+                        cases.push((dtype, [1, 2, seq_q, head_dim], seq_kv, causal));
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// Every case of [`attention_cases`] run on `b`, as f64, in order. Q is scaled by 3 so that the
+/// softmax is far from uniform.
+fn attention_outputs(b: &Backend) -> Vec<Vec<f64>> {
+    attention_cases()
+        .iter()
+        .enumerate()
+        .map(|(i, &(dtype, shape, seq_kv, causal))| {
+            let kv_shape = [shape[0], shape[1], seq_kv, shape[3]];
+            let seed = 100 * i as u64;
+            let qv: Vec<f64> = uniform(shape.iter().product(), seed)
+                .iter()
+                .map(|x| 3.0 * x)
+                .collect();
+            let kv = uniform(kv_shape.iter().product(), seed + 1);
+            let vv = uniform(kv_shape.iter().product(), seed + 2);
+            let q = b.from_f64(&qv, &shape, dtype).unwrap();
+            let k = b.from_f64(&kv, &kv_shape, dtype).unwrap();
+            let v = b.from_f64(&vv, &kv_shape, dtype).unwrap();
+            b.attention(&q, &k, &v, causal)
+                .unwrap()
+                .to_vec_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Set (to a file path) in the child run of
+/// `attention_tensor_cores_match_the_reference_and_the_simt_kernel`: the child writes its outputs there.
+const ATTENTION_DUMP: &str = "TORSH_TEST_ATTENTION_DUMP";
+
+/// The tensor-core attention kernel (f16/bf16, head_dim 64 and 128, sm_80 and later) against the
+/// reference and against the SIMT kernel on odd sequence lengths, causal and not: norm-wise and
+/// worst-element error at most 1e-2 each. The SIMT outputs come from a child run of this test with
+/// `TORSH_CUDA_ATTENTION=simt` (the switch is read on every call; setting it here would race with the
+/// other tests' threads).
+#[test]
+fn attention_tensor_cores_match_the_reference_and_the_simt_kernel() {
+    let Some(g) = gpu() else { return };
+    let got = attention_outputs(&g);
+    if let Some(path) = std::env::var_os(ATTENTION_DUMP) {
+        let bytes: Vec<u8> = got.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(path, bytes).unwrap();
+        return;
+    }
+    let name = "attention_tensor_cores_match_the_reference_and_the_simt_kernel";
+    let path = std::env::temp_dir().join(format!("torsh-{name}-{}.bin", std::process::id()));
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("TORSH_CUDA_ATTENTION", "simt")
+        .env(ATTENTION_DUMP, &path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the SIMT child run failed: {status}");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let simt: Vec<f64> = bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(simt.len(), got.iter().map(Vec::len).sum::<usize>());
+
+    let want = attention_outputs(&Backend::reference().unwrap());
+    let bound = 1e-2;
+    let mut offset = 0;
+    let mut differ = false;
+    for ((case, got), want) in attention_cases().iter().zip(&got).zip(&want) {
+        let simt = &simt[offset..offset + got.len()];
+        offset += got.len();
+        for (what, a, b) in [
+            ("default vs reference", got.as_slice(), want.as_slice()),
+            ("SIMT vs reference", simt, want.as_slice()),
+            ("default vs SIMT", got.as_slice(), simt),
+        ] {
+            let (rel, worst) = conv_errors(a, b);
+            assert!(
+                rel <= bound && worst <= bound,
+                "{what}, {case:?}: relative error {rel:e}, worst {worst:e} > {bound:e}"
+            );
+        }
+        differ |= got.as_slice() != simt;
+    }
+    // The tensor-core kernel rounds P to the dtype before P·V, so where it is the default (sm_80 and
+    // later, SIMT not forced) its outputs cannot all equal the SIMT kernel's bit for bit.
+    let capability = g
+        .device_info()
+        .details
+        .into_iter()
+        .find(|(k, _)| k == "compute capability")
+        .map(|(_, v)| v)
+        .unwrap_or_default();
+    let major: i32 = capability
+        .split('.')
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    let forced = std::env::var("TORSH_CUDA_ATTENTION").is_ok_and(|v| v == "simt");
+    eprintln!(
+        "attention on compute capability {capability}: tensor-core path {}",
+        major >= 8 && !forced
+    );
+    if major >= 8 && !forced {
+        assert!(
+            differ,
+            "the tensor-core kernel did not run (outputs equal the SIMT kernel's)"
+        );
+    }
+}

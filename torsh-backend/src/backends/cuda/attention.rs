@@ -1,17 +1,27 @@
-//! Host side of the attention kernels (`kernels/attention.cu`): a FlashAttention-2 style kernel that
-//! never materialises the score matrix.
+//! Host side of the attention kernels (`kernels/attention.cu`): FlashAttention-2 style kernels that
+//! never materialise the score matrix.
 //!
-//! One block of [`THREADS`] threads handles [`BLOCK_ROWS`] query rows of one (batch, head) and one group
-//! of output columns. The kernel comes in three column-group widths (64, 128, 256 columns, entry points
-//! `attention_w{64,128,256}_<dtype>`); the smallest width that covers `head_dim` is used, and a
-//! `head_dim` above 256 takes several 256-column groups, each of which recomputes the scores. Blocks
-//! walk the work items grid-stride, so any problem size fits in one launch.
+//! Two kernels:
+//! - The tensor-core kernel (`attention_mma_d{64,128}_{f16,bf16}`): f16 and bf16 with `head_dim` 64 or
+//!   128 on compute capability 8.0 and above, with Q, K, V and O 16-byte aligned. Scores and P·V are
+//!   `mma.sync.m16n8k16` with f32 accumulation; P is rounded to the input dtype before P·V, as in
+//!   FlashAttention. One block of [`MMA_THREADS`] threads handles [`MMA_BLOCK_ROWS`] query rows of one
+//!   (batch, head).
+//! - The SIMT kernel (`attention_w{64,128,256}_<dtype>`), everything else: one block of [`THREADS`]
+//!   threads handles [`BLOCK_ROWS`] query rows of one (batch, head) and one group of output columns; the
+//!   smallest of the three column-group widths (64, 128, 256) that covers `head_dim` is used, and a
+//!   `head_dim` above 256 takes several 256-column groups, each of which recomputes the scores.
+//!
+//! Setting the environment variable `TORSH_CUDA_ATTENTION=simt` makes every call use the SIMT kernel
+//! (read on each call), so one GPU run can compare the two. Both kernels walk their work items
+//! grid-stride, so any problem size fits in one launch.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::launch::{suffix, to_i64};
 use super::Gpu;
 use crate::compute::AttentionDesc;
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 /// Operation name in errors.
@@ -28,6 +38,18 @@ const WIDTHS: [usize; 3] = [64, 128, 256];
 
 /// Most blocks a 1-D launch may have (`gridDim.x` ≤ 2³¹ − 1).
 const MAX_BLOCKS: usize = i32::MAX as usize;
+
+/// Threads per block of the tensor-core kernel (`MMA_THREADS`).
+const MMA_THREADS: u32 = 128;
+
+/// Query rows per block of the tensor-core kernel (`MMA_BQ`): 16 per warp.
+const MMA_BLOCK_ROWS: usize = 64;
+
+/// The head widths the tensor-core kernel is instantiated for.
+const MMA_DIMS: [usize; 2] = [64, 128];
+
+/// The environment variable that can force the SIMT kernel, and the value that does.
+const KERNEL_VAR: (&str, &str) = ("TORSH_CUDA_ATTENTION", "simt");
 
 /// How one attention call is launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,8 +89,44 @@ fn plan(heads: usize, seq_q: usize, head_dim: usize) -> Result<Plan> {
 }
 
 /// The entry point's name for `width` and `dtype`.
-fn entry_name(width: usize, dtype: crate::dtype::DType) -> String {
+fn entry_name(width: usize, dtype: DType) -> String {
     format!("attention_w{width}_{}", suffix(dtype))
+}
+
+/// The tensor-core entry point's name for `head_dim` and `dtype`.
+fn mma_entry_name(head_dim: usize, dtype: DType) -> String {
+    format!("attention_mma_d{head_dim}_{}", suffix(dtype))
+}
+
+/// Whether the tensor-core kernel serves a call: f16 or bf16, `head_dim` 64 or 128, compute capability
+/// `(major, minor)` at least 8.0, every operand address 16-byte aligned, and the SIMT kernel not forced.
+fn use_mma(
+    dtype: DType,
+    head_dim: usize,
+    capability: (i32, i32),
+    addresses: &[u64],
+    simt_forced: bool,
+) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+        && MMA_DIMS.contains(&head_dim)
+        && capability.0 >= 8
+        && addresses.iter().all(|a| a % 16 == 0)
+        && !simt_forced
+}
+
+/// Whether `TORSH_CUDA_ATTENTION=simt` is set.
+fn simt_forced() -> bool {
+    std::env::var_os(KERNEL_VAR.0).is_some_and(|v| v == KERNEL_VAR.1)
+}
+
+/// Blocks of the tensor-core kernel for `heads` heads of `seq_q` queries, both non-zero: one per
+/// (head, 64-row query tile), capped at [`MAX_BLOCKS`] (the kernel walks the rest grid-stride).
+fn mma_blocks(heads: usize, seq_q: usize) -> Result<u32> {
+    let items = heads
+        .checked_mul(seq_q.div_ceil(MMA_BLOCK_ROWS))
+        .ok_or_else(|| BackendError::overflow(OP, "the number of attention tiles overflows"))?;
+    to_i64(OP, items)?; // the kernel counts items in 64 bits
+    Ok(items.clamp(1, MAX_BLOCKS) as u32)
 }
 
 /// Enqueues `O = softmax(scale · Q·Kᵀ [causal]) · V`. Empty outputs (no heads, no queries, zero
@@ -81,8 +139,33 @@ pub(crate) fn attention(gpu: &Gpu, d: &AttentionDesc) -> Result<()> {
         .batch
         .checked_mul(d.heads)
         .ok_or_else(|| BackendError::overflow(OP, "batch · heads overflows"))?;
+    let addresses = [d.q.0, d.k.0, d.v.0, d.o.0];
+    if use_mma(
+        d.dtype,
+        d.head_dim,
+        gpu.compute_capability(),
+        &addresses,
+        simt_forced(),
+    ) {
+        let blocks = mma_blocks(heads, d.seq_q)?;
+        let f = gpu.function_for("attention", d.dtype, &mma_entry_name(d.head_dim, d.dtype))?;
+        return launch(gpu, &f, blocks, MMA_THREADS, d, heads);
+    }
     let plan = plan(heads, d.seq_q, d.head_dim)?;
     let f = gpu.function_for("attention", d.dtype, &entry_name(plan.width, d.dtype))?;
+    launch(gpu, &f, plan.blocks, THREADS, d, heads)
+}
+
+/// Launches attention kernel `f` (either kernel: they take the same parameters) on `blocks` blocks of
+/// `threads` threads for `d` with `heads` = batch · heads.
+fn launch(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    blocks: u32,
+    threads: u32,
+    d: &AttentionDesc,
+    heads: usize,
+) -> Result<()> {
     let (bh, sq, skv, dim) = (
         to_i64(OP, heads)?,
         to_i64(OP, d.seq_q)?,
@@ -92,11 +175,11 @@ pub(crate) fn attention(gpu: &Gpu, d: &AttentionDesc) -> Result<()> {
     let causal = i32::from(d.causal);
     let (q, k, v, o) = (d.q.0, d.k.0, d.v.0, d.o.0);
     let cfg = LaunchConfig {
-        grid_dim: (plan.blocks, 1, 1),
-        block_dim: (THREADS, 1, 1),
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = gpu.stream().launch_builder(f);
     b.arg(&q)
         .arg(&k)
         .arg(&v)
@@ -108,7 +191,8 @@ pub(crate) fn attention(gpu: &Gpu, d: &AttentionDesc) -> Result<()> {
         .arg(&d.scale)
         .arg(&causal);
     // SAFETY: the caller checked every region against live allocations and for aliasing; the arguments
-    // match the kernel's parameters (four pointers, four i64, a double, an int).
+    // match the kernel's parameters (four pointers, four i64, a double, an int); the tensor-core kernel
+    // is launched only for its head_dim and with 16-byte aligned operands.
     unsafe { b.launch(cfg) }.map_err(|e| super::driver_error("attention", e))?;
     Ok(())
 }
@@ -116,7 +200,6 @@ pub(crate) fn attention(gpu: &Gpu, d: &AttentionDesc) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
 
     #[test]
     fn the_narrowest_covering_width_is_chosen() {
@@ -165,5 +248,74 @@ mod tests {
         assert!(src.contains("#define ATT_WARPS 4") && src.contains("#define ATT_ROWS 4"));
         assert_eq!(THREADS, 4 * 32);
         assert_eq!(BLOCK_ROWS, 4 * 4);
+    }
+
+    #[test]
+    fn tensor_cores_serve_f16_and_bf16_at_64_and_128_on_sm80_and_later() {
+        let aligned = [0x1000u64, 0x2000, 0x3010, 0x4000];
+        for dtype in [DType::F16, DType::BF16] {
+            for dim in MMA_DIMS {
+                assert!(use_mma(dtype, dim, (8, 0), &aligned, false));
+                assert!(use_mma(dtype, dim, (9, 0), &aligned, false));
+                assert!(use_mma(dtype, dim, (12, 0), &aligned, false));
+                assert!(!use_mma(dtype, dim, (7, 5), &aligned, false));
+                assert!(!use_mma(dtype, dim, (9, 0), &aligned, true), "forced SIMT");
+                assert!(!use_mma(
+                    dtype,
+                    dim,
+                    (9, 0),
+                    &[0x1000, 0x2002, 0x3000, 0x4000],
+                    false
+                ));
+                assert!(!use_mma(
+                    dtype,
+                    dim,
+                    (9, 0),
+                    &[0x1000, 0x2000, 0x3000, 0x4008],
+                    false
+                ));
+            }
+            for dim in [1, 8, 32, 63, 65, 96, 127, 129, 256] {
+                assert!(
+                    !use_mma(dtype, dim, (9, 0), &aligned, false),
+                    "head_dim {dim}"
+                );
+            }
+        }
+        for dtype in [DType::F32, DType::F64] {
+            assert!(!use_mma(dtype, 64, (9, 0), &aligned, false));
+        }
+    }
+
+    #[test]
+    fn tensor_core_blocks_cover_every_head_and_query_tile() {
+        assert_eq!(mma_blocks(1, 1).unwrap(), 1);
+        assert_eq!(mma_blocks(3, 64).unwrap(), 3);
+        assert_eq!(mma_blocks(3, 65).unwrap(), 6);
+        assert_eq!(mma_blocks(2, 129).unwrap(), 6);
+        assert_eq!(mma_blocks(1 << 40, 1).unwrap(), i32::MAX as u32);
+        assert!(mma_blocks(usize::MAX, 65).is_err());
+    }
+
+    #[test]
+    fn tensor_core_entry_names_match_the_kernel_source() {
+        let src = include_str!("kernels/attention.cu");
+        assert!(src.contains("attention_mma_d##D##_##S"));
+        assert!(
+            src.contains("#define MMA_ENTRY(S, T) MMA_ENTRY_D(64, S, T) MMA_ENTRY_D(128, S, T)")
+        );
+        assert!(src.contains("MMA_ENTRY(f16, f16_t)") && src.contains("MMA_ENTRY(bf16, bf16_t)"));
+        assert!(
+            src.contains("#define MMA_WARPS 4") && src.contains("#define MMA_BQ (MMA_WARPS * 16)")
+        );
+        assert!(src.contains("#define MMA_THREADS (MMA_WARPS * 32)"));
+        assert_eq!(MMA_THREADS, 4 * 32);
+        assert_eq!(MMA_BLOCK_ROWS, 4 * 16);
+        assert_eq!(MMA_DIMS, [64, 128]);
+        assert_eq!(mma_entry_name(64, DType::F16), "attention_mma_d64_f16");
+        assert_eq!(mma_entry_name(128, DType::BF16), "attention_mma_d128_bf16");
+        let (var, value) = KERNEL_VAR;
+        let doc = include_str!("attention.rs");
+        assert!(doc.contains(&format!("`{var}={value}`")));
     }
 }

@@ -9,6 +9,8 @@
 //! and y a 1×n matrix with leading dimension `incy`, so strided vectors need no copy and every dtype
 //! takes the same path. cuBLAS takes 32-bit sizes: larger dimensions are `InvalidArgument`.
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
@@ -23,13 +25,16 @@ use crate::device::BackendType;
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
-/// One cuBLAS handle bound to the backend's stream.
+/// cuBLAS handles, one per stream the backend has used, each bound to its stream. A handle per stream
+/// (rather than one handle re-bound per call) keeps cuBLAS's workspace private to one stream, so GEMMs
+/// on two streams never share scratch memory (PyTorch keeps one workspace per handle and stream too).
 pub(crate) struct Blas {
-    handle: Mutex<sys::cublasHandle_t>,
+    /// Handle by `CUstream` address.
+    handles: Mutex<HashMap<usize, sys::cublasHandle_t>>,
     tensor_cores: bool,
 }
 
-// SAFETY: the handle is only used under its mutex, and cuBLAS handles may move between threads.
+// SAFETY: handles are only used under the mutex, and cuBLAS handles may move between threads.
 unsafe impl Send for Blas {}
 // SAFETY: as above.
 unsafe impl Sync for Blas {}
@@ -43,29 +48,62 @@ impl std::fmt::Debug for Blas {
 }
 
 impl Blas {
-    /// A handle whose work goes to `stream`. The caller has bound the stream's context.
+    /// cuBLAS with a first handle bound to `stream` (so a missing or broken cuBLAS shows at init).
+    /// The caller has bound the stream's context.
     pub(crate) fn new(stream: &CudaStream, tensor_cores: bool) -> Result<Blas> {
-        let handle = loader::guarded("loading cuBLAS", blas::create_handle)
-            .map_err(|reason| BackendError::Unavailable {
-                backend: BackendType::Cuda,
-                reason,
-            })?
-            .map_err(|e| blas_error("cublasCreate", e))?;
-        // SAFETY: a fresh handle and a live stream of the current context.
-        unsafe { blas::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
-            .map_err(|e| blas_error("cublasSetStream", e))?;
-        Ok(Blas {
-            handle: Mutex::new(handle),
+        let blas = Blas {
+            handles: Mutex::new(HashMap::new()),
             tensor_cores,
-        })
+        };
+        drop(blas.handle_for(stream)?);
+        Ok(blas)
+    }
+
+    /// The handle bound to `stream`, created on first use, with the handle table locked.
+    fn handle_for(&self, stream: &CudaStream) -> Result<HandleGuard<'_>> {
+        let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        let key = stream.cu_stream() as usize;
+        if let Entry::Vacant(slot) = handles.entry(key) {
+            let handle = loader::guarded("loading cuBLAS", blas::create_handle)
+                .map_err(|reason| BackendError::Unavailable {
+                    backend: BackendType::Cuda,
+                    reason,
+                })?
+                .map_err(|e| blas_error("cublasCreate", e))?;
+            // SAFETY: a fresh handle and a live stream of the current context.
+            if let Err(e) =
+                unsafe { blas::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
+            {
+                // SAFETY: the handle was never used.
+                let _ = unsafe { blas::destroy_handle(handle) };
+                return Err(blas_error("cublasSetStream", e));
+            }
+            slot.insert(handle);
+        }
+        Ok(HandleGuard { handles, key })
+    }
+}
+
+/// A locked handle table and the key of the handle in use.
+struct HandleGuard<'a> {
+    handles: std::sync::MutexGuard<'a, HashMap<usize, sys::cublasHandle_t>>,
+    key: usize,
+}
+
+impl HandleGuard<'_> {
+    /// The handle.
+    fn get(&self) -> sys::cublasHandle_t {
+        self.handles[&self.key]
     }
 }
 
 impl Drop for Blas {
     fn drop(&mut self) {
-        let handle = *self.handle.get_mut().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the handle is not used after this.
-        let _ = unsafe { blas::destroy_handle(handle) };
+        let handles = self.handles.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (_, handle) in handles.drain() {
+            // SAFETY: the handle is not used after this.
+            let _ = unsafe { blas::destroy_handle(handle) };
+        }
     }
 }
 
@@ -138,13 +176,9 @@ fn flip(t: Transpose) -> Transpose {
     }
 }
 
-/// The handle, locked and bound to this thread's current stream.
-fn lock(gpu: &Gpu) -> Result<std::sync::MutexGuard<'_, sys::cublasHandle_t>> {
-    let handle = gpu.blas.handle.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: a live handle and a live stream of the bound context.
-    unsafe { blas::set_stream(*handle, gpu.stream().cu_stream() as sys::cudaStream_t) }
-        .map_err(|e| blas_error("cublasSetStream", e))?;
-    Ok(handle)
+/// The handle bound to this thread's current stream, locked.
+fn lock(gpu: &Gpu) -> Result<HandleGuard<'_>> {
+    gpu.blas.handle_for(gpu.stream())
 }
 
 /// `C = alpha·op(A)·op(B) + beta·C`, column-major; regions already checked.
@@ -162,7 +196,7 @@ pub(crate) fn gemm(gpu: &Gpu, d: &GemmDesc) -> Result<()> {
     // in reading them).
     unsafe {
         blas::gemm_ex(
-            *handle,
+            handle.get(),
             op(d.trans_a),
             op(d.trans_b),
             to_i32(name, d.m)?,
@@ -209,7 +243,7 @@ pub(crate) fn batched_gemm(gpu: &Gpu, d: &BatchedGemmDesc) -> Result<()> {
     // SAFETY: as in `gemm`; the descriptor's regions cover every batch.
     unsafe {
         blas::gemm_strided_batched_ex(
-            *handle,
+            handle.get(),
             op(g.trans_a),
             op(g.trans_b),
             to_i32(name, g.m)?,

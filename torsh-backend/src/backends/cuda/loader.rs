@@ -34,6 +34,8 @@ pub(crate) struct DriverStatus {
     pub device_count: usize,
     /// The driver's CUDA version as `major.minor`.
     pub driver_version: String,
+    /// The same as `major × 1000 + minor × 10` (`cuDriverGetVersion`).
+    pub driver_version_code: i32,
 }
 
 /// The driver probe: `libcuda.so.1` present, `cuInit` succeeds, at least one device.
@@ -64,6 +66,7 @@ pub(crate) fn driver() -> Result<&'static DriverStatus, String> {
                 Ok(DriverStatus {
                     device_count: count as usize,
                     driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
+                    driver_version_code: version,
                 })
             })?
         })
@@ -233,7 +236,24 @@ pub(crate) fn unavailable_reason() -> Option<String> {
     driver()
         .err()
         .or_else(|| nvrtc().err())
+        .or_else(|| nvrtc_not_newer_than_driver().err())
         .or_else(|| cublas().err())
+}
+
+/// NVRTC emits PTX of its own CUDA version, which a driver of an older CUDA version refuses to load
+/// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION` at the first op). Caught here, before any op, with the fix.
+fn nvrtc_not_newer_than_driver() -> Result<(), String> {
+    let driver = driver()?;
+    let (major, minor) = nvrtc_version()?;
+    if major * 1000 + minor * 10 <= driver.driver_version_code {
+        return Ok(());
+    }
+    Err(format!(
+        "NVRTC {major}.{minor} produces kernels that the CUDA {} driver cannot load: use an NVRTC no \
+         newer than the driver (for example `pip install \"nvidia-cuda-nvrtc-cu12=={}.*\"` for a CUDA 12 \
+         driver) or update the NVIDIA driver",
+        driver.driver_version, driver.driver_version
+    ))
 }
 
 /// The NVRTC version as `(major, minor)`, or why NVRTC cannot be used.

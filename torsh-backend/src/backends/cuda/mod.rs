@@ -128,6 +128,11 @@ impl Gpu {
         self.props.sm_count
     }
 
+    /// The device's compute capability (major, minor).
+    pub(crate) fn compute_capability(&self) -> (i32, i32) {
+        self.props.compute_capability
+    }
+
     fn bind(&self) -> Result<()> {
         self.ctx
             .bind_to_thread()
