@@ -17,8 +17,14 @@
 //! Strided operands are coalesced first (unit dims dropped, dims that are contiguous in every operand
 //! merged), so contiguous views reach the kernels as rank 1 and skip the index divisions. Every pointer
 //! must be aligned to its element size: a misaligned one is `InvalidArgument`, not a device fault.
+//!
+//! Memory-bound fast paths: when every coalesced operand is dense (rank 0, or rank 1 with unit stride;
+//! so no broadcast) and every first-element address is a multiple of 16 bytes, unary, binary,
+//! float-to-float cast and fill run `unary_vec_<dtype>`, `binary_vec_<dtype>`, `cast_vec_<src>_<dst>` and
+//! `fill_vec_<width>`: 16-byte loads and stores with the same per-element computation, so the results
+//! are bit-identical to the strided kernels'.
 
-use cudarc::driver::{CudaFunction, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 
 use super::launch::{check_aligned, suffix, to_i64, StridedArg};
@@ -36,20 +42,29 @@ pub(crate) fn unary(gpu: &Gpu, d: &UnaryDesc) -> Result<()> {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.input.ptr, d.output])?;
-    let (shape, [xs]) = coalesce(OP, [&d.input.layout])?;
-    let x = strided_arg(OP, &shape, xs, &d.input)?;
-    let f = kernel(gpu, unary_entry(d.dtype))?;
+    let (entry, operands) = unary_plan(d)?;
+    let f = kernel(gpu, entry)?;
     let n = to_i64(OP, numel)?;
     let code = unary_code(d.op);
     let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&d.input.ptr.0)
-        .arg(&x)
-        .arg(&d.output.0)
-        .arg(&n)
-        .arg(&code);
+    let cfg = match &operands {
+        Operands::Dense([x]) => {
+            b.arg(x).arg(&d.output.0).arg(&n).arg(&code);
+            vector_grid(gpu, numel, d.dtype, d.dtype)
+        }
+        Operands::Strided([x]) => {
+            b.arg(&d.input.ptr.0)
+                .arg(x)
+                .arg(&d.output.0)
+                .arg(&n)
+                .arg(&code);
+            gpu.grid(numel)
+        }
+    };
     // SAFETY: the caller checked every region against live allocations and for aliasing; the
-    // arguments match `unary_<dtype>(const T*, Strided, T*, i64, int)`.
-    unsafe { b.launch(gpu.grid(numel)) }.map_err(|e| driver_error(OP, e))?;
+    // arguments match `unary_vec_<dtype>(const T*, T*, i64, int)` (dense, 16-byte aligned operands) or
+    // `unary_<dtype>(const T*, Strided, T*, i64, int)`.
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
     Ok(())
 }
 
@@ -61,23 +76,31 @@ pub(crate) fn binary(gpu: &Gpu, d: &BinaryDesc) -> Result<()> {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.lhs.ptr, d.rhs.ptr, d.output])?;
-    let (shape, [ls, rs]) = coalesce(OP, [&d.lhs.layout, &d.rhs.layout])?;
-    let lhs = strided_arg(OP, &shape, ls, &d.lhs)?;
-    let rhs = strided_arg(OP, &shape, rs, &d.rhs)?;
-    let f = kernel(gpu, binary_entry(d.dtype))?;
+    let (entry, operands) = binary_plan(d)?;
+    let f = kernel(gpu, entry)?;
     let n = to_i64(OP, numel)?;
     let code = binary_code(d.op);
     let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&d.lhs.ptr.0)
-        .arg(&lhs)
-        .arg(&d.rhs.ptr.0)
-        .arg(&rhs)
-        .arg(&d.output.0)
-        .arg(&n)
-        .arg(&code);
+    let cfg = match &operands {
+        Operands::Dense([lhs, rhs]) => {
+            b.arg(lhs).arg(rhs).arg(&d.output.0).arg(&n).arg(&code);
+            vector_grid(gpu, numel, d.dtype, d.dtype)
+        }
+        Operands::Strided([lhs, rhs]) => {
+            b.arg(&d.lhs.ptr.0)
+                .arg(lhs)
+                .arg(&d.rhs.ptr.0)
+                .arg(rhs)
+                .arg(&d.output.0)
+                .arg(&n)
+                .arg(&code);
+            gpu.grid(numel)
+        }
+    };
     // SAFETY: regions checked by the caller; the arguments match
+    // `binary_vec_<dtype>(const T*, const T*, T*, i64, int)` (dense, 16-byte aligned operands) or
     // `binary_<dtype>(const T*, Strided, const T*, Strided, T*, i64, int)`.
-    unsafe { b.launch(gpu.grid(numel)) }.map_err(|e| driver_error(OP, e))?;
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
     Ok(())
 }
 
@@ -88,13 +111,20 @@ pub(crate) fn fill(gpu: &Gpu, d: &FillDesc) -> Result<()> {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.ptr])?;
-    let f = kernel(gpu, fill_entry(d.dtype))?;
+    let (entry, vector) = fill_plan(d);
+    let cfg = if vector {
+        vector_grid(gpu, d.len, d.dtype, d.dtype)
+    } else {
+        gpu.grid(d.len)
+    };
+    let f = kernel(gpu, entry)?;
     let n = to_i64(OP, d.len)?;
     let bits = fill_bits(d.dtype, d.value);
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&d.ptr.0).arg(&n).arg(&bits);
-    // SAFETY: the region was checked by the caller; the arguments match `fill_<width>(W*, i64, u64)`.
-    unsafe { b.launch(gpu.grid(d.len)) }.map_err(|e| driver_error(OP, e))?;
+    // SAFETY: the region was checked by the caller; the arguments match `fill_<width>(W*, i64, u64)`
+    // and `fill_vec_<width>(W*, i64, u64)` (the latter only for a 16-byte aligned pointer).
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
     Ok(())
 }
 
@@ -156,16 +186,130 @@ pub(crate) fn cast(gpu: &Gpu, d: &CastDesc) -> Result<()> {
     }
     check_aligned(OP, d.src_dtype, &[d.input.ptr])?;
     check_aligned(OP, d.dst_dtype, &[d.output])?;
-    let (shape, [xs]) = coalesce(OP, [&d.input.layout])?;
-    let x = strided_arg(OP, &shape, xs, &d.input)?;
-    let f = kernel(gpu, cast_entry(d.src_dtype, d.dst_dtype))?;
+    let (entry, operands) = cast_plan(d)?;
+    let f = kernel(gpu, entry)?;
     let n = to_i64(OP, numel)?;
     let mut b = gpu.stream().launch_builder(&f);
-    b.arg(&d.input.ptr.0).arg(&x).arg(&d.output.0).arg(&n);
+    let cfg = match &operands {
+        Operands::Dense([x]) => {
+            b.arg(x).arg(&d.output.0).arg(&n);
+            vector_grid(gpu, numel, d.src_dtype, d.dst_dtype)
+        }
+        Operands::Strided([x]) => {
+            b.arg(&d.input.ptr.0).arg(x).arg(&d.output.0).arg(&n);
+            gpu.grid(numel)
+        }
+    };
     // SAFETY: regions checked by the caller; the arguments match
+    // `cast_vec_<src>_<dst>(const S*, D*, i64)` (float to float, dense, 16-byte aligned operands) or
     // `cast_<src>_<dst>(const S*, Strided, D*, i64)`.
-    unsafe { b.launch(gpu.grid(numel)) }.map_err(|e| driver_error(OP, e))?;
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
     Ok(())
+}
+
+/// Alignment in bytes of the vector kernels' accesses, required of every first-element address.
+const VECTOR_ALIGN: u64 = 16;
+
+/// The operands of an elementwise kernel with `K` inputs.
+#[derive(Debug)]
+enum Operands<const K: usize> {
+    /// Every input dense and not broadcast, every first-element address (the output's too)
+    /// 16-byte aligned: each input's first-element address, for the `*_vec_*` kernels.
+    Dense([u64; K]),
+    /// Anything else: each input as a strided view of the common coalesced shape.
+    Strided([StridedArg; K]),
+}
+
+/// The kernel and operands of a unary op: `unary_vec_<dtype>` when [`operands`] finds them dense and
+/// aligned, else `unary_<dtype>`.
+fn unary_plan(d: &UnaryDesc) -> Result<(Entry, Operands<1>)> {
+    let operands = operands("unary", d.dtype, [&d.input], d.output, true)?;
+    let entry = match operands {
+        Operands::Dense(_) => unary_vec_entry(d.dtype),
+        Operands::Strided(_) => unary_entry(d.dtype),
+    };
+    Ok((entry, operands))
+}
+
+/// The kernel and operands of a binary op: `binary_vec_<dtype>` when [`operands`] finds them dense
+/// (no broadcast) and aligned, else `binary_<dtype>`.
+fn binary_plan(d: &BinaryDesc) -> Result<(Entry, Operands<2>)> {
+    let operands = operands("binary", d.dtype, [&d.lhs, &d.rhs], d.output, true)?;
+    let entry = match operands {
+        Operands::Dense(_) => binary_vec_entry(d.dtype),
+        Operands::Strided(_) => binary_entry(d.dtype),
+    };
+    Ok((entry, operands))
+}
+
+/// The kernel and operands of a cast: `cast_vec_<src>_<dst>` for a float-to-float cast whose operands
+/// [`operands`] finds dense and aligned, else `cast_<src>_<dst>`.
+fn cast_plan(d: &CastDesc) -> Result<(Entry, Operands<1>)> {
+    let vector = cast_vec_entry(d.src_dtype, d.dst_dtype);
+    let operands = operands("cast", d.src_dtype, [&d.input], d.output, vector.is_some())?;
+    let entry = match (vector, &operands) {
+        (Some(entry), Operands::Dense(_)) => entry,
+        _ => cast_entry(d.src_dtype, d.dst_dtype),
+    };
+    Ok((entry, operands))
+}
+
+/// The kernel of a fill and whether it is the vector kernel: `fill_vec_<width>` when the pointer is
+/// 16-byte aligned, else `fill_<width>`.
+fn fill_plan(d: &FillDesc) -> (Entry, bool) {
+    if d.ptr.0 % VECTOR_ALIGN == 0 {
+        (fill_vec_entry(d.dtype), true)
+    } else {
+        (fill_entry(d.dtype), false)
+    }
+}
+
+/// How `inputs` (of `dtype`) and the dense `output` reach a kernel: [`Operands::Dense`] when `vector`
+/// (the op has a vector kernel) and, after coalescing, every input is rank 0 or rank 1 with unit
+/// stride and every first-element address, the output's included, is a multiple of 16; else
+/// [`Operands::Strided`].
+fn operands<const K: usize>(
+    op: &'static str,
+    dtype: DType,
+    inputs: [&StridedBuf; K],
+    output: DevicePtr,
+    vector: bool,
+) -> Result<Operands<K>> {
+    let (shape, strides) = coalesce(op, inputs.map(|b| &b.layout))?;
+    let dense = shape.len() <= 1 && strides.iter().all(|s| s.iter().all(|&s| s == 1));
+    let addresses = inputs.map(|b| first_address(b, dtype));
+    let aligned = output.0 % VECTOR_ALIGN == 0 && addresses.iter().all(|a| a % VECTOR_ALIGN == 0);
+    if vector && dense && aligned {
+        return Ok(Operands::Dense(addresses));
+    }
+    let mut args = Vec::with_capacity(K);
+    for (s, buf) in strides.into_iter().zip(inputs) {
+        args.push(strided_arg(op, &shape, s, buf)?);
+    }
+    let args: [StridedArg; K] = args
+        .try_into()
+        .map_err(|_| BackendError::invalid(op, "operand count mismatch"))?;
+    Ok(Operands::Strided(args))
+}
+
+/// The device address of `buf`'s first element: its base plus the layout's offset in elements of
+/// `dtype`. Saturates (to an address no vector kernel accepts) where a region the caller checked
+/// cannot be.
+fn first_address(buf: &StridedBuf, dtype: DType) -> u64 {
+    let bytes = (buf.layout.offset() as u64).saturating_mul(dtype.size_in_bytes() as u64);
+    buf.ptr.0.saturating_add(bytes)
+}
+
+/// Elements of `src` converted to `dst` per thread and step in the vector kernels: 16 bytes of the
+/// narrower dtype.
+fn vector_lanes(src: DType, dst: DType) -> usize {
+    16 / src.size_in_bytes().min(dst.size_in_bytes())
+}
+
+/// The grid of a vector kernel over `numel` elements: one thread per vector of [`vector_lanes`]
+/// elements (the tail of fewer than that many elements is taken by the first threads).
+fn vector_grid(gpu: &Gpu, numel: usize, src: DType, dst: DType) -> LaunchConfig {
+    gpu.grid(numel.div_ceil(vector_lanes(src, dst)))
 }
 
 /// Where a kernel lives: its module, the variant to load (`Some(dtype)`: the module compiled for that
@@ -185,9 +329,23 @@ fn unary_entry(dtype: DType) -> Entry {
     ("unary", Some(dtype), format!("unary_{}", suffix(dtype)))
 }
 
+/// `unary_vec_<dtype>` in `unary.cu`.
+fn unary_vec_entry(dtype: DType) -> Entry {
+    ("unary", Some(dtype), format!("unary_vec_{}", suffix(dtype)))
+}
+
 /// `binary_<dtype>` in `binary.cu`.
 fn binary_entry(dtype: DType) -> Entry {
     ("binary", Some(dtype), format!("binary_{}", suffix(dtype)))
+}
+
+/// `binary_vec_<dtype>` in `binary.cu`.
+fn binary_vec_entry(dtype: DType) -> Entry {
+    (
+        "binary",
+        Some(dtype),
+        format!("binary_vec_{}", suffix(dtype)),
+    )
 }
 
 /// `random_<dtype>` in `random.cu`.
@@ -199,6 +357,19 @@ fn random_entry(dtype: DType) -> Entry {
 fn cast_entry(src: DType, dst: DType) -> Entry {
     let name = format!("cast_{}_{}", suffix(src), suffix(dst));
     ("cast", Some(src), name)
+}
+
+/// `cast_vec_<src>_<dst>` in `cast.cu`, in the variant of its source dtype: float to float only.
+fn cast_vec_entry(src: DType, dst: DType) -> Option<Entry> {
+    (src.is_float() && dst.is_float()).then(|| {
+        let name = format!("cast_vec_{}_{}", suffix(src), suffix(dst));
+        ("cast", Some(src), name)
+    })
+}
+
+/// `fill_vec_<width>` in `copy.cu` (no dtype variants).
+fn fill_vec_entry(dtype: DType) -> Entry {
+    ("copy", None, format!("fill_vec_{}", width_suffix(dtype)))
 }
 
 /// `fill_<width>` in `copy.cu` (no dtype variants).
@@ -511,6 +682,161 @@ mod tests {
         assert_eq!(1.0 / 9_007_199_254_740_992.0, 1.0 / (1u64 << 53) as f64);
     }
 
+    /// An exp of `dtype` from `input` into `output`.
+    fn unary_desc(dtype: DType, input: StridedBuf, output: u64) -> UnaryDesc {
+        UnaryDesc {
+            op: UnaryOp::Exp,
+            dtype,
+            input,
+            output: DevicePtr(output),
+        }
+    }
+
+    /// A contiguous view of `shape` at `ptr`, starting `offset` elements in.
+    fn view(ptr: u64, shape: &[usize], offset: usize) -> StridedBuf {
+        let l = Layout::contiguous(shape);
+        StridedBuf {
+            ptr: DevicePtr(ptr),
+            layout: Layout::new(l.shape().to_vec(), l.strides().to_vec(), offset).unwrap(),
+        }
+    }
+
+    #[test]
+    fn dense_aligned_unary_takes_the_vector_kernel() {
+        let (e, ops) = unary_plan(&unary_desc(DType::F32, view(256, &[3, 5, 7], 0), 4096)).unwrap();
+        assert_eq!(e, ("unary", Some(DType::F32), "unary_vec_f32".to_string()));
+        assert!(matches!(ops, Operands::Dense([256])));
+        // The offset counts: 4 f32 = 16 bytes keeps the alignment, 8 f16 too, 1 f64 does not.
+        let (e, ops) = unary_plan(&unary_desc(DType::F32, view(256, &[9], 4), 4096)).unwrap();
+        assert_eq!(e.2, "unary_vec_f32");
+        assert!(matches!(ops, Operands::Dense([272])));
+        let (e, _) = unary_plan(&unary_desc(DType::F16, view(256, &[9], 8), 4096)).unwrap();
+        assert_eq!(e.2, "unary_vec_f16");
+        let (e, _) = unary_plan(&unary_desc(DType::F64, view(256, &[9], 1), 4096)).unwrap();
+        assert_eq!(e.2, "unary_f64");
+        // A single element (rank 0 after coalescing) is dense too.
+        let (e, _) = unary_plan(&unary_desc(DType::BF16, view(512, &[1, 1], 0), 4096)).unwrap();
+        assert_eq!(
+            e,
+            ("unary", Some(DType::BF16), "unary_vec_bf16".to_string())
+        );
+    }
+
+    #[test]
+    fn misaligned_or_strided_unary_takes_the_strided_kernel() {
+        // Input offset of one f32, misaligned input base, misaligned output.
+        for (input, output) in [
+            (view(256, &[64], 1), 4096),
+            (view(260, &[64], 0), 4096),
+            (view(256, &[64], 0), 4100),
+        ] {
+            let (e, ops) = unary_plan(&unary_desc(DType::F32, input, output)).unwrap();
+            assert_eq!(e, ("unary", Some(DType::F32), "unary_f32".to_string()));
+            assert!(matches!(ops, Operands::Strided(_)));
+        }
+        // Transposed and step-2 views, though aligned.
+        let t = StridedBuf {
+            ptr: DevicePtr(256),
+            layout: Layout::contiguous(&[8, 4]).transpose(0, 1).unwrap(),
+        };
+        let step = StridedBuf {
+            ptr: DevicePtr(256),
+            layout: Layout::new(vec![8], vec![2], 0).unwrap(),
+        };
+        for input in [t, step] {
+            let (e, _) = unary_plan(&unary_desc(DType::F32, input, 4096)).unwrap();
+            assert_eq!(e.2, "unary_f32");
+        }
+    }
+
+    #[test]
+    fn binary_vectorises_only_dense_aligned_unbroadcast_operands() {
+        let desc = |lhs: StridedBuf, rhs: StridedBuf| BinaryDesc {
+            op: BinaryOp::Add,
+            dtype: DType::F64,
+            lhs,
+            rhs,
+            output: DevicePtr(8192),
+        };
+        let (e, ops) = binary_plan(&desc(view(256, &[4, 6], 0), view(1024, &[4, 6], 2))).unwrap();
+        assert_eq!(
+            e,
+            ("binary", Some(DType::F64), "binary_vec_f64".to_string())
+        );
+        assert!(matches!(ops, Operands::Dense([256, 1040])));
+        // One operand misaligned (offset of one f64).
+        let (e, _) = binary_plan(&desc(view(256, &[4, 6], 0), view(1024, &[4, 6], 1))).unwrap();
+        assert_eq!(e.2, "binary_f64");
+        // Broadcast: a row along the outer dim, and a scalar.
+        let row = StridedBuf {
+            ptr: DevicePtr(1024),
+            layout: Layout::new(vec![4, 6], vec![0, 1], 0).unwrap(),
+        };
+        let scalar = StridedBuf {
+            ptr: DevicePtr(1024),
+            layout: Layout::new(vec![4, 6], vec![0, 0], 0).unwrap(),
+        };
+        for rhs in [row, scalar] {
+            let (e, ops) = binary_plan(&desc(view(256, &[4, 6], 0), rhs)).unwrap();
+            assert_eq!(e.2, "binary_f64");
+            assert!(matches!(ops, Operands::Strided(_)));
+        }
+    }
+
+    #[test]
+    fn casts_vectorise_between_floats_only() {
+        let desc = |src, dst, input| CastDesc {
+            src_dtype: src,
+            dst_dtype: dst,
+            input,
+            output: DevicePtr(8192),
+        };
+        let (e, ops) = cast_plan(&desc(DType::F32, DType::F16, view(256, &[100], 0))).unwrap();
+        assert_eq!(
+            e,
+            ("cast", Some(DType::F32), "cast_vec_f32_f16".to_string())
+        );
+        assert!(matches!(ops, Operands::Dense([256])));
+        let (e, _) = cast_plan(&desc(DType::BF16, DType::F32, view(256, &[100], 8))).unwrap();
+        assert_eq!(e.2, "cast_vec_bf16_f32");
+        // Integer side: the scalar kernel, with a strided view although dense.
+        let (e, ops) = cast_plan(&desc(DType::F32, DType::I32, view(256, &[100], 0))).unwrap();
+        assert_eq!(e.2, "cast_f32_i32");
+        assert!(matches!(ops, Operands::Strided(_)));
+        // Misaligned source (offset of one f16).
+        let (e, _) = cast_plan(&desc(DType::F16, DType::F32, view(256, &[100], 1))).unwrap();
+        assert_eq!(e.2, "cast_f16_f32");
+    }
+
+    #[test]
+    fn fills_vectorise_when_aligned() {
+        let desc = |dtype, ptr| FillDesc {
+            dtype,
+            ptr: DevicePtr(ptr),
+            len: 10,
+            value: 1.0,
+        };
+        assert_eq!(
+            fill_plan(&desc(DType::F32, 256)),
+            (fill_vec_entry(DType::F32), true)
+        );
+        assert_eq!(fill_plan(&desc(DType::U8, 256)).0 .2, "fill_vec_u8");
+        assert_eq!(
+            fill_plan(&desc(DType::F32, 260)),
+            (fill_entry(DType::F32), false)
+        );
+        assert_eq!(fill_plan(&desc(DType::U8, 257)).0 .2, "fill_u8");
+    }
+
+    #[test]
+    fn vector_lanes_move_16_bytes_of_the_narrower_dtype() {
+        assert_eq!(vector_lanes(DType::F32, DType::F32), 4);
+        assert_eq!(vector_lanes(DType::F64, DType::F64), 2);
+        assert_eq!(vector_lanes(DType::BF16, DType::BF16), 8);
+        assert_eq!(vector_lanes(DType::F32, DType::F16), 8);
+        assert_eq!(vector_lanes(DType::F64, DType::F32), 4);
+    }
+
     /// Every entry point the host fetches, by (module, variant), compiled as the backend compiles it:
     /// each kernel must be in the variant it is fetched from.
     #[test]
@@ -519,9 +845,11 @@ mod tests {
         for s in DType::ALL {
             if s.is_float() {
                 entries.extend([unary_entry(s), binary_entry(s), random_entry(s)]);
+                entries.extend([unary_vec_entry(s), binary_vec_entry(s)]);
             }
-            entries.extend([fill_entry(s), copy_entry(s)]);
+            entries.extend([fill_entry(s), fill_vec_entry(s), copy_entry(s)]);
             entries.extend(DType::ALL.iter().map(|&d| cast_entry(s, d)));
+            entries.extend(DType::ALL.iter().filter_map(|&d| cast_vec_entry(s, d)));
         }
         let mut modules: Vec<(&str, Option<DType>)> = entries.iter().map(|e| (e.0, e.1)).collect();
         modules.sort();

@@ -1,10 +1,13 @@
-// Binary math (module `binary`): `binary_<dtype>`, one entry point per float dtype with the op as a code.
+// Binary math (module `binary`): `binary_<dtype>` and `binary_vec_<dtype>`, one entry point each per
+// float dtype with the op as a code.
 //
 // The meaning of every op is the reference backend's (backends/reference/elementwise.rs, math.rs). Math
 // runs in `Num<T>::acc` (f64 for f64, f32 otherwise). Every kernel is a grid-stride loop with 64-bit
-// indices; the output is dense (`y[i]`), the inputs strided (broadcast dims have stride 0). The host
-// merges dims that are contiguous in every operand, so contiguous views arrive as rank 1 and
-// `elem_offset` skips the index divisions.
+// indices; the output is dense (`y[i]`). In `binary_<dtype>` the inputs are strided (broadcast dims have
+// stride 0): the host merges dims that are contiguous in every operand, so contiguous views arrive as
+// rank 1 and `elem_offset` skips the index divisions. `binary_vec_<dtype>` is the fast path for dense,
+// unbroadcast inputs whose first elements and the output are 16-byte aligned: 16-byte loads and stores,
+// the same per-element computation.
 
 __device__ __forceinline__ float m_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double m_pow(double a, double b) { return pow(a, b); }
@@ -36,15 +39,48 @@ template <typename A> __device__ __forceinline__ A binary_op(int op, A a, A b) {
     }
 }
 
+// OP(a, b) for one element, in the accumulator, rounded once: the computation of both paths.
+template <typename T, int OP> __device__ __forceinline__ T binary_elem(T a, T b) {
+    typedef typename Num<T>::acc A;
+    return Num<T>::store(binary_op<A>(OP, Num<T>::load(a), Num<T>::load(b)));
+}
+
 // y[i] = OP(a[i], b[i]) for one op fixed at compile time.
 template <typename T, int OP>
 __device__ __forceinline__ void binary_loop(const T* a, const Strided& as, const T* b,
                                             const Strided& bs, T* y, i64 n) {
-    typedef typename Num<T>::acc A;
     TORSH_GRID_STRIDE(i, n) {
-        A va = Num<T>::load(a[elem_offset(as, i)]);
-        A vb = Num<T>::load(b[elem_offset(bs, i)]);
-        y[i] = Num<T>::store(binary_op<A>(OP, va, vb));
+        y[i] = binary_elem<T, OP>(a[elem_offset(as, i)], b[elem_offset(bs, i)]);
+    }
+}
+
+// L elements of T moved as one unit; 16-byte aligned and a multiple of 16 bytes, so every access to it
+// is one or more 16-byte vector instructions (ld.global.v4 / v2).
+template <typename T, int L> struct alignas(16) Pack { T e[L]; };
+
+// Dense a, b and y, all 16-byte aligned: 16 bytes of each per thread and step (L = 16 / sizeof(T)
+// elements), grid-stride over the n / L vectors, then the last n % L elements by the first threads.
+template <typename T, int OP>
+__device__ __forceinline__ void binary_vec_loop(const T* a, const T* b, T* y, i64 n) {
+    constexpr int L = 16 / (int)sizeof(T);
+    typedef Pack<T, L> P;
+    const P* av = reinterpret_cast<const P*>(a);
+    const P* bv = reinterpret_cast<const P*>(b);
+    P* yv = reinterpret_cast<P*>(y);
+    const i64 nv = n / L;
+    TORSH_GRID_STRIDE(v, nv) {
+        P pa = av[v];
+        const P pb = bv[v];
+#pragma unroll
+        for (int k = 0; k < L; ++k) {
+            pa.e[k] = binary_elem<T, OP>(pa.e[k], pb.e[k]);
+        }
+        yv[v] = pa;
+    }
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n - nv * L) {
+        const i64 i = nv * L + t;
+        y[i] = binary_elem<T, OP>(a[i], b[i]);
     }
 }
 
@@ -61,11 +97,26 @@ __device__ void binary_body(const T* a, const Strided& as, const T* b, const Str
     }
 }
 
+// The vector path's dispatch of the run-time op code. An unknown code writes nothing.
+template <typename T> __device__ void binary_vec_body(const T* a, const T* b, T* y, i64 n, int op) {
+    switch (op) {
+#define CASE(K) case K: binary_vec_loop<T, K>(a, b, y, n); break;
+    CASE(BINARY_ADD) CASE(BINARY_SUB) CASE(BINARY_MUL) CASE(BINARY_DIV) CASE(BINARY_MAXIMUM)
+    CASE(BINARY_MINIMUM) CASE(BINARY_POW)
+#undef CASE
+    default: break;
+    }
+}
+
 // binary_<dtype>(a, as, b, bs, y, n, op): y[0..n) dense; a and b strided (broadcast dims: stride 0).
+// binary_vec_<dtype>(a, b, y, n, op): a, b (their first elements) and y dense and 16-byte aligned.
 #define ENTRY(S, T)                                                                         \
     extern "C" __global__ void binary_##S(const T* a, Strided as, const T* b, Strided bs, T* y, \
                                           i64 n, int op) {                                  \
         binary_body<T>(a, as, b, bs, y, n, op);                                             \
+    }                                                                                       \
+    extern "C" __global__ void binary_vec_##S(const T* a, const T* b, T* y, i64 n, int op) {   \
+        binary_vec_body<T>(a, b, y, n, op);                                                 \
     }
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY

@@ -1,9 +1,12 @@
-// Unary math (module `unary`): `unary_<dtype>`, one entry point per float dtype with the op as a code.
+// Unary math (module `unary`): `unary_<dtype>` and `unary_vec_<dtype>`, one entry point each per float
+// dtype with the op as a code.
 //
 // The meaning of every op is the reference backend's (backends/reference/elementwise.rs, math.rs). Math
 // runs in `Num<T>::acc` (f64 for f64, f32 otherwise). Every kernel is a grid-stride loop with 64-bit
-// indices; the output is dense (`y[i]`), the input strided. The host merges dims that are contiguous in
-// every operand, so a contiguous view arrives as rank 1 and `elem_offset` skips the index divisions.
+// indices; the output is dense (`y[i]`). In `unary_<dtype>` the input is strided: the host merges dims
+// that are contiguous in every operand, so a contiguous view arrives as rank 1 and `elem_offset` skips
+// the index divisions. `unary_vec_<dtype>` is the fast path for a dense input whose first element and the
+// output are 16-byte aligned: 16-byte loads and stores, the same per-element computation.
 
 // f32 and f64 overloads of the device math functions (no toolkit headers, so no C++ overloads).
 #define TORSH_MATH1(NAME, F32, F64)                                      \
@@ -78,12 +81,43 @@ template <typename A> __device__ __forceinline__ A unary_op(int op, A x) {
     }
 }
 
+// OP(x) for one element, in the accumulator, rounded once: the computation of both paths.
+template <typename T, int OP> __device__ __forceinline__ T unary_elem(T x) {
+    typedef typename Num<T>::acc A;
+    return Num<T>::store(unary_op<A>(OP, Num<T>::load(x)));
+}
+
 // y[i] = OP(x[i]) for one op fixed at compile time, so the switch folds away inside the loop.
 template <typename T, int OP>
 __device__ __forceinline__ void unary_loop(const T* x, const Strided& xs, T* y, i64 n) {
-    typedef typename Num<T>::acc A;
     TORSH_GRID_STRIDE(i, n) {
-        y[i] = Num<T>::store(unary_op<A>(OP, Num<T>::load(x[elem_offset(xs, i)])));
+        y[i] = unary_elem<T, OP>(x[elem_offset(xs, i)]);
+    }
+}
+
+// L elements of T moved as one unit; 16-byte aligned and a multiple of 16 bytes, so every access to it
+// is one or more 16-byte vector instructions (ld.global.v4 / v2).
+template <typename T, int L> struct alignas(16) Pack { T e[L]; };
+
+// Dense x and y, both 16-byte aligned: 16 bytes per thread and step (L = 16 / sizeof(T) elements),
+// grid-stride over the n / L vectors, then the last n % L elements by the first threads of the grid.
+template <typename T, int OP> __device__ __forceinline__ void unary_vec_loop(const T* x, T* y, i64 n) {
+    constexpr int L = 16 / (int)sizeof(T);
+    typedef Pack<T, L> P;
+    const P* xv = reinterpret_cast<const P*>(x);
+    P* yv = reinterpret_cast<P*>(y);
+    const i64 nv = n / L;
+    TORSH_GRID_STRIDE(v, nv) {
+        P p = xv[v];
+#pragma unroll
+        for (int k = 0; k < L; ++k) {
+            p.e[k] = unary_elem<T, OP>(p.e[k]);
+        }
+        yv[v] = p;
+    }
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n - nv * L) {
+        y[nv * L + t] = unary_elem<T, OP>(x[nv * L + t]);
     }
 }
 
@@ -101,10 +135,27 @@ __device__ void unary_body(const T* x, const Strided& xs, T* y, i64 n, int op) {
     }
 }
 
+// The vector path's dispatch of the run-time op code. An unknown code writes nothing.
+template <typename T> __device__ void unary_vec_body(const T* x, T* y, i64 n, int op) {
+    switch (op) {
+#define CASE(K) case K: unary_vec_loop<T, K>(x, y, n); break;
+    CASE(UNARY_NEG) CASE(UNARY_ABS) CASE(UNARY_EXP) CASE(UNARY_LOG) CASE(UNARY_SQRT)
+    CASE(UNARY_RSQRT) CASE(UNARY_RECIP) CASE(UNARY_SQUARE) CASE(UNARY_RELU) CASE(UNARY_GELU)
+    CASE(UNARY_GELU_TANH) CASE(UNARY_SIGMOID) CASE(UNARY_SILU) CASE(UNARY_TANH) CASE(UNARY_SIN)
+    CASE(UNARY_COS) CASE(UNARY_ERF)
+#undef CASE
+    default: break;
+    }
+}
+
 // unary_<dtype>(x, xs, y, n, op): y[0..n) dense, x strided.
+// unary_vec_<dtype>(x, y, n, op): x (its first element) and y dense and 16-byte aligned.
 #define ENTRY(S, T)                                                                  \
     extern "C" __global__ void unary_##S(const T* x, Strided xs, T* y, i64 n, int op) { \
         unary_body<T>(x, xs, y, n, op);                                              \
+    }                                                                                \
+    extern "C" __global__ void unary_vec_##S(const T* x, T* y, i64 n, int op) {     \
+        unary_vec_body<T>(x, y, n, op);                                              \
     }
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY
