@@ -192,6 +192,12 @@ fn events_order_streams_and_time_device_work() {
             s.wait_event(&foreign),
             Err(BackendError::DeviceMismatch { .. })
         ));
+        // A stream the backend never handed out is refused at the raw trait.
+        assert!(matches!(
+            b.compute()
+                .set_current_stream(torsh_backend::compute::StreamId(1 << 40)),
+            Err(BackendError::InvalidArgument { .. })
+        ));
         // A failing closure still restores the previous stream.
         let err = s.run(|| x.matmul(&b.ones(&[3, 3], DType::F32)?));
         assert!(err.is_err());

@@ -176,7 +176,13 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// Makes `stream` the one this thread's ops on this backend use, returning the previous one.
     /// `InvalidArgument` for a stream this backend did not create.
     fn set_current_stream(&self, stream: StreamId) -> Result<StreamId> {
-        let _ = stream;
+        // The provided `create_stream` hands out stream 1 only.
+        if stream.0 > 1 {
+            return Err(BackendError::invalid(
+                "set_current_stream",
+                format!("stream {} was not created by this backend", stream.0),
+            ));
+        }
         Ok(StreamId::DEFAULT)
     }
 
@@ -217,7 +223,8 @@ pub trait ComputeBackend: Send + Sync + Debug {
         })
     }
 
-    /// Releases an event. Unknown ids are `InvalidArgument`.
+    /// Releases an event. Backends with real events answer `InvalidArgument` for an unknown id; the
+    /// provided body (events that are complete when recorded) has nothing to release.
     fn destroy_event(&self, event: EventId) -> Result<()> {
         let _ = event;
         Ok(())
