@@ -347,7 +347,14 @@ fn build(config: BackendConfig) -> Result<Backend> {
         ));
     }
     let mut compute: Box<dyn ComputeBackend> = match kind {
-        BackendType::Cpu | BackendType::Reference => Box::new(ReferenceBackend::new(kind)),
+        #[cfg(feature = "cpu")]
+        BackendType::Cpu => Box::new(crate::backends::cpu::CpuBackend::new(
+            config.num_threads,
+            config.enable_simd,
+        )?),
+        #[cfg(not(feature = "cpu"))]
+        BackendType::Cpu => Box::new(ReferenceBackend::new(kind)),
+        BackendType::Reference => Box::new(ReferenceBackend::new(kind)),
         #[cfg(feature = "cuda")]
         BackendType::Cuda => Box::new(crate::backends::cuda::CudaBackend::new(
             crate::backends::cuda::CudaOptions {
@@ -452,8 +459,8 @@ impl BackendBuilder {
 
 /// Configures the CPU backend: `Backend::cpu().num_threads(8).enable_simd(true).build()`.
 ///
-/// Until the CPU backend's own kernels land, the CPU is served by the scalar reference kernels on one
-/// thread; `device_info()` reports the threads requested and the threads used.
+/// GEMM runs SIMD kernels on a pool of `num_threads` threads; the other ops still run the scalar
+/// reference kernels (see `backends::cpu`). `device_info()` reports the threads used and the SIMD level.
 #[derive(Clone, Debug)]
 pub struct CpuBuilder {
     config: BackendConfig,

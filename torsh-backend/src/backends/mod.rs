@@ -2,6 +2,8 @@
 //! the CPU backend has kernels of its own) and CUDA. Every other kind answers `Unavailable` (see
 //! [`crate::Backend::probe`]).
 
+#[cfg(feature = "cpu")]
+pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod reference;

@@ -58,26 +58,55 @@ pub fn encode_int(dtype: DType, v: i64, out: &mut [u8]) {
     }
 }
 
-/// The reference backend's memory.
+/// 64 bytes aligned to 64: the unit host buffers are made of, so every buffer starts on a cache line
+/// and SIMD kernels may assume element alignment at element offsets.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// One allocation: whole cache lines, of which the first `len` bytes are the allocation.
+struct Buffer {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl Buffer {
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.lines)[..self.len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({} bytes)", self.len)
+    }
+}
+
+/// The host memory of the reference and CPU backends: 64-byte aligned buffers.
 #[derive(Debug, Default)]
 pub struct HostMemory {
     /// Live allocations, for every pointer check.
     pub table: AllocationTable,
-    buffers: HashMap<u64, Vec<u8>>,
+    buffers: HashMap<u64, Buffer>,
 }
 
 impl HostMemory {
     /// Allocates `bytes` filled with [`POISON_BYTE`]. `OutOfMemory` if the host cannot provide them.
     pub fn alloc(&mut self, bytes: usize) -> Result<DevicePtr> {
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(bytes)
+        let mut lines = Vec::new();
+        lines
+            .try_reserve_exact(bytes.div_ceil(64))
             .map_err(|_| BackendError::OutOfMemory {
                 requested: bytes,
                 available: 0,
             })?;
-        buf.resize(bytes, POISON_BYTE);
+        lines.resize(bytes.div_ceil(64), Line([POISON_BYTE; 64]));
         let ptr = self.table.allocate_synthetic(bytes)?;
-        self.buffers.insert(ptr.0, buf);
+        self.buffers.insert(ptr.0, Buffer { lines, len: bytes });
         Ok(ptr)
     }
 
@@ -92,7 +121,7 @@ impl HostMemory {
     pub fn bytes(&self, ptr: DevicePtr, bytes: usize) -> Result<&[u8]> {
         let (base, off) = self.table.check(ptr, bytes)?;
         let buf = self.buffer(base)?;
-        Ok(&buf[off..off + bytes])
+        Ok(&buf.bytes()[off..off + bytes])
     }
 
     /// The `bytes` bytes at `ptr`, mutably, after a bounds check.
@@ -102,10 +131,17 @@ impl HostMemory {
             .buffers
             .get_mut(&base.0)
             .ok_or_else(|| lost_buffer(base))?;
-        Ok(&mut buf[off..off + bytes])
+        Ok(&mut buf.bytes_mut()[off..off + bytes])
     }
 
-    fn buffer(&self, base: DevicePtr) -> Result<&Vec<u8>> {
+    /// The address in host memory of the `bytes` bytes at `ptr`, after a bounds check, for kernels that
+    /// work on raw pointers (the CPU backend's GEMM). The caller holds `&mut self` for as long as it
+    /// uses the pointer and has checked the op's regions for aliasing.
+    pub fn host_address(&mut self, ptr: DevicePtr, bytes: usize) -> Result<*mut u8> {
+        Ok(self.bytes_mut(ptr, bytes)?.as_mut_ptr())
+    }
+
+    fn buffer(&self, base: DevicePtr) -> Result<&Buffer> {
         self.buffers.get(&base.0).ok_or_else(|| lost_buffer(base))
     }
 

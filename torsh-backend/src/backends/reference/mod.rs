@@ -13,7 +13,7 @@ mod blas;
 mod conv;
 mod elementwise;
 mod math;
-mod memory;
+pub(crate) mod memory;
 mod norm;
 mod pool;
 mod reduce;
@@ -29,7 +29,8 @@ use crate::error::{BackendError, Result};
 use memory::HostMemory;
 
 /// The scalar reference backend. `ReferenceBackend::new(BackendType::Reference)` is the oracle;
-/// `BackendType::Cpu` uses the same kernels under the CPU's name until the CPU backend has its own.
+/// `BackendType::Cpu` uses these kernels for the ops the CPU backend has no SIMD kernel for yet (and
+/// entirely when the `cpu` feature is off).
 #[derive(Debug)]
 pub struct ReferenceBackend {
     serves: BackendType,
@@ -58,7 +59,7 @@ impl ReferenceBackend {
         Ok(self.memory.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn float_only(&self, op: &'static str, dtype: DType) -> Result<()> {
+    pub(crate) fn float_only(&self, op: &'static str, dtype: DType) -> Result<()> {
         if dtype.is_float() {
             Ok(())
         } else {
@@ -71,7 +72,11 @@ impl ReferenceBackend {
     }
 
     /// Checks an op's regions, then runs `kernel` under the lock.
-    fn run(&self, acc: Accesses, kernel: impl FnOnce(&mut HostMemory) -> Result<()>) -> Result<()> {
+    pub(crate) fn run(
+        &self,
+        acc: Accesses,
+        kernel: impl FnOnce(&mut HostMemory) -> Result<()>,
+    ) -> Result<()> {
         let mut mem = self.memory()?;
         mem.table.check_accesses(&acc)?;
         kernel(&mut mem)
@@ -99,7 +104,7 @@ impl ComputeBackend for ReferenceBackend {
     fn device_info(&self) -> DeviceInfo {
         let api = match self.serves {
             BackendType::Reference => "scalar reference kernels (f64 accumulation)",
-            _ => "scalar reference kernels (the CPU backend's own kernels are not built yet)",
+            _ => "scalar reference kernels",
         };
         DeviceInfo {
             device: Device {

@@ -1,0 +1,193 @@
+//! GEMM on the `gemm` crate's microkernels (runtime-dispatched AVX-512 / AVX2+FMA / NEON),
+//! threaded on the backend's own rayon pool.
+//!
+//! The descriptors are column-major with leading dimensions; the `gemm` crate takes any row and column
+//! strides, so every transpose combination and leading dimension maps onto it without a copy. f32, f64
+//! and f16 run natively (f16 accumulates in f32 inside the crate); bf16 is widened to f32, multiplied
+//! with f32 accumulation, and rounded once into C. `beta == 0` means C is not read, as in BLAS.
+
+use gemm::Parallelism;
+use half::{bf16, f16};
+
+use crate::backends::reference::memory::HostMemory;
+use crate::compute::{GemmDesc, Transpose};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+
+/// Strides `(row, column)` of `op(X)` for a column-major X with leading dimension `ld`.
+fn strides(t: Transpose, ld: usize) -> Result<(isize, isize)> {
+    let ld = isize::try_from(ld)
+        .map_err(|_| BackendError::overflow("gemm", "leading dimension exceeds isize"))?;
+    Ok(match t {
+        Transpose::No => (1, ld),
+        Transpose::Yes => (ld, 1),
+    })
+}
+
+/// True when every pointer is aligned to the element size (the raw trait allows any byte address;
+/// typed kernels need element alignment, so misaligned operands take the reference path).
+pub(crate) fn aligned(dtype: DType, ptrs: &[u64]) -> bool {
+    ptrs.iter().all(|p| p % dtype.size_in_bytes() as u64 == 0)
+}
+
+/// One GEMM in the `gemm` crate's form: `dst = beta·dst + alpha·lhs·rhs`, all strides in elements.
+struct Call<T> {
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_strides: (isize, isize),
+    lhs: *const T,
+    lhs_strides: (isize, isize),
+    rhs: *const T,
+    rhs_strides: (isize, isize),
+    alpha: T,
+    beta: T,
+    read_dst: bool,
+}
+
+impl<T: 'static> Call<T> {
+    /// Runs the call.
+    ///
+    /// # Safety
+    /// Every pointer with its strides and sizes must address memory valid for the access (reads for
+    /// lhs/rhs, reads and writes for dst), dst must not overlap lhs or rhs, and `T` must be f32, f64
+    /// or `half::f16`.
+    unsafe fn run(self, parallelism: Parallelism) {
+        gemm::gemm(
+            self.m,
+            self.n,
+            self.k,
+            self.dst,
+            self.dst_strides.1,
+            self.dst_strides.0,
+            self.read_dst,
+            self.lhs,
+            self.lhs_strides.1,
+            self.lhs_strides.0,
+            self.rhs,
+            self.rhs_strides.1,
+            self.rhs_strides.0,
+            self.beta,
+            self.alpha,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+/// `C = alpha·op(A)·op(B) + beta·C`. The caller checked the regions and for aliasing, element
+/// alignment, `m, n, k > 0`, and holds the memory lock through `mem`.
+pub(crate) fn gemm(
+    mem: &mut HostMemory,
+    d: &GemmDesc,
+    regions: [usize; 3],
+    parallelism: Parallelism,
+) -> Result<()> {
+    let a = mem.host_address(d.a, regions[0])?;
+    let b = mem.host_address(d.b, regions[1])?;
+    let c = mem.host_address(d.c, regions[2])?;
+    let lhs_strides = strides(d.trans_a, d.lda)?;
+    let rhs_strides = strides(d.trans_b, d.ldb)?;
+    let dst_strides = strides(Transpose::No, d.ldc)?;
+    let read_dst = d.beta != 0.0;
+    macro_rules! call {
+        ($t:ty, $conv:expr) => {{
+            let conv = $conv;
+            Call::<$t> {
+                m: d.m,
+                n: d.n,
+                k: d.k,
+                dst: c as *mut $t,
+                dst_strides,
+                lhs: a as *const $t,
+                lhs_strides,
+                rhs: b as *const $t,
+                rhs_strides,
+                alpha: conv(d.alpha),
+                beta: conv(d.beta),
+                read_dst,
+            }
+        }};
+    }
+    // SAFETY: the regions cover every element the strides reach (checked by `GemmDesc::accesses`
+    // against live allocations), the output does not overlap the inputs (aliasing check), the caller
+    // checked element alignment, and the buffers stay alive under the memory lock.
+    unsafe {
+        match d.dtype {
+            DType::F32 => call!(f32, |x: f64| x as f32).run(parallelism),
+            DType::F64 => call!(f64, |x: f64| x).run(parallelism),
+            DType::F16 => call!(f16, f16::from_f64).run(parallelism),
+            DType::BF16 => return bf16_gemm(mem, d, regions, parallelism),
+            other => {
+                return Err(BackendError::Unsupported {
+                    op: "gemm",
+                    backend: crate::device::BackendType::Cpu,
+                    dtype: other,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// bf16 GEMM: A and B widened to dense f32 copies, an f32 GEMM with f32 accumulation into an f32 C,
+/// then C rounded once to bf16.
+fn bf16_gemm(
+    mem: &mut HostMemory,
+    d: &GemmDesc,
+    regions: [usize; 3],
+    parallelism: Parallelism,
+) -> Result<()> {
+    let widen = |mem: &HostMemory, ptr, bytes: usize| -> Result<Vec<f32>> {
+        let raw = mem.bytes(ptr, bytes)?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(bytes / 2)
+            .map_err(|_| BackendError::OutOfMemory {
+                requested: bytes * 2,
+                available: 0,
+            })?;
+        out.extend(
+            raw.chunks_exact(2)
+                .map(|p| bf16::from_le_bytes([p[0], p[1]]).to_f32()),
+        );
+        Ok(out)
+    };
+    let a = widen(mem, d.a, regions[0])?;
+    let b = widen(mem, d.b, regions[1])?;
+    let mut c = if d.beta != 0.0 {
+        widen(mem, d.c, regions[2])?
+    } else {
+        vec![0f32; regions[2] / 2]
+    };
+    // SAFETY: the f32 copies have exactly the element extents of the original regions, so the same
+    // strides stay in bounds; they are distinct vectors.
+    unsafe {
+        Call::<f32> {
+            m: d.m,
+            n: d.n,
+            k: d.k,
+            dst: c.as_mut_ptr(),
+            dst_strides: strides(Transpose::No, d.ldc)?,
+            lhs: a.as_ptr(),
+            lhs_strides: strides(d.trans_a, d.lda)?,
+            rhs: b.as_ptr(),
+            rhs_strides: strides(d.trans_b, d.ldb)?,
+            alpha: d.alpha as f32,
+            beta: d.beta as f32,
+            read_dst: d.beta != 0.0,
+        }
+        .run(parallelism);
+    }
+    // Store only the elements of C (the region may include gaps between columns when ldc > m).
+    let out = mem.bytes_mut(d.c, regions[2])?;
+    for j in 0..d.n {
+        for i in 0..d.m {
+            let e = i + j * d.ldc;
+            out[2 * e..2 * e + 2].copy_from_slice(&bf16::from_f32(c[e]).to_le_bytes());
+        }
+    }
+    Ok(())
+}
