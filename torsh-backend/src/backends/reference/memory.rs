@@ -137,8 +137,18 @@ impl HostMemory {
     /// The address in host memory of the `bytes` bytes at `ptr`, after a bounds check, for kernels that
     /// work on raw pointers (the CPU backend's GEMM). The caller holds `&mut self` for as long as it
     /// uses the pointer and has checked the op's regions for aliasing.
+    ///
+    /// The address comes from `Vec::as_mut_ptr`, which creates no reference to the buffer, so several
+    /// addresses into one buffer (two input views of one allocation) stay valid together.
     pub fn host_address(&mut self, ptr: DevicePtr, bytes: usize) -> Result<*mut u8> {
-        Ok(self.bytes_mut(ptr, bytes)?.as_mut_ptr())
+        let (base, off) = self.table.check(ptr, bytes)?;
+        let buf = self
+            .buffers
+            .get_mut(&base.0)
+            .ok_or_else(|| lost_buffer(base))?;
+        // SAFETY: `off + bytes <= len <= 64 × lines.len()` (checked against the table above), so the
+        // offset stays inside the allocation.
+        Ok(unsafe { buf.lines.as_mut_ptr().cast::<u8>().add(off) })
     }
 
     fn buffer(&self, base: DevicePtr) -> Result<&Buffer> {
