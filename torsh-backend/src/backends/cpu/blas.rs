@@ -1,4 +1,4 @@
-//! GEMM on the `gemm` crate's microkernels (runtime-dispatched AVX-512 / AVX2+FMA / NEON),
+//! GEMM and GEMV on the `gemm` crate's microkernels (runtime-dispatched AVX-512 / AVX2+FMA / NEON),
 //! threaded on the backend's own rayon pool.
 //!
 //! The descriptors are column-major with leading dimensions; the `gemm` crate takes any row and column
@@ -10,7 +10,7 @@ use gemm::Parallelism;
 use half::{bf16, f16};
 
 use crate::backends::reference::memory::HostMemory;
-use crate::compute::{GemmDesc, Transpose};
+use crate::compute::{GemmDesc, GemvDesc, Transpose};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
@@ -187,6 +187,66 @@ fn bf16_gemm(
         for i in 0..d.m {
             let e = i + j * d.ldc;
             out[2 * e..2 * e + 2].copy_from_slice(&bf16::from_f32(c[e]).to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// `y = alpha·op(A)·x + beta·y` as the `gemm` crate's product with one column: y is an `rows × 1`
+/// destination with row stride `incy`, x a `cols × 1` right-hand side with row stride `incx`. For f32,
+/// f64 and f16; the caller checked regions, aliasing, alignment and non-empty sizes.
+pub(crate) fn gemv(
+    mem: &mut HostMemory,
+    d: &GemvDesc,
+    regions: [usize; 3],
+    parallelism: Parallelism,
+) -> Result<()> {
+    let (rows, cols) = match d.trans {
+        Transpose::No => (d.m, d.n),
+        Transpose::Yes => (d.n, d.m),
+    };
+    let a = mem.host_address(d.a, regions[0])?;
+    let x = mem.host_address(d.x, regions[1])?;
+    let y = mem.host_address(d.y, regions[2])?;
+    let inc = |v: usize| {
+        isize::try_from(v).map_err(|_| BackendError::overflow("gemv", "increment exceeds isize"))
+    };
+    let lhs_strides = strides(d.trans, d.lda)?;
+    let (incx, incy) = (inc(d.incx)?, inc(d.incy)?);
+    let read_dst = d.beta != 0.0;
+    macro_rules! call {
+        ($t:ty, $conv:expr) => {{
+            let conv = $conv;
+            Call::<$t> {
+                m: rows,
+                n: 1,
+                k: cols,
+                dst: y as *mut $t,
+                dst_strides: (incy, 1),
+                lhs: a as *const $t,
+                lhs_strides,
+                rhs: x as *const $t,
+                rhs_strides: (incx, 1),
+                alpha: conv(d.alpha),
+                beta: conv(d.beta),
+                read_dst,
+            }
+        }};
+    }
+    // SAFETY: as in `gemm`: the regions of `GemvDesc::accesses` cover every element these strides
+    // reach, y does not overlap A or x, and the caller checked element alignment.
+    unsafe {
+        match d.dtype {
+            DType::F32 => call!(f32, |v: f64| v as f32).run(parallelism),
+            DType::F64 => call!(f64, |v: f64| v).run(parallelism),
+            DType::F16 => call!(f16, f16::from_f64).run(parallelism),
+            other => {
+                return Err(BackendError::Unsupported {
+                    op: "gemv",
+                    backend: crate::device::BackendType::Cpu,
+                    dtype: other,
+                })
+            }
         }
     }
     Ok(())

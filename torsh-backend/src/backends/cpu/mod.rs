@@ -1,6 +1,6 @@
 //! The CPU backend: runtime-dispatched SIMD and a rayon pool of its own.
 //!
-//! What is built so far: GEMM and batched GEMM run on the `gemm` crate's microkernels (AVX-512 with its
+//! What is built so far: GEMM, batched GEMM and GEMV (bf16 GEMV excepted) run on the `gemm` crate's microkernels (AVX-512 with its
 //! `x86-v4` feature, AVX2+FMA, NEON; chosen at run time, never by `target-cpu`), threaded on this
 //! backend's pool of `num_threads` threads. Every other op still runs the scalar reference kernels, on
 //! the same 64-byte aligned host memory; they move here one family at a time. `enable_simd(false)`
@@ -14,6 +14,7 @@ use gemm::Parallelism;
 use crate::backends::reference::ReferenceBackend;
 use crate::compute::*;
 use crate::device::{host_core_count, BackendType, DeviceInfo};
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 pub use simd::SimdLevel;
 
@@ -159,7 +160,25 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
-        self.scalar.gemv(desc)
+        let simd = self.simd != SimdLevel::Scalar
+            && matches!(desc.dtype, DType::F32 | DType::F64 | DType::F16)
+            && desc.m > 0
+            && desc.n > 0
+            && blas::aligned(desc.dtype, &[desc.a.0, desc.x.0, desc.y.0]);
+        if !simd {
+            return self.scalar.gemv(desc);
+        }
+        let acc = desc.accesses()?;
+        let regions = [
+            acc.regions[0].bytes,
+            acc.regions[1].bytes,
+            acc.regions[2].bytes,
+        ];
+        let parallelism = self.parallelism();
+        self.pool.install(|| {
+            self.scalar
+                .run(acc, |mem| blas::gemv(mem, desc, regions, parallelism))
+        })
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
