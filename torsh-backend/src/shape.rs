@@ -264,7 +264,7 @@ impl Layout {
             .ok_or_else(|| BackendError::overflow(op, format!("shape {shape:?} overflows")))?;
         let mut out: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
         if let Some(&i) = unknown.first() {
-            if known == 0 || numel % known != 0 {
+            if known == 0 || !numel.is_multiple_of(known) {
                 return Err(BackendError::shape(
                     op,
                     format!("cannot infer the -1 dim of {shape:?} for {numel} elements"),

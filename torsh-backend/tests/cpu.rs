@@ -1,10 +1,15 @@
 //! The CPU backend in each of its configurations — SIMD on and off, one and two threads — through the
-//! whole parity suite, plus GEMM shapes large enough to be split across threads, every transpose, and
-//! operands the SIMD path must hand to the scalar one (misaligned raw pointers).
+//! whole parity suite; every op family again on shapes large enough to be split into blocks and across
+//! threads, with strided and broadcast views; GEMM in every transpose; and operands the SIMD path must
+//! hand to the scalar one (misaligned raw pointers).
 
-use torsh_backend::compute::{GemmDesc, Transpose};
-use torsh_backend::validation::{self, cases, run_case, Outcome};
-use torsh_backend::{Backend, BackendType, DType};
+use torsh_backend::compute::{BinaryOp, GemmDesc, ReduceOp, Transpose, UnaryOp};
+use torsh_backend::ops::conv::ConvConfig;
+use torsh_backend::ops::norm::BatchNormConfig;
+use torsh_backend::ops::optim::AdamState;
+use torsh_backend::ops::pool::Pool2dConfig;
+use torsh_backend::validation::{self, cases, run_case, Inputs, Outcome, ParityCase};
+use torsh_backend::{Backend, BackendType, DType, Result, Tensor};
 
 fn configurations() -> Vec<(String, Backend)> {
     let mut all = Vec::new();
@@ -165,4 +170,206 @@ fn misaligned_raw_operands_take_the_scalar_path() {
         }
     }
     assert_eq!(cpu.backend_type(), BackendType::Cpu);
+}
+
+/// Elementwise ops on 3 × 40 009 elements (more than one block and one thread's share), a transposed
+/// input, a row broadcast and a scalar broadcast.
+fn large_elementwise(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let x = i.uniform(&[3, 40_009], -3.0, 3.0)?;
+    let positive = i.uniform(&[40_009, 3], 0.25, 4.0)?.t()?;
+    let row = i.uniform(&[1, 40_009], 0.5, 2.0)?;
+    let scalar = i.uniform(&[1, 1], 0.5, 2.0)?;
+    let mut out = Vec::new();
+    for &op in UnaryOp::ALL {
+        let input = match op {
+            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => &positive,
+            _ => &x,
+        };
+        out.push(b.unary(op, input)?);
+    }
+    for &op in BinaryOp::ALL {
+        if op == BinaryOp::Pow {
+            out.push(b.binary(op, &positive, &scalar)?);
+            continue;
+        }
+        out.push(b.binary(op, &x, &row)?);
+        out.push(b.binary(op, &positive, &x)?);
+        out.push(b.binary(op, &scalar, &x)?);
+    }
+    out.push(x.t()?.contiguous()?);
+    out.push(x.cast(DType::F32)?.cast(DType::F64)?);
+    out.push(x.cast(DType::I32)?);
+    Ok(out)
+}
+
+/// Softmax, norms and reductions on rows long enough to be split, and across a strided axis.
+fn large_rows(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let x = i.uniform(&[67, 1031], -4.0, 4.0)?;
+    let w = i.normal(&[1031])?;
+    let bias = i.normal(&[1031])?;
+    let mut out = vec![
+        x.softmax(-1)?,
+        x.log_softmax(-1)?,
+        x.softmax(0)?,
+        x.t()?.log_softmax(1)?,
+        x.layer_norm(&[1031], Some(&w), Some(&bias), 1e-5)?,
+        x.t()?.layer_norm(&[67], None, None, 1e-5)?,
+        x.sum_all()?,
+    ];
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Var { correction: 1 },
+    ] {
+        out.push(b.reduce(op, &x, 1, false)?);
+        out.push(b.reduce(op, &x, 0, true)?);
+    }
+    let distinct = i.distinct(&[67, 1031])?;
+    for op in [ReduceOp::ArgMax, ReduceOp::ArgMin] {
+        out.push(b.reduce(op, &distinct, 1, false)?);
+        out.push(b.reduce(op, &distinct, 0, false)?);
+    }
+    Ok(out)
+}
+
+/// Batch norm, pooling and Adam over tensors of tens of thousands of elements.
+fn large_training(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let x = i.normal(&[3, 16, 29, 31])?;
+    let rm = i.normal(&[16])?;
+    let rv = i.uniform(&[16], 0.5, 2.0)?;
+    let w = i.normal(&[16])?;
+    let bias = i.normal(&[16])?;
+    let train = x.batch_norm(BatchNormConfig {
+        weight: Some(&w),
+        bias: Some(&bias),
+        running_mean: Some(&rm),
+        running_var: Some(&rv),
+        training: true,
+        momentum: Some(0.1),
+        eps: Some(1e-5),
+    })?;
+    let window = Pool2dConfig {
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+        count_include_pad: false,
+    };
+    let mut out = vec![train, rm, rv, x.max_pool2d(window)?, x.avg_pool2d(window)?];
+    let mut state = AdamState::adamw(0.01);
+    let mut params = vec![i.normal(&[70_001])?, i.normal(&[3, 5])?];
+    for _ in 0..2 {
+        let grads = vec![i.normal(&[70_001])?, i.normal(&[3, 5])?];
+        i.backend()
+            .fused_adam_step(&mut params, &grads, &mut state, 1e-3, (0.9, 0.999))?;
+    }
+    out.extend(params);
+    out.extend(state.exp_avg().iter().cloned());
+    out.extend(state.exp_avg_sq().iter().cloned());
+    Ok(out)
+}
+
+/// Convolutions and attention big enough for the blocked and threaded paths.
+fn large_conv_attention(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let x = i.normal(&[2, 16, 23, 19])?;
+    let plain = b.conv2d_with_bias(
+        &x,
+        &i.normal(&[24, 16, 3, 3])?,
+        Some(&i.normal(&[24])?),
+        ConvConfig {
+            padding: [1, 1],
+            ..Default::default()
+        },
+    )?;
+    let pointwise = b.conv2d(&x, &i.normal(&[8, 16, 1, 1])?, ConvConfig::default())?;
+    let depthwise = b.conv2d(
+        &x,
+        &i.normal(&[16, 1, 3, 3])?,
+        ConvConfig {
+            groups: 16,
+            padding: [1, 1],
+            stride: [2, 2],
+            ..Default::default()
+        },
+    )?;
+    let q = i.normal(&[1, 2, 193, 64])?;
+    let k = i.normal(&[1, 2, 193, 64])?;
+    let v = i.normal(&[1, 2, 193, 64])?;
+    Ok(vec![
+        plain,
+        pointwise,
+        depthwise,
+        b.attention(&q, &k, &v, false)?,
+        b.attention(&q, &k, &v, true)?,
+    ])
+}
+
+#[test]
+fn large_shapes_match_the_reference_on_the_simd_paths() {
+    let reference = Backend::reference().unwrap();
+    let large = [
+        ParityCase {
+            op: "large elementwise",
+            dtypes: &DType::FLOATS,
+            body: large_elementwise,
+        },
+        ParityCase {
+            op: "large rows",
+            dtypes: &DType::FLOATS,
+            body: large_rows,
+        },
+        ParityCase {
+            op: "large training",
+            dtypes: &DType::FLOATS,
+            body: large_training,
+        },
+        ParityCase {
+            op: "large conv/attention",
+            dtypes: &DType::FLOATS,
+            body: large_conv_attention,
+        },
+    ];
+    let mut failures = Vec::new();
+    for threads in [1, 2] {
+        let cpu = Backend::cpu().num_threads(threads).build().unwrap();
+        for (index, case) in large.iter().enumerate() {
+            for &dtype in case.dtypes {
+                let r = run_case(case, &cpu, &reference, dtype, validation::case_seed(index));
+                if r.outcome != Outcome::Passed {
+                    failures.push(format!(
+                        "{} {dtype} ({threads} threads): {:?}",
+                        case.op, r.outcome
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn bf16_gemm_is_right_across_tile_and_cache_block_edges() {
+    for threads in [1, 2] {
+        let cpu = Backend::cpu().num_threads(threads).build().unwrap();
+        let path = cpu
+            .device_info()
+            .details
+            .into_iter()
+            .find(|(k, _)| k == "bf16 GEMM")
+            .map(|(_, v)| v);
+        assert!(path.is_some(), "device_info names the bf16 GEMM path");
+        for (m, k, n) in [(1, 1, 1), (33, 3, 13), (97, 1031, 25), (130, 515, 37)] {
+            for transpose in [(false, false), (true, true), (true, false)] {
+                let e = matmul_error(&cpu, m, k, n, DType::BF16, transpose);
+                assert!(
+                    e <= 1e-2,
+                    "{m}x{k}x{n} {transpose:?} {threads} threads: {e}"
+                );
+            }
+        }
+    }
 }

@@ -1,6 +1,13 @@
 //! `torsh-backend bench`: times ops through the public `Backend`/`Tensor` API on one backend, next to
-//! the peers measured in the same run (CUDA: cuBLAS called directly), and reports throughput, the
-//! ratio to the peer and the fraction of the measured copy bandwidth.
+//! the peers measured in the same run, and reports throughput, the ratio to the best peer and the
+//! fraction of the machine's measured ceiling.
+//!
+//! Peers: on CUDA, cuBLAS called directly; on the CPU, for GEMM, OpenBLAS (loaded at run time), the
+//! `gemm` crate and `matrixmultiply`, with ours on SIMD off as a baseline (the other sections' peer,
+//! onnxruntime, runs from `scripts/bench-cpu.sh` on the JSON). On the CPU every case runs once per
+//! thread count (`--threads`, default 1 and all cores), peers at the same count, and the ceilings
+//! (FMA peak FLOP/s, copy bandwidth) are measured first for each count. Elsewhere the ceiling is the
+//! copy bandwidth of the run's own memcpy case.
 //!
 //! Timing: one warm-up call, then each repeat runs the op `k` times back to back; the time per op is the
 //! repeat's time over `k`, with `k` chosen so that a repeat lasts at least [`TARGET_S`]. On CUDA a repeat
@@ -9,7 +16,17 @@
 //! reported with the min and max.
 
 mod cases;
+mod ceiling;
 mod cublas;
+mod fma;
+mod gemm_crate;
+mod mmul;
+mod openblas;
+mod peers;
+mod plan;
+mod plot;
+mod prepare;
+mod random;
 mod report;
 
 use std::io::IsTerminal;
@@ -18,10 +35,16 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
 use torsh_backend::{Backend, BackendType};
 
-use cases::{Case, Op, Runner, Scale, Section, Target};
+use cases::{Case, Op, Runner, Section, Target};
+use ceiling::Ceilings;
 use cublas::Cublas;
+use peers::{CpuPass, CpuPeers, PeerError, PeerResult};
+use plan::Scale;
+
+pub use mmul::{child as peer_child, ChildArgs as PeerChildArgs};
 
 /// Minimum wall time of one repeat, in seconds.
 const TARGET_S: f64 = 0.020;
@@ -32,37 +55,49 @@ const MAX_K: usize = 1 << 20;
 
 /// The command line of `bench`.
 pub struct Options {
+    /// `--backend`: the backend to measure (`None`: `Backend::auto()`).
     pub backend: Option<String>,
+    /// `--op`: only these ops.
     pub ops: Vec<String>,
+    /// `--quick`: tiny sizes, short repeats.
     pub quick: bool,
+    /// `--repeats`: repeats per case.
     pub repeats: usize,
+    /// `--json`: where to write every figure.
     pub json: Option<PathBuf>,
+    /// `--plot`: where to write the SVG chart.
+    pub plot: Option<PathBuf>,
+    /// `--threads`: CPU thread counts (empty: 1 and all cores).
+    pub threads: Vec<usize>,
 }
 
 /// Times of one case, per op call, in seconds.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
+    /// The median over the repeats.
     pub median: f64,
+    /// The fastest repeat.
     pub min: f64,
+    /// The slowest repeat.
     pub max: f64,
     /// Calls per repeat.
     pub k: usize,
+    /// Repeats measured.
     pub repeats: usize,
-}
-
-/// A peer's measurement of the same case.
-pub struct PeerResult {
-    pub name: String,
-    pub timing: Result<Timing, String>,
 }
 
 /// One case as measured.
 pub struct Measured {
+    /// The case.
     pub case: Case,
     /// The backend instance that ran it (`cpu`, `cuda`, `cuda+tf32`, ...).
     pub backend: String,
+    /// The CPU thread count of the pass (`None` elsewhere).
+    pub threads: Option<usize>,
+    /// Our timing, or our error.
     pub ours: Result<Timing, String>,
-    pub peer: Option<PeerResult>,
+    /// The peers measured on the same case, in the same pass.
+    pub peers: Vec<PeerResult>,
 }
 
 /// Seconds a batch of `k` back-to-back calls of a case takes.
@@ -203,11 +238,15 @@ fn choose_backend(name: Option<&str>) -> Result<Backend, ExitCode> {
     })
 }
 
-/// `torsh-backend bench`.
-pub fn run(options: Options) -> ExitCode {
+/// Checks the arguments that need no device: exit code 2 for a bad one.
+fn check_options(options: &Options) -> Result<(), ExitCode> {
     if options.repeats == 0 {
         eprintln!("--repeats must be at least 1");
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
+    }
+    if options.threads.contains(&0) {
+        eprintln!("--threads takes counts of at least 1");
+        return Err(ExitCode::from(2));
     }
     // Bad names are reported before a device is opened.
     let unknown: Vec<&str> = options
@@ -222,43 +261,239 @@ pub fn run(options: Options) -> ExitCode {
             unknown.join(", "),
             cases::OP_NAMES.join(", ")
         );
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
     }
+    Ok(())
+}
+
+/// The thread counts of a CPU run: those asked for, else 1 and all cores; in order, without repeats.
+fn thread_counts(asked: &[usize]) -> Vec<usize> {
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut counts = if asked.is_empty() {
+        vec![1, all]
+    } else {
+        asked.to_vec()
+    };
+    let mut seen = Vec::new();
+    counts.retain(|n| {
+        let fresh = !seen.contains(n);
+        seen.push(*n);
+        fresh
+    });
+    counts
+}
+
+/// One pass over the plan: a backend instance, its thread count (CPU) and its CPU peers.
+struct Pass<'p> {
+    /// The instance that runs ours.
+    backend: Backend,
+    /// The CPU thread count.
+    threads: Option<usize>,
+    /// The CPU peers at this count.
+    cpu: Option<CpuPass<'p>>,
+}
+
+/// The peers a pass measures next to ours: cuBLAS on CUDA, the GEMM peers on the CPU.
+struct Peers {
+    /// cuBLAS, when the backend is CUDA and a GEMM case is selected.
+    cublas: Option<Result<Cublas, String>>,
+    /// The CPU peers, when the backend is the CPU.
+    cpu: Option<CpuPeers>,
+}
+
+/// What every case of a run shares.
+struct Context<'a> {
+    /// The command line.
+    options: &'a Options,
+    /// Minimum seconds of one repeat.
+    target: f64,
+    /// The backend with TF32 tensor cores (CUDA, when a TF32 case is selected).
+    tf32: Option<Result<Backend, String>>,
+    /// The progress bar.
+    bar: ProgressBar,
+}
+
+/// Measures `case` on `pass`, ours and then its peers.
+fn run_case(ctx: &Context<'_>, pass: &Pass<'_>, peers: &Peers, case: &Case) -> Measured {
+    let (repeats, target, bar) = (ctx.options.repeats, ctx.target, &ctx.bar);
+    let label = format!(
+        "{} {} {}{}",
+        case.name(),
+        case.dtype_label(),
+        case.shape_label(),
+        pass.threads
+            .map_or(String::new(), |n| format!(" ({n} thread(s))"))
+    );
+    bar.set_message(label.clone());
+    let kind = pass.backend.backend_type();
+    let (name, ours) = match case.target {
+        Target::Main => (
+            kind.name().to_string(),
+            measure_ours(case, &pass.backend, repeats, target),
+        ),
+        Target::Tf32 => (
+            "cuda+tf32".to_string(),
+            match &ctx.tf32 {
+                Some(Ok(b)) => measure_ours(case, b, repeats, target),
+                Some(Err(e)) => Err(format!("building the TF32 backend: {e}")),
+                None => Err("no TF32 backend".into()),
+            },
+        ),
+    };
+    bar.inc(1);
+    let mut results = Vec::new();
+    if let (Some(p), Section::Gemm) = (&peers.cublas, case.section()) {
+        bar.set_message(format!("{label} (cuBLAS)"));
+        results.push(PeerResult {
+            key: "cuBLAS",
+            name: p
+                .as_ref()
+                .map_or_else(|_| "cuBLAS".to_string(), |c| c.version.clone()),
+            baseline: false,
+            timing: p
+                .as_ref()
+                .map_err(|e| PeerError::NotFound(e.clone()))
+                .and_then(|c| measure_cublas(case, c, repeats, target).map_err(PeerError::Failed)),
+        });
+        bar.inc(1);
+    }
+    if let (Some(cpu), Some(pass_peers)) = (&peers.cpu, &pass.cpu) {
+        for peer in cpu.of(case) {
+            bar.set_message(format!("{label} ({})", peer.key()));
+            results.push(pass_peers.run(peer, case, repeats, target));
+            bar.inc(1);
+        }
+    }
+    Measured {
+        case: *case,
+        backend: name,
+        threads: pass.threads,
+        ours,
+        peers: results,
+    }
+}
+
+/// Runs every selected case on `pass`, section by section, printing each table as it completes, and
+/// returns the results with the pass's ceilings.
+fn run_pass(
+    ctx: &Context<'_>,
+    pass: &Pass<'_>,
+    peers: &Peers,
+    selected: &[Case],
+) -> (Vec<Measured>, Ceilings) {
+    let mut ceilings = match pass.threads {
+        Some(n) => {
+            ctx.bar
+                .set_message(format!("measuring the ceilings at {n} thread(s)"));
+            Ceilings::host(n, ctx.options.quick)
+        }
+        None => Ceilings::from_memcpy(&[]),
+    };
+    if pass.threads.is_some() {
+        ctx.bar.suspend(|| println!("\n{}", ceilings.line()));
+    }
+    let mut results: Vec<Measured> = Vec::new();
+    for section in Section::ALL {
+        let first = results.len();
+        for case in selected.iter().filter(|c| c.section() == section) {
+            results.push(run_case(ctx, pass, peers, case));
+        }
+        if pass.threads.is_none() {
+            ceilings = Ceilings::from_memcpy(&results);
+        }
+        if results.len() > first {
+            ctx.bar.suspend(|| {
+                report::print_section(section, pass.threads, &results[first..], &ceilings)
+            });
+        }
+    }
+    (results, ceilings)
+}
+
+/// `torsh-backend bench`.
+pub fn run(options: Options) -> ExitCode {
+    if let Err(code) = check_options(&options) {
+        return code;
+    }
+    // OpenBLAS's core type goes into the environment before any thread starts.
+    let maybe_cpu = options
+        .backend
+        .as_deref()
+        .is_none_or(|b| BackendType::from_name(b) == Some(BackendType::Cpu));
+    let coretype_note = maybe_cpu.then(openblas::set_coretype).flatten();
     let backend = match choose_backend(options.backend.as_deref()) {
         Ok(b) => b,
         Err(code) => return code,
     };
     let kind = backend.backend_type();
+    if kind != BackendType::Cpu && !options.threads.is_empty() {
+        eprintln!(
+            "--threads applies to the CPU backend only (this run: {})",
+            kind.name()
+        );
+        return ExitCode::from(2);
+    }
     let scale = Scale::for_backend(kind, options.quick);
-    let selected = cases::select(cases::plan(kind, scale), &options.ops);
+    let selected = plan::select(plan::plan(kind, scale), &options.ops);
     let target = if options.quick {
         QUICK_TARGET_S
     } else {
         TARGET_S
     };
     let ordinal = backend.config().device_id;
-    let tf32: Option<Result<Backend, String>> =
-        selected.iter().any(|c| c.target == Target::Tf32).then(|| {
-            Backend::cuda()
-                .device(ordinal)
-                .enable_tensor_cores(true)
-                .build()
-                .map_err(|e| e.to_string())
-        });
+    let tf32 = selected.iter().any(|c| c.target == Target::Tf32).then(|| {
+        Backend::cuda()
+            .device(ordinal)
+            .enable_tensor_cores(true)
+            .build()
+            .map_err(|e| e.to_string())
+    });
     // cuBLAS is reached only when the chosen backend is CUDA: its probe has loaded the driver, NVRTC
     // and cuBLAS, so cudarc finds its libraries.
-    let peer: Option<Result<Cublas, String>> = (kind == BackendType::Cuda
-        && selected.iter().any(|c| c.section() == Section::Gemm))
-    .then(|| Cublas::new(ordinal));
-    let run_info = report::RunInfo::new(&backend, &options, target, peer.as_ref());
+    let gemm_selected = selected.iter().any(|c| c.section() == Section::Gemm);
+    let peers = Peers {
+        cublas: (kind == BackendType::Cuda && gemm_selected).then(|| Cublas::new(ordinal)),
+        cpu: (kind == BackendType::Cpu).then(|| CpuPeers::start(coretype_note)),
+    };
+    let counts = match kind {
+        BackendType::Cpu => thread_counts(&options.threads),
+        _ => Vec::new(),
+    };
+    let run_info = report::RunInfo::new(&backend, &options, target, &peers, &counts);
     report::print_header(&run_info);
 
-    let peer_runs = selected
+    let passes: Vec<Pass<'_>> = if kind == BackendType::Cpu {
+        let mut passes = Vec::new();
+        for &n in &counts {
+            match Backend::cpu().num_threads(n).build() {
+                Ok(b) => passes.push(Pass {
+                    backend: b,
+                    threads: Some(n),
+                    cpu: peers.cpu.as_ref().map(|p| p.pass(n)),
+                }),
+                Err(e) => {
+                    eprintln!("building the CPU backend with {n} thread(s): {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        passes
+    } else {
+        vec![Pass {
+            backend,
+            threads: None,
+            cpu: None,
+        }]
+    };
+    let per_pass: usize = selected
         .iter()
-        .filter(|c| peer.is_some() && c.section() == Section::Gemm)
-        .count();
+        .map(|c| {
+            1 + usize::from(peers.cublas.is_some() && c.section() == Section::Gemm)
+                + peers.cpu.as_ref().map_or(0, |p| p.of(c).len())
+        })
+        .sum();
     let bar = if std::io::stderr().is_terminal() {
-        ProgressBar::new((selected.len() + peer_runs) as u64)
+        ProgressBar::new((per_pass * passes.len()) as u64)
     } else {
         ProgressBar::hidden()
     };
@@ -266,75 +501,54 @@ pub fn run(options: Options) -> ExitCode {
         ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-
+    let ctx = Context {
+        options: &options,
+        target,
+        tf32,
+        bar,
+    };
     let mut results: Vec<Measured> = Vec::new();
-    for section in Section::ALL {
-        let first = results.len();
-        for case in selected.iter().filter(|c| c.section() == section) {
-            let label = format!(
-                "{} {} {}",
-                case.name(),
-                case.dtype_label(),
-                case.shape_label()
-            );
-            bar.set_message(label.clone());
-            let (name, ours) = match case.target {
-                Target::Main => (
-                    kind.name().to_string(),
-                    measure_ours(case, &backend, options.repeats, target),
-                ),
-                Target::Tf32 => (
-                    "cuda+tf32".to_string(),
-                    match &tf32 {
-                        Some(Ok(b)) => measure_ours(case, b, options.repeats, target),
-                        Some(Err(e)) => Err(format!("building the TF32 backend: {e}")),
-                        None => Err("no TF32 backend".into()),
-                    },
-                ),
-            };
-            bar.inc(1);
-            let peer_result = match &peer {
-                Some(p) if section == Section::Gemm => {
-                    bar.set_message(format!("{label} (cuBLAS)"));
-                    let result = PeerResult {
-                        name: p
-                            .as_ref()
-                            .map_or_else(|_| "cuBLAS".to_string(), |c| c.version.clone()),
-                        timing: p
-                            .as_ref()
-                            .map_err(Clone::clone)
-                            .and_then(|c| measure_cublas(case, c, options.repeats, target)),
-                    };
-                    bar.inc(1);
-                    Some(result)
-                }
-                _ => None,
-            };
-            results.push(Measured {
-                case: *case,
-                backend: name,
-                ours,
-                peer: peer_result,
-            });
-        }
-        if results.len() > first {
-            let ceiling = report::ceiling_gbps(&results);
-            bar.suspend(|| report::print_section(section, &results[first..], ceiling));
-        }
+    let mut ceilings = Vec::new();
+    for pass in &passes {
+        let (r, c) = run_pass(&ctx, pass, &peers, &selected);
+        results.extend(r);
+        ceilings.push(c);
     }
-    bar.finish_and_clear();
+    ctx.bar.finish_and_clear();
     report::print_footer(&results);
+    write_outputs(&options, &run_info, &results, &ceilings)
+}
 
+/// Writes the JSON and the chart asked for; exit code 1 if one cannot be written.
+fn write_outputs(
+    options: &Options,
+    run_info: &report::RunInfo,
+    results: &[Measured],
+    ceilings: &[Ceilings],
+) -> ExitCode {
+    let mut code = ExitCode::SUCCESS;
     if let Some(path) = &options.json {
-        let doc = report::json_doc(&run_info, &results);
+        let doc = report::json_doc(run_info, results, ceilings);
         let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
-        if let Err(e) = std::fs::write(path, text + "\n") {
-            eprintln!("writing {}: {e}", path.display());
-            return ExitCode::FAILURE;
+        match std::fs::write(path, text + "\n") {
+            Ok(()) => println!("results written to {}", path.display()),
+            Err(e) => {
+                eprintln!("writing {}: {e}", path.display());
+                code = ExitCode::FAILURE;
+            }
         }
-        println!("results written to {}", path.display());
     }
-    ExitCode::SUCCESS
+    if let Some(path) = &options.plot {
+        let svg = plot::svg(&run_info.title(), results, ceilings);
+        match std::fs::write(path, svg) {
+            Ok(()) => println!("chart written to {}", path.display()),
+            Err(e) => {
+                eprintln!("writing {}: {e}", path.display());
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    code
 }
 
 #[cfg(test)]

@@ -5,9 +5,10 @@
 //! - `torsh-backend parity [--json] [--backend NAME]... [--op NAME]...`: runs the op suite on every
 //!   available backend (or those named) against the reference and prints the max relative error per op,
 //!   dtype and backend. Exits with status 1 if any result exceeds its bound or fails.
-//! - `torsh-backend bench [--backend KIND] [--op NAME]... [--quick] [--repeats N] [--json FILE]`: times
-//!   GEMM, memory-bound ops, attention, conv2d and fused Adam on one backend, beside the peers measured
-//!   in the same run (CUDA: cuBLAS); see `bench.rs`.
+//! - `torsh-backend bench [--backend KIND] [--op NAME]... [--quick] [--repeats N] [--threads N,...]
+//!   [--json FILE] [--plot FILE.svg]`: times GEMM, memory-bound ops, attention, conv2d and fused Adam on
+//!   one backend, beside the peers measured in the same run (CUDA: cuBLAS; CPU: OpenBLAS, the `gemm`
+//!   crate, `matrixmultiply`), against the machine's measured ceilings; see `bench.rs`.
 
 mod bench;
 
@@ -25,11 +26,14 @@ use torsh_backend::{Backend, BackendType};
     version,
     about = "Devices, parity checks and benchmarks for torsh-backend"
 )]
+/// Devices, parity checks and benchmarks for torsh-backend.
 struct Cli {
+    /// The subcommand.
     #[command(subcommand)]
     command: Command,
 }
 
+/// The subcommands.
 #[derive(Subcommand)]
 enum Command {
     /// List backend kinds, their availability and their devices.
@@ -51,14 +55,14 @@ enum Command {
         ops: Vec<String>,
     },
     /// Time ops on one backend (GEMM, memory-bound ops, attention, conv2d, fused Adam) next to the
-    /// peers measured in the same run, and print throughput, ratio to peer and fraction of the
-    /// measured copy bandwidth.
+    /// peers measured in the same run, and print throughput, ratio to the best peer and fraction of
+    /// the machine's measured ceiling (FMA peak or copy bandwidth).
     Bench {
         /// The backend to measure (cpu, cuda, reference, ...); default: the one Backend::auto() picks.
         #[arg(long, value_name = "KIND")]
         backend: Option<String>,
-        /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, sum, cast,
-        /// attention, conv2d, adam); repeatable.
+        /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, sum, max,
+        /// cast, fill, attention, conv2d, adam); repeatable.
         #[arg(long = "op", value_name = "NAME")]
         ops: Vec<String>,
         /// Tiny sizes and short repeats: a smoke run (used by the tests).
@@ -70,9 +74,38 @@ enum Command {
         /// Also write every result as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
+        /// Also draw the results as an SVG chart in this file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// CPU thread counts to run every case at, comma-separated (default: 1 and all cores).
+        #[arg(long, value_name = "N,...", value_delimiter = ',')]
+        threads: Vec<usize>,
+    },
+    /// Internal: one peer measurement in a process of its own (used by `bench`).
+    #[command(name = "bench-peer", hide = true)]
+    BenchPeer {
+        /// The element type: f32 or f64.
+        #[arg(long)]
+        dtype: String,
+        /// Rows of A and C.
+        #[arg(long)]
+        m: usize,
+        /// Columns of B and C.
+        #[arg(long)]
+        n: usize,
+        /// Columns of A, rows of B.
+        #[arg(long)]
+        k: usize,
+        /// Repeats; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Minimum seconds of one repeat.
+        #[arg(long, default_value_t = 0.02)]
+        min_repeat_s: f64,
     },
 }
 
+/// Parses the command line and runs the subcommand.
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Devices { json } => devices(json),
@@ -87,16 +120,36 @@ fn main() -> ExitCode {
             quick,
             repeats,
             json,
+            plot,
+            threads,
         } => bench::run(bench::Options {
             backend,
             ops,
             quick,
             repeats,
             json,
+            plot,
+            threads,
+        }),
+        Command::BenchPeer {
+            dtype,
+            m,
+            n,
+            k,
+            repeats,
+            min_repeat_s,
+        } => bench::peer_child(bench::PeerChildArgs {
+            dtype,
+            m,
+            n,
+            k,
+            repeats,
+            min_repeat_s,
         }),
     }
 }
 
+/// `torsh-backend devices`: every backend kind, its availability and its device.
 fn devices(json: bool) -> ExitCode {
     let statuses = Backend::probe();
     let mut rows = Vec::new();
@@ -182,6 +235,7 @@ fn devices(json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `torsh-backend parity`: the op suite on each backend against the reference.
 fn parity(json: bool, backend_names: &[String], ops: &[String]) -> ExitCode {
     let mut wanted = Vec::new();
     for name in backend_names {
@@ -268,6 +322,7 @@ fn parity(json: bool, backend_names: &[String], ops: &[String]) -> ExitCode {
     }
 }
 
+/// A parity result's status word and message.
 fn status(r: &ParityResult) -> (&'static str, Option<&str>) {
     match &r.outcome {
         Outcome::Passed => ("ok", None),
@@ -277,6 +332,7 @@ fn status(r: &ParityResult) -> (&'static str, Option<&str>) {
     }
 }
 
+/// A parity result as JSON.
 fn result_json(r: &ParityResult) -> Value {
     let (s, message) = status(r);
     let num = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
@@ -292,6 +348,7 @@ fn result_json(r: &ParityResult) -> Value {
     })
 }
 
+/// Prints the parity results as a table.
 fn print_table(results: &[ParityResult], notes: &[String]) {
     for n in notes {
         println!("{n}");

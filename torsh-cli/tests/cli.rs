@@ -163,7 +163,9 @@ fn bench_measures_every_section_on_the_reference_and_writes_json() {
         "softmax",
         "layer_norm",
         "sum",
+        "max",
         "cast",
+        "fill",
         "attention",
         "conv2d",
         "adam",
@@ -225,6 +227,15 @@ fn bench_selects_ops_and_rejects_bad_arguments() {
         &["bench", "--op", "nonsense", "--quick"][..],
         &["bench", "--backend", "nonsense", "--quick"],
         &["bench", "--repeats", "0", "--quick"],
+        &["bench", "--backend", "cpu", "--threads", "0", "--quick"],
+        &[
+            "bench",
+            "--backend",
+            "reference",
+            "--threads",
+            "2",
+            "--quick",
+        ],
     ] {
         assert_eq!(run(bad, &[]).status.code(), Some(2), "{bad:?}");
     }
@@ -234,4 +245,120 @@ fn bench_selects_ops_and_rejects_bad_arguments() {
             .success()
             || cfg!(target_vendor = "apple")
     );
+}
+
+#[test]
+fn bench_on_the_cpu_runs_the_gemm_peers_at_each_thread_count_and_draws_a_chart() {
+    let stem = std::env::temp_dir().join(format!("torsh-bench-cpu-{}", std::process::id()));
+    let (json_path, svg_path) = (stem.with_extension("json"), stem.with_extension("svg"));
+    let out = run(
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--quick",
+            "--threads",
+            "1,2",
+            "--json",
+            json_path.to_str().unwrap(),
+            "--plot",
+            svg_path.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "threads: 1, 2",
+        "ceilings at 1 thread(s): FMA peak",
+        "ceilings at 2 thread(s)",
+        "copy",
+        "gemm crate",
+        "matrixmultiply",
+        "OpenBLAS",
+        "ours/best",
+        "of peak",
+        "of copy",
+        "0 failed",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from\n{text}");
+    }
+    let doc: Value = serde_json::from_slice(&std::fs::read(&json_path).expect("the JSON file"))
+        .expect("the JSON file parses");
+    let svg = std::fs::read_to_string(&svg_path).expect("the chart is written");
+    std::fs::remove_file(&json_path).ok();
+    std::fs::remove_file(&svg_path).ok();
+
+    assert_eq!(doc["threads"], serde_json::json!([1, 2]));
+    let ceilings = doc["ceilings"].as_array().expect("a ceilings array");
+    assert_eq!(ceilings.len(), 2);
+    for (c, threads) in ceilings.iter().zip([1, 2]) {
+        assert_eq!(c["threads"], threads);
+        assert!(c["copy_gbps"].as_f64().is_some_and(|g| g > 0.0), "{c}");
+        if std::is_x86_feature_detected!("fma") {
+            assert!(c["fma_f32_gflops"].as_f64().is_some_and(|g| g > 0.0), "{c}");
+            assert!(c["fma_f64_gflops"].as_f64().is_some_and(|g| g > 0.0), "{c}");
+        }
+    }
+    let rows = doc["results"].as_array().expect("a results array");
+    for threads in [1, 2] {
+        let at: Vec<&Value> = rows.iter().filter(|r| r["threads"] == threads).collect();
+        assert!(at.iter().any(|r| r["section"] == "conv2d"), "{threads}");
+        for r in &at {
+            assert!(r["error"].is_null(), "{r}");
+            let expected = match (r["section"].as_str(), r["dtype"].as_str()) {
+                (Some("memory" | "optimizer"), _) => "copy",
+                (_, Some("f64")) => "fma_f64",
+                _ => "fma_f32",
+            };
+            if r["ceiling"].is_string() {
+                assert_eq!(r["ceiling"], expected, "{r}");
+                assert!(r["fraction_of_ceiling"].as_f64().is_some_and(|f| f > 0.0));
+            } else {
+                // Only a compute row of a CPU without vector FMA has no ceiling.
+                assert_ne!(expected, "copy", "{r}");
+            }
+        }
+        for r in at.iter().filter(|r| r["op"] == "matmul") {
+            let peer = |key: &str| {
+                r["peers"]
+                    .as_array()
+                    .and_then(|p| p.iter().find(|p| p["key"] == key))
+                    .cloned()
+            };
+            let dtype = r["dtype"].as_str().unwrap();
+            let status = |key| peer(key).map(|p| p["status"].as_str().unwrap().to_string());
+            // The scalar baseline runs at every quick size.
+            assert_eq!(status("scalar").as_deref(), Some("measured"), "{r}");
+            assert_eq!(peer("scalar").unwrap()["baseline"], true);
+            if matches!(dtype, "f32" | "f64" | "f16") {
+                assert_eq!(status("gemm").as_deref(), Some("measured"), "{r}");
+                assert!(
+                    r["ours_over_best_peer"].as_f64().is_some_and(|x| x > 0.0),
+                    "{r}"
+                );
+            }
+            if matches!(dtype, "f32" | "f64") {
+                assert_eq!(status("matrixmultiply").as_deref(), Some("measured"), "{r}");
+                // OpenBLAS is measured where installed, and reported missing elsewhere.
+                let blas = status("OpenBLAS").expect("an OpenBLAS entry");
+                assert!(blas == "measured" || blas == "not_found", "{r}");
+            }
+        }
+    }
+    assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+    for needle in [
+        "<svg",
+        "ours",
+        "matrixmultiply",
+        "GFLOP/s",
+        "GB/s",
+        "2 thread(s)",
+    ] {
+        assert!(svg.contains(needle), "{needle} missing from the chart");
+    }
 }

@@ -1,8 +1,8 @@
-//! What `bench` measures: the cases of each section, their sizes per backend class, the work each does
-//! (flops or bytes) and how each is run through the public `Backend`/`Tensor` API.
+//! What `bench` measures: the cases of each section, their labels, and the work each does (flops or
+//! bytes). The sizes per backend class are in `plan.rs`, how ours runs each case in `prepare.rs`.
 
 use serde_json::{json, Value};
-use torsh_backend::{AdamState, Backend, BackendError, BackendType, ConvConfig, DType};
+use torsh_backend::DType;
 
 /// One call of the measured op; errors as text (ours and the peers' alike).
 pub type Runner<'a> = Box<dyn FnMut() -> Result<(), String> + 'a>;
@@ -10,14 +10,20 @@ pub type Runner<'a> = Box<dyn FnMut() -> Result<(), String> + 'a>;
 /// The table a case belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Section {
+    /// Matrix products.
     Gemm,
+    /// Memory-bound ops over large tensors.
     Memory,
+    /// Scaled dot-product attention.
     Attention,
+    /// 2-D convolutions.
     Conv,
+    /// Fused optimizer steps.
     Optimizer,
 }
 
 impl Section {
+    /// Every section, in the order of the tables.
     pub const ALL: [Section; 5] = [
         Section::Gemm,
         Section::Memory,
@@ -26,6 +32,7 @@ impl Section {
         Section::Optimizer,
     ];
 
+    /// The section's name in the JSON.
     pub fn key(self) -> &'static str {
         match self {
             Section::Gemm => "gemm",
@@ -36,22 +43,28 @@ impl Section {
         }
     }
 
+    /// The title line of the section's table.
     pub fn title(self) -> &'static str {
         match self {
             Section::Gemm => {
                 "GEMM: matmul of row-major [M,K]·[K,N], shape M x N x K, 2·M·N·K flops"
             }
             Section::Memory => {
-                "Memory-bound: bytes read + written; ceiling = dense device-to-device copy (memcpy)"
+                "Memory-bound: bytes read + written, outputs preallocated; ceiling = copy bandwidth"
             }
             Section::Attention => {
                 "Attention: softmax(Q·Kᵀ/√D)·V over [B,H,S,D], 4·B·H·S²·D flops (half when causal)"
             }
-            Section::Conv => "Conv2d (NCHW, ResNet-like layers): 2·N·K·OH·OW·C·R·S flops",
+            Section::Conv => "Conv2d (NCHW, ResNet-like layers): 2·N·K·OH·OW·(C/groups)·R·S flops",
             Section::Optimizer => {
                 "Fused Adam: one step over a list of parameters; 4 reads + 3 writes per element"
             }
         }
+    }
+
+    /// Whether the section's cases are measured in bytes (GB/s) rather than flops.
+    pub fn in_bytes(self) -> bool {
+        matches!(self, Section::Memory | Section::Optimizer)
     }
 }
 
@@ -73,9 +86,13 @@ pub enum MemOp {
     Copy,
     /// `x.t().contiguous()`: a strided read, dense write.
     CopyTransposed,
+    /// `x + y`.
     Add,
+    /// `x · y`.
     Mul,
+    /// `exp(x)`.
     Exp,
+    /// GELU, exact (erf) form.
     Gelu,
     /// Softmax over each row.
     Softmax,
@@ -83,11 +100,16 @@ pub enum MemOp {
     LayerNorm,
     /// Sum over each row.
     Sum,
+    /// Max over each row.
+    Max,
     /// Cast to bf16.
     CastBf16,
+    /// Fill with a constant (writes only).
+    Fill,
 }
 
 impl MemOp {
+    /// The op's name, as `--op` takes it.
     fn name(self) -> &'static str {
         match self {
             MemOp::Memcpy => "memcpy",
@@ -99,7 +121,9 @@ impl MemOp {
             MemOp::Softmax => "softmax",
             MemOp::LayerNorm => "layer_norm",
             MemOp::Sum => "sum",
+            MemOp::Max => "max",
             MemOp::CastBf16 => "cast",
+            MemOp::Fill => "fill",
         }
     }
 }
@@ -107,42 +131,69 @@ impl MemOp {
 /// The op of a case with its sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// Row-major `[m,k]·[k,n]`.
     Matmul {
+        /// Rows of the output.
         m: usize,
+        /// Columns of the output.
         n: usize,
+        /// The reduced dimension.
         k: usize,
     },
+    /// A memory-bound op over a `[rows, cols]` tensor.
     Memory {
+        /// Which op.
         op: MemOp,
+        /// Rows (the reduced ops reduce each row).
         rows: usize,
+        /// Columns.
         cols: usize,
     },
+    /// `softmax(Q·Kᵀ/√D)·V` over `[b, h, s, d]`.
     Attention {
+        /// Batch.
         b: usize,
+        /// Heads.
         h: usize,
+        /// Sequence length of queries and keys.
         s: usize,
+        /// Head dimension.
         d: usize,
+        /// Causal mask (top-left aligned).
         causal: bool,
     },
-    /// Square images and kernels: input `[n, c, hw, hw]`, weight `[k, c, r, r]`.
+    /// Square images and kernels: input `[n, c, hw, hw]`, weight `[k, c/groups, r, r]`.
     Conv2d {
+        /// Batch.
         n: usize,
+        /// Input channels.
         c: usize,
+        /// Input height and width.
         hw: usize,
+        /// Output channels.
         k: usize,
+        /// Kernel height and width.
         r: usize,
+        /// Stride (both axes).
         stride: usize,
+        /// Zero padding (both axes, both sides).
         pad: usize,
+        /// Channel groups (`c` for a depthwise convolution).
+        groups: usize,
+        /// With a `[k]` bias.
+        bias: bool,
     },
     /// `tensors` parameters of `len` elements each.
     Adam {
+        /// Number of parameter tensors.
         tensors: usize,
+        /// Elements of each.
         len: usize,
     },
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 14] = [
+pub const OP_NAMES: [&str; 16] = [
     "matmul",
     "memcpy",
     "copy",
@@ -153,7 +204,9 @@ pub const OP_NAMES: [&str; 14] = [
     "softmax",
     "layer_norm",
     "sum",
+    "max",
     "cast",
+    "fill",
     "attention",
     "conv2d",
     "adam",
@@ -162,20 +215,43 @@ pub const OP_NAMES: [&str; 14] = [
 /// The work of one call: what throughput is computed from.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Work {
+    /// Floating-point operations (an FMA counts 2).
     Flops(f64),
+    /// Bytes read plus bytes written.
     Bytes(f64),
+}
+
+impl Work {
+    /// GFLOP/s or GB/s (1e9 bytes) at `seconds` per call.
+    pub fn per_second(self, seconds: f64) -> f64 {
+        match self {
+            Work::Flops(x) | Work::Bytes(x) => x / seconds / 1e9,
+        }
+    }
+
+    /// The unit of [`Work::per_second`].
+    pub fn unit(self) -> &'static str {
+        match self {
+            Work::Flops(_) => "GFLOP/s",
+            Work::Bytes(_) => "GB/s",
+        }
+    }
 }
 
 /// One measured case.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Case {
+    /// The op and its sizes.
     pub op: Op,
+    /// The element type of the inputs.
     pub dtype: DType,
+    /// The backend instance that runs it.
     pub target: Target,
 }
 
 impl Case {
-    fn new(op: Op, dtype: DType) -> Case {
+    /// A case on the chosen backend.
+    pub fn new(op: Op, dtype: DType) -> Case {
         Case {
             op,
             dtype,
@@ -183,6 +259,7 @@ impl Case {
         }
     }
 
+    /// The table the case belongs to.
     pub fn section(&self) -> Section {
         match self.op {
             Op::Matmul { .. } => Section::Gemm,
@@ -193,6 +270,7 @@ impl Case {
         }
     }
 
+    /// The op's name (`matmul`, `softmax`, ...).
     pub fn name(&self) -> &'static str {
         match self.op {
             Op::Matmul { .. } => "matmul",
@@ -211,7 +289,7 @@ impl Case {
         }
     }
 
-    /// A variant worth naming in the JSON (`tf32`, `causal`, `transposed`, `to bf16`).
+    /// A variant worth naming in the JSON (`tf32`, `causal`, `transposed`, `to bf16`, `depthwise`).
     pub fn variant(&self) -> Option<&'static str> {
         match self.op {
             _ if self.target == Target::Tf32 => Some("tf32"),
@@ -224,6 +302,7 @@ impl Case {
                 op: MemOp::CastBf16,
                 ..
             } => Some("to bf16"),
+            Op::Conv2d { c, groups, .. } if groups == c && c > 1 => Some("depthwise"),
             _ => None,
         }
     }
@@ -236,7 +315,9 @@ impl Case {
                 MemOp::Memcpy => format!("{rows}x{cols} dense"),
                 MemOp::CopyTransposed => format!("{rows}x{cols} .t()"),
                 MemOp::CastBf16 => format!("{rows}x{cols} -> bf16"),
-                MemOp::Softmax | MemOp::LayerNorm | MemOp::Sum => format!("{rows}x{cols} rows"),
+                MemOp::Softmax | MemOp::LayerNorm | MemOp::Sum | MemOp::Max => {
+                    format!("{rows}x{cols} rows")
+                }
                 _ => format!("{rows}x{cols}"),
             },
             Op::Attention { b, h, s, d, causal } => {
@@ -249,8 +330,14 @@ impl Case {
                 k,
                 r,
                 stride,
+                groups,
+                bias,
                 ..
-            } => format!("N{n} C{c} {hw}x{hw} K{k} {r}x{r}/{stride}"),
+            } => format!(
+                "N{n} C{c} {hw}x{hw} K{k} {r}x{r}/{stride}{}{}",
+                if groups > 1 { " dw" } else { "" },
+                if bias { " +b" } else { "" }
+            ),
             Op::Adam { tensors, len } => format!("{tensors} x {len}"),
         }
     }
@@ -271,9 +358,12 @@ impl Case {
                 r,
                 stride,
                 pad,
+                groups,
+                bias,
             } => json!({
                 "n": n, "c": c, "h": hw, "w": hw, "k": k, "r": r, "s": r,
-                "stride": stride, "padding": pad, "out_hw": conv_out(hw, r, stride, pad),
+                "stride": stride, "padding": pad, "groups": groups, "bias": bias,
+                "out_hw": conv_out(hw, r, stride, pad),
             }),
             Op::Adam { tensors, len } => json!({"tensors": tensors, "len": len}),
         }
@@ -288,8 +378,9 @@ impl Case {
                 let n = (rows * cols) as f64;
                 Work::Bytes(match op {
                     MemOp::Add | MemOp::Mul => 3.0 * n * size,
-                    MemOp::Sum => n * size + rows as f64 * size,
+                    MemOp::Sum | MemOp::Max => n * size + rows as f64 * size,
                     MemOp::CastBf16 => n * (size + DType::BF16.size_in_bytes() as f64),
+                    MemOp::Fill => n * size,
                     _ => 2.0 * n * size,
                 })
             }
@@ -305,302 +396,21 @@ impl Case {
                 r,
                 stride,
                 pad,
+                groups,
+                ..
             } => {
                 let o = conv_out(hw, r, stride, pad) as f64;
-                Work::Flops(2.0 * (n * k) as f64 * o * o * (c * r * r) as f64)
+                let per_group = (c / groups.max(1)) * r * r;
+                Work::Flops(2.0 * (n * k) as f64 * o * o * per_group as f64)
             }
             Op::Adam { tensors, len } => Work::Bytes(7.0 * (tensors * len) as f64 * size),
         }
     }
-
-    /// Allocates the inputs (random, never zeros) on `backend` and returns one call of the op. Each call
-    /// allocates its output, as the API does, and drops it.
-    pub fn prepare(&self, backend: &Backend) -> torsh_backend::Result<Runner<'static>> {
-        let dt = self.dtype;
-        let text = |e: BackendError| e.to_string();
-        Ok(match self.op {
-            Op::Matmul { m, n, k } => {
-                let a = backend.randn(&[m, k], dt)?;
-                let b = backend.randn(&[k, n], dt)?;
-                Box::new(move || a.matmul(&b).map(drop).map_err(text))
-            }
-            Op::Memory { op, rows, cols } => {
-                let x = backend.randn(&[rows, cols], dt)?;
-                match op {
-                    MemOp::Memcpy => {
-                        let dst = backend.empty(&[rows, cols], dt)?;
-                        let bytes = rows * cols * dt.size_in_bytes();
-                        Box::new(move || {
-                            x.backend()
-                                .compute()
-                                .copy_dtod(dst.data_ptr(), x.data_ptr(), bytes)
-                                .map_err(text)
-                        })
-                    }
-                    MemOp::Copy => Box::new(move || x.copy().map(drop).map_err(text)),
-                    MemOp::CopyTransposed => {
-                        let xt = x.t()?;
-                        Box::new(move || xt.contiguous().map(drop).map_err(text))
-                    }
-                    MemOp::Add | MemOp::Mul => {
-                        let y = backend.randn(&[rows, cols], dt)?;
-                        if op == MemOp::Add {
-                            Box::new(move || x.add(&y).map(drop).map_err(text))
-                        } else {
-                            Box::new(move || x.mul(&y).map(drop).map_err(text))
-                        }
-                    }
-                    MemOp::Exp => Box::new(move || x.exp().map(drop).map_err(text)),
-                    MemOp::Gelu => Box::new(move || x.gelu().map(drop).map_err(text)),
-                    MemOp::Softmax => Box::new(move || x.softmax(-1).map(drop).map_err(text)),
-                    MemOp::LayerNorm => Box::new(move || {
-                        x.layer_norm(&[cols], None, None, 1e-5)
-                            .map(drop)
-                            .map_err(text)
-                    }),
-                    MemOp::Sum => Box::new(move || x.sum(-1, false).map(drop).map_err(text)),
-                    MemOp::CastBf16 => {
-                        Box::new(move || x.cast(DType::BF16).map(drop).map_err(text))
-                    }
-                }
-            }
-            Op::Attention { b, h, s, d, causal } => {
-                let q = backend.randn(&[b, h, s, d], dt)?;
-                let k = backend.randn(&[b, h, s, d], dt)?;
-                let v = backend.randn(&[b, h, s, d], dt)?;
-                Box::new(move || q.attention(&k, &v, causal).map(drop).map_err(text))
-            }
-            Op::Conv2d {
-                n,
-                c,
-                hw,
-                k,
-                r,
-                stride,
-                pad,
-            } => {
-                let input = backend.randn(&[n, c, hw, hw], dt)?;
-                let weight = backend.randn(&[k, c, r, r], dt)?;
-                let config = ConvConfig {
-                    stride: [stride, stride],
-                    padding: [pad, pad],
-                    dilation: [1, 1],
-                    groups: 1,
-                };
-                Box::new(move || input.conv2d(&weight, config).map(drop).map_err(text))
-            }
-            Op::Adam { tensors, len } => {
-                let mut params = Vec::with_capacity(tensors);
-                let mut grads = Vec::with_capacity(tensors);
-                for _ in 0..tensors {
-                    params.push(backend.randn(&[len], dt)?);
-                    grads.push(backend.randn(&[len], dt)?);
-                }
-                let mut state = AdamState::adam();
-                let backend = backend.clone();
-                Box::new(move || {
-                    backend
-                        .fused_adam_step(&mut params, &grads, &mut state, 1e-3, (0.9, 0.999))
-                        .map_err(text)
-                })
-            }
-        })
-    }
 }
 
 /// Output height (or width) of a square convolution.
-fn conv_out(hw: usize, r: usize, stride: usize, pad: usize) -> usize {
+pub fn conv_out(hw: usize, r: usize, stride: usize, pad: usize) -> usize {
     (hw + 2 * pad).saturating_sub(r) / stride + 1
-}
-
-/// How large a backend's cases are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scale {
-    /// `--quick`: tiny, for tests and smoke runs.
-    Quick,
-    /// The reference and the CPU: a full run takes seconds.
-    Host,
-    /// GPUs: sizes that fill the device.
-    Gpu,
-}
-
-impl Scale {
-    pub fn for_backend(kind: BackendType, quick: bool) -> Scale {
-        match kind {
-            _ if quick => Scale::Quick,
-            BackendType::Cpu | BackendType::Reference => Scale::Host,
-            _ => Scale::Gpu,
-        }
-    }
-}
-
-/// GEMM sizes `(m, n, k)`.
-type Mnk = (usize, usize, usize);
-
-/// Every case for a backend of `kind`, section by section; the memcpy ceiling comes first among the
-/// memory-bound ops. TF32 GEMM cases only on CUDA.
-pub fn plan(kind: BackendType, scale: Scale) -> Vec<Case> {
-    use DType::{BF16, F16, F32, F64};
-    let mut cases = Vec::new();
-    let cuda = kind == BackendType::Cuda;
-
-    // GEMM: square sizes in every float dtype, then transformer-like shapes (tokens x hidden).
-    let (squares, transformer): (&[usize], &[Mnk]) = match scale {
-        Scale::Quick => (&[16, 32], &[(32, 96, 48)]),
-        // m = tokens, n = out features, k = in features: BERT-base's projection and MLP on a few
-        // tokens. Small, because the CPU is served by the scalar reference kernels for now
-        // (about 1 GFLOP/s); grow them with the CPU backend's own kernels.
-        Scale::Host => (&[64, 128, 256], &[(64, 768, 768), (16, 3072, 768)]),
-        // 8192 tokens of a 4096-wide model: QKV/out projection, MLP up and down (Llama-like).
-        Scale::Gpu => (
-            &[1024, 2048, 4096, 8192],
-            &[(8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336)],
-        ),
-    };
-    for dtype in [F32, F64, F16, BF16] {
-        for &s in squares {
-            cases.push(Case::new(Op::Matmul { m: s, n: s, k: s }, dtype));
-        }
-    }
-    if cuda {
-        for &s in squares {
-            cases.push(Case {
-                target: Target::Tf32,
-                ..Case::new(Op::Matmul { m: s, n: s, k: s }, F32)
-            });
-        }
-    }
-    let transformer_dtypes: &[DType] = match scale {
-        Scale::Gpu => &[BF16, F16],
-        _ => &[F32],
-    };
-    for &dtype in transformer_dtypes {
-        for &(m, n, k) in transformer {
-            cases.push(Case::new(Op::Matmul { m, n, k }, dtype));
-        }
-    }
-
-    // Memory-bound ops on tensors larger than the caches on GPUs (4 MiB f32 on the host: larger ones
-    // take seconds per call on the reference kernels).
-    let (rows, cols) = match scale {
-        Scale::Quick => (128, 256),
-        Scale::Host => (1024, 1024),
-        Scale::Gpu => (16384, 4096),
-    };
-    let memory = |op| Op::Memory { op, rows, cols };
-    use MemOp::*;
-    for op in [
-        Memcpy,
-        Copy,
-        CopyTransposed,
-        Add,
-        Mul,
-        Exp,
-        Gelu,
-        Softmax,
-        LayerNorm,
-        Sum,
-        CastBf16,
-    ] {
-        cases.push(Case::new(memory(op), F32));
-    }
-    if scale == Scale::Gpu {
-        // The transformer's own dtype, where a 16-bit kernel's efficiency shows.
-        for op in [Memcpy, Add, Softmax, LayerNorm] {
-            cases.push(Case::new(memory(op), BF16));
-        }
-    }
-
-    // Attention.
-    let attention: &[(DType, [usize; 4])] = match scale {
-        Scale::Quick => &[(F32, [1, 2, 32, 16])],
-        Scale::Host => &[(F32, [1, 4, 256, 64])],
-        Scale::Gpu => &[
-            (BF16, [4, 16, 4096, 128]),
-            (F16, [4, 16, 4096, 128]),
-            (F32, [4, 16, 2048, 128]),
-        ],
-    };
-    for &(dtype, [b, h, s, d]) in attention {
-        for causal in [false, true] {
-            cases.push(Case::new(Op::Attention { b, h, s, d, causal }, dtype));
-        }
-    }
-
-    // Convolution: ResNet-50 layers (stem 7x7/2, a 1x1 bottleneck, 3x3 of each stage).
-    let conv = |n, c, hw, k, r, stride| Op::Conv2d {
-        n,
-        c,
-        hw,
-        k,
-        r,
-        stride,
-        pad: r / 2,
-    };
-    let (convs, conv_dtypes): (Vec<Op>, &[DType]) = match scale {
-        Scale::Quick => (vec![conv(1, 4, 8, 8, 3, 1)], &[F32]),
-        // The same layers at batch 1 and a quarter of the resolution (56x56 input).
-        Scale::Host => (
-            vec![
-                conv(1, 3, 56, 64, 7, 2),
-                conv(1, 64, 14, 64, 3, 1),
-                conv(1, 256, 14, 64, 1, 1),
-                conv(1, 128, 7, 128, 3, 1),
-            ],
-            &[F32],
-        ),
-        Scale::Gpu => (
-            vec![
-                conv(32, 3, 224, 64, 7, 2),
-                conv(32, 64, 56, 64, 3, 1),
-                conv(32, 256, 56, 64, 1, 1),
-                conv(32, 128, 28, 128, 3, 1),
-                conv(32, 256, 14, 256, 3, 1),
-                conv(32, 512, 7, 512, 3, 1),
-            ],
-            &[F32, BF16],
-        ),
-    };
-    for &dtype in conv_dtypes {
-        for &op in &convs {
-            cases.push(Case::new(op, dtype));
-        }
-    }
-
-    // Fused Adam over a model's worth of parameters.
-    let (tensors, len) = match scale {
-        Scale::Quick => (4, 1024),
-        Scale::Host => (4, 1 << 18),
-        Scale::Gpu => (16, 1 << 22),
-    };
-    cases.push(Case::new(Op::Adam { tensors, len }, F32));
-    cases
-}
-
-/// The cases whose op is in `ops` (all when empty; names outside [`OP_NAMES`] match nothing), keeping
-/// the memcpy ceiling whenever a memory-bound op (one measured in bytes, Adam included) is selected.
-pub fn select(cases: Vec<Case>, ops: &[String]) -> Vec<Case> {
-    if ops.is_empty() {
-        return cases;
-    }
-    let wanted = |c: &Case| ops.iter().any(|o| o == c.name());
-    let memory_wanted = cases
-        .iter()
-        .any(|c| wanted(c) && matches!(c.work(), Work::Bytes(_)));
-    cases
-        .into_iter()
-        .filter(|c| {
-            wanted(c)
-                || (memory_wanted
-                    && matches!(
-                        c.op,
-                        Op::Memory {
-                            op: MemOp::Memcpy,
-                            ..
-                        }
-                    ))
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -645,37 +455,29 @@ mod tests {
                 r: 3,
                 stride: 1,
                 pad: 1,
+                groups: 1,
+                bias: false,
             },
             DType::F32,
         );
         assert_eq!(conv.work(), Work::Flops(36864.0));
-    }
-
-    #[test]
-    fn every_scale_covers_every_op_and_selection_keeps_the_ceiling() {
-        for scale in [Scale::Quick, Scale::Host, Scale::Gpu] {
-            let cases = plan(BackendType::Cuda, scale);
-            for name in OP_NAMES {
-                assert!(cases.iter().any(|c| c.name() == name), "{name} {scale:?}");
-            }
-            // Host sizes serve the CPU and the reference only.
-            if scale != Scale::Host {
-                assert!(cases.iter().any(|c| c.target == Target::Tf32));
-            }
-        }
-        assert!(plan(BackendType::Cpu, Scale::Host)
-            .iter()
-            .all(|c| c.target == Target::Main));
-        let add = select(plan(BackendType::Cpu, Scale::Quick), &["add".into()]);
-        assert_eq!(add[0].name(), "memcpy");
-        assert!(add[1..].iter().all(|c| c.name() == "add"));
-        let adam = select(plan(BackendType::Cpu, Scale::Quick), &["adam".into()]);
-        assert_eq!(
-            adam.iter().map(Case::name).collect::<Vec<_>>(),
-            ["memcpy", "adam"]
+        // Depthwise: each output channel sees one input channel.
+        let dw = Case::new(
+            Op::Conv2d {
+                n: 1,
+                c: 4,
+                hw: 8,
+                k: 4,
+                r: 3,
+                stride: 1,
+                pad: 1,
+                groups: 4,
+                bias: true,
+            },
+            DType::F32,
         );
-        let mm = select(plan(BackendType::Cpu, Scale::Quick), &["matmul".into()]);
-        assert!(mm.iter().all(|c| c.name() == "matmul"));
-        assert!(select(plan(BackendType::Cpu, Scale::Quick), &["nope".into()]).is_empty());
+        assert_eq!(dw.work(), Work::Flops(2.0 * 4.0 * 64.0 * 9.0));
+        assert_eq!(dw.variant(), Some("depthwise"));
+        assert!(dw.shape_label().ends_with("dw +b"));
     }
 }

@@ -16,6 +16,7 @@ use cudarc::driver::{
 use torsh_backend::prelude::{bf16, f16, DType};
 
 use super::cases::Runner;
+use super::random::random_host;
 
 /// Runs `f`, turning a panic (a library or symbol cudarc could not load) into an error.
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
@@ -31,8 +32,11 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, St
 
 /// A cuBLAS handle on a stream of its own.
 pub struct Cublas {
+    /// The device's primary context.
     ctx: Arc<CudaContext>,
+    /// The handle's own stream.
     stream: Arc<CudaStream>,
+    /// The cuBLAS handle, bound to `stream`.
     blas: CudaBlas,
     /// "cuBLAS 12.9.1".
     pub version: String,
@@ -230,29 +234,5 @@ fn config<T>((m, n, k): (i32, i32, i32), one: T, zero: T) -> GemmConfig<T> {
         ldb: k,
         beta: zero,
         ldc: n,
-    }
-}
-
-/// `len` values uniform in [-1, 1) from a xorshift generator (never all zeros).
-fn random_host(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ seed.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn host_inputs_are_random_and_in_range() {
-        let x = super::random_host(1000, 3);
-        assert!(x.iter().all(|v| (-1.0..1.0).contains(v)));
-        assert!(x.iter().filter(|v| **v != 0.0).count() > 990);
-        assert_ne!(x, super::random_host(1000, 4));
     }
 }

@@ -1,31 +1,47 @@
 //! The tables and the JSON document of `bench`.
 
 use serde_json::{json, Value};
-use torsh_backend::Backend;
+use torsh_backend::{Backend, BackendType};
 
-use super::cases::{Case, MemOp, Op, Section, Work};
-use super::cublas::Cublas;
-use super::{Measured, Options, Timing};
+use super::cases::{Case, Section, Work};
+use super::ceiling::{CeilingKind, Ceilings};
+use super::peers::{PeerError, PeerResult};
+use super::{Measured, Options, Peers, Timing};
 
 /// What the run was: printed as the header and written to the JSON.
 pub struct RunInfo {
+    /// The backend kind's name.
     backend: String,
+    /// The device as JSON.
     device: Value,
+    /// The device in one line.
     device_line: String,
+    /// `--quick`.
     quick: bool,
+    /// `--repeats`.
     repeats: usize,
+    /// Minimum seconds of one repeat.
     target_s: f64,
+    /// The CPU thread counts (empty elsewhere).
+    threads: Vec<usize>,
+    /// The peers that are here, by full name.
     peers: Vec<String>,
-    peers_line: String,
+    /// The header lines about the peers.
+    peers_lines: Vec<String>,
+    /// What the run set in its own environment.
+    notes: Vec<String>,
+    /// `TORSH_COMMIT` or `GITHUB_SHA`.
     commit: Option<String>,
 }
 
 impl RunInfo {
+    /// Describes the run on `backend` with `peers` at the CPU thread counts `threads`.
     pub fn new(
         backend: &Backend,
         options: &Options,
         target_s: f64,
-        peer: Option<&Result<Cublas, String>>,
+        peers: &Peers,
+        threads: &[usize],
     ) -> RunInfo {
         let info = backend.device_info();
         let details: Vec<String> = info
@@ -33,20 +49,21 @@ impl RunInfo {
             .iter()
             .map(|(k, v)| format!("{k}: {v}"))
             .collect();
-        let (peers, peers_line) = match peer {
-            Some(Ok(c)) => (
+        let (names, lines) = match (&peers.cublas, &peers.cpu) {
+            (_, Some(cpu)) => (cpu.names(), cpu.lines()),
+            (Some(Ok(c)), _) => (
                 vec![c.version.clone()],
-                format!("peers: {} called directly (GEMM)", c.version),
+                vec![format!("peers: {} called directly (GEMM)", c.version)],
             ),
-            Some(Err(e)) => (
+            (Some(Err(e)), _) => (
                 Vec::new(),
-                format!("peers: cuBLAS could not be started: {e}"),
+                vec![format!("peers: cuBLAS could not be started: {e}")],
             ),
-            None if backend.backend_type() == torsh_backend::BackendType::Cuda => (
+            (None, None) if backend.backend_type() == BackendType::Cuda => (
                 Vec::new(),
-                "peers: cuBLAS (GEMM only; no GEMM selected)".into(),
+                vec!["peers: cuBLAS (GEMM only; no GEMM selected)".into()],
             ),
-            None => (Vec::new(), "peers: none yet on this backend".into()),
+            (None, None) => (Vec::new(), vec!["peers: none yet on this backend".into()]),
         };
         RunInfo {
             backend: backend.backend_type().name().to_string(),
@@ -70,15 +87,32 @@ impl RunInfo {
             quick: options.quick,
             repeats: options.repeats,
             target_s,
-            peers,
-            peers_line,
+            threads: threads.to_vec(),
+            peers: names,
+            peers_lines: lines,
+            notes: peers
+                .cpu
+                .as_ref()
+                .map_or_else(Vec::new, |c| c.notes.clone()),
             commit: ["TORSH_COMMIT", "GITHUB_SHA"]
                 .iter()
                 .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty())),
         }
     }
+
+    /// The chart's title: backend, device name and build.
+    pub fn title(&self) -> String {
+        format!(
+            "torsh-backend bench on {}: {} ({} build{})",
+            self.backend,
+            self.device["name"].as_str().unwrap_or("?"),
+            build_kind(),
+            if self.quick { ", --quick" } else { "" }
+        )
+    }
 }
 
+/// `debug` or `release`.
 fn build_kind() -> &'static str {
     if cfg!(debug_assertions) {
         "debug"
@@ -87,6 +121,7 @@ fn build_kind() -> &'static str {
     }
 }
 
+/// Prints what the run is, before the tables.
 pub fn print_header(run: &RunInfo) {
     println!(
         "torsh-backend bench on {}: {}",
@@ -103,50 +138,35 @@ pub fn print_header(run: &RunInfo) {
         run.repeats,
         run.target_s * 1e3
     );
+    if !run.threads.is_empty() {
+        let counts: Vec<String> = run.threads.iter().map(ToString::to_string).collect();
+        println!(
+            "threads: {} (each case runs at each count, its peers at the same count)",
+            counts.join(", ")
+        );
+    }
     if std::env::var("TORSH_POISON").is_ok_and(|v| v == "1") {
         println!(
             "TORSH_POISON=1: fresh CUDA allocations are filled first, so figures are pessimistic"
         );
     }
-    println!("{}", run.peers_line);
-}
-
-/// Copy bandwidth in GB/s: the first memcpy case that ran.
-pub fn ceiling_gbps(results: &[Measured]) -> Option<f64> {
-    results.iter().find_map(|r| match (r.case.op, &r.ours) {
-        (
-            Op::Memory {
-                op: MemOp::Memcpy, ..
-            },
-            Ok(t),
-        ) => Some(rate(r.case.work(), t.median)),
-        _ => None,
-    })
-}
-
-/// GFLOP/s or GB/s at `seconds` per call.
-fn rate(work: Work, seconds: f64) -> f64 {
-    match work {
-        Work::Flops(x) | Work::Bytes(x) => x / seconds / 1e9,
+    for line in &run.peers_lines {
+        println!("{line}");
     }
 }
 
-fn unit(work: Work) -> &'static str {
-    match work {
-        Work::Flops(_) => "GFLOP/s",
-        Work::Bytes(_) => "GB/s",
+/// Formats a throughput in the section's unit, to about four significant digits.
+fn fmt_number(x: f64) -> String {
+    if x >= 1000.0 {
+        format!("{x:.0}")
+    } else if x >= 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
     }
 }
 
-fn fmt_rate(work: Work, seconds: f64) -> String {
-    let r = rate(work, seconds);
-    match work {
-        Work::Flops(_) if r >= 1000.0 => format!("{:.2} TFLOP/s", r / 1000.0),
-        Work::Flops(_) => format!("{r:.2} GFLOP/s"),
-        Work::Bytes(_) => format!("{r:.2} GB/s"),
-    }
-}
-
+/// Formats seconds with a unit that keeps three or four digits.
 fn fmt_time(s: f64) -> String {
     if s < 1e-6 {
         format!("{:.1} ns", s * 1e9)
@@ -159,41 +179,83 @@ fn fmt_time(s: f64) -> String {
     }
 }
 
-/// ours/peer as a throughput ratio (above 1: we are faster).
-fn peer_ratio(r: &Measured) -> Option<f64> {
-    match (&r.ours, r.peer.as_ref().map(|p| &p.timing)) {
-        (Ok(ours), Some(Ok(peer))) => Some(peer.median / ours.median),
+/// The fastest peer that was measured (baselines left out).
+pub fn best_peer(r: &Measured) -> Option<(&PeerResult, &Timing)> {
+    r.peers
+        .iter()
+        .filter(|p| !p.baseline)
+        .filter_map(|p| p.timing.as_ref().ok().map(|t| (p, t)))
+        .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
+}
+
+/// ours / best peer as a throughput ratio (above 1: we are faster).
+fn best_ratio(r: &Measured) -> Option<f64> {
+    match (&r.ours, best_peer(r)) {
+        (Ok(ours), Some((_, peer))) => Some(peer.median / ours.median),
         _ => None,
     }
 }
 
-fn ceiling_fraction(r: &Measured, ceiling: Option<f64>) -> Option<f64> {
-    match (r.case.work(), &r.ours, ceiling) {
-        (w @ Work::Bytes(_), Ok(t), Some(c)) if c > 0.0 => Some(rate(w, t.median) / c),
-        _ => None,
-    }
+/// The ceilings of the pass that measured `r`.
+pub fn ceilings_of<'c>(r: &Measured, ceilings: &'c [Ceilings]) -> Option<&'c Ceilings> {
+    ceilings.iter().find(|c| c.threads == r.threads)
 }
 
+/// Our throughput as a fraction of the row's ceiling, with the ceiling's kind.
+fn ceiling_fraction(r: &Measured, ceilings: Option<&Ceilings>) -> Option<(CeilingKind, f64)> {
+    let (kind, value) = ceilings?.for_case(&r.case)?;
+    let t = r.ours.as_ref().ok()?;
+    Some((kind, r.case.work().per_second(t.median) / value))
+}
+
+/// The table cell of a missing figure.
 const DASH: &str = "-";
 
-pub fn print_section(section: Section, results: &[Measured], ceiling: Option<f64>) {
-    println!("\n{}", section.title());
-    println!(
-        "{:<10} {:<5} {:<25} {:>10} {:>23} {:>14} {:>14} {:>9} {:>8}",
-        "op",
-        "dtype",
-        "shape",
-        "median",
-        "min .. max",
-        "throughput",
-        "peer",
-        "ours/peer",
-        "of ceil"
+/// The peer keys that appear in `results`, in order of first appearance.
+pub fn peer_keys<'a>(results: impl IntoIterator<Item = &'a Measured>) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    for p in results.into_iter().flat_map(|r| &r.peers) {
+        if !keys.contains(&p.key) {
+            keys.push(p.key);
+        }
+    }
+    keys
+}
+
+/// Prints one section's table (of one thread count on the CPU).
+pub fn print_section(
+    section: Section,
+    threads: Option<usize>,
+    results: &[Measured],
+    ceilings: &Ceilings,
+) {
+    let unit = if section.in_bytes() {
+        "GB/s"
+    } else {
+        "GFLOP/s"
+    };
+    let at = threads.map_or(String::new(), |n| format!(" — {n} thread(s)"));
+    println!("\n{}{at} [throughput in {unit}]", section.title());
+    let keys = peer_keys(results);
+    let width = |k: &str| k.len().max(8);
+    let mut header = format!(
+        "{:<10} {:<5} {:<31} {:>10} {:>23} {:>9}",
+        "op", "dtype", "shape", "median", "min .. max", "ours"
     );
+    for k in &keys {
+        header += &format!(" {:>w$}", k, w = width(k));
+    }
+    let ceiling_label = if section.in_bytes() {
+        "of copy"
+    } else {
+        "of peak"
+    };
+    header += &format!(" {:>9} {:>8}", "ours/best", ceiling_label);
+    println!("{header}");
     for r in results {
         let c = &r.case;
         let head = format!(
-            "{:<10} {:<5} {:<25}",
+            "{:<10} {:<5} {:<31}",
             c.name(),
             c.dtype_label(),
             c.shape_label()
@@ -206,26 +268,36 @@ pub fn print_section(section: Section, results: &[Measured], ceiling: Option<f64
             }
         };
         let work = c.work();
-        let peer = match r.peer.as_ref().map(|p| &p.timing) {
-            Some(Ok(p)) => fmt_rate(work, p.median),
-            Some(Err(_)) => "error".into(),
-            None => DASH.into(),
-        };
-        println!(
-            "{head} {:>10} {:>23} {:>14} {:>14} {:>9} {:>8}",
+        let mut line = format!(
+            "{head} {:>10} {:>23} {:>9}",
             fmt_time(t.median),
             format!("{} .. {}", fmt_time(t.min), fmt_time(t.max)),
-            fmt_rate(work, t.median),
-            peer,
-            peer_ratio(r).map_or(DASH.into(), |x| format!("{x:.2}x")),
-            ceiling_fraction(r, ceiling).map_or(DASH.into(), |x| format!("{:.0}%", x * 100.0)),
+            fmt_number(work.per_second(t.median)),
         );
-        if let Some(Err(e)) = r.peer.as_ref().map(|p| &p.timing) {
-            println!("{:<10} peer error: {e}", "");
+        for k in &keys {
+            let cell = match r.peers.iter().find(|p| p.key == *k).map(|p| &p.timing) {
+                Some(Ok(p)) => fmt_number(work.per_second(p.median)),
+                Some(Err(e)) => e.cell().to_string(),
+                None => DASH.into(),
+            };
+            line += &format!(" {:>w$}", cell, w = width(k));
+        }
+        line += &format!(
+            " {:>9} {:>8}",
+            best_ratio(r).map_or(DASH.into(), |x| format!("{x:.2}x")),
+            ceiling_fraction(r, Some(ceilings))
+                .map_or(DASH.into(), |(_, x)| format!("{:.0}%", x * 100.0)),
+        );
+        println!("{line}");
+        for p in &r.peers {
+            if let Err(PeerError::Failed(e)) = &p.timing {
+                println!("{:<10} {} error: {e}", "", p.key);
+            }
         }
     }
 }
 
+/// Prints the count of cases measured and failed.
 pub fn print_footer(results: &[Measured]) {
     let failed = results.iter().filter(|r| r.ours.is_err()).count();
     println!(
@@ -235,6 +307,7 @@ pub fn print_footer(results: &[Measured]) {
     );
 }
 
+/// A timing as JSON, with the throughput at `work`.
 fn timing_json(t: &Timing, work: Work) -> Value {
     json!({
         "median_s": t.median,
@@ -242,17 +315,45 @@ fn timing_json(t: &Timing, work: Work) -> Value {
         "max_s": t.max,
         "calls_per_repeat": t.k,
         "repeats": t.repeats,
-        "throughput": rate(work, t.median),
+        "throughput": work.per_second(t.median),
     })
 }
 
-fn case_json(r: &Measured, ceiling: Option<f64>) -> Value {
+/// A peer's result as JSON; `ours` is our timing, for the ratio.
+fn peer_json(p: &PeerResult, work: Work, ours: Option<&Timing>) -> Value {
+    let mut v = match &p.timing {
+        Ok(t) => {
+            let mut v = timing_json(t, work);
+            v["ours_over_peer"] = json!(ours.map(|o| t.median / o.median));
+            v["status"] = json!("measured");
+            v
+        }
+        Err(e) => json!({
+            "status": match e {
+                PeerError::Skipped(_) => "skipped",
+                PeerError::NotFound(_) => "not_found",
+                PeerError::Failed(_) => "failed",
+            },
+            "error": e.message(),
+        }),
+    };
+    v["key"] = json!(p.key);
+    v["name"] = json!(p.name);
+    v["baseline"] = json!(p.baseline);
+    v
+}
+
+/// One row of the JSON's results.
+fn case_json(r: &Measured, ceilings: Option<&Ceilings>) -> Value {
     let c: &Case = &r.case;
     let work = c.work();
     let (flops, bytes) = match work {
         Work::Flops(x) => (Some(x), None),
         Work::Bytes(x) => (None, Some(x)),
     };
+    let ours = r.ours.as_ref().ok();
+    let best = best_peer(r);
+    let fraction = ceiling_fraction(r, ceilings);
     let mut row = json!({
         "section": c.section().key(),
         "op": c.name(),
@@ -261,22 +362,20 @@ fn case_json(r: &Measured, ceiling: Option<f64>) -> Value {
         "shape": c.shape_label(),
         "dims": c.dims_json(),
         "backend": r.backend,
+        "threads": r.threads,
         "flops": flops,
         "bytes": bytes,
-        "unit": unit(work),
-        "peer": r.peer.as_ref().map(|p| match &p.timing {
-            Ok(t) => {
-                let mut v = timing_json(t, work);
-                v["name"] = json!(p.name);
-                v
-            }
-            Err(e) => json!({"name": p.name, "error": e}),
-        }),
-        "ours_over_peer": peer_ratio(r),
-        "fraction_of_ceiling": ceiling_fraction(r, ceiling),
+        "unit": work.unit(),
+        "peers": r.peers.iter().map(|p| peer_json(p, work, ours)).collect::<Vec<_>>(),
+        "peer": best.map(|(p, _)| peer_json(p, work, ours)),
+        "best_peer": best.map(|(p, _)| p.key),
+        "ours_over_best_peer": best_ratio(r),
+        "ours_over_peer": best_ratio(r),
+        "ceiling": fraction.map(|(k, _)| k.key()),
+        "fraction_of_ceiling": fraction.map(|(_, x)| x),
         "error": r.ours.as_ref().err(),
     });
-    if let Ok(t) = &r.ours {
+    if let Some(t) = ours {
         if let (Value::Object(row), Value::Object(t)) = (&mut row, timing_json(t, work)) {
             row.extend(t);
         }
@@ -284,8 +383,8 @@ fn case_json(r: &Measured, ceiling: Option<f64>) -> Value {
     row
 }
 
-pub fn json_doc(run: &RunInfo, results: &[Measured]) -> Value {
-    let ceiling = ceiling_gbps(results);
+/// The JSON document of the run.
+pub fn json_doc(run: &RunInfo, results: &[Measured], ceilings: &[Ceilings]) -> Value {
     json!({
         "tool": "torsh-backend bench",
         "version": env!("CARGO_PKG_VERSION"),
@@ -296,12 +395,15 @@ pub fn json_doc(run: &RunInfo, results: &[Measured]) -> Value {
         "quick": run.quick,
         "repeats": run.repeats,
         "min_repeat_s": run.target_s,
+        "threads": (!run.threads.is_empty()).then_some(&run.threads),
         "peers": run.peers,
-        "ceiling": {
-            "copy_gbps": ceiling,
-            "how": "ComputeBackend::copy_dtod of a dense f32 buffer; bytes read + written",
+        "notes": run.notes,
+        "environment": {
+            "OPENBLAS_CORETYPE": std::env::var("OPENBLAS_CORETYPE").ok(),
         },
+        "ceilings": ceilings.iter().map(Ceilings::json).collect::<Vec<_>>(),
+        "ceiling": ceilings.first().map(Ceilings::json),
         "throughput_units": {"flops": "GFLOP/s", "bytes": "GB/s (1e9 bytes)"},
-        "results": results.iter().map(|r| case_json(r, ceiling)).collect::<Vec<_>>(),
+        "results": results.iter().map(|r| case_json(r, ceilings_of(r, ceilings))).collect::<Vec<_>>(),
     })
 }

@@ -15,7 +15,7 @@ use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 /// Strides `(row, column)` of `op(X)` for a column-major X with leading dimension `ld`.
-fn strides(t: Transpose, ld: usize) -> Result<(isize, isize)> {
+pub(crate) fn strides(t: Transpose, ld: usize) -> Result<(isize, isize)> {
     let ld = isize::try_from(ld)
         .map_err(|_| BackendError::overflow("gemm", "leading dimension exceeds isize"))?;
     Ok(match t {

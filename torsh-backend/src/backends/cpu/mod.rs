@@ -6,16 +6,31 @@
 //! the same 64-byte aligned host memory; they move here one family at a time. `enable_simd(false)`
 //! sends GEMM to the scalar reference kernel too.
 
+mod adam;
+mod attention;
+#[cfg(target_arch = "x86_64")]
+mod bf16_gemm;
 mod blas;
+mod conv;
+mod copy;
+mod elementwise;
+mod host;
+mod norm;
+mod pool;
+mod reduce;
 pub mod simd;
+mod softmax;
+mod vmath;
 
 use gemm::Parallelism;
 
+use crate::backends::reference::memory::HostMemory;
 use crate::backends::reference::ReferenceBackend;
 use crate::compute::*;
-use crate::device::{host_core_count, BackendType, DeviceInfo};
+use crate::device::{host_core_count, host_memory_bytes, BackendType, DeviceInfo};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
+use host::Ctx;
 pub use simd::SimdLevel;
 
 /// The CPU implementation of [`ComputeBackend`]. Build it through [`crate::Backend::cpu`].
@@ -26,6 +41,8 @@ pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
     simd: SimdLevel,
+    /// bf16 GEMM on the AVX512_BF16 dot-product instruction.
+    bf16_dot: bool,
 }
 
 impl CpuBackend {
@@ -48,8 +65,14 @@ impl CpuBackend {
                 feature: "CPU thread pool",
                 reason: e.to_string(),
             })?;
+        let poison =
+            cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
+        let memory = HostMemory::recycling(
+            usize::try_from(host_memory_bytes() / 4).unwrap_or(usize::MAX),
+            poison,
+        );
         Ok(CpuBackend {
-            scalar: ReferenceBackend::new(BackendType::Cpu),
+            scalar: ReferenceBackend::with_memory(BackendType::Cpu, memory),
             pool,
             threads,
             simd: if simd {
@@ -57,6 +80,7 @@ impl CpuBackend {
             } else {
                 SimdLevel::Scalar
             },
+            bf16_dot: simd && bf16_dot_available(),
         })
     }
 
@@ -65,11 +89,45 @@ impl CpuBackend {
         self.simd
     }
 
-    fn parallelism(&self) -> Parallelism {
-        if self.threads > 1 {
-            Parallelism::Rayon(self.threads)
+    /// Whether an op on `dtype` whose operands start at the regions of `acc` takes this backend's
+    /// kernels: SIMD on, a float dtype, and every operand aligned to its element size (the raw trait
+    /// allows any byte address; misaligned operands take the reference kernels).
+    fn takes(&self, dtype: DType, acc: &Accesses) -> bool {
+        self.simd != SimdLevel::Scalar
+            && dtype.is_float()
+            && blas::aligned(
+                dtype,
+                &acc.regions.iter().map(|r| r.ptr.0).collect::<Vec<_>>(),
+            )
+    }
+
+    /// Checks `acc` and runs `kernel` under the memory lock: on this backend's pool when it has more
+    /// than one thread and the op touches at least [`INLINE_BYTES`], else on the calling thread with
+    /// `Ctx::threads == 1` (entering a pool costs a cross-thread hand-off, several microseconds, which
+    /// small ops cannot repay).
+    fn kernel(
+        &self,
+        acc: Accesses,
+        kernel: impl FnOnce(&mut HostMemory, Ctx) -> Result<()> + Send,
+    ) -> Result<()> {
+        let bytes: usize = acc.regions.iter().map(|r| r.bytes).sum();
+        self.on_pool(bytes >= INLINE_BYTES, |threads| {
+            let ctx = Ctx {
+                threads,
+                simd: self.simd,
+            };
+            self.scalar.run(acc, |mem| kernel(mem, ctx))
+        })
+    }
+
+    /// Runs `f(threads)` on this backend's pool with its thread count when `parallel` and the pool has
+    /// more than one thread, else inline with 1. Kernels given 1 thread never enter rayon, so an inline
+    /// op cannot spill onto rayon's global pool.
+    fn on_pool<R: Send>(&self, parallel: bool, f: impl FnOnce(usize) -> R + Send) -> R {
+        if parallel && self.threads > 1 {
+            self.pool.install(|| f(self.threads))
         } else {
-            Parallelism::None
+            f(1)
         }
     }
 
@@ -82,6 +140,33 @@ impl CpuBackend {
             && d.n > 0
             && d.k > 0
             && blas::aligned(d.dtype, &[d.a.0, d.b.0, d.c.0])
+    }
+}
+
+/// Ops touching fewer bytes than this run on the calling thread.
+const INLINE_BYTES: usize = 1 << 18;
+
+/// Products with fewer multiply-adds than this run on the calling thread.
+const INLINE_MACS: usize = 1 << 20;
+
+/// The `gemm` crate's parallelism for `threads` threads.
+fn parallelism(threads: usize) -> Parallelism {
+    if threads > 1 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    }
+}
+
+/// True when the bf16 dot-product GEMM can run here.
+fn bf16_dot_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        bf16_gemm::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -109,6 +194,18 @@ impl ComputeBackend for CpuBackend {
             ("cores".into(), host_core_count().to_string()),
             ("threads used".into(), self.threads.to_string()),
             ("simd".into(), self.simd.name().into()),
+            (
+                "bf16 GEMM".into(),
+                if self.bf16_dot {
+                    "AVX512_BF16 dot products".into()
+                } else {
+                    "widened to f32".into()
+                },
+            ),
+            (
+                "buffer cache".into(),
+                format!("{} bytes held for reuse", self.scalar.cached_bytes()),
+            ),
         ];
         info
     }
@@ -138,7 +235,12 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
-        self.scalar.copy_dtod(dst, src, bytes)
+        let mut acc = Accesses::new("copy_dtod", InPlace::Forbidden);
+        acc.push("src", src, bytes, Access::Read, true);
+        acc.push("dst", dst, bytes, Access::Write, true);
+        self.kernel(acc, |mem, ctx| {
+            copy::device_to_device(mem, dst, src, bytes, ctx)
+        })
     }
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
@@ -152,10 +254,18 @@ impl ComputeBackend for CpuBackend {
             acc.regions[1].bytes,
             acc.regions[2].bytes,
         ];
-        let parallelism = self.parallelism();
-        self.pool.install(|| {
-            self.scalar
-                .run(acc, |mem| blas::gemm(mem, desc, regions, parallelism))
+        let macs = desc.m.saturating_mul(desc.n).saturating_mul(desc.k);
+        #[cfg(target_arch = "x86_64")]
+        if self.bf16_dot && desc.dtype == DType::BF16 {
+            return self.on_pool(macs >= INLINE_MACS, |threads| {
+                self.scalar
+                    .run(acc, |mem| bf16_gemm::gemm(mem, desc, regions, threads))
+            });
+        }
+        self.on_pool(macs >= INLINE_MACS, |threads| {
+            self.scalar.run(acc, |mem| {
+                blas::gemm(mem, desc, regions, parallelism(threads))
+            })
         })
     }
 
@@ -174,66 +284,125 @@ impl ComputeBackend for CpuBackend {
             acc.regions[1].bytes,
             acc.regions[2].bytes,
         ];
-        let parallelism = self.parallelism();
-        self.pool.install(|| {
-            self.scalar
-                .run(acc, |mem| blas::gemv(mem, desc, regions, parallelism))
+        let macs = desc.m.saturating_mul(desc.n);
+        self.on_pool(macs >= INLINE_MACS, |threads| {
+            self.scalar.run(acc, |mem| {
+                blas::gemv(mem, desc, regions, parallelism(threads))
+            })
         })
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
-        self.scalar.conv2d_forward(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.conv2d_forward(desc);
+        }
+        self.kernel(acc, |mem, ctx| conv::conv2d(mem, desc, ctx))
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
-        self.scalar.attention(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.attention(desc);
+        }
+        self.kernel(acc, |mem, ctx| attention::attention(mem, desc, ctx))
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
-        self.scalar.reduce(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.reduce(desc);
+        }
+        self.kernel(acc, |mem, ctx| reduce::reduce(mem, desc, ctx))
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
-        self.scalar.unary(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.unary(desc);
+        }
+        self.kernel(acc, |mem, ctx| elementwise::unary(mem, desc, ctx))
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
-        self.scalar.binary(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.binary(desc);
+        }
+        self.kernel(acc, |mem, ctx| elementwise::binary(mem, desc, ctx))
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
-        self.scalar.softmax(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.softmax(desc);
+        }
+        self.kernel(acc, |mem, ctx| softmax::softmax(mem, desc, ctx))
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
-        self.scalar.layer_norm(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.layer_norm(desc);
+        }
+        self.kernel(acc, |mem, ctx| norm::layer_norm(mem, desc, ctx))
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
-        self.scalar.batch_norm(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.batch_norm(desc);
+        }
+        self.kernel(acc, |mem, ctx| norm::batch_norm(mem, desc, ctx))
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
-        self.scalar.pool2d(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.pool2d(desc);
+        }
+        self.kernel(acc, |mem, ctx| pool::pool2d(mem, desc, ctx))
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
-        self.scalar.adam_step(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.adam_step(desc);
+        }
+        self.kernel(acc, |mem, ctx| adam::adam_step(mem, desc, ctx))
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {
-        self.scalar.fill(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.fill(desc);
+        }
+        self.kernel(acc, |mem, ctx| elementwise::fill(mem, desc, ctx))
     }
 
     fn cast(&self, desc: &CastDesc) -> Result<()> {
-        self.scalar.cast(desc)
+        let acc = desc.accesses()?;
+        let aligned = blas::aligned(desc.src_dtype, &[acc.regions[0].ptr.0])
+            && blas::aligned(desc.dst_dtype, &[acc.regions[1].ptr.0]);
+        if self.simd == SimdLevel::Scalar || !aligned {
+            return self.scalar.cast(desc);
+        }
+        self.kernel(acc, |mem, ctx| elementwise::cast(mem, desc, ctx))
     }
 
     fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        self.scalar.copy_strided(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.copy_strided(desc);
+        }
+        self.kernel(acc, |mem, ctx| elementwise::copy_strided(mem, desc, ctx))
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {
-        self.scalar.random(desc)
+        let acc = desc.accesses()?;
+        if !self.takes(desc.dtype, &acc) {
+            return self.scalar.random(desc);
+        }
+        self.kernel(acc, |mem, ctx| elementwise::random(mem, desc, ctx))
     }
 }

@@ -5,9 +5,9 @@
 pub enum SimdLevel {
     /// No SIMD kernels: the scalar path (also what `enable_simd(false)` selects).
     Scalar,
-    /// x86-64 AVX2 with FMA.
+    /// x86-64 AVX2 with FMA and F16C.
     Avx2Fma,
-    /// x86-64 AVX-512F.
+    /// x86-64 AVX-512 (F, BW, DQ, VL) with AVX2, FMA and F16C.
     Avx512,
     /// AArch64 NEON.
     Neon,
@@ -18,12 +18,12 @@ impl SimdLevel {
     pub fn detect() -> SimdLevel {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
                 return SimdLevel::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            if avx2 {
                 return SimdLevel::Avx2Fma;
             }
         }

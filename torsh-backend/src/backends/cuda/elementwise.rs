@@ -257,7 +257,7 @@ fn cast_plan(d: &CastDesc) -> Result<(Entry, Operands<1>)> {
 /// The kernel of a fill and whether it is the vector kernel: `fill_vec_<width>` when the pointer is
 /// 16-byte aligned, else `fill_<width>`.
 fn fill_plan(d: &FillDesc) -> (Entry, bool) {
-    if d.ptr.0 % VECTOR_ALIGN == 0 {
+    if d.ptr.0.is_multiple_of(VECTOR_ALIGN) {
         (fill_vec_entry(d.dtype), true)
     } else {
         (fill_entry(d.dtype), false)
@@ -278,7 +278,8 @@ fn operands<const K: usize>(
     let (shape, strides) = coalesce(op, inputs.map(|b| &b.layout))?;
     let dense = shape.len() <= 1 && strides.iter().all(|s| s.iter().all(|&s| s == 1));
     let addresses = inputs.map(|b| first_address(b, dtype));
-    let aligned = output.0 % VECTOR_ALIGN == 0 && addresses.iter().all(|a| a % VECTOR_ALIGN == 0);
+    let aligned =
+        output.0.is_multiple_of(VECTOR_ALIGN) && addresses.iter().all(|a| a % VECTOR_ALIGN == 0);
     if vector && dense && aligned {
         return Ok(Operands::Dense(addresses));
     }

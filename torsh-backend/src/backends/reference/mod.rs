@@ -7,16 +7,16 @@
 //! order. Float dtypes (f32, f64, f16, bf16) are computed in f64 and rounded once on store; integer
 //! dtypes support fill, cast and copies, and math ops on them answer `Unsupported`.
 
-mod adam;
-mod attention;
+pub(crate) mod adam;
+pub(crate) mod attention;
 mod blas;
-mod conv;
-mod elementwise;
-mod math;
+pub(crate) mod conv;
+pub(crate) mod elementwise;
+pub(crate) mod math;
 pub(crate) mod memory;
-mod norm;
-mod pool;
-mod reduce;
+pub(crate) mod norm;
+pub(crate) mod pool;
+pub(crate) mod reduce;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -41,11 +41,22 @@ pub struct ReferenceBackend {
 impl ReferenceBackend {
     /// A new, uninitialised instance reporting itself as `serves` (`Reference` or `Cpu`).
     pub fn new(serves: BackendType) -> Self {
+        Self::with_memory(serves, HostMemory::default())
+    }
+
+    /// A new, uninitialised instance on `memory` (the CPU backend passes memory that recycles freed
+    /// buffers).
+    pub(crate) fn with_memory(serves: BackendType, memory: HostMemory) -> Self {
         ReferenceBackend {
             serves,
             initialized: false,
-            memory: Mutex::new(HostMemory::default()),
+            memory: Mutex::new(memory),
         }
+    }
+
+    /// Bytes of freed buffers held for reuse.
+    pub(crate) fn cached_bytes(&self) -> usize {
+        self.memory.lock().map_or(0, |m| m.cached_bytes())
     }
 
     fn memory(&self) -> Result<MutexGuard<'_, HostMemory>> {

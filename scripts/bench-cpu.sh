@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The CPU benchmark with every peer, in one invocation: `torsh-backend bench --backend cpu` (ours beside
+# OpenBLAS, the gemm crate and matrixmultiply for GEMM, at 1 thread and all cores, against the measured
+# FMA peak and copy bandwidth), then onnxruntime on the same shapes outside GEMM
+# (benches/onnxruntime_peer.py on the run's JSON), which prints ours / onnxruntime per shape and
+# thread count.
+#
+#   scripts/bench-cpu.sh [BENCH ARGS...]      e.g. --quick, --threads 1,2, --op conv2d, --plot cpu.svg
+#
+# Environment: OUT_DIR (default target/bench-cpu) receives cpu.json and onnxruntime.json; PYTHON
+# (default python3) runs the peer, which needs `pip install -r benches/requirements.txt`; without it
+# this says so and stops before anything runs. Set OPENBLAS_CORETYPE to override the bench's choice.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+OUT_DIR=${OUT_DIR:-target/bench-cpu}
+
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    echo "bench-cpu: the onnxruntime peer needs Python: $PYTHON not found (set PYTHON=...)" >&2
+    exit 1
+fi
+if ! missing=$("$PYTHON" -c 'import numpy, onnx, onnxruntime' 2>&1); then
+    echo "bench-cpu: onnxruntime peer not found: ${missing##*$'\n'}" >&2
+    echo "bench-cpu: install it with: $PYTHON -m pip install -r benches/requirements.txt" >&2
+    exit 1
+fi
+
+mkdir -p "$OUT_DIR"
+cargo run --release -p torsh-cli -- bench --backend cpu --json "$OUT_DIR/cpu.json" "$@"
+"$PYTHON" benches/onnxruntime_peer.py "$OUT_DIR/cpu.json" --json "$OUT_DIR/onnxruntime.json"

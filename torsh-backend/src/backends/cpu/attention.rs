@@ -1,0 +1,710 @@
+//! Scaled dot-product attention on the CPU, flash style: the `seq_q × seq_kv` score matrix is never
+//! built. Each work item is one (batch · head, block of [`BLOCK_Q`] queries); it walks the keys in
+//! blocks of [`BLOCK_K`]:
+//!
+//! 1. `S = (scale·Q_blk) · K_blkᵀ` into a scratch tile (`gemm` crate, single-threaded);
+//! 2. online softmax per query row: the running max `m` and sum `l` are updated with the tile's row
+//!    maxima, the tile becomes `P = exp(S − m)`, and the accumulator is rescaled by `exp(m_old − m)`;
+//! 3. `O_acc += P · V_blk` (`gemm` crate);
+//!
+//! and finally writes `O = O_acc / l`. The Q block is stored transposed (`head_dim × BLOCK_Q`) and
+//! the score tile column-major, so that `S` is a product of two column-major operands (the layout
+//! the `gemm` crate's microkernels prefer) and the softmax runs down the tile's columns with the
+//! query rows in the SIMD lanes; the accumulator is row-major, so its rescaling and the final store
+//! run along contiguous rows. Causal masking (query `i` sees keys `j ≤ i`, aligned top-left as in
+//! the reference, for any `seq_q`, `seq_kv`) stops each item at key `min(seq_kv, last query + 1)`:
+//! key blocks past the diagonal are never computed and only the diagonal block is masked.
+//!
+//! f32, f16 and bf16 compute in f32 (the half types are widened a block at a time and rounded once
+//! on store; `exp` is a vectorisable polynomial, see [`Exp`]); f64 computes in f64. Row sums are kept per key block and then
+//! folded into the running sum, so no serial sum runs over more than [`BLOCK_K`] terms.
+//!
+//! Threads: items run in parallel on the backend's pool (rayon, each with its own scratch); the
+//! query block shrinks (down to [`MIN_BLOCK_Q`]) while there are fewer than two items per thread.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::conv::{out_of_memory, parallel_items, zeroed, Product, Raw, Wide, NO_REPACK_COLS};
+use super::host::{with_float, with_simd, Ctx, Real};
+use crate::backends::reference::{attention as reference, memory::HostMemory};
+use crate::compute::AttentionDesc;
+use crate::error::Result;
+
+/// The op name in errors.
+const OP: &str = "attention";
+
+/// Queries per work item.
+const BLOCK_Q: usize = 64;
+
+/// The smallest query block used to make work for more threads.
+const MIN_BLOCK_Q: usize = 16;
+
+/// Keys per step of the online softmax.
+const BLOCK_K: usize = 64;
+
+/// The exponential the softmax uses in each compute type.
+trait Exp: Real {
+    /// eˣ.
+    fn exp_fast(self) -> Self;
+}
+
+impl Exp for f32 {
+    /// `vmath::exp_f32`'s reduction and polynomial for the softmax's arguments `x − max ≤ 0`, with 2ⁿ
+    /// built from the bits of the rounded `x·log₂e` instead of a float-to-int conversion (which
+    /// LLVM does not vectorise when it must saturate). Below −87 the result is 0 (the reference's
+    /// value there is under 2⁻¹²⁵ of the row's largest term, which is 1), so masked keys (−∞)
+    /// contribute exactly nothing. NaN propagates; positive arguments (only from NaN-free rows
+    /// whose max was +∞ or NaN, where the reference gives NaN too) are clamped to 0.
+    #[inline(always)]
+    fn exp_fast(self) -> f32 {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const LN2_HI: f32 = 0.693_359_4;
+        const LN2_LO: f32 = -2.121_944_4e-4;
+        /// 1.5 · 2²³: after adding it, the low mantissa bits hold the rounded integer.
+        const ROUND_MAGIC: f32 = 12_582_912.0;
+        let x = self;
+        let clamped = x.clamp(-87.0, 0.0);
+        let t = clamped.mul_add(LOG2E, ROUND_MAGIC);
+        let n = t - ROUND_MAGIC;
+        let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
+        let mut p = 1.987_569_2e-4_f32;
+        p = p.mul_add(r, 1.398_2e-3);
+        p = p.mul_add(r, 8.333_452e-3);
+        p = p.mul_add(r, 4.166_579_6e-2);
+        p = p.mul_add(r, 1.666_666_5e-1);
+        p = p.mul_add(r, 5e-1);
+        let e = (p * r).mul_add(r, r) + 1.0;
+        // t's bits are 0x4B40_0000 + n for −126 ≤ n ≤ 0: 2ⁿ has exponent field n + 127.
+        let scale = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
+        let y = if x < -87.0 { 0.0 } else { e * scale };
+        if x.is_nan() {
+            x
+        } else {
+            y
+        }
+    }
+}
+
+impl Exp for f64 {
+    /// eˣ for the softmax's arguments `x ≤ 0`, vectorisable: `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`,
+    /// `eʳ` by its Taylor series to degree 13 (truncation below 10⁻¹⁷ relative), 2ⁿ from the bits
+    /// of the rounded `x·log₂e`. Below −708 the result is 0 (under 2⁻¹⁰²¹ of the row's largest term,
+    /// which is 1); NaN propagates.
+    #[inline(always)]
+    fn exp_fast(self) -> f64 {
+        const LOG2E: f64 = std::f64::consts::LOG2_E;
+        // ln 2 split so that n · LN2_HI is exact for |n| < 2¹¹.
+        const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+        const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+        /// 1.5 · 2⁵²: after adding it, the low mantissa bits hold the rounded integer.
+        const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
+        let x = self;
+        let clamped = x.clamp(-708.0, 0.0);
+        let t = clamped.mul_add(LOG2E, ROUND_MAGIC);
+        let n = t - ROUND_MAGIC;
+        let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
+        // Σ_{k ≥ 2} r^(k−2) / k!, by Horner's rule from k = 13.
+        let mut p = 1.0 / 6_227_020_800.0;
+        for c in [
+            1.0 / 479_001_600.0,
+            1.0 / 39_916_800.0,
+            1.0 / 3_628_800.0,
+            1.0 / 362_880.0,
+            1.0 / 40_320.0,
+            1.0 / 5_040.0,
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+        ] {
+            p = p.mul_add(r, c);
+        }
+        let e = (p * r).mul_add(r, r) + 1.0;
+        // t's bits are 0x4338_0000_0000_0000 + n for −1022 ≤ n ≤ 0: 2ⁿ has exponent field n + 1023.
+        let scale = f64::from_bits(t.to_bits().wrapping_sub(0x4338_0000_0000_0000 - 1023) << 52);
+        let y = if x < -708.0 { 0.0 } else { e * scale };
+        if x.is_nan() {
+            x
+        } else {
+            y
+        }
+    }
+}
+
+/// `softmax(scale · Q·Kᵀ [+ causal mask]) · V` per batch and head.
+pub(crate) fn attention(mem: &mut HostMemory, d: &AttentionDesc, ctx: Ctx) -> Result<()> {
+    if d.batch * d.heads == 0 || d.seq_q == 0 || d.head_dim == 0 {
+        return Ok(()); // O is empty; K and V may be any length.
+    }
+    with_float!(d.dtype, T => typed::<T>(mem, d, ctx), _ => reference::attention(mem, d))
+}
+
+/// The operands and sizes of one attention call.
+struct Flash<T: Wide> {
+    q: Raw<T>,
+    k: Raw<T>,
+    v: Raw<T>,
+    o: Raw<T>,
+    sq: usize,
+    skv: usize,
+    dim: usize,
+    scale: T::Acc,
+    causal: bool,
+    /// Queries per item.
+    bq: usize,
+}
+
+/// Per-task buffers, all in the compute type.
+struct Scratch<A> {
+    /// `scale · Q_blk`, transposed: `dim × bq`.
+    qt: Vec<A>,
+    /// Scores, then probabilities: `bq × BLOCK_K`, column-major.
+    s: Vec<A>,
+    /// Output accumulator: `bq × dim`, row-major.
+    acc: Vec<A>,
+    /// Running max per query row.
+    m: Vec<A>,
+    /// Running sum per query row.
+    l: Vec<A>,
+    /// Rescale factors, then the key block's maxima or sums per row.
+    corr: Vec<A>,
+    /// Block maxima, then block sums per row.
+    part: Vec<A>,
+    /// One widened row of Q or O (half types).
+    row: Vec<A>,
+    /// Widened K and V blocks (half types): `BLOCK_K × dim` each.
+    kv: Vec<A>,
+}
+
+impl<A: Real> Scratch<A> {
+    /// Buffers for `f`.
+    fn new<T: Wide<Acc = A>>(f: &Flash<T>) -> Result<Scratch<A>> {
+        let (bq, dim) = (f.bq, f.dim);
+        let half = if T::NATIVE { 0 } else { 1 };
+        Ok(Scratch {
+            qt: zeroed(dim * bq)?,
+            s: zeroed(bq * BLOCK_K)?,
+            acc: zeroed(bq * dim)?,
+            m: zeroed(bq)?,
+            l: zeroed(bq)?,
+            corr: zeroed(bq)?,
+            part: zeroed(bq)?,
+            row: zeroed(half * dim)?,
+            kv: zeroed(half * 2 * BLOCK_K * dim)?,
+        })
+    }
+
+    /// Bytes of the buffers for `f` (for the out-of-memory error).
+    fn elements<T: Wide>(f: &Flash<T>) -> usize {
+        (2 * f.dim + BLOCK_K + 4) * f.bq + 2 * (BLOCK_K + 1) * f.dim
+    }
+}
+
+/// [`attention`] for element type `T`.
+fn typed<T: Wide>(mem: &mut HostMemory, d: &AttentionDesc, ctx: Ctx) -> Result<()>
+where
+    T::Acc: Exp,
+{
+    let bh = d.batch * d.heads;
+    let (sq, skv, dim) = (d.seq_q, d.seq_kv, d.head_dim);
+    let mut bq = BLOCK_Q.min(sq);
+    while ctx.threads > 1 && bh * sq.div_ceil(bq) < 2 * ctx.threads && bq > MIN_BLOCK_Q {
+        bq /= 2;
+    }
+    let f = Flash::<T> {
+        q: Raw::of(mem, OP, d.q, bh * sq * dim)?,
+        k: Raw::of(mem, OP, d.k, bh * skv * dim)?,
+        v: Raw::of(mem, OP, d.v, bh * skv * dim)?,
+        o: Raw::of(mem, OP, d.o, bh * sq * dim)?,
+        sq,
+        skv,
+        dim,
+        scale: T::Acc::from_f64(d.scale),
+        causal: d.causal,
+        bq,
+    };
+    let blocks = sq.div_ceil(bq);
+    let items = bh * blocks;
+    let run = |item: usize, s: &mut Scratch<T::Acc>| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || f.item(item / blocks, item % blocks, s),
+        );
+    };
+    if ctx.threads > 1 && items > 1 {
+        parallel_items(items, ctx.threads).try_for_each_init(
+            || Scratch::new(&f),
+            |s, item| {
+                let s = s
+                    .as_mut()
+                    .map_err(|_| out_of_memory::<T::Acc>(Scratch::<T::Acc>::elements(&f)))?;
+                run(item, s);
+                Ok(())
+            },
+        )
+    } else {
+        let mut s = Scratch::new(&f)?;
+        for item in 0..items {
+            run(item, &mut s);
+        }
+        Ok(())
+    }
+}
+
+impl<T: Wide> Flash<T>
+where
+    T::Acc: Exp,
+{
+    /// Query block `block` of head `head` (batch · heads + head).
+    #[inline(always)]
+    fn item(&self, head: usize, block: usize, s: &mut Scratch<T::Acc>) {
+        let (bq, dim) = (self.bq, self.dim);
+        let i0 = block * bq;
+        let rows = bq.min(self.sq - i0);
+        self.load_q(head, i0, rows, s);
+        s.m[..rows].fill(T::Acc::NEG_INFINITY);
+        s.l[..rows].fill(T::Acc::ZERO);
+        s.acc.fill(T::Acc::ZERO);
+        // Keys this block sees: all, or (causal) those up to its last query.
+        let kend = if self.causal {
+            self.skv.min(i0 + rows)
+        } else {
+            self.skv
+        };
+        let mut j0 = 0;
+        while j0 < kend {
+            let cols = BLOCK_K.min(kend - j0);
+            let (kb, vb) = self.kv_block(head, j0, cols, &mut s.kv);
+            // SAFETY: qt is dim × bq (column stride bq), kb is cols rows of dim contiguous values
+            // read as its transpose (dim × cols, column stride dim), s is bq × BLOCK_K column-major;
+            // all three are distinct buffers of this task or the unwritten input K.
+            unsafe {
+                Product {
+                    m: rows,
+                    n: cols,
+                    k: dim,
+                    dst: s.s.as_mut_ptr(),
+                    dst_strides: (1, bq),
+                    lhs: s.qt.as_ptr(),
+                    lhs_strides: (1, bq),
+                    rhs: kb,
+                    rhs_strides: (1, dim),
+                    alpha: T::Acc::ONE,
+                    accumulate: false,
+                }
+                .run_split(NO_REPACK_COLS, Parallelism::None);
+            }
+            if self.causal && j0 + cols > i0 + 1 {
+                mask(&mut s.s, bq, rows, cols, j0 as isize - i0 as isize);
+            }
+            softmax_step(s, rows, cols, bq);
+            // SAFETY: s holds rows × cols probabilities (column stride bq), vb is cols rows of dim
+            // values (row stride dim), acc is bq × dim row-major; distinct buffers.
+            unsafe {
+                Product {
+                    m: rows,
+                    n: dim,
+                    k: cols,
+                    dst: s.acc.as_mut_ptr(),
+                    dst_strides: (dim, 1),
+                    lhs: s.s.as_ptr(),
+                    lhs_strides: (1, bq),
+                    rhs: vb,
+                    rhs_strides: (dim, 1),
+                    alpha: T::Acc::ONE,
+                    accumulate: true,
+                }
+                .run_split(NO_REPACK_COLS, Parallelism::None);
+            }
+            j0 += cols;
+        }
+        self.store(head, i0, rows, s);
+    }
+
+    /// Writes `scale · Q[head, i0 .. i0 + rows]` transposed into `s.qt` (`dim × bq`).
+    #[inline(always)]
+    fn load_q(&self, head: usize, i0: usize, rows: usize, s: &mut Scratch<T::Acc>) {
+        let (bq, dim) = (self.bq, self.dim);
+        for i in 0..rows {
+            // SAFETY: row i0 + i of this head lies inside Q, which nothing writes.
+            let src = unsafe { self.q.get((head * self.sq + i0 + i) * dim, dim) };
+            let row: &[T::Acc] = match T::as_acc(src) {
+                Some(row) => row,
+                None => {
+                    T::widen_slice(src, &mut s.row);
+                    &s.row
+                }
+            };
+            for (col, &x) in s.qt.chunks_exact_mut(bq).zip(row) {
+                col[i] = x * self.scale;
+            }
+        }
+    }
+
+    /// Pointers to keys `j0 .. j0 + cols` of K and V for `head` (`cols × dim` each, row-major): the
+    /// inputs themselves for f32 and f64, else widened copies in `kv`.
+    #[inline(always)]
+    fn kv_block(
+        &self,
+        head: usize,
+        j0: usize,
+        cols: usize,
+        kv: &mut [T::Acc],
+    ) -> (*const T::Acc, *const T::Acc) {
+        let start = (head * self.skv + j0) * self.dim;
+        let len = cols * self.dim;
+        if T::NATIVE {
+            return (
+                self.k.at(start).cast_const().cast(),
+                self.v.at(start).cast_const().cast(),
+            );
+        }
+        let (kw, vw) = kv.split_at_mut(kv.len() / 2);
+        // SAFETY: the block lies inside K and V, which nothing writes.
+        unsafe {
+            T::widen_slice(self.k.get(start, len), &mut kw[..len]);
+            T::widen_slice(self.v.get(start, len), &mut vw[..len]);
+        }
+        (kw.as_ptr(), vw.as_ptr())
+    }
+
+    /// `O[head, i0 .. i0 + rows] = acc / l`, rounded.
+    #[inline(always)]
+    fn store(&self, head: usize, i0: usize, rows: usize, s: &mut Scratch<T::Acc>) {
+        let dim = self.dim;
+        for (inv, &l) in s.part[..rows].iter_mut().zip(&s.l[..rows]) {
+            *inv = T::Acc::ONE / l;
+        }
+        for (i, acc) in s.acc.chunks_exact(dim).take(rows).enumerate() {
+            let inv = s.part[i];
+            // SAFETY: row i0 + i of this head is written by this item only.
+            let dst = unsafe { self.o.get_mut((head * self.sq + i0 + i) * dim, dim) };
+            match T::as_acc_mut(dst) {
+                Some(out) => scale_into(acc, inv, out),
+                None => {
+                    scale_into(acc, inv, &mut s.row);
+                    T::narrow_slice(&s.row, dst);
+                }
+            }
+        }
+    }
+}
+
+/// Sets the scores of keys a query may not see to −∞: column `c` of the tile is key `j0 + c`, row
+/// `r` query `i0 + r`, and `diag = j0 − i0`; entries with `c + diag > r` are masked.
+#[inline(always)]
+fn mask<A: Real>(s: &mut [A], ld: usize, rows: usize, cols: usize, diag: isize) {
+    for c in 0..cols {
+        let hidden = (c as isize + diag).clamp(0, rows as isize) as usize;
+        s[c * ld..][..hidden].fill(A::NEG_INFINITY);
+    }
+}
+
+/// One online-softmax step over the `rows × cols` score tile `s.s` (column-major, stride `ld`):
+/// updates the running max and sum, turns the scores into `exp(score − max)`, and rescales the
+/// accumulator rows by `exp(old max − new max)`.
+#[inline(always)]
+fn softmax_step<A: Exp>(s: &mut Scratch<A>, rows: usize, cols: usize, ld: usize) {
+    let m = &mut s.m[..rows];
+    let l = &mut s.l[..rows];
+    let corr = &mut s.corr[..rows];
+    let part = &mut s.part[..rows];
+    // Row maxima of the tile (NaN scores are skipped, as by the reference's `f64::max`).
+    part.copy_from_slice(m);
+    for col in s.s.chunks_exact(ld).take(cols) {
+        for (p, &x) in part.iter_mut().zip(&col[..rows]) {
+            *p = if x > *p { x } else { *p };
+        }
+    }
+    for ((c, mo), &mn) in corr.iter_mut().zip(m.iter_mut()).zip(part.iter()) {
+        *c = (*mo - mn).exp_fast();
+        *mo = mn;
+    }
+    // Probabilities and their per-block sums.
+    part.fill(A::ZERO);
+    for col in s.s.chunks_exact_mut(ld).take(cols) {
+        for ((x, p), &mx) in col[..rows].iter_mut().zip(part.iter_mut()).zip(m.iter()) {
+            let e = (*x - mx).exp_fast();
+            *x = e;
+            *p += e;
+        }
+    }
+    for ((l, &c), &p) in l.iter_mut().zip(corr.iter()).zip(part.iter()) {
+        *l = l.mul_add(c, p);
+    }
+    let dim = s.acc.len() / ld;
+    for (row, &c) in s.acc.chunks_exact_mut(dim).zip(corr.iter()) {
+        for a in row {
+            *a = *a * c;
+        }
+    }
+}
+
+/// `out[d] = acc[d] · scale`.
+#[inline(always)]
+fn scale_into<A: Real>(acc: &[A], scale: A, out: &mut [A]) {
+    for (o, &a) in out.iter_mut().zip(acc) {
+        *o = a * scale;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::cpu::simd::SimdLevel;
+    use crate::compute::DevicePtr;
+    use crate::dtype::DType;
+    use crate::rng::HostRng;
+
+    const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+    /// An attention call to test: `[batch, heads, seq_q, seq_kv, head_dim]` and the mask.
+    #[derive(Clone, Copy, Debug)]
+    struct Case {
+        sizes: [usize; 5],
+        causal: bool,
+        scale: f64,
+    }
+
+    /// Norm-wise relative error bound per dtype.
+    fn bound(dtype: DType) -> f64 {
+        match dtype {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 1e-2,
+        }
+    }
+
+    /// A buffer of `n` standard normal values of `dtype`.
+    fn random(mem: &mut HostMemory, rng: &mut HostRng, dtype: DType, n: usize) -> DevicePtr {
+        let ptr = mem.alloc((n * dtype.size_in_bytes()).max(1)).unwrap();
+        let values: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+        mem.store(dtype, ptr, &values).unwrap();
+        ptr
+    }
+
+    /// Runs `f` with a context of `threads` threads, inside a pool of that size.
+    fn on_threads<R: Send>(threads: usize, f: impl FnOnce(Ctx) -> R + Send) -> R {
+        let ctx = Ctx {
+            threads,
+            simd: SimdLevel::detect(),
+        };
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| f(ctx))
+    }
+
+    /// Compares the kernel with the reference for `case` in `dtype` on `threads` threads.
+    fn check(case: Case, dtype: DType, threads: usize) {
+        let [batch, heads, seq_q, seq_kv, head_dim] = case.sizes;
+        let mut mem = HostMemory::default();
+        let mut rng = HostRng::new(case.sizes.iter().sum::<usize>() as u64);
+        let (nq, nkv) = (
+            batch * heads * seq_q * head_dim,
+            batch * heads * seq_kv * head_dim,
+        );
+        let q = random(&mut mem, &mut rng, dtype, nq);
+        let k = random(&mut mem, &mut rng, dtype, nkv);
+        let v = random(&mut mem, &mut rng, dtype, nkv);
+        let [o, expected] = [0, 1].map(|_| mem.alloc((nq * dtype.size_in_bytes()).max(1)).unwrap());
+        let desc = AttentionDesc {
+            dtype,
+            q,
+            k,
+            v,
+            o,
+            batch,
+            heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            scale: case.scale,
+            causal: case.causal,
+        };
+        desc.accesses().unwrap();
+        on_threads(threads, |ctx| attention(&mut mem, &desc, ctx)).unwrap();
+        let oracle = AttentionDesc {
+            o: expected,
+            ..desc
+        };
+        reference::attention(&mut mem, &oracle).unwrap();
+        let got = mem.load_dense(dtype, o, nq).unwrap();
+        let want = mem.load_dense(dtype, expected, nq).unwrap();
+        let (mut err, mut norm) = (0.0f64, 0.0f64);
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.is_nan(), b.is_nan(), "{case:?} {dtype:?} element {i}");
+            err += (a - b) * (a - b);
+            norm += b * b;
+        }
+        let rel = (err / norm.max(f64::MIN_POSITIVE)).sqrt();
+        assert!(
+            rel <= bound(dtype),
+            "{case:?} {dtype:?} on {threads} threads: relative error {rel:e}"
+        );
+    }
+
+    /// Every dtype on 1 and 2 threads, causal and not.
+    fn check_all(sizes: [usize; 5], scale: f64) {
+        for causal in [false, true] {
+            for dtype in DTYPES {
+                for threads in [1, 2] {
+                    check(
+                        Case {
+                            sizes,
+                            causal,
+                            scale,
+                        },
+                        dtype,
+                        threads,
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn single_query_and_key() {
+        check_all([1, 1, 1, 1, 1], 0.5);
+        check_all([1, 2, 1, 3, 7], 0.3);
+    }
+
+    #[test]
+    fn odd_lengths_and_head_dims_match_the_reference() {
+        check_all([2, 3, 17, 17, 7], 1.0 / 7f64.sqrt());
+        check_all([1, 2, 67, 67, 1], 1.0);
+        check_all([2, 1, 70, 133, 64], 0.125);
+    }
+
+    #[test]
+    fn unequal_query_and_key_lengths_match_the_reference() {
+        // Fewer queries than keys (causal: the queries see only the first keys) and more.
+        check_all([1, 2, 65, 130, 7], 0.4);
+        check_all([2, 1, 130, 65, 5], 0.4);
+        check_all([1, 1, 3, 200, 16], 0.25);
+    }
+
+    #[test]
+    fn large_scores_rescale_the_running_sums() {
+        // Large logits: each key block moves the running max and rescales the accumulator.
+        check_all([1, 2, 80, 150, 8], 3.0);
+    }
+
+    #[test]
+    fn many_heads_and_blocks_on_two_threads() {
+        for dtype in DTYPES {
+            for causal in [false, true] {
+                let case = Case {
+                    sizes: [2, 4, 150, 150, 64],
+                    causal,
+                    scale: 0.125,
+                };
+                check(case, dtype, 2);
+            }
+        }
+    }
+
+    #[test]
+    fn nan_rows_stay_nan() {
+        let mut mem = HostMemory::default();
+        let mut rng = HostRng::new(3);
+        let (s, d) = (70, 4);
+        let q = random(&mut mem, &mut rng, DType::F32, s * d);
+        let k = random(&mut mem, &mut rng, DType::F32, s * d);
+        let v = random(&mut mem, &mut rng, DType::F32, s * d);
+        // Query 5 is NaN, key 66 infinite.
+        mem.store(DType::F32, DevicePtr(q.0 + 4 * 5 * d as u64), &[f64::NAN])
+            .unwrap();
+        mem.store(
+            DType::F32,
+            DevicePtr(k.0 + 4 * 66 * d as u64),
+            &[f64::INFINITY],
+        )
+        .unwrap();
+        for causal in [false, true] {
+            let [o, expected] = [0, 1].map(|_| mem.alloc(s * d * 4).unwrap());
+            let desc = AttentionDesc {
+                dtype: DType::F32,
+                q,
+                k,
+                v,
+                o,
+                batch: 1,
+                heads: 1,
+                seq_q: s,
+                seq_kv: s,
+                head_dim: d,
+                scale: 0.5,
+                causal,
+            };
+            on_threads(1, |ctx| attention(&mut mem, &desc, ctx)).unwrap();
+            reference::attention(
+                &mut mem,
+                &AttentionDesc {
+                    o: expected,
+                    ..desc
+                },
+            )
+            .unwrap();
+            let got = mem.load_dense(DType::F32, o, s * d).unwrap();
+            let want = mem.load_dense(DType::F32, expected, s * d).unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(a.is_nan(), b.is_nan(), "causal {causal} element {i}");
+                assert!(
+                    b.is_nan() || (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "element {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_exp_is_accurate_for_non_positive_arguments() {
+        let mut worst = 0.0f64;
+        for i in 0..=200_000 {
+            let x = -87.0 * i as f32 / 200_000.0;
+            let want = (x as f64).exp();
+            let got = x.exp_fast() as f64;
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(
+            worst < 3.0 * f32::EPSILON as f64,
+            "relative error {worst:e}"
+        );
+        assert_eq!(f32::NEG_INFINITY.exp_fast(), 0.0);
+        assert_eq!((-100.0f32).exp_fast(), 0.0);
+        assert_eq!(0.0f32.exp_fast(), 1.0);
+        assert!(f32::NAN.exp_fast().is_nan());
+    }
+
+    #[test]
+    fn f64_softmax_exp_is_accurate() {
+        let mut worst = 0.0f64;
+        for i in 0..=200_000 {
+            let x = -708.0 * (i as f64 / 200_000.0).powi(3);
+            let want = x.exp();
+            worst = worst.max(((x.exp_fast() - want) / want).abs());
+        }
+        assert!(worst < 4.0 * f64::EPSILON, "relative error {worst:e}");
+        assert_eq!(f64::NEG_INFINITY.exp_fast(), 0.0);
+        assert_eq!(0.0f64.exp_fast(), 1.0);
+        assert!(f64::NAN.exp_fast().is_nan());
+    }
+
+    #[test]
+    fn masks_cover_exactly_the_future_keys() {
+        let mut s = vec![0.0f32; 4 * 3];
+        // Tile of 4 queries from i0 = 10, 3 keys from j0 = 11: key 11 hidden from query 10, key 12
+        // from queries 10 and 11, key 13 from 10, 11 and 12.
+        mask(&mut s, 4, 4, 3, 1);
+        let hidden: Vec<bool> = s.iter().map(|x| x.is_infinite()).collect();
+        assert_eq!(
+            hidden,
+            [true, false, false, false, true, true, false, false, true, true, true, false]
+        );
+    }
+}

@@ -1,0 +1,1492 @@
+//! 2-D convolution on the CPU, by shape:
+//!
+//! - **pointwise** (1×1, stride 1, no padding): per image and group the output block is `W_g · X_g`,
+//!   where `X_g` is the group's input channels as they lie in memory (`[C/G, H·W]`, row stride
+//!   `H·W`): one GEMM on the operands in place for f32 and f64; f16 and bf16 inputs are widened a
+//!   block of columns at a time.
+//! - **depthwise** (one input channel per group, any channel multiplier): a direct kernel that
+//!   accumulates each output row in place, vectorised along the output width.
+//! - **everything else**: im2col of a block of output positions (at most [`COL_BYTES`] of patches,
+//!   so it stays in the L2 cache and no full patch matrix is ever built) followed by one GEMM per
+//!   group. When the patch matrix has so many rows that even [`MIN_COLS`] columns exceed the budget,
+//!   its rows are split too and the GEMMs accumulate.
+//!
+//! Bias is fused: each output block starts as the bias and the GEMMs accumulate into it. Products run
+//! on the `gemm` crate's kernels in f32 (for f32, f16 and bf16: half types are widened, accumulate in
+//! f32 and are rounded once on store) or f64.
+//!
+//! Threads: the work items are (image, block of output positions). With at least as many items as
+//! threads they run in parallel on the backend's pool, each GEMM single-threaded: that keeps every
+//! thread on its own cache-sized block and balances N > 1 and large images without a fork-join per
+//! product. A single image too small to split into blocks of [`MIN_PAR_COLS`] positions per thread
+//! runs its items in turn, each GEMM threaded by the `gemm` crate (`Parallelism::Rayon`). Tiny
+//! convolutions (under [`SERIAL_FLOPS`]) stay on the calling thread.
+
+use std::borrow::Cow;
+
+use gemm::Parallelism;
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+use rayon::prelude::*;
+
+use super::host::{with_float, with_simd, Ctx, Element, Real};
+use crate::backends::reference::{conv as reference, memory::HostMemory};
+use crate::compute::{Conv2dDesc, DevicePtr};
+use crate::error::{BackendError, Result};
+
+/// The op name in errors.
+const OP: &str = "conv2d";
+
+/// Bytes of patches (im2col) one work item builds at a time: half the L2 cache of this class of
+/// machine, so the block and the GEMM's packed panels stay resident.
+const COL_BYTES: usize = 512 << 10;
+
+/// The narrowest block of output positions the blocking makes (when the patch rows allow).
+const MIN_COLS: usize = 64;
+
+/// The narrowest block of output positions worth a thread of its own.
+const MIN_PAR_COLS: usize = 128;
+
+/// Column blocks are rounded to this many positions: the row count of the `gemm` crate's widest
+/// AVX-512 microkernel (4 registers of f32), so blocks have no ragged panel.
+const COL_ALIGN: usize = 64;
+
+/// Destination columns per call of the `gemm` crate (rows, for a row-major destination) beyond
+/// which it repacks the left operand of its column-major form: [`Product::run_split`] cuts products
+/// into blocks this wide so that they read their operands in place.
+pub(super) const NO_REPACK_COLS: usize = 48;
+
+/// Below this many flops a convolution runs on the calling thread.
+const SERIAL_FLOPS: usize = 1 << 21;
+
+/// Slice conversions between an element type and the type it computes in, in bulk (F16C for f16
+/// where the CPU has it), and zero-copy views when the two are the same type.
+pub(super) trait Wide: Element {
+    /// True when the element type is its own compute type (f32, f64).
+    const NATIVE: bool;
+    /// The slice itself, when the element type is its own compute type.
+    fn as_acc(xs: &[Self]) -> Option<&[Self::Acc]>;
+    /// As [`Wide::as_acc`], mutably.
+    fn as_acc_mut(xs: &mut [Self]) -> Option<&mut [Self::Acc]>;
+    /// `dst[i] = widen(src[i])` over the common length.
+    fn widen_slice(src: &[Self], dst: &mut [Self::Acc]);
+    /// `dst[i] = narrow(src[i])` (round to nearest even) over the common length.
+    fn narrow_slice(src: &[Self::Acc], dst: &mut [Self]);
+}
+
+/// [`Wide`] for a type that computes in itself.
+macro_rules! wide_native {
+    ($t:ty) => {
+        impl Wide for $t {
+            const NATIVE: bool = true;
+            #[inline(always)]
+            fn as_acc(xs: &[Self]) -> Option<&[Self]> {
+                Some(xs)
+            }
+            #[inline(always)]
+            fn as_acc_mut(xs: &mut [Self]) -> Option<&mut [Self]> {
+                Some(xs)
+            }
+            #[inline(always)]
+            fn widen_slice(src: &[Self], dst: &mut [Self]) {
+                let n = src.len().min(dst.len());
+                dst[..n].copy_from_slice(&src[..n]);
+            }
+            #[inline(always)]
+            fn narrow_slice(src: &[Self], dst: &mut [Self]) {
+                let n = src.len().min(dst.len());
+                dst[..n].copy_from_slice(&src[..n]);
+            }
+        }
+    };
+}
+wide_native!(f32);
+wide_native!(f64);
+
+/// [`Wide`] for a 16-bit type that computes in f32, through `half`'s slice conversions.
+macro_rules! wide_half {
+    ($t:ty) => {
+        impl Wide for $t {
+            const NATIVE: bool = false;
+            #[inline(always)]
+            fn as_acc(_: &[Self]) -> Option<&[f32]> {
+                None
+            }
+            #[inline(always)]
+            fn as_acc_mut(_: &mut [Self]) -> Option<&mut [f32]> {
+                None
+            }
+            #[inline(always)]
+            fn widen_slice(src: &[Self], dst: &mut [f32]) {
+                let n = src.len().min(dst.len());
+                src[..n].convert_to_f32_slice(&mut dst[..n]);
+            }
+            #[inline(always)]
+            fn narrow_slice(src: &[f32], dst: &mut [Self]) {
+                let n = src.len().min(dst.len());
+                dst[..n].convert_from_f32_slice(&src[..n]);
+            }
+        }
+    };
+}
+wide_half!(f16);
+wide_half!(bf16);
+
+/// `len` elements of `T` at a host address, shared by the tasks of one kernel. Tasks read inputs
+/// and write disjoint parts of outputs; the memory lock keeps the buffers alive meanwhile.
+#[derive(Debug)]
+pub(super) struct Raw<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> Clone for Raw<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Raw<T> {}
+
+// SAFETY: a Raw is an address and a length; what may be done through it is governed by the unsafe
+// accessors below, whose callers guarantee that concurrent writes touch disjoint elements.
+unsafe impl<T: Send> Send for Raw<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for Raw<T> {}
+
+impl<T: Element> Raw<T> {
+    /// The `len` elements at `ptr`, after a bounds check against the live allocations.
+    /// `InvalidArgument` when `ptr` is not aligned to the element size.
+    pub(super) fn of(
+        mem: &mut HostMemory,
+        op: &'static str,
+        ptr: DevicePtr,
+        len: usize,
+    ) -> Result<Raw<T>> {
+        let size = std::mem::size_of::<T>();
+        let bytes = len.checked_mul(size).ok_or_else(|| {
+            BackendError::overflow(op, format!("{len} elements of {size} bytes overflow"))
+        })?;
+        let raw = mem.host_address(ptr, bytes)?;
+        if !(raw as usize).is_multiple_of(std::mem::align_of::<T>()) {
+            return Err(BackendError::invalid(
+                op,
+                format!(
+                    "pointer {:#x} is not aligned to its {size}-byte elements",
+                    ptr.0
+                ),
+            ));
+        }
+        Ok(Raw {
+            ptr: raw.cast(),
+            len,
+        })
+    }
+
+    /// The address of element `at` (`at ≤ len`).
+    #[inline]
+    pub(super) fn at(&self, at: usize) -> *mut T {
+        debug_assert!(at <= self.len);
+        self.ptr.wrapping_add(at)
+    }
+
+    /// Elements `start .. start + len`, shared.
+    ///
+    /// # Safety
+    /// The range is inside the buffer and no task writes these elements while the slice lives.
+    #[inline]
+    pub(super) unsafe fn get(&self, start: usize, len: usize) -> &[T] {
+        debug_assert!(start + len <= self.len);
+        std::slice::from_raw_parts(self.ptr.add(start), len)
+    }
+
+    /// Elements `start .. start + len`, exclusively.
+    ///
+    /// # Safety
+    /// The range is inside the buffer and no other slice or access of these elements lives at the
+    /// same time.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn get_mut(&self, start: usize, len: usize) -> &mut [T] {
+        debug_assert!(start + len <= self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+    }
+}
+
+/// Items `0..items` as a parallel iterator split into at most four jobs per thread, so that the
+/// per-job scratch buffers of `try_for_each_init` are allocated a few times, not once per item.
+pub(super) fn parallel_items(
+    items: usize,
+    threads: usize,
+) -> rayon::iter::MinLen<rayon::range::Iter<usize>> {
+    (0..items)
+        .into_par_iter()
+        .with_min_len(items.div_ceil(4 * threads.max(1)).max(1))
+}
+
+/// A vector of `n` zeros, or `OutOfMemory` instead of an allocation failure.
+pub(super) fn zeroed<A: Real>(n: usize) -> Result<Vec<A>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| out_of_memory::<A>(n))?;
+    v.resize(n, A::ZERO);
+    Ok(v)
+}
+
+/// The error for a failed allocation of `n` elements of `A`.
+pub(super) fn out_of_memory<A>(n: usize) -> BackendError {
+    BackendError::OutOfMemory {
+        requested: n.saturating_mul(std::mem::size_of::<A>()),
+        available: 0,
+    }
+}
+
+/// `xs` in its compute type: borrowed for f32 and f64, a widened copy for the half types.
+fn widened<T: Wide>(xs: &[T]) -> Result<Cow<'_, [T::Acc]>> {
+    if let Some(acc) = T::as_acc(xs) {
+        return Ok(Cow::Borrowed(acc));
+    }
+    let mut out = zeroed(xs.len())?;
+    T::widen_slice(xs, &mut out);
+    Ok(Cow::Owned(out))
+}
+
+/// One product `dst = [dst +] alpha · lhs · rhs` (`m × k` times `k × n`) on the `gemm` crate, every
+/// stride `(row, column)` in elements.
+#[derive(Clone, Copy)]
+pub(super) struct Product<A> {
+    /// Rows of dst and lhs.
+    pub m: usize,
+    /// Columns of dst and rhs.
+    pub n: usize,
+    /// Columns of lhs, rows of rhs.
+    pub k: usize,
+    /// Destination.
+    pub dst: *mut A,
+    /// Destination strides.
+    pub dst_strides: (usize, usize),
+    /// Left operand.
+    pub lhs: *const A,
+    /// Left operand strides.
+    pub lhs_strides: (usize, usize),
+    /// Right operand.
+    pub rhs: *const A,
+    /// Right operand strides.
+    pub rhs_strides: (usize, usize),
+    /// Scales the product.
+    pub alpha: A,
+    /// Adds the product to dst (else dst is overwritten and not read).
+    pub accumulate: bool,
+}
+
+impl<A: Real> Product<A> {
+    /// Runs the product as blocks of at most `chunk` destination columns (rows, when the
+    /// destination is row-major): the `gemm` crate works on a column-major destination and
+    /// repacks the left operand (after its transposition) whenever that destination has more than
+    /// [`NO_REPACK_COLS`] columns; narrower blocks read it in place.
+    ///
+    /// # Safety
+    /// As [`Product::run`].
+    #[inline]
+    pub(super) unsafe fn run_split(self, chunk: usize, parallelism: Parallelism) {
+        let chunk = chunk.max(1);
+        let by_columns = self.dst_strides.0 == 1 && self.dst_strides.1 != 1;
+        let total = if by_columns { self.n } else { self.m };
+        let mut start = 0;
+        while start < total {
+            let len = chunk.min(total - start);
+            let part = if by_columns {
+                Product {
+                    n: len,
+                    dst: self.dst.wrapping_add(start * self.dst_strides.1),
+                    rhs: self.rhs.wrapping_add(start * self.rhs_strides.1),
+                    ..self
+                }
+            } else {
+                Product {
+                    m: len,
+                    dst: self.dst.wrapping_add(start * self.dst_strides.0),
+                    lhs: self.lhs.wrapping_add(start * self.lhs_strides.0),
+                    ..self
+                }
+            };
+            part.run(parallelism);
+            start += len;
+        }
+    }
+
+    /// Runs the product.
+    ///
+    /// # Safety
+    /// Every operand with its sizes and strides addresses valid memory (dst writable and not
+    /// overlapping lhs or rhs, nor written by another task meanwhile), strides fit in `isize`, and
+    /// `A` is f32 or f64.
+    #[inline]
+    pub(super) unsafe fn run(self, parallelism: Parallelism) {
+        let s = |v: usize| v as isize;
+        gemm::gemm(
+            self.m,
+            self.n,
+            self.k,
+            self.dst,
+            s(self.dst_strides.1),
+            s(self.dst_strides.0),
+            self.accumulate,
+            self.lhs,
+            s(self.lhs_strides.1),
+            s(self.lhs_strides.0),
+            self.rhs,
+            s(self.rhs_strides.1),
+            s(self.rhs_strides.0),
+            A::ONE,
+            self.alpha,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+/// The sizes and window parameters of a convolution.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    k: usize,
+    /// Input channels per group.
+    cg: usize,
+    r: usize,
+    s: usize,
+    oh: usize,
+    ow: usize,
+    groups: usize,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+}
+
+impl Geometry {
+    /// The geometry of a validated, non-empty `d`, or `None` for the shapes left to the reference
+    /// kernel: no input channels, or window coordinates beyond `isize`.
+    fn of(d: &Conv2dDesc) -> Option<Geometry> {
+        let [n, c, h, w] = d.input_shape;
+        let [k, cg, r, s] = d.weight_shape;
+        let [_, _, oh, ow] = d.output_shape;
+        // The largest coordinate any window computes: (out − 1)·stride + (taps − 1)·dilation + pad.
+        let reach = |out: usize, stride: usize, taps: usize, dil: usize, pad: usize| {
+            out.checked_mul(stride)?
+                .checked_add(taps.checked_mul(dil)?)?
+                .checked_add(pad)?
+                .checked_add(h.max(w))
+                .filter(|&v| v <= isize::MAX as usize)
+        };
+        reach(oh, d.stride[0], r, d.dilation[0], d.padding[0])?;
+        reach(ow, d.stride[1], s, d.dilation[1], d.padding[1])?;
+        (cg > 0).then_some(Geometry {
+            n,
+            c,
+            h,
+            w,
+            k,
+            cg,
+            r,
+            s,
+            oh,
+            ow,
+            groups: d.groups,
+            stride: d.stride,
+            padding: d.padding,
+            dilation: d.dilation,
+        })
+    }
+
+    /// Output positions per channel.
+    fn p(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    /// Rows of a group's patch matrix: `C/G · R · S`.
+    fn crs(&self) -> usize {
+        self.cg * self.r * self.s
+    }
+
+    /// Output channels per group.
+    fn kg(&self) -> usize {
+        self.k / self.groups
+    }
+
+    /// 1×1, stride 1, no padding: the patch matrix is the input itself.
+    fn pointwise(&self) -> bool {
+        self.r == 1 && self.s == 1 && self.stride == [1, 1] && self.padding == [0, 0]
+    }
+
+    /// Length of a zero-padded input row that every tap of every output column reads inside:
+    /// the left padding, the row, and whatever the last window reaches beyond it.
+    /// For strides 1 and 2 it also covers the lanes of a last partial run of [`RUN`] columns.
+    fn padded_width(&self) -> usize {
+        let sw = self.stride[1];
+        let lanes = if sw <= 2 {
+            self.ow.next_multiple_of(RUN)
+        } else {
+            self.ow
+        };
+        let reach = (lanes - 1) * sw + (self.s - 1) * self.dilation[1] + 1;
+        reach.max(self.padding[1] + self.w)
+    }
+
+    /// Multiply-adds of the whole convolution, times two.
+    fn flops(&self) -> usize {
+        2usize
+            .saturating_mul(self.n)
+            .saturating_mul(self.k)
+            .saturating_mul(self.crs())
+            .saturating_mul(self.p())
+    }
+
+    /// The input row that tap row `ri` of output row `oy` reads, if inside the image.
+    #[inline(always)]
+    fn input_row(&self, oy: usize, ri: usize) -> Option<usize> {
+        let iy = (oy * self.stride[0] + ri * self.dilation[0]) as isize - self.padding[0] as isize;
+        (iy >= 0 && (iy as usize) < self.h).then_some(iy as usize)
+    }
+
+    /// For tap column `si`, the output columns `lo..hi` (within `ox0..ox1`) whose input column lies
+    /// inside the image, and the input column of `lo`.
+    #[inline(always)]
+    fn valid_columns(&self, si: usize, ox0: usize, ox1: usize) -> (usize, usize, usize) {
+        let sw = self.stride[1];
+        // Input column ix = ox·sw + off.
+        let off = (si * self.dilation[1]) as isize - self.padding[1] as isize;
+        let lo = if off >= 0 {
+            0
+        } else {
+            off.unsigned_abs().div_ceil(sw)
+        };
+        let last = self.w as isize - 1 - off;
+        let hi = if last < 0 { 0 } else { last as usize / sw + 1 };
+        let lo = lo.clamp(ox0, ox1);
+        let hi = hi.clamp(lo, ox1);
+        let ix = if lo < hi {
+            ((lo * sw) as isize + off) as usize
+        } else {
+            0
+        };
+        (lo, hi, ix)
+    }
+}
+
+/// The operands of one convolution, weights and bias in the compute type.
+struct Job<'a, T: Wide> {
+    g: Geometry,
+    input: Raw<T>,
+    /// `[K, C/G · R · S]`.
+    weight: &'a [T::Acc],
+    bias: Option<&'a [T::Acc]>,
+    output: Raw<T>,
+}
+
+/// NCHW convolution with stride, padding, dilation, groups and bias.
+pub(crate) fn conv2d(mem: &mut HostMemory, d: &Conv2dDesc, ctx: Ctx) -> Result<()> {
+    if d.output_shape.contains(&0) {
+        return Ok(()); // No output element: nothing to compute or write.
+    }
+    let Some(g) = Geometry::of(d) else {
+        return reference::conv2d(mem, d);
+    };
+    with_float!(d.dtype, T => typed::<T>(mem, d, g, ctx), _ => reference::conv2d(mem, d))
+}
+
+/// [`conv2d`] for element type `T`.
+fn typed<T: Wide>(mem: &mut HostMemory, d: &Conv2dDesc, g: Geometry, ctx: Ctx) -> Result<()> {
+    let input = Raw::<T>::of(mem, OP, d.input, g.n * g.c * g.h * g.w)?;
+    let weight = Raw::<T>::of(mem, OP, d.weight, g.k * g.crs())?;
+    let bias_raw = d.bias.map(|b| Raw::<T>::of(mem, OP, b, g.k)).transpose()?;
+    let output = Raw::<T>::of(mem, OP, d.output, g.n * g.k * g.p())?;
+    // SAFETY: the weight and bias regions are inputs (checked not to overlap the output), nothing
+    // writes them while the kernel runs.
+    let weight = widened(unsafe { weight.get(0, weight.len) })?;
+    // SAFETY: as above.
+    let bias = match &bias_raw {
+        Some(b) => Some(widened(unsafe { b.get(0, b.len) })?),
+        None => None,
+    };
+    let job = Job {
+        g,
+        input,
+        weight: &weight,
+        bias: bias.as_deref(),
+        output,
+    };
+    if g.cg == 1 {
+        job.depthwise(ctx)
+    } else {
+        job.im2col_gemm(ctx)
+    }
+}
+
+/// How the GEMM path splits its work.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Output positions per block.
+    cols: usize,
+    /// Blocks per image.
+    blocks: usize,
+    /// Patch rows per GEMM (all of them unless even [`MIN_COLS`] columns exceed the budget).
+    rows: usize,
+    /// The GEMM reads the input in place (pointwise, f32/f64): no patch buffer.
+    direct: bool,
+    /// Items run in parallel (else in turn, with `inner` parallelism in each GEMM).
+    parallel: bool,
+    /// Threads inside each GEMM.
+    inner: Parallelism,
+}
+
+impl Plan {
+    /// The split for `g` on `threads` threads with `elem`-byte compute elements.
+    fn new(g: &Geometry, threads: usize, elem: usize, direct: bool) -> Plan {
+        let (p, crs) = (g.p(), g.crs());
+        let budget = (COL_BYTES / elem).max(1);
+        let (rows, mut cols) = if direct {
+            (crs, p)
+        } else {
+            let rows = crs.min((budget / MIN_COLS).max(1));
+            (rows, (budget / rows).max(MIN_COLS))
+        };
+        if cols > COL_ALIGN {
+            cols -= cols % COL_ALIGN;
+        }
+        let mut blocks = p.div_ceil(cols.min(p));
+        let threaded = threads > 1 && g.flops() >= SERIAL_FLOPS;
+        if threaded {
+            // Enough items for every thread (twice over, for balance) while blocks stay wide.
+            let want = (2 * threads).div_ceil(g.n);
+            if blocks < want {
+                blocks = blocks.max(want.min(p / MIN_PAR_COLS)).max(1);
+            }
+        }
+        let cols = Self::even(p, blocks);
+        let blocks = p.div_ceil(cols);
+        let parallel = threaded && g.n * blocks >= threads;
+        let inner = if threaded && !parallel {
+            Parallelism::Rayon(threads)
+        } else {
+            Parallelism::None
+        };
+        Plan {
+            cols,
+            blocks,
+            rows,
+            direct,
+            parallel,
+            inner,
+        }
+    }
+
+    /// Block width that splits `p` positions into `blocks` nearly equal blocks, rounded up to
+    /// [`COL_ALIGN`] when that keeps the count.
+    fn even(p: usize, blocks: usize) -> usize {
+        let cols = p.div_ceil(blocks.max(1)).max(1);
+        let aligned = cols.next_multiple_of(COL_ALIGN);
+        if aligned < p && p.div_ceil(aligned) == blocks {
+            aligned
+        } else {
+            cols
+        }
+    }
+}
+
+/// Per-task buffers of the GEMM path.
+struct Scratch<A> {
+    /// Patch block, `rows × cols`.
+    col: Vec<A>,
+    /// Output block in the compute type (half types), `K/G × cols`.
+    out: Vec<A>,
+}
+
+impl<A: Real> Scratch<A> {
+    /// Buffers for `plan` (none that the element type does not need).
+    fn new<T: Wide<Acc = A>>(g: &Geometry, plan: &Plan) -> Result<Scratch<A>> {
+        let col = if plan.direct {
+            0
+        } else {
+            plan.rows * plan.cols
+        };
+        let out = if T::NATIVE { 0 } else { g.kg() * plan.cols };
+        Ok(Scratch {
+            col: zeroed(col)?,
+            out: zeroed(out)?,
+        })
+    }
+}
+
+impl<T: Wide> Job<'_, T> {
+    /// The im2col + GEMM path (pointwise convolutions included).
+    fn im2col_gemm(&self, ctx: Ctx) -> Result<()> {
+        let g = &self.g;
+        let direct = T::NATIVE && g.pointwise();
+        let plan = Plan::new(g, ctx.threads, std::mem::size_of::<T::Acc>(), direct);
+        let items = g.n * plan.blocks;
+        if plan.parallel {
+            parallel_items(items, ctx.threads).try_for_each_init(
+                || Scratch::new::<T>(g, &plan),
+                |scratch, item| {
+                    let scratch = scratch
+                        .as_mut()
+                        .map_err(|_| out_of_memory::<T::Acc>(plan.rows * plan.cols))?;
+                    with_simd(
+                        ctx.simd,
+                        #[inline(always)]
+                        || self.item(item, &plan, scratch),
+                    );
+                    Ok(())
+                },
+            )
+        } else {
+            let mut scratch = Scratch::new::<T>(g, &plan)?;
+            for item in 0..items {
+                with_simd(
+                    ctx.simd,
+                    #[inline(always)]
+                    || self.item(item, &plan, &mut scratch),
+                );
+            }
+            Ok(())
+        }
+    }
+
+    /// Work item `item`: one block of output positions of one image, every group.
+    #[inline(always)]
+    fn item(&self, item: usize, plan: &Plan, scratch: &mut Scratch<T::Acc>) {
+        let (img, block) = (item / plan.blocks, item % plan.blocks);
+        let p0 = block * plan.cols;
+        let pb = plan.cols.min(self.g.p() - p0);
+        for group in 0..self.g.groups {
+            self.group_block(img, group, p0, pb, plan, scratch);
+        }
+    }
+
+    /// Output positions `p0 .. p0 + pb` of the channels of `group` in image `img`.
+    #[inline(always)]
+    fn group_block(
+        &self,
+        img: usize,
+        group: usize,
+        p0: usize,
+        pb: usize,
+        plan: &Plan,
+        scratch: &mut Scratch<T::Acc>,
+    ) {
+        let g = &self.g;
+        let (p, kg, crs, hw) = (g.p(), g.kg(), g.crs(), g.h * g.w);
+        let out0 = (img * g.k + group * kg) * p + p0;
+        let in0 = (img * g.c + group * g.cg) * hw;
+        // The destination: the output itself (rows of stride P) or the compute-type block.
+        let (dst, dst_rs) = if T::NATIVE {
+            (self.output.at(out0).cast::<T::Acc>(), p)
+        } else {
+            (scratch.out.as_mut_ptr(), pb)
+        };
+        if let Some(bias) = self.bias {
+            for (kk, &b) in bias[group * kg..][..kg].iter().enumerate() {
+                if T::NATIVE {
+                    // SAFETY: row kk of this block lies inside the output and is written by this
+                    // task only (blocks of positions are disjoint across items).
+                    let row = unsafe { self.output.get_mut(out0 + kk * p, pb) };
+                    if let Some(row) = T::as_acc_mut(row) {
+                        row.fill(b);
+                    }
+                } else {
+                    scratch.out[kk * pb..][..pb].fill(b);
+                }
+            }
+        }
+        let mut k0 = 0;
+        while k0 < crs {
+            let k1 = crs.min(k0 + plan.rows);
+            let (rhs, rhs_rs) = if plan.direct {
+                (self.input.at(in0 + k0 * hw + p0).cast_const().cast(), hw)
+            } else {
+                // SAFETY: the group's input planes are inside the input, which nothing writes.
+                let x = unsafe { self.input.get(in0, g.cg * hw) };
+                self.im2col(x, k0, k1, p0, pb, &mut scratch.col[..(k1 - k0) * pb]);
+                (scratch.col.as_ptr(), pb)
+            };
+            // A product threaded by the gemm crate stays whole (one fork-join).
+            let split = match plan.inner {
+                Parallelism::None => NO_REPACK_COLS,
+                _ => usize::MAX,
+            };
+            // SAFETY: lhs is rows group·K/G.. of the [K, CRS] weights, columns k0..k1; rhs the
+            // [k1 − k0, pb] patch block (or the input channels in place, row stride H·W); dst the
+            // [K/G, pb] output block, disjoint from every other task's and from the inputs.
+            unsafe {
+                Product {
+                    m: kg,
+                    n: pb,
+                    k: k1 - k0,
+                    dst,
+                    dst_strides: (dst_rs, 1),
+                    lhs: self.weight.as_ptr().add(group * kg * crs + k0),
+                    lhs_strides: (crs, 1),
+                    rhs,
+                    rhs_strides: (rhs_rs, 1),
+                    alpha: T::Acc::ONE,
+                    accumulate: self.bias.is_some() || k0 > 0,
+                }
+                .run_split(split, plan.inner);
+            }
+            k0 = k1;
+        }
+        if !T::NATIVE {
+            for kk in 0..kg {
+                // SAFETY: as for the bias rows above.
+                let row = unsafe { self.output.get_mut(out0 + kk * p, pb) };
+                T::narrow_slice(&scratch.out[kk * pb..][..pb], row);
+            }
+        }
+    }
+
+    /// Rows `k0..k1` of the patch matrix of one image and group (`x`: its `C/G` input planes), for
+    /// output positions `p0 .. p0 + pb`, into `col` (row stride `pb`).
+    #[inline(always)]
+    fn im2col(&self, x: &[T], k0: usize, k1: usize, p0: usize, pb: usize, col: &mut [T::Acc]) {
+        let g = &self.g;
+        let (taps, hw) = (g.r * g.s, g.h * g.w);
+        for (kk, row) in (k0..k1).zip(col.chunks_exact_mut(pb)) {
+            let (ci, tap) = (kk / taps, kk % taps);
+            let plane = &x[ci * hw..][..hw];
+            if g.pointwise() {
+                T::widen_slice(&plane[p0..p0 + pb], row);
+                continue;
+            }
+            let (ri, si) = (tap / g.s, tap % g.s);
+            let mut p = p0;
+            while p < p0 + pb {
+                let (oy, ox0) = (p / g.ow, p % g.ow);
+                let ox1 = g.ow.min(ox0 + (p0 + pb - p));
+                let seg = &mut row[p - p0..][..ox1 - ox0];
+                self.patch_segment(plane, (oy, ox0..ox1), (ri, si), seg);
+                p += ox1 - ox0;
+            }
+        }
+    }
+
+    /// Output columns `cols` of output row `oy` for tap `(ri, si)` of one input plane: the input
+    /// values under the tap, zero where it falls in the padding.
+    #[inline(always)]
+    fn patch_segment(
+        &self,
+        plane: &[T],
+        (oy, cols): (usize, std::ops::Range<usize>),
+        (ri, si): (usize, usize),
+        seg: &mut [T::Acc],
+    ) {
+        let g = &self.g;
+        let (ox0, ox1) = (cols.start, cols.end);
+        let Some(iy) = g.input_row(oy, ri) else {
+            fill_zero(seg);
+            return;
+        };
+        let row = &plane[iy * g.w..][..g.w];
+        let (lo, hi, ix) = g.valid_columns(si, ox0, ox1);
+        fill_zero(&mut seg[..lo - ox0]);
+        fill_zero(&mut seg[hi - ox0..]);
+        let dst = &mut seg[lo - ox0..hi - ox0];
+        let sw = g.stride[1];
+        match T::as_acc(&row[ix..]) {
+            Some(src) if sw == 1 => copy_run(src, dst),
+            Some(src) => gather_run(src, sw, dst),
+            None if sw == 1 => T::widen_slice(&row[ix..ix + dst.len()], dst),
+            None => {
+                for (d, x) in dst.iter_mut().zip(row[ix..].iter().step_by(sw)) {
+                    *d = x.widen();
+                }
+            }
+        }
+    }
+
+    /// The depthwise path: every output channel reads one input channel.
+    fn depthwise(&self, ctx: Ctx) -> Result<()> {
+        let g = &self.g;
+        let planes = g.n * g.k;
+        // Output rows per band: the padded input rows they read (about `sh` per output row) stay
+        // within the budget.
+        let per_row = g.padded_width().saturating_mul(g.stride[0].clamp(1, g.h));
+        let mut band_rows = (DW_BAND_ELEMENTS / per_row.max(1)).clamp(1, g.oh);
+        let threaded = ctx.threads > 1 && g.flops() >= SERIAL_FLOPS;
+        if threaded {
+            // Enough items for every thread (four each) when there are few planes.
+            let want = (4 * ctx.threads).div_ceil(planes);
+            band_rows = band_rows.min(g.oh.div_ceil(want)).max(1);
+        }
+        let bands = g.oh.div_ceil(band_rows);
+        let run = |item: usize, band: &mut Band<T::Acc>| {
+            let (plane, b) = (item / bands, item % bands);
+            let rows = b * band_rows..g.oh.min((b + 1) * band_rows);
+            with_simd(
+                ctx.simd,
+                #[inline(always)]
+                || self.depthwise_band(plane, rows, band),
+            );
+        };
+        if threaded {
+            parallel_items(planes * bands, ctx.threads).try_for_each_init(
+                || Band::new(g, band_rows),
+                |band, item| {
+                    let band = band
+                        .as_mut()
+                        .map_err(|_| out_of_memory::<T::Acc>(Band::<T::Acc>::len(g, band_rows)))?;
+                    run(item, band);
+                    Ok(())
+                },
+            )
+        } else {
+            let mut band = Band::new(g, band_rows)?;
+            for item in 0..planes * bands {
+                run(item, &mut band);
+            }
+            Ok(())
+        }
+    }
+
+    /// Output rows `rows` of output plane `plane` (image · K + channel) of a depthwise convolution:
+    /// loads the input rows they read into `band` (widened, zero-padded), then accumulates each
+    /// output row [`RUN`] columns at a time in registers over every tap.
+    #[inline(always)]
+    fn depthwise_band(&self, plane: usize, rows: std::ops::Range<usize>, band: &mut Band<T::Acc>) {
+        let g = &self.g;
+        let (img, ch) = (plane / g.k, plane % g.k);
+        let cin = ch / g.kg(); // The group of the channel is its input channel.
+                               // SAFETY: the input plane lies inside the input, which nothing writes.
+        let x = unsafe { self.input.get((img * g.c + cin) * g.h * g.w, g.h * g.w) };
+        let first = band.load(g, x, rows.clone());
+        let mut half_row = std::mem::take(&mut band.out);
+        let view = BandView {
+            buf: &band.rows,
+            wp: band.wp,
+            first,
+            taps: &self.weight[ch * g.r * g.s..][..g.r * g.s],
+            bias: self.bias.map_or(T::Acc::ZERO, |b| b[ch]),
+        };
+        // Columns computed RUN at a time (the padded rows are long enough for a last partial run
+        // when the stride is 1 or 2), then one at a time.
+        let sw = g.stride[1];
+        let vector_end = if sw <= 2 { g.ow } else { g.ow - g.ow % RUN };
+        for oy in rows {
+            // SAFETY: output row oy of this plane is written by this item only.
+            let out = unsafe { self.output.get_mut((plane * g.oh + oy) * g.ow, g.ow) };
+            let acc_row: &mut [T::Acc] = match T::as_acc_mut(out) {
+                Some(acc) => acc,
+                None => &mut half_row,
+            };
+            let mut c0 = 0;
+            while c0 < vector_end {
+                c0 += match (vector_end - c0).div_ceil(RUN) {
+                    1 => view.block::<1, 4>(g, oy, c0, acc_row),
+                    2 => view.block::<2, 2>(g, oy, c0, acc_row),
+                    3 => view.block::<3, 1>(g, oy, c0, acc_row),
+                    _ => view.block::<4, 1>(g, oy, c0, acc_row),
+                };
+            }
+            for (ox, out) in acc_row.iter_mut().enumerate().skip(vector_end) {
+                let mut acc = view.bias;
+                for ri in 0..g.r {
+                    let Some(row) = view.row(g, oy, ri) else {
+                        continue;
+                    };
+                    for (si, &w) in view.taps[ri * g.s..][..g.s].iter().enumerate() {
+                        acc = row[ox * sw + si * g.dilation[1]].mul_add(w, acc);
+                    }
+                }
+                *out = acc;
+            }
+            if !T::NATIVE {
+                // SAFETY: as above; the accumulator was the half types' output row.
+                let out = unsafe { self.output.get_mut((plane * g.oh + oy) * g.ow, g.ow) };
+                T::narrow_slice(&half_row, out);
+            }
+        }
+        band.out = half_row;
+    }
+}
+
+/// Padded input elements a depthwise work item holds at most (its band of output rows is cut to
+/// fit, down to one row): 256 KiB of f32, so the band stays in the L2 cache.
+const DW_BAND_ELEMENTS: usize = 1 << 16;
+
+/// The input rows a band of depthwise output rows reads, widened and zero-padded on both sides so
+/// that every tap of every output column reads inside its row.
+struct Band<A> {
+    /// Input rows `first ..` (those inside the image), `wp` elements each.
+    rows: Vec<A>,
+    /// Padded row length ([`Geometry::padded_width`]).
+    wp: usize,
+    /// The output row in the compute type (half types).
+    out: Vec<A>,
+}
+
+impl<A: Real> Band<A> {
+    /// Input rows a band of `band_rows` output rows reads at most.
+    fn input_rows(g: &Geometry, band_rows: usize) -> usize {
+        ((band_rows - 1) * g.stride[0] + (g.r - 1) * g.dilation[0] + 1).min(g.h)
+    }
+
+    /// Elements of a band's buffers (for the out-of-memory error).
+    fn len(g: &Geometry, band_rows: usize) -> usize {
+        Self::input_rows(g, band_rows) * g.padded_width() + g.ow
+    }
+
+    /// Buffers for bands of up to `band_rows` output rows of `g`.
+    fn new(g: &Geometry, band_rows: usize) -> Result<Band<A>> {
+        let wp = g.padded_width();
+        Ok(Band {
+            rows: zeroed(Self::input_rows(g, band_rows) * wp)?,
+            wp,
+            out: zeroed(g.ow)?,
+        })
+    }
+
+    /// Loads the input rows of plane `x` that output rows `rows` read; returns the input row the
+    /// buffer starts at.
+    #[inline(always)]
+    fn load<T: Wide<Acc = A>>(
+        &mut self,
+        g: &Geometry,
+        x: &[T],
+        rows: std::ops::Range<usize>,
+    ) -> usize {
+        let (sh, dh, ph) = (g.stride[0], g.dilation[0], g.padding[0]);
+        let first = (rows.start * sh).saturating_sub(ph);
+        let end = ((rows.end - 1) * sh + (g.r - 1) * dh + 1)
+            .saturating_sub(ph)
+            .min(g.h);
+        let needed = |iy: usize| {
+            let t = iy + ph;
+            (0..g.r).any(|ri| {
+                t >= ri * dh
+                    && (t - ri * dh).is_multiple_of(sh)
+                    && rows.contains(&((t - ri * dh) / sh))
+            })
+        };
+        let pw = g.padding[1].min(self.wp);
+        for iy in (first..end).filter(|&iy| needed(iy)) {
+            let row = &mut self.rows[(iy - first) * self.wp..][..self.wp];
+            let (left, rest) = row.split_at_mut(pw);
+            let (mid, right) = rest.split_at_mut(g.w.min(rest.len()));
+            fill_zero(left);
+            widen_run(&x[iy * g.w..][..g.w], mid);
+            fill_zero(right);
+        }
+        first
+    }
+}
+
+/// What [`BandView::block`] reads: a loaded band and one channel's taps and bias.
+struct BandView<'a, A> {
+    buf: &'a [A],
+    wp: usize,
+    /// The input row the band starts at.
+    first: usize,
+    /// `R × S` taps.
+    taps: &'a [A],
+    bias: A,
+}
+
+impl<A: Real> BandView<'_, A> {
+    /// The padded input row tap row `ri` of output row `oy` reads, or `None` in the padding.
+    #[inline(always)]
+    fn row(&self, g: &Geometry, oy: usize, ri: usize) -> Option<&[A]> {
+        let iy = g.input_row(oy, ri)?;
+        self.buf.get((iy - self.first) * self.wp..)?.get(..self.wp)
+    }
+
+    /// Output columns `c0 .. c0 + N·RUN` (those below `OW`) of output row `oy` into `out`: `N` runs
+    /// of [`RUN`] columns, each summed over the taps in `C` interleaved partial sums, so that `N·C`
+    /// independent FMA chains hide the FMA latency. Returns the columns advanced.
+    #[inline(always)]
+    fn block<const N: usize, const C: usize>(
+        &self,
+        g: &Geometry,
+        oy: usize,
+        c0: usize,
+        out: &mut [A],
+    ) -> usize {
+        let (sw, dw) = (g.stride[1], g.dilation[1]);
+        let mut acc = [[[A::ZERO; RUN]; N]; C];
+        let mut t = 0;
+        for ri in 0..g.r {
+            let Some(row) = self.row(g, oy, ri) else {
+                continue;
+            };
+            for (si, &w) in self.taps[ri * g.s..][..g.s].iter().enumerate() {
+                for (n, chain) in acc[t % C].iter_mut().enumerate() {
+                    run_fma(chain, row, (c0 + n * RUN) * sw + si * dw, sw, w);
+                }
+                t += 1;
+            }
+        }
+        for n in 0..N {
+            let mut sum = [self.bias; RUN];
+            for chains in &acc {
+                for (s, &a) in sum.iter_mut().zip(&chains[n]) {
+                    *s += a;
+                }
+            }
+            store_run(&sum, out, c0 + n * RUN);
+        }
+        N * RUN
+    }
+}
+
+/// `out[start + l] = run[l]` for the lanes inside `out` (a masked store for a last partial run).
+#[inline(always)]
+fn store_run<A: Real>(run: &[A; RUN], out: &mut [A], start: usize) {
+    if let Some(dst) = out.get_mut(start..start + RUN) {
+        dst.copy_from_slice(run);
+    } else if let Some(dst) = out.get_mut(start..) {
+        let n = dst.len();
+        for (l, &v) in run.iter().enumerate() {
+            if l < n {
+                dst[l] = v;
+            }
+        }
+    }
+}
+
+/// `acc[l] += w · row[base + l · stride]` for the [`RUN`] lanes.
+#[inline(always)]
+fn run_fma<A: Real>(acc: &mut [A; RUN], row: &[A], base: usize, stride: usize, w: A) {
+    let mut xs = [A::ZERO; RUN];
+    if stride == 1 {
+        xs.copy_from_slice(&row[base..base + RUN]);
+    } else {
+        let src = &row[base..base + (RUN - 1) * stride + 1];
+        for (l, x) in xs.iter_mut().enumerate() {
+            *x = src[l * stride];
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(&xs) {
+        *a = x.mul_add(w, *a);
+    }
+}
+
+/// Elements the patch copies move per fixed-size chunk (a cache line of f32: one AVX-512 register).
+const RUN: usize = 16;
+
+/// `dst = src[..dst.len()]`, in fixed-size chunks (inline vector moves rather than a library call
+/// per short run), the last chunk overlapping the one before.
+#[inline(always)]
+fn copy_run<A: Real>(src: &[A], dst: &mut [A]) {
+    let n = dst.len();
+    let src = &src[..n];
+    if n < RUN {
+        dst.copy_from_slice(src);
+        return;
+    }
+    for (d, s) in dst.chunks_exact_mut(RUN).zip(src.chunks_exact(RUN)) {
+        d.copy_from_slice(s);
+    }
+    dst[n - RUN..].copy_from_slice(&src[n - RUN..]);
+}
+
+/// `dst = widen(src[..dst.len()])`: [`copy_run`] for f32 and f64, the bulk conversion otherwise.
+#[inline(always)]
+fn widen_run<T: Wide>(src: &[T], dst: &mut [T::Acc]) {
+    match T::as_acc(src) {
+        Some(src) => copy_run(src, dst),
+        None => T::widen_slice(src, dst),
+    }
+}
+
+/// `dst[i] = src[i · stride]`, in fixed-size chunks for stride 2 (shuffles instead of gathers).
+#[inline(always)]
+fn gather_run<A: Real>(src: &[A], stride: usize, dst: &mut [A]) {
+    let n = dst.len();
+    if stride == 2 && n >= RUN && src.len() >= 2 * n - 1 {
+        let mut i = 0;
+        while i + RUN <= n && 2 * (i + RUN) <= src.len() {
+            let s = &src[2 * i..][..2 * RUN];
+            for (j, d) in dst[i..i + RUN].iter_mut().enumerate() {
+                *d = s[2 * j];
+            }
+            i += RUN;
+        }
+        for (j, d) in dst[i..].iter_mut().enumerate() {
+            *d = src[2 * (i + j)];
+        }
+        return;
+    }
+    for (d, &s) in dst.iter_mut().zip(src.iter().step_by(stride)) {
+        *d = s;
+    }
+}
+
+/// Sets `dst` to zero, in fixed-size chunks where it is long.
+#[inline(always)]
+fn fill_zero<A: Real>(dst: &mut [A]) {
+    let n = dst.len();
+    if n < RUN {
+        // A masked store rather than a `memset` call for a few elements: the fixed trip count is what
+        // lets it compile to one masked vector store.
+        #[allow(clippy::needless_range_loop)]
+        for l in 0..RUN {
+            if l < n {
+                dst[l] = A::ZERO;
+            }
+        }
+        return;
+    }
+    for d in dst.chunks_exact_mut(RUN) {
+        d.copy_from_slice(&[A::ZERO; RUN]);
+    }
+    dst[n - RUN..].copy_from_slice(&[A::ZERO; RUN]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::cpu::simd::SimdLevel;
+    use crate::dtype::DType;
+    use crate::rng::HostRng;
+
+    const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+    /// A convolution to test: shapes and window parameters.
+    #[derive(Clone, Copy, Debug)]
+    struct Case {
+        input: [usize; 4],
+        k: usize,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+        bias: bool,
+    }
+
+    impl Case {
+        /// A stride-1, unpadded, undilated, ungrouped convolution with bias.
+        fn new(input: [usize; 4], k: usize, kernel: [usize; 2]) -> Case {
+            Case {
+                input,
+                k,
+                kernel,
+                stride: [1, 1],
+                padding: [0, 0],
+                dilation: [1, 1],
+                groups: 1,
+                bias: true,
+            }
+        }
+    }
+
+    /// Norm-wise relative error bound per dtype.
+    fn bound(dtype: DType) -> f64 {
+        match dtype {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 1e-2,
+        }
+    }
+
+    /// A buffer of `n` random values in [−1, 1) of `dtype`.
+    fn random(mem: &mut HostMemory, rng: &mut HostRng, dtype: DType, n: usize) -> DevicePtr {
+        let ptr = mem.alloc((n * dtype.size_in_bytes()).max(1)).unwrap();
+        mem.store(dtype, ptr, &rng.uniform_vec(n, -1.0, 1.0))
+            .unwrap();
+        ptr
+    }
+
+    /// Runs `f` with a context of `threads` threads, inside a pool of that size.
+    fn on_threads<R: Send>(threads: usize, f: impl FnOnce(Ctx) -> R + Send) -> R {
+        let ctx = Ctx {
+            threads,
+            simd: SimdLevel::detect(),
+        };
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| f(ctx))
+    }
+
+    /// Compares the kernel with the reference for `case` in `dtype` on `threads` threads.
+    fn check(case: Case, dtype: DType, threads: usize) {
+        let mut mem = HostMemory::default();
+        let mut rng = HostRng::new(case.input.iter().sum::<usize>() as u64 + case.k as u64);
+        let [n, c, _, _] = case.input;
+        let weight_shape = [case.k, c / case.groups, case.kernel[0], case.kernel[1]];
+        let output_shape = Conv2dDesc::expected_output_shape(
+            case.input,
+            weight_shape,
+            case.stride,
+            case.padding,
+            case.dilation,
+            case.groups,
+        )
+        .unwrap();
+        let outputs: usize = output_shape.iter().product();
+        let input = random(&mut mem, &mut rng, dtype, case.input.iter().product());
+        let weight = random(&mut mem, &mut rng, dtype, weight_shape.iter().product());
+        let bias = case.bias.then(|| random(&mut mem, &mut rng, dtype, case.k));
+        let size = dtype.size_in_bytes();
+        let out = mem.alloc(outputs * size).unwrap();
+        let expected = mem.alloc(outputs * size).unwrap();
+        let desc = Conv2dDesc {
+            dtype,
+            input,
+            input_shape: case.input,
+            weight,
+            weight_shape,
+            bias,
+            output: out,
+            output_shape,
+            stride: case.stride,
+            padding: case.padding,
+            dilation: case.dilation,
+            groups: case.groups,
+        };
+        desc.accesses().unwrap();
+        on_threads(threads, |ctx| conv2d(&mut mem, &desc, ctx)).unwrap();
+        let oracle = Conv2dDesc {
+            output: expected,
+            ..desc
+        };
+        reference::conv2d(&mut mem, &oracle).unwrap();
+        let got = mem.load_dense(dtype, out, outputs).unwrap();
+        let want = mem.load_dense(dtype, expected, outputs).unwrap();
+        let (mut err, mut norm) = (0.0f64, 0.0f64);
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a.is_nan(),
+                b.is_nan(),
+                "{case:?} {dtype:?} element {i} ({n} images)"
+            );
+            err += (a - b) * (a - b);
+            norm += b * b;
+        }
+        let rel = (err / norm.max(f64::MIN_POSITIVE)).sqrt();
+        assert!(
+            rel <= bound(dtype),
+            "{case:?} {dtype:?} on {threads} threads: relative error {rel:e}"
+        );
+    }
+
+    /// Every dtype on 1 and 2 threads.
+    fn check_all(case: Case) {
+        for dtype in DTYPES {
+            for threads in [1, 2] {
+                check(case, dtype, threads);
+            }
+        }
+    }
+
+    #[test]
+    fn padded_3x3_matches_the_reference() {
+        check_all(Case {
+            padding: [1, 1],
+            ..Case::new([2, 5, 9, 11], 7, [3, 3])
+        });
+    }
+
+    #[test]
+    fn stride_padding_and_dilation_match_the_reference() {
+        check_all(Case {
+            stride: [2, 3],
+            padding: [1, 2],
+            dilation: [2, 1],
+            bias: false,
+            ..Case::new([3, 3, 13, 17], 4, [3, 2])
+        });
+        check_all(Case {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Case::new([1, 3, 23, 23], 8, [7, 7])
+        });
+    }
+
+    #[test]
+    fn groups_match_the_reference() {
+        check_all(Case {
+            groups: 2,
+            padding: [1, 0],
+            bias: false,
+            ..Case::new([2, 6, 7, 5], 4, [3, 3])
+        });
+        check_all(Case {
+            groups: 3,
+            stride: [2, 1],
+            ..Case::new([1, 6, 8, 9], 9, [1, 2])
+        });
+    }
+
+    #[test]
+    fn depthwise_matches_the_reference() {
+        // One output channel per input channel, strides 1 and 2, then a channel multiplier of 2.
+        for stride in [[1, 1], [2, 2], [1, 3]] {
+            check_all(Case {
+                groups: 8,
+                stride,
+                padding: [1, 1],
+                ..Case::new([2, 8, 11, 13], 8, [3, 3])
+            });
+        }
+        check_all(Case {
+            groups: 4,
+            padding: [2, 1],
+            dilation: [2, 2],
+            bias: false,
+            ..Case::new([1, 4, 9, 10], 8, [3, 3])
+        });
+        // A single input channel takes the same kernel.
+        check_all(Case::new([2, 1, 6, 7], 3, [2, 2]));
+    }
+
+    #[test]
+    fn pointwise_matches_the_reference() {
+        check_all(Case::new([2, 6, 5, 7], 5, [1, 1]));
+        check_all(Case {
+            groups: 2,
+            bias: false,
+            ..Case::new([1, 4, 3, 3], 6, [1, 1])
+        });
+        // 1×1 with a stride or padding goes through im2col.
+        check_all(Case {
+            stride: [2, 2],
+            padding: [1, 0],
+            ..Case::new([1, 3, 7, 6], 4, [1, 1])
+        });
+    }
+
+    #[test]
+    fn large_convolutions_block_and_thread() {
+        // Two column blocks of patches, items in parallel.
+        check_all(Case {
+            padding: [1, 1],
+            ..Case::new([1, 16, 41, 39], 16, [3, 3])
+        });
+        // Several images in parallel, no bias.
+        check_all(Case {
+            padding: [1, 1],
+            bias: false,
+            ..Case::new([3, 8, 29, 28], 8, [3, 3])
+        });
+        // A small image with deep channels: one block, threads inside the GEMM.
+        check_all(Case {
+            padding: [1, 1],
+            ..Case::new([1, 48, 7, 7], 48, [3, 3])
+        });
+        // Patch rows beyond the budget: the rows are split and the GEMMs accumulate.
+        check_all(Case {
+            padding: [1, 1],
+            ..Case::new([1, 260, 4, 5], 3, [3, 3])
+        });
+        // Pointwise over a large image, split across threads; a large depthwise layer.
+        check_all(Case::new([1, 32, 40, 41], 24, [1, 1]));
+        check_all(Case {
+            groups: 16,
+            padding: [1, 1],
+            ..Case::new([2, 16, 45, 47], 16, [3, 3])
+        });
+        check_all(Case {
+            groups: 6,
+            stride: [2, 2],
+            padding: [2, 3],
+            dilation: [1, 2],
+            bias: false,
+            ..Case::new([1, 6, 21, 75], 12, [3, 4])
+        });
+        // Few, wide planes: several bands of rows per plane (by the cache budget, and for threads).
+        check_all(Case {
+            groups: 2,
+            padding: [1, 1],
+            ..Case::new([1, 2, 60, 1500], 2, [3, 3])
+        });
+        check_all(Case {
+            groups: 3,
+            stride: [2, 2],
+            padding: [2, 0],
+            dilation: [2, 1],
+            ..Case::new([1, 3, 71, 901], 3, [3, 5])
+        });
+    }
+
+    #[test]
+    fn no_input_channels_gives_the_bias() {
+        for dtype in DTYPES {
+            check(Case::new([2, 0, 4, 4], 3, [3, 3]), dtype, 1);
+        }
+    }
+
+    #[test]
+    fn non_finite_inputs_propagate() {
+        let mut mem = HostMemory::default();
+        let mut rng = HostRng::new(7);
+        let input = random(&mut mem, &mut rng, DType::F32, 2 * 3 * 5 * 5);
+        let weight = random(&mut mem, &mut rng, DType::F32, 4 * 3 * 3 * 3);
+        mem.store(DType::F32, input, &[f64::NAN, f64::INFINITY])
+            .unwrap();
+        let [out, expected] = [0, 1].map(|_| mem.alloc(2 * 4 * 25 * 4).unwrap());
+        let desc = Conv2dDesc {
+            dtype: DType::F32,
+            input,
+            input_shape: [2, 3, 5, 5],
+            weight,
+            weight_shape: [4, 3, 3, 3],
+            bias: None,
+            output: out,
+            output_shape: [2, 4, 5, 5],
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        on_threads(1, |ctx| conv2d(&mut mem, &desc, ctx)).unwrap();
+        let oracle = Conv2dDesc {
+            output: expected,
+            ..desc
+        };
+        reference::conv2d(&mut mem, &oracle).unwrap();
+        let got = mem.load_dense(DType::F32, out, 200).unwrap();
+        let want = mem.load_dense(DType::F32, expected, 200).unwrap();
+        assert!(want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_infinite()));
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            let close = a == b || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+            assert!(
+                a.is_nan() == b.is_nan() && (b.is_nan() || close),
+                "element {i}: {a} vs {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn plans_bound_the_patch_block() {
+        let g = |input: [usize; 4], k, r, oh| Geometry {
+            n: input[0],
+            c: input[1],
+            h: input[2],
+            w: input[3],
+            k,
+            cg: input[1],
+            r,
+            s: r,
+            oh,
+            ow: oh,
+            groups: 1,
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+        };
+        let resnet = g([1, 64, 56, 56], 64, 3, 56);
+        let one = Plan::new(&resnet, 1, 4, false);
+        assert!(one.rows * one.cols * 4 <= COL_BYTES && one.rows == 576);
+        assert!(!one.parallel && one.blocks * one.cols >= 3136);
+        let two = Plan::new(&resnet, 2, 4, false);
+        assert!(two.parallel && two.blocks >= 4);
+        let deep = g([1, 512, 7, 7], 512, 3, 7);
+        let plan = Plan::new(&deep, 2, 4, false);
+        assert!(!plan.parallel && matches!(plan.inner, Parallelism::Rayon(2)));
+        assert!(plan.rows * plan.cols * 4 <= COL_BYTES.max(MIN_COLS * 4 * plan.rows));
+    }
+}

@@ -1,0 +1,564 @@
+//! Softmax and log-softmax on the CPU.
+//!
+//! The input is `[outer, axis_len, inner]`, reduced along the middle dim as the reference does:
+//! `m = max` (NaN ignored, as `f64::max` does), `s = Σ exp(x − m)`, then `exp(x − m)/s` or
+//! `x − m − ln s`. A row holding NaN or +∞ (and a row of −∞ only) therefore comes out all NaN, and a
+//! −∞ entry gives 0 (softmax) or −∞ (log-softmax), exactly like the reference.
+//!
+//! With `inner == 1` every row is contiguous: one pass for the max, one that stores `exp(x − m)` and
+//! sums it, one that scales (log-softmax: sum only, then one pass writing `x − m − ln s`), threaded
+//! over rows; a few very long rows are instead split across threads pass by pass. With `inner > 1`
+//! the kernel vectorises across `inner`: a tile of columns is reduced down the axis in three passes
+//! (max, sum, output) that stay in cache. f32 uses `vmath::exp_f32`, f64 the standard library's
+//! `exp`; sums run in lanes of the compute type within a [`BLOCK`] and in f64 across blocks, so long
+//! rows lose no accuracy. f16 and bf16 are widened to f32 per row (or tile row) and rounded once.
+
+use rayon::prelude::*;
+
+use super::elementwise::Lanes;
+use super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS};
+use super::vmath;
+use crate::backends::reference::{memory::HostMemory, norm as reference};
+use crate::compute::SoftmaxDesc;
+use crate::error::Result;
+
+/// Independent accumulators per reduction: four AVX-512 registers of f32.
+const LANES: usize = 64;
+
+/// Bytes of input one column tile of the `inner > 1` path spans (it is read three times).
+const TILE_BYTES: usize = 128 * 1024;
+
+/// The compute type's exponential: vectorisable for f32, the standard library's for f64.
+pub(super) trait Exp: Real {
+    /// eˢᵉˡᶠ.
+    fn vexp(self) -> Self;
+}
+
+impl Exp for f32 {
+    #[inline(always)]
+    fn vexp(self) -> f32 {
+        vmath::exp_f32(self)
+    }
+}
+
+impl Exp for f64 {
+    #[inline(always)]
+    fn vexp(self) -> f64 {
+        self.exp()
+    }
+}
+
+/// Softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim.
+pub(crate) fn softmax(mem: &mut HostMemory, d: &SoftmaxDesc, ctx: Ctx) -> Result<()> {
+    with_float!(d.dtype, T => typed::<T>(mem, d, ctx), _ => reference::softmax(mem, d))
+}
+
+/// [`softmax`] for element type `T`.
+fn typed<T: Lanes>(mem: &mut HostMemory, d: &SoftmaxDesc, ctx: Ctx) -> Result<()>
+where
+    T::Acc: Exp,
+{
+    let op = if d.log { "log_softmax" } else { "softmax" };
+    // The descriptor's checks computed this product without overflow.
+    let n = d.outer * d.axis_len * d.inner;
+    if n == 0 {
+        return Ok(());
+    }
+    let x = Span::<T>::of(mem, op, d.input, n)?;
+    let y = Span::<T>::of(mem, op, d.output, n)?;
+    let shape = Shape {
+        outer: d.outer,
+        len: d.axis_len,
+        inner: d.inner,
+        log: d.log,
+    };
+    if d.inner > 1 {
+        columns(x, y, shape, ctx);
+    } else if d.outer < 2 * ctx.threads && d.axis_len >= 4 * SERIAL_ELEMENTS && ctx.threads > 1 {
+        for r in 0..d.outer {
+            wide_row(x, y, r, shape, ctx);
+        }
+    } else {
+        rows(x, y, shape, ctx);
+    }
+    Ok(())
+}
+
+/// The problem: `[outer, len, inner]`, and which function.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    /// Product of the dims before the axis.
+    outer: usize,
+    /// Length of the axis.
+    len: usize,
+    /// Product of the dims after the axis.
+    inner: usize,
+    /// Log-softmax.
+    log: bool,
+}
+
+// Reductions over a slice, in `LANES` independent accumulators.
+
+/// The largest element of `xs` (−∞ when empty), ignoring NaN.
+#[inline(always)]
+fn max_of<A: Real>(xs: &[A]) -> A {
+    let mut acc = [A::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in acc.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    for (m, &v) in acc.iter_mut().zip(tail) {
+        *m = if v > *m { v } else { *m };
+    }
+    acc.iter()
+        .fold(A::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// `Σ f(x)` over `xs`: in `LANES` accumulators of `A` within each [`BLOCK`], in f64 across blocks.
+#[inline(always)]
+fn sum_of<A: Real>(xs: &[A], f: impl Fn(A) -> A) -> f64 {
+    let mut total = 0.0;
+    for block in xs.chunks(BLOCK) {
+        let mut acc = [A::ZERO; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (s, &v) in acc.iter_mut().zip(c) {
+                *s += f(v);
+            }
+        }
+        for (s, &v) in acc.iter_mut().zip(tail) {
+            *s += f(v);
+        }
+        total += lane_sum(&acc);
+    }
+    total
+}
+
+/// `ys[i] = exp(xs[i] − m)`, returning the sum as [`sum_of`] does.
+#[inline(always)]
+fn exp_store<A: Exp>(xs: &[A], m: A, ys: &mut [A]) -> f64 {
+    let mut total = 0.0;
+    for (xb, yb) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
+        let mut acc = [A::ZERO; LANES];
+        let chunks = xb.chunks_exact(LANES).zip(yb.chunks_exact_mut(LANES));
+        for (xc, yc) in chunks {
+            for ((s, y), &v) in acc.iter_mut().zip(yc.iter_mut()).zip(xc) {
+                *y = (v - m).vexp();
+                *s += *y;
+            }
+        }
+        let done = xb.len() - xb.len() % LANES;
+        for ((s, y), &v) in acc.iter_mut().zip(&mut yb[done..]).zip(&xb[done..]) {
+            *y = (v - m).vexp();
+            *s += *y;
+        }
+        total += lane_sum(&acc);
+    }
+    total
+}
+
+/// `xs[i] = exp(xs[i] − m)`, returning the sum as [`sum_of`] does.
+#[inline(always)]
+fn exp_in_place<A: Exp>(xs: &mut [A], m: A) -> f64 {
+    let mut total = 0.0;
+    for block in xs.chunks_mut(BLOCK) {
+        let mut acc = [A::ZERO; LANES];
+        let mut chunks = block.chunks_exact_mut(LANES);
+        for c in &mut chunks {
+            for (s, v) in acc.iter_mut().zip(c.iter_mut()) {
+                *v = (*v - m).vexp();
+                *s += *v;
+            }
+        }
+        for (s, v) in acc.iter_mut().zip(chunks.into_remainder()) {
+            *v = (*v - m).vexp();
+            *s += *v;
+        }
+        total += lane_sum(&acc);
+    }
+    total
+}
+
+/// Pairwise sum of the accumulators, in f64.
+#[inline(always)]
+fn lane_sum<A: Real>(acc: &[A; LANES]) -> f64 {
+    let mut w: [f64; LANES] = std::array::from_fn(|i| acc[i].to_f64());
+    let mut n = LANES;
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            w[i] += w[i + n];
+        }
+    }
+    w[0]
+}
+
+/// `xs` in the compute type: itself for f32 and f64, else widened into `buf` (at least as long).
+#[inline(always)]
+fn widened<'a, T: Lanes>(xs: &'a [T], buf: &'a mut [T::Acc]) -> &'a [T::Acc] {
+    match T::as_acc(xs) {
+        Some(a) => a,
+        None => {
+            let b = &mut buf[..xs.len()];
+            T::load(xs, b);
+            b
+        }
+    }
+}
+
+// inner == 1: contiguous rows.
+
+/// Every row of `[outer, len]`, threaded over rows.
+fn rows<T: Lanes>(x: Span<T>, y: Span<T>, sh: Shape, ctx: Ctx)
+where
+    T::Acc: Exp,
+{
+    let len = sh.len;
+    for_chunks(
+        sh.outer,
+        ctx.threads,
+        (SERIAL_ELEMENTS / len).max(1),
+        |rows| {
+            with_simd(ctx.simd, || {
+                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { len }];
+                for r in rows {
+                    let range = r * len..(r + 1) * len;
+                    // SAFETY: input and output do not overlap (the checks forbid it) and this task owns
+                    // rows `rows` of the output.
+                    let (xs, ys) = unsafe { (x.slice(range.clone()), y.slice_mut(range)) };
+                    row(xs, ys, &mut buf, sh.log);
+                }
+            })
+        },
+    );
+}
+
+/// One row: straight from `xs` into `ys` for f32 and f64, through `buf` (the row's length) for
+/// the half types.
+#[inline(always)]
+fn row<T: Lanes>(xs: &[T], ys: &mut [T], buf: &mut [T::Acc], log: bool)
+where
+    T::Acc: Exp,
+{
+    if let (Some(xa), Some(ya)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
+        let m = max_of(xa);
+        if log {
+            let c = <T::Acc as Real>::from_f64(sum_of(xa, |v| (v - m).vexp()).ln());
+            for (y, &v) in ya.iter_mut().zip(xa) {
+                *y = v - m - c;
+            }
+        } else {
+            let inv = <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, ya));
+            for y in ya {
+                *y = *y * inv;
+            }
+        }
+        return;
+    }
+    let b = &mut buf[..xs.len()];
+    T::load(xs, b);
+    let m = max_of(b);
+    if log {
+        let c = <T::Acc as Real>::from_f64(sum_of(b, |v| (v - m).vexp()).ln());
+        for v in b.iter_mut() {
+            *v = *v - m - c;
+        }
+    } else {
+        let inv = <T::Acc as Real>::from_f64(1.0 / exp_in_place(b, m));
+        for v in b.iter_mut() {
+            *v = *v * inv;
+        }
+    }
+    T::store(b, ys);
+}
+
+/// Row `r` of `[outer, len]` (a long one), each pass split across the pool: partial maxima and sums
+/// per chunk, combined in chunk order (deterministic for a given thread count).
+fn wide_row<T: Lanes>(x: Span<T>, y: Span<T>, r: usize, sh: Shape, ctx: Ctx)
+where
+    T::Acc: Exp,
+{
+    let len = sh.len;
+    let chunks = (len / SERIAL_ELEMENTS).clamp(1, 4 * ctx.threads);
+    let chunk = len.div_ceil(chunks).next_multiple_of(BLOCK);
+    let part = |c: usize| r * len + c * chunk..r * len + ((c + 1) * chunk).min(len);
+    let count = len.div_ceil(chunk);
+    let maxima: Vec<T::Acc> = (0..count)
+        .into_par_iter()
+        .map(|c| {
+            with_simd(ctx.simd, || {
+                // SAFETY: input and output do not overlap (the checks forbid it); nothing writes
+                // the input.
+                let xs = unsafe { x.slice(part(c)) };
+                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
+                max_of(widened(xs, &mut buf))
+            })
+        })
+        .collect();
+    let m = max_of(&maxima);
+    let sums: Vec<f64> = (0..count)
+        .into_par_iter()
+        .map(|c| {
+            with_simd(ctx.simd, || {
+                // SAFETY: as above.
+                let xs = unsafe { x.slice(part(c)) };
+                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
+                sum_of(widened(xs, &mut buf), |v| (v - m).vexp())
+            })
+        })
+        .collect();
+    let s: f64 = sums.iter().sum();
+    let k = <T::Acc as Real>::from_f64(if sh.log { s.ln() } else { 1.0 / s });
+    (0..count).into_par_iter().for_each(|c| {
+        with_simd(ctx.simd, || {
+            // SAFETY: chunk `c` of the row is written by this task only.
+            let (xs, ys) = unsafe { (x.slice(part(c)), y.slice_mut(part(c))) };
+            let mut buf = scratch_row::<T>();
+            for (xb, yb) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
+                finish(xb, yb, &mut buf, |_| (m, k), sh.log);
+            }
+        })
+    });
+}
+
+/// A block of compute-type scratch.
+#[inline(always)]
+fn scratch_row<T: Lanes>() -> [T::Acc; BLOCK] {
+    [<T::Acc as Real>::ZERO; BLOCK]
+}
+
+/// The output pass for a block of at most [`BLOCK`] elements: `exp(x − m)·k` (softmax, `k = 1/s`)
+/// or `x − m − k` (log-softmax, `k = ln s`), with `(m, k)` given per element index by `mk`.
+#[inline(always)]
+fn finish<T: Lanes>(
+    xs: &[T],
+    ys: &mut [T],
+    buf: &mut [T::Acc; BLOCK],
+    mk: impl Fn(usize) -> (T::Acc, T::Acc),
+    log: bool,
+) where
+    T::Acc: Exp,
+{
+    let out = |j: usize, v: T::Acc| {
+        let (m, k) = mk(j);
+        if log {
+            v - m - k
+        } else {
+            (v - m).vexp() * k
+        }
+    };
+    if let (Some(xa), Some(ya)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
+        for (j, (y, &v)) in ya.iter_mut().zip(xa).enumerate() {
+            *y = out(j, v);
+        }
+        return;
+    }
+    let b = &mut buf[..xs.len()];
+    T::load(xs, b);
+    for (j, v) in b.iter_mut().enumerate() {
+        *v = out(j, *v);
+    }
+    T::store(b, ys);
+}
+
+// inner > 1: columns.
+
+/// `[outer, len, inner]` with `inner > 1`: tiles of columns, each reduced down the axis in three
+/// passes with per-column maxima and sums, threaded over (outer, tile) pairs.
+fn columns<T: Lanes>(x: Span<T>, y: Span<T>, sh: Shape, ctx: Ctx)
+where
+    T::Acc: Exp,
+{
+    let size = std::mem::size_of::<T>().max(1);
+    let tile = (TILE_BYTES / (sh.len * size))
+        .clamp(LANES, BLOCK)
+        .min(sh.inner);
+    let tiles = sh.inner.div_ceil(tile);
+    let per_task = sh.len * tile;
+    let min_tasks = (SERIAL_ELEMENTS / per_task).max(1);
+    for_chunks(sh.outer * tiles, ctx.threads, min_tasks, |tasks| {
+        with_simd(ctx.simd, || {
+            let mut m = vec![<T::Acc as Real>::ZERO; tile];
+            let mut s = vec![0.0f64; tile];
+            let mut k = vec![<T::Acc as Real>::ZERO; tile];
+            let mut buf = scratch_row::<T>();
+            for t in tasks {
+                let (o, i0) = (t / tiles, (t % tiles) * tile);
+                let w = tile.min(sh.inner - i0);
+                let at = |a: usize| (o * sh.len + a) * sh.inner + i0;
+                let (m, s, k) = (&mut m[..w], &mut s[..w], &mut k[..w]);
+                let row = |a: usize| {
+                    // SAFETY: input and output do not overlap; nothing writes the input.
+                    unsafe { x.slice(at(a)..at(a) + w) }
+                };
+                m.fill(<T::Acc as Real>::NEG_INFINITY);
+                for a in 0..sh.len {
+                    for (mj, &v) in m.iter_mut().zip(widened(row(a), &mut buf)) {
+                        *mj = if v > *mj { v } else { *mj };
+                    }
+                }
+                s.fill(0.0);
+                for a in 0..sh.len {
+                    let xs = widened(row(a), &mut buf);
+                    for ((sj, &mj), &v) in s.iter_mut().zip(m.iter()).zip(xs) {
+                        *sj += (v - mj).vexp().to_f64();
+                    }
+                }
+                for (kj, &sj) in k.iter_mut().zip(s.iter()) {
+                    *kj = <T::Acc as Real>::from_f64(if sh.log { sj.ln() } else { 1.0 / sj });
+                }
+                for a in 0..sh.len {
+                    // SAFETY: this task owns columns `i0..i0 + w` of outer index `o` of the output.
+                    let ys = unsafe { y.slice_mut(at(a)..at(a) + w) };
+                    finish(row(a), ys, &mut buf, |j| (m[j], k[j]), sh.log);
+                }
+            }
+        })
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::cpu::simd::SimdLevel;
+    use crate::compute::DevicePtr;
+    use crate::dtype::DType;
+    use crate::rng::HostRng;
+
+    const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+    /// Runs `f` with one thread, then with two inside a two-thread pool.
+    fn for_threads(f: impl Fn(Ctx) + Send + Sync) {
+        let simd = SimdLevel::detect();
+        f(Ctx { threads: 1, simd });
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| f(Ctx { threads: 2, simd }));
+    }
+
+    /// Runs softmax (or log-softmax) of `vals` as `[outer, len, inner]` here and in the reference and
+    /// compares: norm-wise relative error within the dtype's parity bound, NaN exactly where the
+    /// reference has NaN, equal infinities.
+    fn check(vals: &[f64], shape: (usize, usize, usize), dtype: DType, log: bool, ctx: Ctx) {
+        let mut mem = HostMemory::default();
+        let n = vals.len();
+        let size = dtype.size_in_bytes();
+        let input = mem.alloc(n * size).unwrap();
+        mem.store(dtype, input, vals).unwrap();
+        let (mine, theirs): (DevicePtr, DevicePtr) =
+            (mem.alloc(n * size).unwrap(), mem.alloc(n * size).unwrap());
+        let desc = |output| SoftmaxDesc {
+            dtype,
+            input,
+            output,
+            outer: shape.0,
+            axis_len: shape.1,
+            inner: shape.2,
+            log,
+        };
+        softmax(&mut mem, &desc(mine), ctx).unwrap();
+        reference::softmax(&mut mem, &desc(theirs)).unwrap();
+        let got = mem.load_dense(dtype, mine, n).unwrap();
+        let want = mem.load_dense(dtype, theirs, n).unwrap();
+        let what = format!("log {log} {dtype} {shape:?} ({} threads)", ctx.threads);
+        let bound = match dtype {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 1e-2,
+        };
+        let (mut num, mut den) = (0.0, 0.0);
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            if g.is_nan() || w.is_nan() {
+                assert!(
+                    g.is_nan() && w.is_nan(),
+                    "{what}: element {i} is {g}, not {w}"
+                );
+            } else if g.is_infinite() || w.is_infinite() {
+                assert_eq!(g, w, "{what}: element {i}");
+            } else {
+                num += (g - w) * (g - w);
+                den += w * w;
+            }
+        }
+        let rel = if den > 0.0 {
+            (num / den).sqrt()
+        } else {
+            num.sqrt()
+        };
+        assert!(rel <= bound, "{what}: relative error {rel:e}");
+    }
+
+    #[test]
+    fn softmax_matches_the_reference_for_every_shape_and_dtype() {
+        let shapes = [
+            (1, 1, 1),
+            (3, 7, 1),
+            (4, BLOCK + 3, 1),
+            (37, 1500, 1),
+            (2, 7, 5),
+            (3, 5, 130),
+            (2, 300, 70),
+            (2, 3, BLOCK + 9),
+            (1, 1, 9),
+        ];
+        for_threads(|ctx| {
+            for (i, &(o, l, n)) in shapes.iter().enumerate() {
+                let vals = HostRng::new(i as u64).uniform_vec(o * l * n, -10.0, 10.0);
+                for dtype in FLOATS {
+                    for log in [false, true] {
+                        check(&vals, (o, l, n), dtype, log, ctx);
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn long_rows_split_across_threads() {
+        let len = 4 * SERIAL_ELEMENTS + BLOCK + 5;
+        let vals = HostRng::new(3).uniform_vec(len, -30.0, 30.0);
+        for_threads(|ctx| {
+            for dtype in [DType::F32, DType::BF16] {
+                for log in [false, true] {
+                    check(&vals, (1, len, 1), dtype, log, ctx);
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn special_rows_come_out_as_in_the_reference() {
+        let (nan, inf) = (f64::NAN, f64::INFINITY);
+        // Rows of 5: a −∞ entry, a NaN, a +∞, all −∞, all equal, a huge spread.
+        let rows = [
+            [1.0, -inf, 2.0, 0.5, -3.0],
+            [1.0, nan, 2.0, 0.5, -3.0],
+            [1.0, inf, 2.0, 0.5, -3.0],
+            [-inf, -inf, -inf, -inf, -inf],
+            [4.0, 4.0, 4.0, 4.0, 4.0],
+            [1e30, -1e30, 0.0, 80.0, -80.0],
+        ];
+        let vals: Vec<f64> = rows.iter().flatten().copied().collect();
+        // The same values with the axis in the middle: [6, 5] read as [1, 6, 5] along the rows.
+        let mut t = vec![0.0; 30];
+        for (r, row) in rows.iter().enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                t[c * 6 + r] = v;
+            }
+        }
+        for_threads(|ctx| {
+            for dtype in FLOATS {
+                for log in [false, true] {
+                    check(&vals, (6, 5, 1), dtype, log, ctx);
+                    check(&t, (1, 5, 6), dtype, log, ctx);
+                }
+            }
+        });
+    }
+}

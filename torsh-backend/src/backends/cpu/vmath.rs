@@ -1,0 +1,693 @@
+//! Vectorisable f32 math: branch-free polynomial kernels that LLVM turns into SIMD code when they are
+//! inlined into a loop compiled by [`super::host::with_simd`]. Each is accurate to a few ulp over its
+//! whole domain (tests below measure the worst case against f64), propagates NaN, and gives the IEEE
+//! answers at ±∞.
+
+/// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude below 2²² to the nearest integer.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// eˣ in f32, within 2 ulp, subnormal results included (Cephes' `expf` polynomial on
+/// `r = x − n·ln 2`, `|r| ≤ ln 2 / 2`, scaled by 2ⁿ in two steps so that n may reach −149).
+#[inline(always)]
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n · LN2_HI is exact for |n| < 2⁹.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let clamped = x.clamp(-104.0, 89.0);
+    let n = (clamped * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
+    let mut p = 1.987_569_2e-4_f32;
+    p = p.mul_add(r, 1.398_2e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    let e = (p * r).mul_add(r, r) + 1.0;
+    let n = n as i32;
+    let half = n >> 1;
+    let scale = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    let y = e * scale(half) * scale(n - half);
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
+/// Evaluates the polynomial with coefficients `c` (constant term first) at `x`, by Horner's rule with
+/// fused multiply-adds.
+#[inline(always)]
+fn horner<const N: usize>(x: f32, c: [f32; N]) -> f32 {
+    let mut p = c[N - 1];
+    for &k in c[..N - 1].iter().rev() {
+        p = p.mul_add(x, k);
+    }
+    p
+}
+
+/// e^(hi + g + lo) in f32 as `(m, n)` with value `m·2ⁿ` (`m` within [0.7, 1.5], `n` within
+/// [−220, 220]; `hi` is clamped to [−150, 150]), for `|g + lo| ≲ 2`: [`exp_f32`]'s reduction with `g` and `lo` added to the exactly
+/// reduced argument one after the other, so an argument known to more than f32 precision loses
+/// nothing to its rounding, and the caller can scale after multiplying (no subnormal intermediate).
+/// NaN in `hi` gives garbage: callers select NaN themselves.
+#[inline(always)]
+fn exp_parts(hi: f32, g: f32, lo: f32) -> (f32, i32) {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let clamped = hi.clamp(-150.0, 150.0);
+    let n = ((clamped + g) * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
+    // `clamped − n·LN2_HI` is exact (Cephes' split), so `g` and `lo` enter at full precision.
+    let r = n.mul_add(-LN2_LO, (n.mul_add(-LN2_HI, clamped) + g) + lo);
+    let mut p = 1.987_569_2e-4_f32;
+    p = p.mul_add(r, 1.398_2e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    ((p * r).mul_add(r, r) + 1.0, n as i32)
+}
+
+/// `v·2ⁿ` for `n` within [−252, 252], rounded once (in two exact power-of-two steps, so subnormal
+/// results are right).
+#[inline(always)]
+fn ldexp(v: f32, n: i32) -> f32 {
+    let scale = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    let half = n >> 1;
+    v * scale(half) * scale(n - half)
+}
+
+/// ln x in f32, within 1 ulp (FreeBSD's `logf`: `x = 2ᵏ·m` with `m ∈ [√2/2, √2)`, `f = m − 1`,
+/// `s = f/(2 + f)` and a degree-8 even polynomial in `s`), subnormal inputs included. `ln 0 = −∞`,
+/// `ln x = NaN` for `x < 0`, `ln ∞ = ∞`.
+#[inline(always)]
+pub(crate) fn ln_f32(x: f32) -> f32 {
+    // FreeBSD's `Lg1..Lg4` (|(log(1+s) − log(1−s))/s − Lg(s)| < 2⁻³⁴·²⁴) and ln 2 split in two.
+    const LG1: f32 = f32::from_bits(0x3f2a_aaaa); // 0.666 666 627
+    const LG2: f32 = f32::from_bits(0x3ecc_ce13); // 0.400 009 722
+    const LG3: f32 = f32::from_bits(0x3e91_e9ee); // 0.284 987 867
+    const LG4: f32 = f32::from_bits(0x3e78_9e26); // 0.242 790 788
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7180); // 0.693 138 123
+    const LN2_LO: f32 = f32::from_bits(0x3717_f7d1); // 9.058 000 61e-6
+    const SQRT_HALF_BITS: u32 = 0x3f35_04f3; // √2/2
+    let subnormal = x < f32::MIN_POSITIVE;
+    let scaled = if subnormal { x * 33_554_432.0 } else { x }; // × 2²⁵
+    let bias = if subnormal { -25 } else { 0 };
+    let ix = scaled.to_bits().wrapping_add(0x3f80_0000 - SQRT_HALF_BITS);
+    let k = (ix >> 23) as i32 - 0x7f + bias;
+    let m = f32::from_bits((ix & 0x007f_ffff) + SQRT_HALF_BITS);
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let w = z * z;
+    let r = z * w.mul_add(LG3, LG1) + w * w.mul_add(LG4, LG2);
+    let hfsq = 0.5 * f * f;
+    let dk = k as f32;
+    let y = s.mul_add(hfsq + r, dk * LN2_LO) - hfsq + f + dk * LN2_HI;
+    let y = if x == f32::INFINITY { x } else { y };
+    let y = if x == 0.0 { f32::NEG_INFINITY } else { y };
+    if x < 0.0 {
+        f32::NAN
+    } else if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
+/// tanh x in f32, within 2 ulp: `x + x³·P(x²)` (a degree-4 minimax fit) for `|x| < 0.625`, else
+/// `1 − 2/(e²ˣ + 1)` on `|x|` with the sign copied back; ±1 at ±∞.
+#[inline(always)]
+pub(crate) fn tanh_f32(x: f32) -> f32 {
+    const P: [f32; 5] = [
+        f32::from_bits(0xbeaa_aa99), // −0.333 332 807
+        f32::from_bits(0x3e08_837d), // 0.133 314 088
+        f32::from_bits(0xbd5c_1b3e), // −0.053 736 918
+        f32::from_bits(0x3ca8_ffe7), // 0.020 629 836
+        f32::from_bits(0xbbba_98a9), // −0.005 694 468
+    ];
+    let a = x.abs();
+    let z = a * a;
+    let small = (a * z).mul_add(horner(z, P), a);
+    let large = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
+    let t = if a < 0.625 { small } else { large };
+    t.copysign(x)
+}
+
+/// The logistic function `1/(1 + e⁻ˣ)` in f32, within 3 ulp, computed from `e^−|x|` so that neither
+/// sign overflows: `1/(1 + e)` for `x ≥ 0`, `e/(1 + e)` below.
+#[inline(always)]
+pub(crate) fn sigmoid_f32(x: f32) -> f32 {
+    let e = exp_f32(-x.abs());
+    let num = if x >= 0.0 { 1.0 } else { e };
+    num / (1.0 + e)
+}
+
+/// `x · sigmoid(x)` in f32, within 4 ulp: `x/(1 + e⁻ˣ)` for `x ≥ 0`; for `x < 0`,
+/// `(x·m/(1 + eˣ))·2ⁿ` with `eˣ = m·2ⁿ`, so results near the bottom of the normal range keep their
+/// precision although `eˣ` alone would be subnormal.
+#[inline(always)]
+pub(crate) fn silu_f32(x: f32) -> f32 {
+    let (m, n) = exp_parts(-x.abs(), 0.0, 0.0);
+    let e = ldexp(m, n);
+    let pos = x / (1.0 + e);
+    // Below −200 the result rounds to −0 (and −∞ · 0 is NaN, as in the reference).
+    let neg = if x < -200.0 {
+        x * 0.0
+    } else {
+        ldexp(x * m / (1.0 + e), n)
+    };
+    let y = if x >= 0.0 { pos } else { neg };
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
+/// `erf(a)/a − 1` for `|a| ≤ 1`, as a degree-6 minimax polynomial in `a²` (relative error of
+/// `a + a·P` below 1 ulp).
+#[inline(always)]
+fn erf_small(a: f32) -> f32 {
+    const P: [f32; 7] = [
+        f32::from_bits(0x3e03_75d4), // 0.128 379 166 = 2/√π − 1
+        f32::from_bits(0xbec0_939f), // −0.376 126 260
+        f32::from_bits(0x3de7_1673), // 0.112 835 787
+        f32::from_bits(0xbcdb_fb8d), // −0.026 853 347
+        f32::from_bits(0x3ba9_f912), // 0.005 187 162
+        f32::from_bits(0xba51_a8af), // −0.000 799 785
+        f32::from_bits(0x38a3_b8fe), // 0.000 078 069
+    ];
+    a.mul_add(horner(a * a, P), a)
+}
+
+/// erfc(a + a_lo) for `a ≥ 0` (not NaN) and a small correction `a_lo`, as `(m, n)` with value
+/// `m·2ⁿ`, with small relative error for `a ≥ 0.5` (near 0 the rounding of `t` is amplified ~3×): `t·exp(−a² + g(t))` with `t = 1/(1 + 0.4a)` and `g` a
+/// degree-10 minimax polynomial (absolute error 2e-8 on `[0, 10.1]`; erfc underflows beyond), `a²`
+/// kept as a double-f32 so the exponent carries no rounding.
+#[inline(always)]
+fn erfc_parts(a: f32, a_lo: f32) -> (f32, i32) {
+    // `g` in `u = α·t + β`, which maps `t ∈ [1/5.04, 1]` onto `[−1, 1]`.
+    const ALPHA: f32 = f32::from_bits(0x401f_aee4); // 2.495 049 5
+    const BETA: f32 = f32::from_bits(0xbfbf_5dc8); // −1.495 049 5
+    const G: [f32; 11] = [
+        f32::from_bits(0xbf34_f70d),
+        f32::from_bits(0x3f27_67bd),
+        f32::from_bits(0x3da1_b812),
+        f32::from_bits(0xbc9b_7a2b),
+        f32::from_bits(0xbc19_e205),
+        f32::from_bits(0x3ab2_7191),
+        f32::from_bits(0x3aaf_13d2),
+        f32::from_bits(0xb928_4594),
+        f32::from_bits(0xb959_9d44),
+        f32::from_bits(0x37a8_b694),
+        f32::from_bits(0x37d8_c161),
+    ];
+    // S(u) ≈ 1 + t·g′(t) (within 4 %): how ln erfc moves with a relative error in `t`.
+    const S: [f32; 3] = [
+        f32::from_bits(0x3ffd_606d), // 1.979 505
+        f32::from_bits(0x3f54_4192), // 0.829 126
+        f32::from_bits(0x3d59_9c0b), // 0.053 127
+    ];
+    // 0.4 = P + P_LO.
+    const P: f32 = 0.4;
+    const P_LO: f32 = f32::from_bits(0xb1cc_cccd); // −5.960 464e-9
+                                                   // erfc(12) is far below the smallest subnormal; the clamp keeps a² finite.
+    let a = a.min(12.0);
+    let d = P.mul_add(a, 1.0);
+    let t = 1.0 / d;
+    // `t` is off from 1/(1 + 0.4a) by the relative error `rel` (the residuals of the division and
+    // of `d`), which moves ln erfc by `rel·S`: a first-order correction in the exponent.
+    let d_lo = P.mul_add(a, 1.0 - d) + P_LO * a;
+    let rel = (-t).mul_add(d, 1.0) - t * d_lo;
+    let u = t.mul_add(ALPHA, BETA);
+    let g = horner(u, G);
+    let sq = a * a;
+    let sq_lo = a.mul_add(a, -sq) + 2.0 * a * a_lo;
+    let (m, n) = exp_parts(-sq, g, horner(u, S).mul_add(rel, -sq_lo));
+    (t * m, n)
+}
+
+/// erfc(a + a_lo) for `a ≥ 0.5` (not NaN), within 4 ulp: [`erfc_parts`] scaled.
+#[inline(always)]
+fn erfc_pos(a: f32, a_lo: f32) -> f32 {
+    let (m, n) = erfc_parts(a, a_lo);
+    ldexp(m, n)
+}
+
+/// erf x in f32, within 2 ulp: `x + x·P(x²)` for `|x| < 1`, `1 − erfc|x|` beyond, sign copied
+/// back; ±1 at ±∞.
+#[inline(always)]
+pub(crate) fn erf_f32(x: f32) -> f32 {
+    let a = x.abs();
+    let y = if a < 1.0 {
+        erf_small(a)
+    } else {
+        1.0 - erfc_pos(a, 0.0)
+    };
+    let y = y.copysign(x);
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
+/// GELU, erf form: `x·Φ(x) = x·erfc(−x/√2)/2`, with `|x|/√2` carried as a double-f32 into
+/// [`erfc_pos`] so the far negative tail keeps its relative accuracy; `x·(1 + erf(x/√2))/2` where
+/// that is more accurate (`−√2/2 < x < √2`). GELU(+∞) = +∞; GELU(−∞) is NaN, as `−∞ · 0` in the
+/// reference.
+#[inline(always)]
+pub(crate) fn gelu_f32(x: f32) -> f32 {
+    const RSQRT2_HI: f32 = f32::from_bits(0x3f35_04f3); // 1/√2 rounded
+    const RSQRT2_LO: f32 = f32::from_bits(0x324f_e77a); // 1/√2 − RSQRT2_HI
+                                                        // Φ(−20) is far below f32's range.
+    let ax = x.abs().min(20.0);
+    let a = ax * RSQRT2_HI;
+    let a_lo = ax.mul_add(RSQRT2_HI, -a) + ax * RSQRT2_LO;
+    // Φ(−|x|) = m·2ⁿ/2.
+    let (m, n) = erfc_parts(a, a_lo);
+    let lower = ldexp(0.5 * m, n);
+    // x·Φ(x) for x < 0, scaled last so a subnormal Φ loses nothing.
+    // Beyond a = 10.5 it rounds to −0 (and −∞ · 0 is NaN, as in the reference).
+    let negative = if a > 10.5 {
+        x * 0.0
+    } else {
+        ldexp(0.5 * x * m, n)
+    };
+    let positive = x * (1.0 - lower);
+    // Near 0 (either side) and up to √2: x·(1/2 + erf(x/√2)/2).
+    let near = x * 0.5f32.mul_add(erf_small(a).copysign(x), 0.5);
+    let y = if x < 0.0 { negative } else { positive };
+    let y = if a < 0.5 || x >= 0.0 && a < 1.0 {
+        near
+    } else {
+        y
+    };
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
+/// GELU, tanh form: `x·(1 + tanh u)/2` with `u = √(2/π)·(x + 0.044715x³)`, computed as
+/// `x / (1 + e⁻²ᵘ)` (no cancellation for negative `x`), within 4 ulp: `−2u` is carried as a
+/// double-f32 into the exponential, whose argument would otherwise cost `|2u|` ulp. GELU(+∞) = +∞;
+/// GELU(−∞) is NaN, as in the reference.
+#[inline(always)]
+pub(crate) fn gelu_tanh_f32(x: f32) -> f32 {
+    // −2·√(2/π) and −2·√(2/π)·0.044715, each split in two.
+    const K1: f32 = f32::from_bits(0xbfcc_422a); // −1.595 769 2
+    const K1_LO: f32 = f32::from_bits(0x3342_bc9b); // 4.534 068e-8
+    const K3: f32 = f32::from_bits(0xbd92_2279); // −0.071 354 81
+    const K3_LO: f32 = f32::from_bits(0xb124_d8b5); // −2.398 832e-9
+                                                    // Beyond ±20 the result is x or −0; the clamp keeps the products finite.
+    let c = x.clamp(-20.0, 20.0);
+    let c2 = c * c;
+    let c2_lo = c.mul_add(c, -c2);
+    // K3·c² + K1 = w + w_lo: an exact product, then Fast2Sum with the larger term first.
+    let p = c2 * K3;
+    let p_lo = c2.mul_add(K3, -p) + c2_lo.mul_add(K3, c2 * K3_LO);
+    let (big, small) = if p < K1 { (p, K1) } else { (K1, p) };
+    let w = big + small;
+    let w_lo = (small - (w - big)) + (p_lo + K1_LO);
+    // −2u = z + z_lo.
+    let z = c * w;
+    let z_lo = c.mul_add(w, -z) + c * w_lo;
+    let (m, n) = exp_parts(z, 0.0, z_lo);
+    // e⁻²ᵘ = m·2ⁿ; where it is large, x·2⁻ⁿ/(m + 2⁻ⁿ) keeps tiny results (and no overflow).
+    let y = if z > 0.0 {
+        ldexp(x / (m + ldexp(1.0, -n)), -n)
+    } else {
+        x / (1.0 + ldexp(m, n))
+    };
+    // Below −20 the result rounds to −0 (and −∞ · 0 is NaN, as in the reference).
+    if x < -20.0 {
+        x * 0.0
+    } else {
+        y
+    }
+}
+
+/// An f16 (as bits) widened to f32, exactly (NaNs quieted, as F16C does). Branch-free, so it
+/// vectorises.
+#[inline(always)]
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let sign = (h & 0x8000) << 16;
+    let body = (h & 0x7fff) << 13;
+    let exp = body & 0x0f80_0000;
+    let normal = body + ((127 - 15) << 23);
+    // Inf/NaN: exponent all ones; NaNs get the quiet bit.
+    let quiet = if body > 0x0f80_0000 { 0x0040_0000 } else { 0 };
+    let special = (normal + ((128 - 16) << 23)) | quiet;
+    // Subnormal: renormalise through an f32 subtraction.
+    let sub = (f32::from_bits(normal + (1 << 23)) - f32::from_bits(113 << 23)).to_bits();
+    let bits = if exp == 0x0f80_0000 {
+        special
+    } else if exp == 0 {
+        sub
+    } else {
+        normal
+    };
+    f32::from_bits(bits | sign)
+}
+
+/// `x` rounded to the nearest f16 (ties to even), as bits; overflow gives ±∞, NaN a quiet NaN with
+/// the top payload bits (as F16C does). Branch-free, so it vectorises.
+#[inline(always)]
+pub(crate) fn f32_to_f16_bits(x: f32) -> u16 {
+    let u = x.to_bits();
+    let sign = (u >> 16) & 0x8000;
+    let a = u & 0x7fff_ffff;
+    // Normal range: rebias the exponent, round the 13 dropped bits to nearest even.
+    let odd = (a >> 13) & 1;
+    // (15 − 127) << 23 wrapped, plus 0xfff: with `odd`, rounds half to even.
+    const REBIAS: u32 = 0xc800_0fff;
+    let normal = a.wrapping_add(REBIAS + odd) >> 13;
+    // Below 2⁻¹⁴: add 0.5 so the f32 adder rounds at the f16 subnormal quantum.
+    let sub = (f32::from_bits(a) + 0.5)
+        .to_bits()
+        .wrapping_sub(0.5f32.to_bits());
+    let special = if a > 0x7f80_0000 {
+        0x7e00 | ((a >> 13) & 0x3ff)
+    } else {
+        0x7c00
+    };
+    let bits = if a >= 0x4780_0000 {
+        special
+    } else if a < 0x3880_0000 {
+        sub
+    } else {
+        normal
+    };
+    (bits | sign) as u16
+}
+
+/// A bf16 (as bits) widened to f32, exactly (NaNs quieted, as `half` does).
+#[inline(always)]
+pub(crate) fn bf16_bits_to_f32(h: u16) -> f32 {
+    let quiet = if h & 0x7fff > 0x7f80 { 0x0040 } else { 0 };
+    f32::from_bits(((h | quiet) as u32) << 16)
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), as bits; NaN gives a quiet NaN (as `half` does).
+#[inline(always)]
+pub(crate) fn f32_to_bf16_bits(x: f32) -> u16 {
+    let u = x.to_bits();
+    let rounded = (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16;
+    let nan = ((u >> 16) | 0x0040) as u16;
+    if u & 0x7fff_ffff > 0x7f80_0000 {
+        nan
+    } else {
+        rounded
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// Distance in ulp between `got` and the f32 nearest to `want` (0 for matching NaNs/infinities).
+    pub(crate) fn ulp_error(got: f32, want: f64) -> u32 {
+        let want32 = want as f32;
+        if want32.is_nan() && got.is_nan() || want32 == got {
+            return 0;
+        }
+        if want32.is_nan() || got.is_nan() || want32.is_infinite() || got.is_infinite() {
+            return u32::MAX;
+        }
+        let ordered = |v: f32| {
+            let b = v.to_bits() as i32;
+            if b < 0 {
+                i32::MIN - b
+            } else {
+                b
+            }
+        };
+        (ordered(got) as i64 - ordered(want32) as i64).unsigned_abs() as u32
+    }
+
+    /// 400 001 evenly spaced points of `[lo, hi]`, ends included.
+    pub(crate) fn sweep(lo: f32, hi: f32) -> impl Iterator<Item = f32> {
+        let step = (hi - lo) / 400_000.0;
+        (0..=400_000).map(move |i| lo + step * i as f32)
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_everywhere() {
+        let mut worst = (0, 0.0f32);
+        for x in sweep(-103.9, 88.7).chain(sweep(-1.0, 1.0)) {
+            let e = ulp_error(super::exp_f32(x), (x as f64).exp());
+            if e > worst.0 {
+                worst = (e, x);
+            }
+        }
+        assert!(
+            worst.0 <= 2,
+            "exp_f32 is {} ulp off at {}",
+            worst.0,
+            worst.1
+        );
+    }
+
+    #[test]
+    fn exp_handles_specials() {
+        use super::exp_f32;
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(89.0), f32::INFINITY);
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(-200.0), 0.0);
+        // A subnormal result.
+        assert!(super::tests::ulp_error(exp_f32(-100.0), (-100f64).exp()) <= 2);
+    }
+
+    /// Every `stride`-th f32 bit pattern from 0 up to +∞ (exclusive), both signs.
+    fn all_magnitudes(stride: u32) -> impl Iterator<Item = f32> {
+        (0..0x7f80_0000u32)
+            .step_by(stride as usize)
+            .flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)])
+    }
+
+    /// Asserts the worst error of `f` over `xs` is at most `bound` ulp where the exact result is a
+    /// normal f32; results in the subnormal range (which keep fewer bits than intermediate roundings
+    /// lose) need only be within half the smallest normal.
+    fn check(
+        name: &str,
+        bound: u32,
+        xs: impl Iterator<Item = f32>,
+        f: impl Fn(f32) -> f32,
+        want: impl Fn(f64) -> f64,
+    ) {
+        let mut worst = (0, 0.0f32);
+        for x in xs {
+            let (got, w) = (f(x), want(x as f64));
+            if w.abs() < f32::MIN_POSITIVE as f64 {
+                let e = (got as f64 - w).abs();
+                assert!(
+                    e <= f32::MIN_POSITIVE as f64 / 2.0,
+                    "{name}({x:e}) = {got:e}, not {w:e}"
+                );
+                continue;
+            }
+            let e = ulp_error(got, w);
+            if e > worst.0 {
+                worst = (e, x);
+            }
+        }
+        let (e, x) = worst;
+        assert!(e <= bound, "{name} is {e} ulp off at {x:e} (bound {bound})");
+    }
+
+    #[test]
+    fn ln_is_within_one_ulp() {
+        let xs = all_magnitudes(1009)
+            .filter(|x| *x > 0.0)
+            .chain(sweep(0.5, 2.0))
+            .chain(sweep(1e-3, 10.0));
+        check("ln_f32", 1, xs, super::ln_f32, f64::ln);
+    }
+
+    #[test]
+    fn ln_handles_specials() {
+        use super::ln_f32;
+        assert_eq!(ln_f32(0.0), f32::NEG_INFINITY);
+        assert_eq!(ln_f32(-0.0), f32::NEG_INFINITY);
+        assert!(ln_f32(-1.0).is_nan());
+        assert!(ln_f32(f32::NEG_INFINITY).is_nan());
+        assert!(ln_f32(f32::NAN).is_nan());
+        assert_eq!(ln_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(ln_f32(1.0), 0.0);
+        assert!(ulp_error(ln_f32(f32::from_bits(1)), (f32::from_bits(1) as f64).ln()) <= 1);
+    }
+
+    #[test]
+    fn tanh_is_within_two_ulp() {
+        let xs = sweep(-10.0, 10.0)
+            .chain(sweep(-1.0, 1.0))
+            .chain(sweep(0.6, 0.7))
+            .chain(sweep(-1e-3, 1e-3))
+            .chain(all_magnitudes(4099));
+        check("tanh_f32", 2, xs, super::tanh_f32, f64::tanh);
+        assert_eq!(super::tanh_f32(f32::INFINITY), 1.0);
+        assert_eq!(super::tanh_f32(f32::NEG_INFINITY), -1.0);
+        assert!(super::tanh_f32(f32::NAN).is_nan());
+        assert_eq!(super::tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+    }
+
+    /// The logistic function in f64, as the reference computes it.
+    fn sigmoid64(x: f64) -> f64 {
+        if x >= 0.0 {
+            1.0 / (1.0 + (-x).exp())
+        } else {
+            x.exp() / (1.0 + x.exp())
+        }
+    }
+
+    #[test]
+    fn sigmoid_and_silu_are_within_three_ulp() {
+        let xs = || {
+            sweep(-110.0, 100.0)
+                .chain(sweep(-5.0, 5.0))
+                .chain(all_magnitudes(4099))
+        };
+        check("sigmoid_f32", 3, xs(), super::sigmoid_f32, sigmoid64);
+        check("silu_f32", 4, xs(), super::silu_f32, |x| x * sigmoid64(x));
+        use super::sigmoid_f32;
+        assert_eq!(sigmoid_f32(f32::INFINITY), 1.0);
+        assert_eq!(sigmoid_f32(f32::NEG_INFINITY), 0.0);
+        assert!(sigmoid_f32(f32::NAN).is_nan());
+        assert!(super::silu_f32(f32::NEG_INFINITY).is_nan());
+        assert_eq!(super::silu_f32(f32::INFINITY), f32::INFINITY);
+    }
+
+    #[test]
+    fn erf_is_within_two_ulp() {
+        let xs = sweep(-6.0, 6.0)
+            .chain(sweep(-1.5, 1.5))
+            .chain(sweep(-1e-3, 1e-3))
+            .chain(all_magnitudes(4099));
+        check("erf_f32", 2, xs, super::erf_f32, libm::erf);
+        use super::erf_f32;
+        assert_eq!(erf_f32(f32::INFINITY), 1.0);
+        assert_eq!(erf_f32(f32::NEG_INFINITY), -1.0);
+        assert!(erf_f32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn erfc_beyond_one_half_is_within_four_ulp() {
+        let xs = sweep(0.5, 10.1)
+            .chain(sweep(0.5, 1.5))
+            .chain(all_magnitudes(4099).filter(|x| *x >= 0.5));
+        check("erfc_pos", 4, xs, |a| super::erfc_pos(a, 0.0), libm::erfc);
+        assert_eq!(super::erfc_pos(f32::INFINITY, 0.0), 0.0);
+    }
+
+    #[test]
+    fn gelu_forms_are_accurate() {
+        let gelu = |x: f64| 0.5 * x * libm::erfc(-x / std::f64::consts::SQRT_2);
+        let xs = || {
+            sweep(-14.0, 10.0)
+                .chain(sweep(-2.0, 2.0))
+                .chain(all_magnitudes(4099))
+        };
+        check("gelu_f32", 4, xs(), super::gelu_f32, gelu);
+        // 0.5·x·(1 + tanh u) = x / (1 + e^−2u), without the cancellation of the first form (which
+        // makes the reference's own f64 result 0 below x ≈ −5.6).
+        let gelu_tanh = |x: f64| {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            x / (1.0 + (-2.0 * c * (x + 0.044715 * x * x * x)).exp())
+        };
+        check("gelu_tanh_f32", 4, xs(), super::gelu_tanh_f32, gelu_tanh);
+        for f in [super::gelu_f32, super::gelu_tanh_f32] {
+            assert_eq!(f(f32::INFINITY), f32::INFINITY);
+            assert!(f(f32::NEG_INFINITY).is_nan());
+            assert!(f(f32::NAN).is_nan());
+            assert_eq!(f(-30.0), 0.0);
+            assert_eq!(f(30.0), 30.0);
+        }
+    }
+
+    #[test]
+    fn f16_conversions_match_half() {
+        use half::f16;
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32();
+            let got = super::f16_bits_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
+                "{h:#x}: {got:e} vs {want:e}"
+            );
+        }
+        // Every f16, the midpoints to its neighbours (ties) and one f32 ulp either side of them.
+        let mut xs = Vec::new();
+        for h in 0..0x7c00u16 {
+            let lo = f16::from_bits(h).to_f32() as f64;
+            let hi = f16::from_bits(h + 1).to_f32() as f64;
+            let mid = ((lo + hi) / 2.0) as f32;
+            xs.extend([lo as f32, mid, f32::from_bits(mid.to_bits() + 1)]);
+            if mid.to_bits() > 0 {
+                xs.push(f32::from_bits(mid.to_bits() - 1));
+            }
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..200_000 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            xs.push(f32::from_bits((state >> 32) as u32));
+        }
+        xs.extend([
+            f32::INFINITY,
+            f32::NAN,
+            65_504.0,
+            65_519.99,
+            65_520.0,
+            1e-8,
+            3e-8,
+        ]);
+        for x in xs.iter().flat_map(|&x| [x, -x]) {
+            let want = f16::from_f32(x).to_bits();
+            let got = super::f32_to_f16_bits(x);
+            let both_nan = f16::from_bits(got).is_nan() && x.is_nan();
+            assert!(got == want || both_nan, "{x:e}: {got:#x} vs {want:#x}");
+        }
+    }
+
+    #[test]
+    fn bf16_conversions_match_half() {
+        use half::bf16;
+        for h in 0..=u16::MAX {
+            let want = bf16::from_bits(h).to_f32();
+            let got = super::bf16_bits_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
+                "{h:#x}"
+            );
+        }
+        let mut xs = Vec::new();
+        for h in 0..0x7f80u32 {
+            let mid = (h << 16) | 0x8000;
+            xs.extend([
+                f32::from_bits(mid),
+                f32::from_bits(mid + 1),
+                f32::from_bits(mid - 1),
+            ]);
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..200_000 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            xs.push(f32::from_bits((state >> 32) as u32));
+        }
+        xs.extend([f32::INFINITY, f32::NAN, f32::MAX]);
+        for x in xs.iter().flat_map(|&x| [x, -x]) {
+            let want = bf16::from_f32(x).to_bits();
+            let got = super::f32_to_bf16_bits(x);
+            assert!(got == want, "{x:e}: {got:#x} vs {want:#x}");
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! The machine's ceilings that each row is compared with: peak FLOP/s from an FMA loop and copy
+//! bandwidth from a large memcpy, measured at the start of a CPU run for each thread count; on the
+//! device backends, the copy bandwidth of the run's own memcpy case.
+
+use std::sync::Barrier;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use torsh_backend::DType;
+
+use super::cases::{Case, MemOp, Op, Work};
+use super::fma::FmaIsa;
+use super::Measured;
+
+/// Bytes copied by the copy-bandwidth measurement of a full run.
+const COPY_BYTES: usize = 256 << 20;
+/// The same under `--quick`.
+const QUICK_COPY_BYTES: usize = 32 << 20;
+/// Seconds one FMA trial lasts in a full run: short, so that the best of [`FMA_TRIALS`] finds a slice
+/// of time when no other process shares the core.
+const FMA_TRIAL_S: f64 = 0.01;
+/// The same under `--quick`.
+const QUICK_FMA_TRIAL_S: f64 = 0.005;
+/// Trials of the copy measurement; the best is kept (a ceiling).
+const TRIALS: usize = 5;
+/// Trials of the FMA loop; the best is kept.
+const FMA_TRIALS: usize = 10;
+
+/// What the rows of one thread count are compared with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ceilings {
+    /// The thread count they were measured with (`None` on the device backends).
+    pub threads: Option<usize>,
+    /// Peak f32 GFLOP/s of the FMA loop on all threads.
+    pub fma_f32_gflops: Option<f64>,
+    /// Peak f64 GFLOP/s likewise.
+    pub fma_f64_gflops: Option<f64>,
+    /// How the peak was measured.
+    pub fma_how: Option<String>,
+    /// Copy bandwidth in GB/s, bytes read + written.
+    pub copy_gbps: Option<f64>,
+    /// How the bandwidth was measured.
+    pub copy_how: String,
+}
+
+/// Which ceiling a row is a fraction of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CeilingKind {
+    /// The f32 FMA peak (f32, f16, bf16 and TF32 compute).
+    FmaF32,
+    /// The f64 FMA peak.
+    FmaF64,
+    /// The copy bandwidth.
+    Copy,
+}
+
+impl CeilingKind {
+    /// The name in the JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            CeilingKind::FmaF32 => "fma_f32",
+            CeilingKind::FmaF64 => "fma_f64",
+            CeilingKind::Copy => "copy",
+        }
+    }
+}
+
+impl Ceilings {
+    /// Measures the host with `threads` threads: the FMA loop on each, then a memcpy split among them.
+    pub fn host(threads: usize, quick: bool) -> Ceilings {
+        let isa = FmaIsa::detect();
+        let trial_s = if quick {
+            QUICK_FMA_TRIAL_S
+        } else {
+            FMA_TRIAL_S
+        };
+        let peak = |f64_lanes| fma_gflops(isa, threads, f64_lanes, trial_s);
+        let bytes = if quick { QUICK_COPY_BYTES } else { COPY_BYTES };
+        Ceilings {
+            threads: Some(threads),
+            fma_f32_gflops: peak(false),
+            fma_f64_gflops: peak(true),
+            fma_how: (isa != FmaIsa::None).then(|| {
+                format!("{} on {threads} thread(s), best of {FMA_TRIALS}", isa.describe())
+            }),
+            copy_gbps: copy_gbps(bytes, threads),
+            copy_how: format!(
+                "memcpy of {} MiB split over {threads} thread(s), bytes read + written, best of {TRIALS}",
+                bytes >> 20
+            ),
+        }
+    }
+
+    /// The copy bandwidth of a run's first memcpy case that ran (the device backends).
+    pub fn from_memcpy(results: &[Measured]) -> Ceilings {
+        let copy_gbps = results.iter().find_map(|r| match (r.case.op, &r.ours) {
+            (
+                Op::Memory {
+                    op: MemOp::Memcpy, ..
+                },
+                Ok(t),
+            ) => Some(r.case.work().per_second(t.median)),
+            _ => None,
+        });
+        Ceilings {
+            threads: None,
+            fma_f32_gflops: None,
+            fma_f64_gflops: None,
+            fma_how: None,
+            copy_gbps,
+            copy_how: "ComputeBackend::copy_dtod of a dense f32 buffer; bytes read + written"
+                .into(),
+        }
+    }
+
+    /// The ceiling `case` is compared with, and its value (GFLOP/s or GB/s).
+    pub fn for_case(&self, case: &Case) -> Option<(CeilingKind, f64)> {
+        let (kind, value) = match case.work() {
+            Work::Bytes(_) => (CeilingKind::Copy, self.copy_gbps),
+            Work::Flops(_) if case.dtype == DType::F64 => {
+                (CeilingKind::FmaF64, self.fma_f64_gflops)
+            }
+            Work::Flops(_) => (CeilingKind::FmaF32, self.fma_f32_gflops),
+        };
+        value.filter(|v| *v > 0.0).map(|v| (kind, v))
+    }
+
+    /// The line printed before a thread count's tables.
+    pub fn line(&self) -> String {
+        let mut parts = Vec::new();
+        if let (Some(f32), Some(f64)) = (self.fma_f32_gflops, self.fma_f64_gflops) {
+            parts.push(format!(
+                "FMA peak {f32:.1} GFLOP/s f32, {f64:.1} GFLOP/s f64 ({})",
+                self.fma_how.as_deref().unwrap_or("")
+            ));
+        }
+        match self.copy_gbps {
+            Some(c) => parts.push(format!("copy {c:.1} GB/s ({})", self.copy_how)),
+            None => parts.push("copy bandwidth not measured".into()),
+        }
+        let head = match self.threads {
+            Some(n) => format!("ceilings at {n} thread(s)"),
+            None => "ceiling".into(),
+        };
+        format!("{head}: {}", parts.join("; "))
+    }
+
+    /// The JSON object.
+    pub fn json(&self) -> Value {
+        json!({
+            "threads": self.threads,
+            "fma_f32_gflops": self.fma_f32_gflops,
+            "fma_f64_gflops": self.fma_f64_gflops,
+            "fma_how": self.fma_how,
+            "copy_gbps": self.copy_gbps,
+            "how": self.copy_how,
+        })
+    }
+}
+
+/// GFLOP/s of the FMA loop on `threads` threads at once, each running the same number of iterations
+/// (calibrated so that a trial lasts about `trial_s`); the best of [`FMA_TRIALS`].
+fn fma_gflops(isa: FmaIsa, threads: usize, f64_lanes: bool, trial_s: f64) -> Option<f64> {
+    if isa == FmaIsa::None {
+        return None;
+    }
+    // Calibrate on one thread, growing until the loop lasts long enough to time.
+    let mut iters = 1u64 << 12;
+    let per_iter = loop {
+        let start = Instant::now();
+        std::hint::black_box(isa.run(iters, f64_lanes));
+        let t = start.elapsed().as_secs_f64();
+        if t > 2e-3 || iters >= 1 << 40 {
+            break t / iters as f64;
+        }
+        iters *= 4;
+    };
+    let iters = ((trial_s / per_iter.max(1e-12)) as u64).max(1);
+    let best = (0..FMA_TRIALS)
+        .filter_map(|_| {
+            on_threads(threads, |_| {
+                std::hint::black_box(isa.run(iters, f64_lanes));
+            })
+        })
+        .fold(f64::INFINITY, f64::min);
+    let flops = isa.flops_per_iter(f64_lanes) * iters as f64 * threads as f64;
+    (best.is_finite() && best > 0.0).then(|| flops / best / 1e9)
+}
+
+/// Copy bandwidth in GB/s (bytes read + written) of copying `bytes` split in `threads` slices copied
+/// at once; the best of [`TRIALS`] after a pass that touches every page.
+fn copy_gbps(bytes: usize, threads: usize) -> Option<f64> {
+    let threads = threads.max(1);
+    let src = vec![0x5au8; bytes];
+    let chunk = bytes.div_ceil(threads).next_multiple_of(4096);
+    let dst: Vec<std::sync::Mutex<Vec<u8>>> = src
+        .chunks(chunk)
+        .map(|s| std::sync::Mutex::new(vec![0u8; s.len()]))
+        .collect();
+    let pass = || {
+        on_threads(dst.len(), |i| {
+            if let Ok(mut d) = dst[i].lock() {
+                let (start, len) = (i * chunk, d.len());
+                d.copy_from_slice(&src[start..start + len]);
+            }
+        })
+    };
+    pass();
+    let best = (0..TRIALS)
+        .filter_map(|_| pass())
+        .fold(f64::INFINITY, f64::min);
+    std::hint::black_box(&dst);
+    (best.is_finite() && best > 0.0).then(|| 2.0 * bytes as f64 / best / 1e9)
+}
+
+/// Seconds `threads` threads take to each run `work` (given its index), started together behind a
+/// barrier: from the first start to the last end, as the threads themselves see it (the spawning thread
+/// may be descheduled meanwhile); `None` if a thread panicked.
+fn on_threads(threads: usize, work: impl Fn(usize) + Sync) -> Option<f64> {
+    let barrier = Barrier::new(threads);
+    let spans: Option<Vec<(Instant, Instant)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let (barrier, work) = (&barrier, &work);
+                scope.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    work(i);
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().ok()).collect()
+    });
+    let spans = spans?;
+    let first = spans.iter().map(|s| s.0).min()?;
+    let last = spans.iter().map(|s| s.1).max()?;
+    Some(last.duration_since(first).as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ceilings_are_positive() {
+        let c = Ceilings::host(1, true);
+        assert!(c.copy_gbps.is_some_and(|g| g > 0.0), "{c:?}");
+        if FmaIsa::detect() != FmaIsa::None {
+            let (f32, f64) = (c.fma_f32_gflops.unwrap(), c.fma_f64_gflops.unwrap());
+            assert!(f32 > 0.0 && f64 > 0.0, "{c:?}");
+        }
+        assert!(c.line().starts_with("ceilings at 1 thread(s)"));
+    }
+}

@@ -1,0 +1,235 @@
+//! How ours runs each case: inputs allocated once on the backend, then one call per run.
+//!
+//! GEMM, attention and convolution go through the public `Tensor` API, which allocates its output on
+//! each call as a user's code does. The memory-bound ops write into an output allocated once, through
+//! the backend's `ComputeBackend` descriptors (the same calls the `Tensor` API makes), so that they
+//! measure the kernel's traffic and not the allocator or the page faults of a fresh 64 MiB buffer.
+
+use torsh_backend::compute::{
+    BinaryDesc, CastDesc, FillDesc, LayerNormDesc, ReduceDesc, SoftmaxDesc, StridedBuf, UnaryDesc,
+};
+use torsh_backend::{
+    AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
+};
+
+use super::cases::{Case, MemOp, Op, Runner};
+
+/// An error of ours as text.
+fn text(e: BackendError) -> String {
+    e.to_string()
+}
+
+impl Case {
+    /// Allocates the inputs (random, never zeros) on `backend` and returns one call of the op.
+    pub fn prepare(&self, backend: &Backend) -> torsh_backend::Result<Runner<'static>> {
+        let dt = self.dtype;
+        Ok(match self.op {
+            Op::Matmul { m, n, k } => {
+                let a = backend.randn(&[m, k], dt)?;
+                let b = backend.randn(&[k, n], dt)?;
+                Box::new(move || a.matmul(&b).map(drop).map_err(text))
+            }
+            Op::Memory { op, rows, cols } => memory(backend, op, rows, cols, dt)?,
+            Op::Attention { b, h, s, d, causal } => {
+                let q = backend.randn(&[b, h, s, d], dt)?;
+                let k = backend.randn(&[b, h, s, d], dt)?;
+                let v = backend.randn(&[b, h, s, d], dt)?;
+                Box::new(move || q.attention(&k, &v, causal).map(drop).map_err(text))
+            }
+            Op::Conv2d {
+                n,
+                c,
+                hw,
+                k,
+                r,
+                stride,
+                pad,
+                groups,
+                bias,
+            } => {
+                let input = backend.randn(&[n, c, hw, hw], dt)?;
+                let weight = backend.randn(&[k, c / groups.max(1), r, r], dt)?;
+                let bias = if bias {
+                    Some(backend.randn(&[k], dt)?)
+                } else {
+                    None
+                };
+                let config = ConvConfig {
+                    stride: [stride, stride],
+                    padding: [pad, pad],
+                    dilation: [1, 1],
+                    groups,
+                };
+                let backend = backend.clone();
+                Box::new(move || {
+                    backend
+                        .conv2d_with_bias(&input, &weight, bias.as_ref(), config)
+                        .map(drop)
+                        .map_err(text)
+                })
+            }
+            Op::Adam { tensors, len } => {
+                let mut params = Vec::with_capacity(tensors);
+                let mut grads = Vec::with_capacity(tensors);
+                for _ in 0..tensors {
+                    params.push(backend.randn(&[len], dt)?);
+                    grads.push(backend.randn(&[len], dt)?);
+                }
+                let mut state = AdamState::adam();
+                let backend = backend.clone();
+                Box::new(move || {
+                    backend
+                        .fused_adam_step(&mut params, &grads, &mut state, 1e-3, (0.9, 0.999))
+                        .map_err(text)
+                })
+            }
+        })
+    }
+}
+
+/// A memory-bound op on a random `[rows, cols]` input, into an output allocated here once.
+fn memory(
+    backend: &Backend,
+    op: MemOp,
+    rows: usize,
+    cols: usize,
+    dt: DType,
+) -> torsh_backend::Result<Runner<'static>> {
+    let x = backend.randn(&[rows, cols], dt)?;
+    let dense_out = || backend.empty(&[rows, cols], dt);
+    let dense = |t: &Tensor| StridedBuf::contiguous(t.data_ptr(), &[rows, cols]);
+    let b = backend.clone();
+    Ok(match op {
+        MemOp::Memcpy => {
+            let out = dense_out()?;
+            let bytes = rows * cols * dt.size_in_bytes();
+            Box::new(move || {
+                b.compute()
+                    .copy_dtod(out.data_ptr(), x.data_ptr(), bytes)
+                    .map_err(text)
+            })
+        }
+        MemOp::Copy => {
+            let out = dense_out()?;
+            Box::new(move || out.copy_from(&x).map_err(text))
+        }
+        MemOp::CopyTransposed => {
+            let xt = x.t()?;
+            let out = backend.empty(&[cols, rows], dt)?;
+            Box::new(move || out.copy_from(&xt).map_err(text))
+        }
+        MemOp::Add | MemOp::Mul => {
+            let out = dense_out()?;
+            let y = backend.randn(&[rows, cols], dt)?;
+            let desc = BinaryDesc {
+                op: if op == MemOp::Add {
+                    BinaryOp::Add
+                } else {
+                    BinaryOp::Mul
+                },
+                dtype: dt,
+                lhs: dense(&x),
+                rhs: dense(&y),
+                output: out.data_ptr(),
+            };
+            Box::new(move || {
+                let _keep = (&x, &y, &out);
+                b.compute().binary(&desc).map_err(text)
+            })
+        }
+        MemOp::Exp | MemOp::Gelu => {
+            let out = dense_out()?;
+            let desc = UnaryDesc {
+                op: if op == MemOp::Exp {
+                    UnaryOp::Exp
+                } else {
+                    UnaryOp::Gelu
+                },
+                dtype: dt,
+                input: dense(&x),
+                output: out.data_ptr(),
+            };
+            Box::new(move || {
+                let _keep = (&x, &out);
+                b.compute().unary(&desc).map_err(text)
+            })
+        }
+        MemOp::Softmax => {
+            let out = dense_out()?;
+            let desc = SoftmaxDesc {
+                dtype: dt,
+                input: x.data_ptr(),
+                output: out.data_ptr(),
+                outer: rows,
+                axis_len: cols,
+                inner: 1,
+                log: false,
+            };
+            Box::new(move || {
+                let _keep = (&x, &out);
+                b.compute().softmax(&desc).map_err(text)
+            })
+        }
+        MemOp::LayerNorm => {
+            let out = dense_out()?;
+            let desc = LayerNormDesc {
+                dtype: dt,
+                input: x.data_ptr(),
+                weight: None,
+                bias: None,
+                output: out.data_ptr(),
+                rows,
+                cols,
+                eps: 1e-5,
+            };
+            Box::new(move || {
+                let _keep = (&x, &out);
+                b.compute().layer_norm(&desc).map_err(text)
+            })
+        }
+        MemOp::Sum | MemOp::Max => {
+            let reduced = backend.empty(&[rows], dt)?;
+            let desc = ReduceDesc {
+                op: if op == MemOp::Sum {
+                    ReduceOp::Sum
+                } else {
+                    ReduceOp::Max
+                },
+                dtype: dt,
+                input: dense(&x),
+                axis: 1,
+                output: reduced.data_ptr(),
+            };
+            Box::new(move || {
+                let _keep = (&x, &reduced);
+                b.compute().reduce(&desc).map_err(text)
+            })
+        }
+        MemOp::CastBf16 => {
+            let cast = backend.empty(&[rows, cols], DType::BF16)?;
+            let desc = CastDesc {
+                src_dtype: dt,
+                dst_dtype: DType::BF16,
+                input: dense(&x),
+                output: cast.data_ptr(),
+            };
+            Box::new(move || {
+                let _keep = (&x, &cast);
+                b.compute().cast(&desc).map_err(text)
+            })
+        }
+        MemOp::Fill => {
+            let out = dense_out()?;
+            let desc = FillDesc {
+                dtype: dt,
+                ptr: out.data_ptr(),
+                len: rows * cols,
+                value: 0.5,
+            };
+            Box::new(move || {
+                let _keep = &out;
+                b.compute().fill(&desc).map_err(text)
+            })
+        }
+    })
+}
