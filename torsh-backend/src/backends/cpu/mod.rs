@@ -89,16 +89,19 @@ impl CpuBackend {
         self.simd
     }
 
-    /// Whether an op on `dtype` whose operands start at the regions of `acc` takes this backend's
-    /// kernels: SIMD on, a float dtype, and every operand aligned to its element size (the raw trait
-    /// allows any byte address; misaligned operands take the reference kernels).
-    fn takes(&self, dtype: DType, acc: &Accesses) -> bool {
-        self.simd != SimdLevel::Scalar
+    /// The accesses of an op on `dtype` when it takes this backend's kernels: SIMD on, a float
+    /// dtype, valid accesses, and every operand aligned to its element size (the raw trait allows any
+    /// byte address). `None` sends the op to the reference kernels, which also give every invalid
+    /// descriptor its typed error, so both backends answer bad input alike.
+    fn takes(&self, dtype: DType, acc: Result<Accesses>) -> Option<Accesses> {
+        let acc = acc.ok()?;
+        let ours = self.simd != SimdLevel::Scalar
             && dtype.is_float()
             && blas::aligned(
                 dtype,
                 &acc.regions.iter().map(|r| r.ptr.0).collect::<Vec<_>>(),
-            )
+            );
+        ours.then_some(acc)
     }
 
     /// Checks `acc` and runs `kernel` under the memory lock: on this backend's pool when it has more
@@ -110,7 +113,11 @@ impl CpuBackend {
         acc: Accesses,
         kernel: impl FnOnce(&mut HostMemory, Ctx) -> Result<()> + Send,
     ) -> Result<()> {
-        let bytes: usize = acc.regions.iter().map(|r| r.bytes).sum();
+        // Saturating: `run` rejects regions whose sizes overflow, with a typed error.
+        let bytes = acc
+            .regions
+            .iter()
+            .fold(0usize, |sum, r| sum.saturating_add(r.bytes));
         self.on_pool(bytes >= INLINE_BYTES, |threads| {
             let ctx = Ctx {
                 threads,
@@ -247,8 +254,10 @@ impl ComputeBackend for CpuBackend {
         if !self.simd_gemm(desc) {
             return self.scalar.gemm(desc);
         }
-        self.scalar.float_only("gemm", desc.dtype)?;
-        let acc = desc.accesses()?;
+        let (Ok(()), Ok(acc)) = (self.scalar.float_only("gemm", desc.dtype), desc.accesses())
+        else {
+            return self.scalar.gemm(desc);
+        };
         let regions = [
             acc.regions[0].bytes,
             acc.regions[1].bytes,
@@ -278,7 +287,9 @@ impl ComputeBackend for CpuBackend {
         if !simd {
             return self.scalar.gemv(desc);
         }
-        let acc = desc.accesses()?;
+        let Ok(acc) = desc.accesses() else {
+            return self.scalar.gemv(desc);
+        };
         let regions = [
             acc.regions[0].bytes,
             acc.regions[1].bytes,
@@ -293,95 +304,86 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.conv2d_forward(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| conv::conv2d(mem, desc, ctx))
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.attention(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| attention::attention(mem, desc, ctx))
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.reduce(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| reduce::reduce(mem, desc, ctx))
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.unary(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| elementwise::unary(mem, desc, ctx))
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.binary(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| elementwise::binary(mem, desc, ctx))
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.softmax(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| softmax::softmax(mem, desc, ctx))
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.layer_norm(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| norm::layer_norm(mem, desc, ctx))
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.batch_norm(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| norm::batch_norm(mem, desc, ctx))
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.pool2d(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| pool::pool2d(mem, desc, ctx))
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.adam_step(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| adam::adam_step(mem, desc, ctx))
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.fill(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| elementwise::fill(mem, desc, ctx))
     }
 
     fn cast(&self, desc: &CastDesc) -> Result<()> {
-        let acc = desc.accesses()?;
+        let Ok(acc) = desc.accesses() else {
+            return self.scalar.cast(desc);
+        };
         let aligned = blas::aligned(desc.src_dtype, &[acc.regions[0].ptr.0])
             && blas::aligned(desc.dst_dtype, &[acc.regions[1].ptr.0]);
         if self.simd == SimdLevel::Scalar || !aligned {
@@ -391,18 +393,16 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.copy_strided(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| elementwise::copy_strided(mem, desc, ctx))
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        if !self.takes(desc.dtype, &acc) {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.random(desc);
-        }
+        };
         self.kernel(acc, |mem, ctx| elementwise::random(mem, desc, ctx))
     }
 }
