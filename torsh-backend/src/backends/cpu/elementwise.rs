@@ -272,49 +272,207 @@ fn unary_operands<T: Lanes>(
 }
 
 /// [`unary`] for the types that compute in f32.
+// The closures are not redundant: passed as fn items, the ops are called through an out-of-line
+// `Fn::call` shim compiled without the SIMD features (so `mul_add` becomes a libm call); an
+// `#[inline(always)]` closure is inlined into the vector loop instead.
+#[allow(clippy::redundant_closure)]
 fn unary_f32<T: Lanes<Acc = f32>>(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
     let Some((x, out)) = unary_operands::<T>(mem, d)? else {
         return reference::unary(mem, d);
     };
     let x = &x;
     match d.op {
-        UnaryOp::Neg => map(x, out, ctx, neg::<f32>),
-        UnaryOp::Abs => map(x, out, ctx, f32::abs),
-        UnaryOp::Exp => map(x, out, ctx, vmath::exp_f32),
-        UnaryOp::Log => map(x, out, ctx, vmath::ln_f32),
-        UnaryOp::Sqrt => map(x, out, ctx, f32::sqrt),
-        UnaryOp::Rsqrt => map(x, out, ctx, rsqrt::<f32>),
-        UnaryOp::Recip => map(x, out, ctx, recip::<f32>),
-        UnaryOp::Square => map(x, out, ctx, square::<f32>),
-        UnaryOp::Relu => map(x, out, ctx, relu::<f32>),
-        UnaryOp::Gelu => map(x, out, ctx, vmath::gelu_f32),
-        UnaryOp::GeluTanh => map(x, out, ctx, vmath::gelu_tanh_f32),
-        UnaryOp::Sigmoid => map(x, out, ctx, vmath::sigmoid_f32),
-        UnaryOp::Silu => map(x, out, ctx, vmath::silu_f32),
-        UnaryOp::Tanh => map(x, out, ctx, vmath::tanh_f32),
-        UnaryOp::Sin => map(x, out, ctx, f32::sin),
-        UnaryOp::Cos => map(x, out, ctx, f32::cos),
-        UnaryOp::Erf => map(x, out, ctx, vmath::erf_f32),
+        UnaryOp::Neg => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| neg::<f32>(v),
+        ),
+        UnaryOp::Abs => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f32::abs(v),
+        ),
+        UnaryOp::Exp => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::exp_f32(v),
+        ),
+        UnaryOp::Log => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::ln_f32(v),
+        ),
+        UnaryOp::Sqrt => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f32::sqrt(v),
+        ),
+        UnaryOp::Rsqrt => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| rsqrt::<f32>(v),
+        ),
+        UnaryOp::Recip => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| recip::<f32>(v),
+        ),
+        UnaryOp::Square => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| square::<f32>(v),
+        ),
+        UnaryOp::Relu => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| relu::<f32>(v),
+        ),
+        UnaryOp::Gelu => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::gelu_f32(v),
+        ),
+        UnaryOp::GeluTanh => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::gelu_tanh_f32(v),
+        ),
+        UnaryOp::Sigmoid => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::sigmoid_f32(v),
+        ),
+        UnaryOp::Silu => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::silu_f32(v),
+        ),
+        UnaryOp::Tanh => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::tanh_f32(v),
+        ),
+        UnaryOp::Sin => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f32::sin(v),
+        ),
+        UnaryOp::Cos => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f32::cos(v),
+        ),
+        UnaryOp::Erf => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::erf_f32(v),
+        ),
     }
     Ok(())
 }
 
 /// [`unary`] for f64: the reference's own definitions per element (accuracy first), threaded; the
 /// ops that are plain arithmetic vectorise.
+// The closures are not redundant: passed as fn items, the ops are called through an out-of-line
+// `Fn::call` shim compiled without the SIMD features (so `mul_add` becomes a libm call); an
+// `#[inline(always)]` closure is inlined into the vector loop instead.
+#[allow(clippy::redundant_closure)]
 fn unary_f64(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
     let Some((x, out)) = unary_operands::<f64>(mem, d)? else {
         return reference::unary(mem, d);
     };
     let x = &x;
     match d.op {
-        UnaryOp::Neg => map(x, out, ctx, neg::<f64>),
-        UnaryOp::Abs => map(x, out, ctx, f64::abs),
-        UnaryOp::Sqrt => map(x, out, ctx, f64::sqrt),
-        UnaryOp::Rsqrt => map(x, out, ctx, rsqrt::<f64>),
-        UnaryOp::Recip => map(x, out, ctx, recip::<f64>),
-        UnaryOp::Square => map(x, out, ctx, square::<f64>),
-        UnaryOp::Relu => map(x, out, ctx, relu::<f64>),
-        op => map(x, out, ctx, move |v| math::unary(op, v)),
+        UnaryOp::Neg => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| neg::<f64>(v),
+        ),
+        UnaryOp::Abs => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f64::abs(v),
+        ),
+        UnaryOp::Sqrt => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f64::sqrt(v),
+        ),
+        UnaryOp::Rsqrt => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| rsqrt::<f64>(v),
+        ),
+        UnaryOp::Recip => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| recip::<f64>(v),
+        ),
+        UnaryOp::Square => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| square::<f64>(v),
+        ),
+        UnaryOp::Relu => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| relu::<f64>(v),
+        ),
+        op => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            move |v| math::unary(op, v),
+        ),
     }
     Ok(())
 }
@@ -362,7 +520,11 @@ fn map<T: Lanes>(
 ) {
     let in_place = out.same_as(&x.span());
     for_chunks(out.len(), ctx.threads, SERIAL_ELEMENTS, |range| {
-        with_simd(ctx.simd, || map_range(x, out, range, in_place, f))
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || map_range(x, out, range, in_place, f),
+        )
     });
 }
 
@@ -539,13 +701,17 @@ fn zip<T: Lanes>(
 ) {
     let (_, [sa, sb]) = dims.inner();
     for_chunks(dims.numel(), ctx.threads, SERIAL_ELEMENTS, |range| {
-        with_simd(ctx.simd, || {
-            let mut bufs = (scratch::<T::Acc>(), scratch::<T::Acc>());
-            dims.runs(range, |at, [pa, pb], len| {
-                let (ra, rb) = (Run::of(a, pa, sa), Run::of(b, pb, sb));
-                zip_run(ra, rb, out, at..at + len, &mut bufs, f);
-            });
-        })
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                let mut bufs = (scratch::<T::Acc>(), scratch::<T::Acc>());
+                dims.runs(range, |at, [pa, pb], len| {
+                    let (ra, rb) = (Run::of(a, pa, sa), Run::of(b, pb, sb));
+                    zip_run(ra, rb, out, at..at + len, &mut bufs, f);
+                });
+            },
+        )
     });
 }
 
@@ -855,7 +1021,11 @@ fn convert<S: Lanes, D: Put<S::Acc>>(mem: &mut HostMemory, d: &CastDesc, ctx: Ct
     }
     let x = &x;
     for_chunks(out.len(), ctx.threads, SERIAL_ELEMENTS, |range| {
-        with_simd(ctx.simd, || convert_range(x, out, range, copy))
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || convert_range(x, out, range, copy),
+        )
     });
     Ok(())
 }
@@ -907,7 +1077,11 @@ fn fill_t<T: Lanes>(mem: &mut HostMemory, d: &FillDesc, ctx: Ctx) -> Result<()> 
     let v = T::from_f64(d.value);
     for_chunks(d.len, ctx.threads, SERIAL_ELEMENTS, |range| {
         // SAFETY: this task owns `range` of the output.
-        with_simd(ctx.simd, || unsafe { out.slice_mut(range) }.fill(v))
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || unsafe { out.slice_mut(range) }.fill(v),
+        )
     });
     Ok(())
 }
@@ -995,13 +1169,17 @@ fn generate<T: Lanes>(
     value: impl Fn(u64) -> f64 + Copy + Send + Sync,
 ) {
     for_chunks(out.len(), ctx.threads, min_chunk, |range| {
-        with_simd(ctx.simd, || {
-            // SAFETY: this task owns `range` of the output.
-            let ys = unsafe { out.slice_mut(range.clone()) };
-            for (y, i) in ys.iter_mut().zip(range.start as u64..) {
-                *y = T::from_f64(value(i));
-            }
-        })
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                // SAFETY: this task owns `range` of the output.
+                let ys = unsafe { out.slice_mut(range.clone()) };
+                for (y, i) in ys.iter_mut().zip(range.start as u64..) {
+                    *y = T::from_f64(value(i));
+                }
+            },
+        )
     });
 }
 

@@ -1,10 +1,12 @@
 //! The CPU backend: runtime-dispatched SIMD and a rayon pool of its own.
 //!
-//! What is built so far: GEMM, batched GEMM and GEMV (bf16 GEMV excepted) run on the `gemm` crate's microkernels (AVX-512 with its
-//! `x86-v4` feature, AVX2+FMA, NEON; chosen at run time, never by `target-cpu`), threaded on this
-//! backend's pool of `num_threads` threads. Every other op still runs the scalar reference kernels, on
-//! the same 64-byte aligned host memory; they move here one family at a time. `enable_simd(false)`
-//! sends GEMM to the scalar reference kernel too.
+//! Every op has kernels here, one module per family, compiled for the SIMD level detected at run
+//! time (AVX-512, AVX2+FMA, NEON; never `target-cpu`) through [`host::with_simd`] and threaded on
+//! this backend's pool of `num_threads` threads. GEMM, batched GEMM and GEMV run on the `gemm`
+//! crate's microkernels; bf16 GEMM on AVX512_BF16 dot products where the CPU has them
+//! ([`bf16_gemm`]). Integer dtypes, misaligned operands and `enable_simd(false)` take the scalar
+//! reference kernels on the same 64-byte aligned host memory, and so does every invalid descriptor,
+//! so that bad input gets the reference's typed errors.
 
 mod adam;
 mod attention;
@@ -196,7 +198,12 @@ impl ComputeBackend for CpuBackend {
 
     fn device_info(&self) -> DeviceInfo {
         let mut info = self.scalar.device_info();
-        info.api = "CPU: SIMD GEMM (gemm crate, runtime dispatch) on a rayon pool; other ops on the scalar reference kernels".into();
+        info.api = if self.simd == SimdLevel::Scalar {
+            "CPU: scalar reference kernels (SIMD off)".into()
+        } else {
+            "CPU: SIMD kernels for every op (runtime dispatch; GEMM on the gemm crate) on a rayon pool"
+                .into()
+        };
         info.details = vec![
             ("cores".into(), host_core_count().to_string()),
             ("threads used".into(), self.threads.to_string()),

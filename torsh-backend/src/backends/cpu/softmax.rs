@@ -223,16 +223,20 @@ where
         ctx.threads,
         (SERIAL_ELEMENTS / len).max(1),
         |rows| {
-            with_simd(ctx.simd, || {
-                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { len }];
-                for r in rows {
-                    let range = r * len..(r + 1) * len;
-                    // SAFETY: input and output do not overlap (the checks forbid it) and this task owns
-                    // rows `rows` of the output.
-                    let (xs, ys) = unsafe { (x.slice(range.clone()), y.slice_mut(range)) };
-                    row(xs, ys, &mut buf, sh.log);
-                }
-            })
+            with_simd(
+                ctx.simd,
+                #[inline(always)]
+                || {
+                    let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { len }];
+                    for r in rows {
+                        let range = r * len..(r + 1) * len;
+                        // SAFETY: input and output do not overlap (the checks forbid it) and this task owns
+                        // rows `rows` of the output.
+                        let (xs, ys) = unsafe { (x.slice(range.clone()), y.slice_mut(range)) };
+                        row(xs, ys, &mut buf, sh.log);
+                    }
+                },
+            )
         },
     );
 }
@@ -290,38 +294,52 @@ where
     let maxima: Vec<T::Acc> = (0..count)
         .into_par_iter()
         .map(|c| {
-            with_simd(ctx.simd, || {
-                // SAFETY: input and output do not overlap (the checks forbid it); nothing writes
-                // the input.
-                let xs = unsafe { x.slice(part(c)) };
-                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
-                max_of(widened(xs, &mut buf))
-            })
+            with_simd(
+                ctx.simd,
+                #[inline(always)]
+                || {
+                    // SAFETY: input and output do not overlap (the checks forbid it); nothing writes
+                    // the input.
+                    let xs = unsafe { x.slice(part(c)) };
+                    let mut buf =
+                        vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
+                    max_of(widened(xs, &mut buf))
+                },
+            )
         })
         .collect();
     let m = max_of(&maxima);
     let sums: Vec<f64> = (0..count)
         .into_par_iter()
         .map(|c| {
-            with_simd(ctx.simd, || {
-                // SAFETY: as above.
-                let xs = unsafe { x.slice(part(c)) };
-                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
-                sum_of(widened(xs, &mut buf), |v| (v - m).vexp())
-            })
+            with_simd(
+                ctx.simd,
+                #[inline(always)]
+                || {
+                    // SAFETY: as above.
+                    let xs = unsafe { x.slice(part(c)) };
+                    let mut buf =
+                        vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
+                    sum_of(widened(xs, &mut buf), |v| (v - m).vexp())
+                },
+            )
         })
         .collect();
     let s: f64 = sums.iter().sum();
     let k = <T::Acc as Real>::from_f64(if sh.log { s.ln() } else { 1.0 / s });
     (0..count).into_par_iter().for_each(|c| {
-        with_simd(ctx.simd, || {
-            // SAFETY: chunk `c` of the row is written by this task only.
-            let (xs, ys) = unsafe { (x.slice(part(c)), y.slice_mut(part(c))) };
-            let mut buf = scratch_row::<T>();
-            for (xb, yb) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
-                finish(xb, yb, &mut buf, |_| (m, k), sh.log);
-            }
-        })
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                // SAFETY: chunk `c` of the row is written by this task only.
+                let (xs, ys) = unsafe { (x.slice(part(c)), y.slice_mut(part(c))) };
+                let mut buf = scratch_row::<T>();
+                for (xb, yb) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
+                    finish(xb, yb, &mut buf, |_| (m, k), sh.log);
+                }
+            },
+        )
     });
 }
 
@@ -381,43 +399,47 @@ where
     let per_task = sh.len * tile;
     let min_tasks = (SERIAL_ELEMENTS / per_task).max(1);
     for_chunks(sh.outer * tiles, ctx.threads, min_tasks, |tasks| {
-        with_simd(ctx.simd, || {
-            let mut m = vec![<T::Acc as Real>::ZERO; tile];
-            let mut s = vec![0.0f64; tile];
-            let mut k = vec![<T::Acc as Real>::ZERO; tile];
-            let mut buf = scratch_row::<T>();
-            for t in tasks {
-                let (o, i0) = (t / tiles, (t % tiles) * tile);
-                let w = tile.min(sh.inner - i0);
-                let at = |a: usize| (o * sh.len + a) * sh.inner + i0;
-                let (m, s, k) = (&mut m[..w], &mut s[..w], &mut k[..w]);
-                let row = |a: usize| {
-                    // SAFETY: input and output do not overlap; nothing writes the input.
-                    unsafe { x.slice(at(a)..at(a) + w) }
-                };
-                m.fill(<T::Acc as Real>::NEG_INFINITY);
-                for a in 0..sh.len {
-                    for (mj, &v) in m.iter_mut().zip(widened(row(a), &mut buf)) {
-                        *mj = if v > *mj { v } else { *mj };
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                let mut m = vec![<T::Acc as Real>::ZERO; tile];
+                let mut s = vec![0.0f64; tile];
+                let mut k = vec![<T::Acc as Real>::ZERO; tile];
+                let mut buf = scratch_row::<T>();
+                for t in tasks {
+                    let (o, i0) = (t / tiles, (t % tiles) * tile);
+                    let w = tile.min(sh.inner - i0);
+                    let at = |a: usize| (o * sh.len + a) * sh.inner + i0;
+                    let (m, s, k) = (&mut m[..w], &mut s[..w], &mut k[..w]);
+                    let row = |a: usize| {
+                        // SAFETY: input and output do not overlap; nothing writes the input.
+                        unsafe { x.slice(at(a)..at(a) + w) }
+                    };
+                    m.fill(<T::Acc as Real>::NEG_INFINITY);
+                    for a in 0..sh.len {
+                        for (mj, &v) in m.iter_mut().zip(widened(row(a), &mut buf)) {
+                            *mj = if v > *mj { v } else { *mj };
+                        }
+                    }
+                    s.fill(0.0);
+                    for a in 0..sh.len {
+                        let xs = widened(row(a), &mut buf);
+                        for ((sj, &mj), &v) in s.iter_mut().zip(m.iter()).zip(xs) {
+                            *sj += (v - mj).vexp().to_f64();
+                        }
+                    }
+                    for (kj, &sj) in k.iter_mut().zip(s.iter()) {
+                        *kj = <T::Acc as Real>::from_f64(if sh.log { sj.ln() } else { 1.0 / sj });
+                    }
+                    for a in 0..sh.len {
+                        // SAFETY: this task owns columns `i0..i0 + w` of outer index `o` of the output.
+                        let ys = unsafe { y.slice_mut(at(a)..at(a) + w) };
+                        finish(row(a), ys, &mut buf, |j| (m[j], k[j]), sh.log);
                     }
                 }
-                s.fill(0.0);
-                for a in 0..sh.len {
-                    let xs = widened(row(a), &mut buf);
-                    for ((sj, &mj), &v) in s.iter_mut().zip(m.iter()).zip(xs) {
-                        *sj += (v - mj).vexp().to_f64();
-                    }
-                }
-                for (kj, &sj) in k.iter_mut().zip(s.iter()) {
-                    *kj = <T::Acc as Real>::from_f64(if sh.log { sj.ln() } else { 1.0 / sj });
-                }
-                for a in 0..sh.len {
-                    // SAFETY: this task owns columns `i0..i0 + w` of outer index `o` of the output.
-                    let ys = unsafe { y.slice_mut(at(a)..at(a) + w) };
-                    finish(row(a), ys, &mut buf, |j| (m[j], k[j]), sh.log);
-                }
-            }
-        })
+            },
+        )
     });
 }
 

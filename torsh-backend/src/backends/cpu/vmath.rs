@@ -6,6 +6,17 @@
 /// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude below 2²² to the nearest integer.
 const ROUND_MAGIC: f32 = 12_582_912.0;
 
+/// `x` rounded to the nearest integer, as `(float, int)`, for `|x| < 2²²`: the integer is read from
+/// the low mantissa bits of `x + ROUND_MAGIC` rather than converted with `as i32`, whose saturating
+/// semantics LLVM does not vectorise (it scalarises the whole loop around it). NaN gives garbage;
+/// callers select NaN themselves.
+#[inline(always)]
+fn round_parts(x: f32) -> (f32, i32) {
+    let t = x + ROUND_MAGIC;
+    let n = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    (t - ROUND_MAGIC, n)
+}
+
 /// eˣ in f32, within 2 ulp, subnormal results included (Cephes' `expf` polynomial on
 /// `r = x − n·ln 2`, `|r| ≤ ln 2 / 2`, scaled by 2ⁿ in two steps so that n may reach −149).
 #[inline(always)]
@@ -15,7 +26,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     let clamped = x.clamp(-104.0, 89.0);
-    let n = (clamped * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
+    let (n, n_int) = round_parts(clamped * LOG2E);
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
     let mut p = 1.987_569_2e-4_f32;
     p = p.mul_add(r, 1.398_2e-3);
@@ -24,7 +35,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
     let e = (p * r).mul_add(r, r) + 1.0;
-    let n = n as i32;
+    let n = n_int;
     let half = n >> 1;
     let scale = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
     let y = e * scale(half) * scale(n - half);
@@ -57,7 +68,7 @@ fn exp_parts(hi: f32, g: f32, lo: f32) -> (f32, i32) {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     let clamped = hi.clamp(-150.0, 150.0);
-    let n = ((clamped + g) * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
+    let (n, n_int) = round_parts((clamped + g) * LOG2E);
     // `clamped − n·LN2_HI` is exact (Cephes' split), so `g` and `lo` enter at full precision.
     let r = n.mul_add(-LN2_LO, (n.mul_add(-LN2_HI, clamped) + g) + lo);
     let mut p = 1.987_569_2e-4_f32;
@@ -66,7 +77,7 @@ fn exp_parts(hi: f32, g: f32, lo: f32) -> (f32, i32) {
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
-    ((p * r).mul_add(r, r) + 1.0, n as i32)
+    ((p * r).mul_add(r, r) + 1.0, n_int)
 }
 
 /// `v·2ⁿ` for `n` within [−252, 252], rounded once (in two exact power-of-two steps, so subnormal
