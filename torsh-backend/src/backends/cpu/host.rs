@@ -275,6 +275,26 @@ impl<T: bytemuck::Pod> Span<T> {
         std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
     }
 
+    /// Reads element `at`.
+    ///
+    /// # Safety
+    /// `at < len`, and no task writes that element meanwhile.
+    #[inline(always)]
+    pub(crate) unsafe fn read(self, at: usize) -> T {
+        debug_assert!(at < self.len);
+        self.ptr.add(at).read()
+    }
+
+    /// Writes `value` to element `at`.
+    ///
+    /// # Safety
+    /// `at < len`, and no slice of that element lives and no other task writes it meanwhile.
+    #[inline(always)]
+    pub(crate) unsafe fn write(self, at: usize, value: T) {
+        debug_assert!(at < self.len);
+        self.ptr.add(at).write(value)
+    }
+
     /// True when `self` and `other` start at the same address (an exact in-place op).
     pub(crate) fn same_as<U>(&self, other: &Span<U>) -> bool {
         std::ptr::eq(self.ptr.cast::<u8>(), other.ptr.cast::<u8>())
