@@ -1,10 +1,10 @@
 //! The CPU backend: runtime-dispatched SIMD and a rayon pool of its own.
 //!
 //! Every op has kernels here, one module per family, compiled for the SIMD level detected at run
-//! time (AVX-512, AVX2+FMA, NEON; never `target-cpu`) through [`host::with_simd`] and threaded on
+//! time (AVX-512, AVX2+FMA, NEON; never `target-cpu`) through `host::with_simd` and threaded on
 //! this backend's pool of `num_threads` threads. GEMM, batched GEMM and GEMV run on the `gemm`
 //! crate's microkernels; bf16 GEMM on AVX512_BF16 dot products where the CPU has them
-//! ([`bf16_gemm`]). Integer dtypes, misaligned operands and `enable_simd(false)` take the scalar
+//! (module `bf16_gemm`). Integer dtypes, misaligned operands and `enable_simd(false)` take the scalar
 //! reference kernels on the same 64-byte aligned host memory, and so does every invalid descriptor,
 //! so that bad input gets the reference's typed errors.
 

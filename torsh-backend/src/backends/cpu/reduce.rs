@@ -233,13 +233,31 @@ fn pick<A: Real, const MAX: bool>(m: A, x: A) -> A {
 }
 
 /// The maximum (or minimum) of `xs` (not empty), NaN when any element is NaN.
+///
+/// The hot loop ignores NaN (a plain compare-and-select, which compiles to `vmaxps`/`vminps` with
+/// the accumulators in registers) and keeps a second set of lanes summing `x · 0`, which turns NaN
+/// when any element is NaN or infinite; only then is the block scanned again with the NaN-aware
+/// [`pick`]. (Folding with `pick` directly made LLVM keep the accumulators in memory behind masked
+/// stores, which cannot forward to the next load: about half the speed of a sum.)
 #[inline(always)]
 fn extreme_block<A: Real, const MAX: bool>(xs: &[A]) -> A {
     let first = xs[0];
+    let exact = |xs: &[A]| xs.iter().fold(first, |m, &x| pick::<A, MAX>(m, x));
     if xs.len() < LANES {
-        return xs.iter().fold(first, |m, &x| pick::<A, MAX>(m, x));
+        return exact(xs);
     }
-    let (acc, rest) = fold_lanes(xs, first, pick::<A, MAX>);
+    let (chunks, rest) = xs.as_chunks::<LANES>();
+    let mut acc = [first; LANES];
+    let mut poison = [A::ZERO; LANES];
+    for c in chunks {
+        for ((m, p), &x) in acc.iter_mut().zip(poison.iter_mut()).zip(c.iter()) {
+            *m = if better::<A, MAX>(x, *m) { x } else { *m };
+            *p += x * A::ZERO;
+        }
+    }
+    if poison.iter().any(|p| p.is_nan()) {
+        return exact(xs);
+    }
     let m = acc.iter().fold(first, |m, &x| pick::<A, MAX>(m, x));
     rest.iter().fold(m, |m, &x| pick::<A, MAX>(m, x))
 }
