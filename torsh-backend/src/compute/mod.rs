@@ -72,7 +72,10 @@ pub trait ComputeBackend: Send + Sync + Debug {
         None
     }
 
-    /// Frees an allocation by its base pointer; `InvalidPointer` for anything else.
+    /// Frees an allocation by its base pointer; `InvalidPointer` for anything else. The reference and
+    /// CPU backends never hand a freed address out again, so a stale pointer stays invalid there; CUDA
+    /// pointers are driver addresses, and its caching allocator may return a freed block from a later
+    /// `alloc`, after which the old pointer names the new allocation (as with `cudaFree`).
     fn free(&self, ptr: DevicePtr) -> Result<()>;
 
     /// Copies `src` to device memory at `dst`.

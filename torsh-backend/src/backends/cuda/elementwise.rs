@@ -24,7 +24,7 @@
 //! `fill_vec_<width>`: 16-byte loads and stores with the same per-element computation, so the results
 //! are bit-identical to the strided kernels'.
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result as drv, CudaFunction, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 
 use super::launch::{check_aligned, suffix, to_i64, StridedArg};
@@ -137,6 +137,20 @@ pub(crate) fn copy_strided(gpu: &Gpu, d: &CopyDesc) -> Result<()> {
     }
     check_aligned(OP, d.dtype, &[d.src.ptr, d.dst.ptr])?;
     let (shape, [ss, ds]) = coalesce(OP, [&d.src.layout, &d.dst.layout])?;
+    if shape.len() <= 1 && ss.iter().chain(&ds).all(|&s| s == 1) {
+        // Both views are one dense run: the copy engine's memcpy (the kernel's index arithmetic
+        // reached about 60 % of copy bandwidth on an H200).
+        let size = d.dtype.size_in_bytes();
+        let start = |b: &StridedBuf| b.ptr.0 + (b.layout.offset() * size) as u64;
+        let (src, dst) = (start(&d.src), start(&d.dst));
+        if src == dst {
+            return Ok(()); // the same dense region: nothing moves
+        }
+        // SAFETY: both regions were checked against live allocations by the caller, and they do not
+        // overlap unless they are the same region (handled above).
+        return unsafe { drv::memcpy_dtod_async(dst, src, numel * size, gpu.stream().cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyDtoDAsync", e));
+    }
     let src = strided_arg(OP, &shape, ss, &d.src)?;
     let dst = strided_arg(OP, &shape, ds, &d.dst)?;
     let f = kernel(gpu, copy_entry(d.dtype))?;

@@ -133,6 +133,36 @@ __device__ __forceinline__ typename Num<T>::acc red_moment(const T* p, i64 axis_
     return q / den;
 }
 
+// max/min of one lane without indices, for lanes free of NaN whose extreme is not zero: each thread
+// folds its elements with a NaN-ignoring fmax (of -x for min, so one combine serves both) and counts
+// its NaNs; the group combines both. Returns false, having written nothing, when the lane holds a NaN,
+// is empty, or its extreme is ±0 (whose sign the first-wins rule of the exact fold decides); the
+// caller then runs the exact fold. Uniform across the group (every thread sees the combined values),
+// so every thread of a block reaches the same barriers. About twice the speed of the indexed fold,
+// whose per-element branches and 64-bit indices kept too few loads in flight.
+template <int G, typename T>
+__device__ __forceinline__ bool red_value_extreme(const T* p, i64 axis_stride, i64 len, bool is_max,
+                                                  int lane, T* out) {
+    typedef typename Num<T>::acc A;
+    A m = torsh_neg_inf<A>();
+    A nans = (A)0;
+#pragma unroll 4
+    for (i64 a = lane; a < len; a += G) {
+        const A x = Num<T>::load(p[a * axis_stride]);
+        m = torsh_fmax(m, is_max ? x : -x);
+        nans += x != x ? (A)1 : (A)0;
+    }
+    m = torsh_group_reduce<G, TorshFmax<A>>(m);
+    nans = red_group_sum<G, A>(nans);
+    if (len == 0 || nans != (A)0 || m == (A)0) {
+        return false;
+    }
+    if (lane == 0) {
+        *out = Num<T>::store(is_max ? m : -m);
+    }
+    return true;
+}
+
 template <int G, typename T>
 __device__ void reduce_body(const T* x, void* out, Strided rest, i64 axis_stride, i64 len, i64 n_out,
                             int op, i64 correction) {
@@ -144,6 +174,10 @@ __device__ void reduce_body(const T* x, void* out, Strided rest, i64 axis_stride
     const bool is_max = op == RED_MAX || op == RED_ARGMAX;
     for (i64 j = (i64)blockIdx.x * groups + group; j < n_out; j += (i64)gridDim.x * groups) {
         const T* p = x + strided_offset(rest, j);
+        if ((op == RED_MAX || op == RED_MIN) && red_value_extreme<G, T>(p, axis_stride, len, is_max, lane,
+                                                                          (T*)out + j)) {
+            continue;
+        }
         if (extreme) {
             A v = 0;
             i64 i = -1;
