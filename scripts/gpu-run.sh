@@ -4,6 +4,7 @@
 # Build on the development machine (no GPU or CUDA needed there), then carry `gpu-bin/` to the GPU machine
 # (keep `gpu-bin/` in .git/info/exclude):
 #   scripts/gpu-run.sh build            # cargo test --no-run + release CLI, copies the executables into gpu-bin/
+#                                       # and packs them into gpu-pack/bin.tar.gz (keep gpu-pack/ excluded too)
 #   scripts/gpu-run.sh run [OUT_DIR]    # on the GPU machine: finds the CUDA libraries, runs every test binary
 #                                       # with TORSH_REQUIRE=cuda,nvrtc,cudnn, then `parity --backend cuda --json`
 #                                       # and `bench --backend cuda --json` (release build)
@@ -31,6 +32,8 @@ for line in sys.stdin:
     cp target/release/torsh-backend gpu-bin/torsh-backend-cli
     strip gpu-bin/*
     du -sh gpu-bin && ls -la gpu-bin
+    # One archive small enough to carry to a machine that accepts at most 64 MiB.
+    mkdir -p gpu-pack && tar czf gpu-pack/bin.tar.gz gpu-bin && du -sh gpu-pack/bin.tar.gz
 }
 
 # Adds the folder of the first file matching each library name to LD_LIBRARY_PATH.
