@@ -92,12 +92,15 @@ impl Backend {
         BackendBuilder::new().backend_type(backend_type).build()
     }
 
-    /// The best available backend: CUDA, then ROCm, Metal, a GPU through WebGPU, then the CPU. The CPU
-    /// is always available, so this fails only if every candidate failed to initialise.
+    /// The best available backend: CUDA, then ROCm, Metal, then the CPU (WebGPU joins, between Metal
+    /// and the CPU and for hardware GPUs only, once every op has a WGSL kernel). The CPU is always
+    /// available, so this fails only if every candidate failed to initialise.
     pub fn auto() -> Result<Backend> {
         let mut last = None;
         for kind in BackendType::CONCRETE {
-            if kind == BackendType::Reference {
+            // WebGPU still runs several ops on the host (see `backends::webgpu`): it is built only
+            // when asked for by name until every op has a WGSL kernel.
+            if kind == BackendType::Reference || kind == BackendType::WebGpu {
                 continue;
             }
             match Backend::new(kind) {
@@ -143,6 +146,8 @@ impl Backend {
             match kind {
                 #[cfg(feature = "cuda")]
                 BackendType::Cuda => all.extend(crate::backends::cuda::list_devices()?),
+                #[cfg(feature = "webgpu")]
+                BackendType::WebGpu => all.extend(crate::backends::webgpu::list_devices()?),
                 _ => all.push(Backend::new(kind)?.device_info()),
             }
         }
@@ -283,7 +288,7 @@ fn unavailable_reason(kind: BackendType) -> Option<String> {
         BackendType::Cpu | BackendType::Reference => None,
         BackendType::Auto => None,
         BackendType::Cuda => cuda_unavailable_reason(),
-        BackendType::WebGpu => Some(not_built("WebGPU", cfg!(feature = "webgpu"), "webgpu")),
+        BackendType::WebGpu => webgpu_unavailable_reason(),
         BackendType::Rocm => Some(not_built("ROCm", cfg!(feature = "rocm"), "rocm")),
         BackendType::Metal => Some(if cfg!(target_vendor = "apple") {
             not_built("Metal", cfg!(feature = "metal"), "metal")
@@ -291,6 +296,16 @@ fn unavailable_reason(kind: BackendType) -> Option<String> {
             "Metal exists only on Apple platforms".into()
         }),
     }
+}
+
+#[cfg(feature = "webgpu")]
+fn webgpu_unavailable_reason() -> Option<String> {
+    crate::backends::webgpu::unavailable_reason()
+}
+
+#[cfg(not(feature = "webgpu"))]
+fn webgpu_unavailable_reason() -> Option<String> {
+    Some("this build of torsh-backend leaves out the WebGPU backend (enable the `webgpu` feature, on by default)".into())
 }
 
 #[cfg(feature = "cuda")]
@@ -361,6 +376,13 @@ fn build(config: BackendConfig) -> Result<Backend> {
                 ordinal: config.device_id,
                 tensor_cores: config.enable_tensor_cores,
                 cudnn: config.enable_cudnn,
+            },
+        )),
+        #[cfg(feature = "webgpu")]
+        BackendType::WebGpu => Box::new(crate::backends::webgpu::WebGpuBackend::new(
+            crate::backends::webgpu::WebGpuBackendConfig {
+                adapter_index: Some(config.device_id),
+                ..Default::default()
             },
         )),
         _ => {

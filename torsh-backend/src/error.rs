@@ -162,6 +162,19 @@ pub enum BackendError {
         message: String,
     },
 
+    /// A device kernel (a WGSL shader) failed to compile or validate; `log` is the compiler's
+    /// message. For a kernel of this crate it is a bug or a driver defect worth reporting; for a custom
+    /// kernel, the message points at the line to fix.
+    #[error("{backend} kernel {kernel} failed to compile:\n{log}")]
+    KernelCompile {
+        /// The backend whose compiler rejected the kernel.
+        backend: BackendType,
+        /// The kernel (module and entry point) that failed.
+        kernel: String,
+        /// The compiler's message.
+        log: String,
+    },
+
     /// A file operation failed (fixtures, caches, reports).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

@@ -41,6 +41,11 @@ pub mod stream;
 pub mod tensor;
 pub mod validation;
 
+/// The WebGPU backend's own API (seed 002): adapters, devices, the buffer pool, and the wgpu crate it
+/// is built on.
+#[cfg(feature = "webgpu")]
+pub use backends::webgpu;
+
 pub use backend::{Backend, BackendBuilder, BackendConfig, BackendStatus};
 pub use compute::{BinaryOp, ComputeBackend, DevicePtr, ReduceOp, Transpose, UnaryOp};
 pub use device::{BackendType, Device, DeviceInfo};

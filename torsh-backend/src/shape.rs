@@ -424,6 +424,49 @@ impl Layout {
     }
 }
 
+/// The common shape of `layouts` (which must agree) and each one's strides, with dims of size 1
+/// dropped and each dim merged into the next-outer one wherever that is contiguous over it in every
+/// layout. Element `i` in row-major order is the same element before and after.
+pub(crate) fn coalesce<const K: usize>(
+    op: &'static str,
+    layouts: [&Layout; K],
+) -> Result<(Vec<usize>, [Vec<usize>; K])> {
+    let shape = layouts.first().map(|l| l.shape()).unwrap_or(&[]);
+    if layouts.iter().any(|l| l.shape() != shape) {
+        return Err(BackendError::shape(op, "operand views differ in shape"));
+    }
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: [Vec<usize>; K] = std::array::from_fn(|_| Vec::with_capacity(shape.len()));
+    for (dim, &extent) in shape.iter().enumerate() {
+        if extent == 1 {
+            continue;
+        }
+        // The outer dim's stride must be exactly this dim's extent times its stride, in every layout.
+        let merges = !out_shape.is_empty()
+            && layouts
+                .iter()
+                .zip(&out_strides)
+                .all(|(l, out)| out.last().copied() == l.strides()[dim].checked_mul(extent));
+        match out_shape.last_mut() {
+            Some(outer) if merges => {
+                *outer *= extent;
+                for (l, out) in layouts.iter().zip(out_strides.iter_mut()) {
+                    if let Some(s) = out.last_mut() {
+                        *s = l.strides()[dim];
+                    }
+                }
+            }
+            _ => {
+                out_shape.push(extent);
+                for (l, out) in layouts.iter().zip(out_strides.iter_mut()) {
+                    out.push(l.strides()[dim]);
+                }
+            }
+        }
+    }
+    Ok((out_shape, out_strides))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

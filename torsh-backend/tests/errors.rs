@@ -318,7 +318,11 @@ fn unavailable_backends_and_bad_builder_settings() {
         assert_err!(Backend::cuda().build(), Unavailable);
         assert_err!(Backend::cuda().device(3).build(), Unavailable);
     }
-    assert_err!(Backend::webgpu().build(), Unavailable);
+    if available.contains(&BackendType::WebGpu) {
+        assert_err!(Backend::webgpu().device(1 << 20).build(), InvalidArgument);
+    } else {
+        assert_err!(Backend::webgpu().build(), Unavailable);
+    }
     assert_err!(Backend::rocm().build(), Unavailable);
     assert_err!(Backend::metal().build(), Unavailable);
     for status in Backend::probe() {

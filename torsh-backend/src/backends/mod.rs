@@ -1,9 +1,10 @@
-//! The device backends, one folder each: the reference backend (which also serves the CPU kind until
-//! the CPU backend has kernels of its own) and CUDA. Every other kind answers `Unavailable` (see
-//! [`crate::Backend::probe`]).
+//! The device backends, one folder each: the reference backend (the oracle), the CPU, CUDA and
+//! WebGPU. Metal and ROCm answer `Unavailable` (see [`crate::Backend::probe`]).
 
 #[cfg(feature = "cpu")]
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod reference;
+#[cfg(feature = "webgpu")]
+pub mod webgpu;

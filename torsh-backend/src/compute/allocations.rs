@@ -88,6 +88,11 @@ impl AllocationTable {
         }
     }
 
+    /// The size of the live allocation that starts at `base`, if there is one.
+    pub fn size_of(&self, base: DevicePtr) -> Option<usize> {
+        self.live.get(&base.0).copied()
+    }
+
     /// Bytes currently allocated.
     pub fn allocated_bytes(&self) -> usize {
         self.allocated_bytes

@@ -49,6 +49,12 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// The backend kind this instance serves.
     fn backend_type(&self) -> BackendType;
 
+    /// This backend as `Any`, for APIs particular to one backend (such as
+    /// `webgpu::WebGpuKernelExecutor` in builds with WebGPU); `None` by default.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
     /// Selects the device and creates its context. Idempotent. Other methods return
     /// `NotInitialized` until it has succeeded.
     fn init(&mut self) -> Result<()>;

@@ -32,7 +32,7 @@ use super::{driver_error, Gpu};
 use crate::compute::*;
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
-use crate::shape::Layout;
+use crate::shape::{coalesce, Layout};
 
 /// `output[i] = op(input[i])` in the dtype's accumulator.
 pub(crate) fn unary(gpu: &Gpu, d: &UnaryDesc) -> Result<()> {
@@ -463,49 +463,6 @@ fn fill_bits(dtype: DType, value: f64) -> u64 {
         DType::I64 => (value as i64) as u64,
         DType::U8 => u64::from(value as u8),
     }
-}
-
-/// The common shape of `layouts` (which must agree) and each one's strides, with dims of size 1
-/// dropped and each dim merged into the next-outer one wherever that is contiguous over it in every
-/// layout. Element `i` in row-major order is the same element before and after.
-fn coalesce<const K: usize>(
-    op: &'static str,
-    layouts: [&Layout; K],
-) -> Result<(Vec<usize>, [Vec<usize>; K])> {
-    let shape = layouts.first().map(|l| l.shape()).unwrap_or(&[]);
-    if layouts.iter().any(|l| l.shape() != shape) {
-        return Err(BackendError::shape(op, "operand views differ in shape"));
-    }
-    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
-    let mut out_strides: [Vec<usize>; K] = std::array::from_fn(|_| Vec::with_capacity(shape.len()));
-    for (dim, &extent) in shape.iter().enumerate() {
-        if extent == 1 {
-            continue;
-        }
-        // The outer dim's stride must be exactly this dim's extent times its stride, in every layout.
-        let merges = !out_shape.is_empty()
-            && layouts
-                .iter()
-                .zip(&out_strides)
-                .all(|(l, out)| out.last().copied() == l.strides()[dim].checked_mul(extent));
-        match out_shape.last_mut() {
-            Some(outer) if merges => {
-                *outer *= extent;
-                for (l, out) in layouts.iter().zip(out_strides.iter_mut()) {
-                    if let Some(s) = out.last_mut() {
-                        *s = l.strides()[dim];
-                    }
-                }
-            }
-            _ => {
-                out_shape.push(extent);
-                for (l, out) in layouts.iter().zip(out_strides.iter_mut()) {
-                    out.push(l.strides()[dim]);
-                }
-            }
-        }
-    }
-    Ok((out_shape, out_strides))
 }
 
 /// The kernel argument for `buf` seen through its coalesced `shape` and `strides`.

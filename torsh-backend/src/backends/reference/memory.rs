@@ -199,6 +199,23 @@ impl HostMemory {
         Ok(ptr)
     }
 
+    /// Records a poisoned allocation of `bytes` at `base`, an address another memory handed out (the
+    /// WebGPU backend mirrors device allocations here to run reference kernels on the host).
+    /// `InvalidArgument` when `base` is already live here; `OutOfMemory` when the host cannot
+    /// provide the bytes.
+    pub fn adopt(&mut self, base: DevicePtr, bytes: usize) -> Result<()> {
+        if self.buffers.contains_key(&base.0) {
+            return Err(BackendError::invalid(
+                "adopt",
+                format!("{:#x} is already an allocation of this memory", base.0),
+            ));
+        }
+        let lines = fresh_lines(bytes.div_ceil(64), bytes)?;
+        self.table.insert(base, bytes);
+        self.buffers.insert(base.0, Buffer { lines, len: bytes });
+        Ok(())
+    }
+
     /// Frees an allocation by its base pointer (keeping its buffer for reuse when recycling).
     pub fn free(&mut self, ptr: DevicePtr) -> Result<()> {
         self.table.remove(ptr)?;

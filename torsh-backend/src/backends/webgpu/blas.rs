@@ -1,0 +1,230 @@
+//! Host side of `shaders/gemm.wgsl`: GEMM, strided batched GEMM and GEMV in f32.
+//!
+//! The descriptors are column-major with leading dimensions; each operand becomes (element offset,
+//! row stride, column stride) of `op(X)`, so transposes cost nothing and GEMV is the same kernel with
+//! one column (x and y as strided vectors). Offsets and strides must fit the kernel's 32-bit words;
+//! operands that do not, misaligned ones and other dtypes answer [`Launch::Host`].
+
+use crate::compute::{BatchedGemmDesc, DevicePtr, GemmDesc, GemvDesc, Transpose};
+use crate::dtype::DType;
+use crate::error::Result;
+
+use super::context::Gpu;
+use super::elementwise::Launch;
+use super::memory::Memory;
+use super::pipelines::{Dispatch, Kernels, GEMM};
+
+/// Rows and columns of C per workgroup.
+const TILE: usize = 64;
+
+/// An operand as the kernel sees it: buffer, element offset, row and column strides, batch stride.
+struct Operand<'a> {
+    buffer: &'a wgpu::Buffer,
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    batch: usize,
+}
+
+/// The operand at `ptr` with `(row, column)` strides in elements; `None` when misaligned.
+fn operand<'a>(
+    mem: &'a Memory,
+    ptr: DevicePtr,
+    strides: (usize, usize),
+    batch: usize,
+) -> Result<Option<Operand<'a>>> {
+    let place = mem.place(ptr, 0)?;
+    if place.offset % 4 != 0 {
+        return Ok(None);
+    }
+    Ok(Some(Operand {
+        buffer: place.buffer,
+        offset: (place.offset / 4) as usize,
+        rows: strides.0,
+        cols: strides.1,
+        batch,
+    }))
+}
+
+/// `(row, column)` strides of `op(X)` for a column-major X with leading dimension `ld`.
+fn strides(t: Transpose, ld: usize) -> (usize, usize) {
+    match t {
+        Transpose::No => (1, ld),
+        Transpose::Yes => (ld, 1),
+    }
+}
+
+/// One (batched) product as the kernel takes it.
+struct Product<'a> {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch_count: usize,
+    a: Operand<'a>,
+    b: Operand<'a>,
+    c: Operand<'a>,
+    alpha: f64,
+    beta: f64,
+}
+
+/// Launches `p`, splitting the batch across launches of at most the device's z limit. `Host` when a
+/// number does not fit in 32 bits.
+fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>) -> Result<Launch> {
+    if p.m == 0 || p.n == 0 || p.batch_count == 0 {
+        return Ok(Launch::Done);
+    }
+    let word = |v: usize| u32::try_from(v).ok();
+    // Every element index the kernel forms must fit: the last element of each operand.
+    let last = |o: &Operand<'_>, rows: usize, cols: usize| {
+        o.offset
+            .checked_add((rows - 1).checked_mul(o.rows)?)?
+            .checked_add(cols.saturating_sub(1).checked_mul(o.cols)?)?
+            .checked_add((p.batch_count - 1).checked_mul(o.batch)?)
+    };
+    let fits = [
+        last(&p.a, p.m, p.k.max(1)),
+        last(&p.b, p.k.max(1), p.n),
+        last(&p.c, p.m, p.n),
+    ]
+    .iter()
+    .all(|l| l.and_then(word).is_some());
+    let header = [p.m, p.n, p.k].map(word);
+    let views = [&p.a, &p.b, &p.c].map(|o| [o.offset, o.rows, o.cols].map(word));
+    let batches = [p.a.batch, p.b.batch, p.c.batch].map(word);
+    if !fits
+        || header.iter().any(Option::is_none)
+        || views.iter().flatten().any(Option::is_none)
+        || batches.iter().any(Option::is_none)
+    {
+        return Ok(Launch::Host);
+    }
+    let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
+    let groups_m = p.m.div_ceil(TILE);
+    let groups_n = p.n.div_ceil(TILE);
+    if groups_m > limit || groups_n > limit {
+        return Ok(Launch::Host);
+    }
+    let mut words = vec![0u32; 18];
+    for (i, h) in header.iter().enumerate() {
+        words[i] = h.unwrap_or(0);
+    }
+    for (v, view) in views.iter().enumerate() {
+        for (j, w) in view.iter().enumerate() {
+            words[4 + 3 * v + j] = w.unwrap_or(0);
+        }
+    }
+    for (i, s) in batches.iter().enumerate() {
+        words[13 + i] = s.unwrap_or(0);
+    }
+    words[16] = (p.alpha as f32).to_bits();
+    words[17] = (p.beta as f32).to_bits();
+    let mut first = 0;
+    while first < p.batch_count {
+        let count = (p.batch_count - first).min(limit);
+        words[3] = first as u32;
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module: GEMM,
+                entry: "gemm",
+                constants: &[],
+                buffers: &[p.a.buffer, p.b.buffer, p.c.buffer],
+                params: &words,
+                groups: (groups_m as u32, groups_n as u32, count as u32),
+            },
+        )?;
+        first += count;
+    }
+    Ok(Launch::Done)
+}
+
+/// The operands of `d` with the given batch strides; `None` when one is misaligned.
+fn gemm_product<'a>(
+    mem: &'a Memory,
+    d: &GemmDesc,
+    batch: (usize, usize, usize),
+    batch_count: usize,
+) -> Result<Option<Product<'a>>> {
+    let a = operand(mem, d.a, strides(d.trans_a, d.lda), batch.0)?;
+    let b = operand(mem, d.b, strides(d.trans_b, d.ldb), batch.1)?;
+    let c = operand(mem, d.c, (1, d.ldc), batch.2)?;
+    let (Some(a), Some(b), Some(c)) = (a, b, c) else {
+        return Ok(None);
+    };
+    Ok(Some(Product {
+        m: d.m,
+        n: d.n,
+        k: d.k,
+        batch_count,
+        a,
+        b,
+        c,
+        alpha: d.alpha,
+        beta: d.beta,
+    }))
+}
+
+/// f32 GEMM.
+pub(crate) fn gemm(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemmDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    match gemm_product(mem, d, (0, 0, 0), 1)? {
+        Some(p) => run(gpu, kernels, p),
+        None => Ok(Launch::Host),
+    }
+}
+
+/// f32 strided batched GEMM, one launch (or one per 65 535 matrices).
+pub(crate) fn batched_gemm(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &BatchedGemmDesc,
+) -> Result<Launch> {
+    if d.gemm.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    // With k = 0, A and B are never read (their pointers may be zero-byte allocations).
+    let (sa, sb) = if d.gemm.k == 0 {
+        (0, 0)
+    } else {
+        (d.stride_a, d.stride_b)
+    };
+    match gemm_product(mem, &d.gemm, (sa, sb, d.stride_c), d.batch_count)? {
+        Some(p) => run(gpu, kernels, p),
+        None => Ok(Launch::Host),
+    }
+}
+
+/// f32 GEMV: `y = alpha·op(A)·x + beta·y` as a product with one column.
+pub(crate) fn gemv(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemvDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let (rows, cols) = match d.trans {
+        Transpose::No => (d.m, d.n),
+        Transpose::Yes => (d.n, d.m),
+    };
+    let a = operand(mem, d.a, strides(d.trans, d.lda), 0)?;
+    let x = operand(mem, d.x, (d.incx, 0), 0)?;
+    let y = operand(mem, d.y, (d.incy, 0), 0)?;
+    let (Some(a), Some(b), Some(c)) = (a, x, y) else {
+        return Ok(Launch::Host);
+    };
+    run(
+        gpu,
+        kernels,
+        Product {
+            m: rows,
+            n: 1,
+            k: cols,
+            batch_count: 1,
+            a,
+            b,
+            c,
+            alpha: d.alpha,
+            beta: d.beta,
+        },
+    )
+}

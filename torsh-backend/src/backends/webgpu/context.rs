@@ -1,0 +1,178 @@
+//! One opened WebGPU device: the wgpu device and queue, its limits and features, and the error
+//! plumbing that turns wgpu's errors into [`BackendError`]s instead of panics.
+//!
+//! wgpu reports validation and out-of-memory errors asynchronously, to an error scope or else to an
+//! "uncaptured error" handler whose default panics. Every piece of work here runs inside
+//! [`Gpu::scoped`], which pushes validation, out-of-memory and internal scopes and maps what they
+//! caught; the uncaptured handler only records (it never panics), and a lost device is remembered
+//! and reported by every later call.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use crate::device::BackendType;
+use crate::error::{BackendError, Result};
+
+/// Drives `future` to completion on this thread. wgpu's native futures (adapter and device requests,
+/// error scopes) are ready at once or completed by [`Gpu::wait`], so this needs no runtime.
+pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        match future.as_mut().poll(&mut cx) {
+            Poll::Ready(out) => return out,
+            Poll::Pending => std::thread::park(),
+        }
+    }
+}
+
+/// An opened device and its queue.
+#[derive(Debug)]
+pub(crate) struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    /// Set by the device-lost callback: why the device was lost.
+    lost: Arc<Mutex<Option<String>>>,
+    /// Errors no scope caught (the handler records them instead of panicking).
+    uncaptured: Arc<Mutex<Vec<String>>>,
+}
+
+/// The optional features the backend uses when the adapter has them.
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::TIMESTAMP_QUERY);
+
+impl Gpu {
+    /// Opens `adapter` with its own limits (wgpu's defaults cap storage buffers at 128 MiB) and the
+    /// wanted features it has. `Unavailable` when the adapter refuses.
+    pub fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features() & WANTED_FEATURES;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("torsh-backend"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) =
+            block_on(adapter.request_device(&desc)).map_err(|e| BackendError::Unavailable {
+                backend: BackendType::WebGpu,
+                reason: format!("the adapter {} refused to open a device: {e}", info.name),
+            })?;
+        let lost = Arc::new(Mutex::new(None));
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        {
+            let lost = Arc::clone(&lost);
+            device.set_device_lost_callback(move |reason, message| {
+                if let Ok(mut l) = lost.lock() {
+                    *l = Some(format!("{reason:?}: {message}"));
+                }
+            });
+        }
+        {
+            let uncaptured = Arc::clone(&uncaptured);
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                if let Ok(mut u) = uncaptured.lock() {
+                    u.push(e.to_string());
+                }
+            }));
+        }
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            lost,
+            uncaptured,
+        })
+    }
+
+    /// `DeviceLost` once the device has been lost.
+    pub fn check_alive(&self) -> Result<()> {
+        match self.lost.lock().ok().and_then(|l| l.clone()) {
+            Some(reason) => Err(BackendError::DeviceLost {
+                backend: BackendType::WebGpu,
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` inside validation, out-of-memory and internal error scopes and maps what they caught:
+    /// out of memory to `OutOfMemory { requested: bytes }`, a WGSL compile failure to
+    /// `KernelCompile`, anything else to `Driver`. `what` names the work in messages.
+    pub fn scoped<R>(&self, what: &str, bytes: usize, f: impl FnOnce() -> R) -> Result<R> {
+        self.check_alive()?;
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let out = f();
+        // Scopes pop in reverse order.
+        let errors = [
+            block_on(internal.pop()),
+            block_on(memory.pop()),
+            block_on(validation.pop()),
+        ];
+        self.check_alive()?;
+        match errors.into_iter().flatten().next() {
+            None => Ok(out),
+            Some(e) => Err(map_error(what, bytes, e)),
+        }
+    }
+
+    /// Blocks until the queue has finished all submitted work (and runs map callbacks).
+    pub fn wait(&self) -> Result<()> {
+        self.check_alive()?;
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| driver(format!("waiting for the queue: {e}")))?;
+        self.check_alive()?;
+        if let Some(e) = self.uncaptured.lock().ok().and_then(|mut u| u.pop()) {
+            return Err(driver(format!("an earlier command failed: {e}")));
+        }
+        Ok(())
+    }
+}
+
+/// A `Driver` error of the WebGPU backend.
+pub(crate) fn driver(message: String) -> BackendError {
+    BackendError::Driver {
+        backend: BackendType::WebGpu,
+        code: 0,
+        message,
+    }
+}
+
+/// The `BackendError` for a wgpu error raised while doing `what`.
+fn map_error(what: &str, bytes: usize, e: wgpu::Error) -> BackendError {
+    match e {
+        wgpu::Error::OutOfMemory { .. } => BackendError::OutOfMemory {
+            requested: bytes,
+            available: 0,
+        },
+        wgpu::Error::Validation { description, .. } if description.contains("Shader") => {
+            BackendError::KernelCompile {
+                backend: BackendType::WebGpu,
+                kernel: what.to_string(),
+                log: description,
+            }
+        }
+        other => driver(format!("{what}: {other}")),
+    }
+}

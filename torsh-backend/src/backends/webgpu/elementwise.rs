@@ -1,0 +1,242 @@
+//! Host side of `shaders/elementwise.wgsl`: fill, unary and binary ops, strided copies and f32 casts.
+//!
+//! Operands are coalesced (unit dims dropped, dims contiguous in every operand merged), then passed
+//! as parameter words: shape, and each view's element offset and strides. Every word is a `u32`, so a
+//! view whose offsets or extent do not fit in 32 bits, or whose rank stays above 8 after coalescing,
+//! answers [`Launch::Host`] and takes the host path, as do misaligned operands and other dtypes.
+
+use crate::compute::{
+    BinaryDesc, BinaryOp, CastDesc, CopyDesc, DevicePtr, FillDesc, StridedBuf, UnaryDesc, UnaryOp,
+};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::shape::{coalesce, Layout};
+
+use super::context::Gpu;
+use super::memory::Memory;
+use super::pipelines::{grid_1d, Dispatch, Kernels, ELEMENTWISE};
+
+/// Most dims the kernels index.
+const MAX_RANK: usize = 8;
+/// Parameter words: n, rank, shape[8], three views of nine words, the scalar.
+const WORDS: usize = 2 + MAX_RANK + 3 * (1 + MAX_RANK) + 1;
+
+/// Whether a launch happened or the operands need the host path.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Launch {
+    /// The kernel was submitted.
+    Done,
+    /// No kernel covers these operands (another dtype, offsets or extents beyond 32 bits, rank above
+    /// 8 after coalescing, or a misaligned operand): the caller takes the host path.
+    Host,
+}
+
+/// A view's place: its wgpu buffer and element offset there, and its strides (after coalescing).
+struct View<'a> {
+    buffer: &'a wgpu::Buffer,
+    offset: usize,
+    strides: Vec<usize>,
+}
+
+/// The element offset of `buf` in its wgpu buffer, when its byte offset is a whole number of f32
+/// elements.
+fn element_base(mem: &Memory, ptr: DevicePtr) -> Result<Option<(&wgpu::Buffer, usize)>> {
+    let place = mem.place(ptr, 0)?;
+    if place.offset % 4 != 0 {
+        return Ok(None);
+    }
+    Ok(Some((place.buffer, (place.offset / 4) as usize)))
+}
+
+/// The parameter words for `n` elements over `shape` with up to three views (output first); `None`
+/// when a number does not fit the kernel's 32-bit words.
+fn params(n: usize, shape: &[usize], views: &[&View<'_>], scalar: u32) -> Option<Vec<u32>> {
+    if shape.len() > MAX_RANK {
+        return None;
+    }
+    let word = |v: usize| u32::try_from(v).ok();
+    let mut p = vec![0u32; WORDS];
+    p[0] = word(n)?;
+    p[1] = word(shape.len())?;
+    for (d, &extent) in shape.iter().enumerate() {
+        p[2 + d] = word(extent)?;
+    }
+    for (k, v) in views.iter().enumerate() {
+        let at = 2 + MAX_RANK + k * (1 + MAX_RANK);
+        // The last element must be addressable too.
+        let last = shape
+            .iter()
+            .zip(&v.strides)
+            .try_fold(v.offset, |acc, (&e, &s)| {
+                acc.checked_add(e.saturating_sub(1).checked_mul(s)?)
+            })?;
+        word(last)?;
+        p[at] = word(v.offset)?;
+        for (d, &s) in v.strides.iter().enumerate() {
+            p[at + 1 + d] = word(s)?;
+        }
+    }
+    p[WORDS - 1] = scalar;
+    Some(p)
+}
+
+/// Launches `entry` over `n` elements with the output view and up to two input views.
+fn launch(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    entry: &'static str,
+    op: u64,
+    shape: &[usize],
+    views: [Option<&View<'_>>; 3],
+    scalar: u32,
+) -> Result<Launch> {
+    let n: usize = shape.iter().product();
+    let present: Vec<&View<'_>> = views.iter().flatten().copied().collect();
+    let Some(words) = params(n, shape, &present, scalar) else {
+        return Ok(Launch::Host);
+    };
+    // Bindings: a, b, out; an absent operand binds the output buffer (never read).
+    let out = present[0].buffer;
+    let a = views[1].map_or(out, |v| v.buffer);
+    let b = views[2].map_or(out, |v| v.buffer);
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: ELEMENTWISE,
+            entry,
+            constants: &[("OP", op)],
+            buffers: &[a, b, out],
+            params: &words,
+            groups: grid_1d(n, gpu.limits.max_compute_workgroups_per_dimension)?,
+        },
+    )?;
+    Ok(Launch::Done)
+}
+
+/// Views of `bufs` over their common coalesced shape; `None` when one is misaligned.
+fn views<'a, const K: usize>(
+    mem: &'a Memory,
+    op: &'static str,
+    bufs: [&StridedBuf; K],
+) -> Result<Option<(Vec<usize>, Vec<View<'a>>)>> {
+    let layouts: [&Layout; K] = std::array::from_fn(|i| &bufs[i].layout);
+    let (shape, strides) = coalesce(op, layouts)?;
+    let mut out = Vec::with_capacity(K);
+    for (buf, strides) in bufs.iter().zip(strides) {
+        let Some((buffer, base)) = element_base(mem, buf.ptr)? else {
+            return Ok(None);
+        };
+        let Some(offset) = base.checked_add(buf.layout.offset()) else {
+            return Ok(None);
+        };
+        out.push(View {
+            buffer,
+            offset,
+            strides,
+        });
+    }
+    Ok(Some((shape, out)))
+}
+
+/// The code of `op` in the shader's `unary_op`.
+fn unary_code(op: UnaryOp) -> u64 {
+    UnaryOp::ALL.iter().position(|&o| o == op).unwrap_or(0) as u64
+}
+
+/// The code of `op` in the shader's `binary_op`.
+fn binary_code(op: BinaryOp) -> u64 {
+    BinaryOp::ALL.iter().position(|&o| o == op).unwrap_or(0) as u64
+}
+
+/// f32 fill; other dtypes take the host path.
+pub(crate) fn fill(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &FillDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let out = StridedBuf::contiguous(d.ptr, &[d.len]);
+    let Some((shape, v)) = views(mem, "fill", [&out])? else {
+        return Ok(Launch::Host);
+    };
+    launch(
+        gpu,
+        kernels,
+        "fill",
+        0,
+        &shape,
+        [Some(&v[0]), None, None],
+        (d.value as f32).to_bits(),
+    )
+}
+
+/// f32 unary op.
+pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let out = StridedBuf::contiguous(d.output, d.input.layout.shape());
+    let Some((shape, v)) = views(mem, "unary", [&out, &d.input])? else {
+        return Ok(Launch::Host);
+    };
+    launch(
+        gpu,
+        kernels,
+        "unary",
+        unary_code(d.op),
+        &shape,
+        [Some(&v[0]), Some(&v[1]), None],
+        0,
+    )
+}
+
+/// f32 binary op with broadcasting by strides.
+pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let out = StridedBuf::contiguous(d.output, d.lhs.layout.shape());
+    let Some((shape, v)) = views(mem, "binary", [&out, &d.lhs, &d.rhs])? else {
+        return Ok(Launch::Host);
+    };
+    launch(
+        gpu,
+        kernels,
+        "binary",
+        binary_code(d.op),
+        &shape,
+        [Some(&v[0]), Some(&v[1]), Some(&v[2])],
+        0,
+    )
+}
+
+/// A strided f32 copy. (Other 4-byte dtypes stay on the host path: moving integer bits through f32
+/// registers is not guaranteed to keep patterns that read as subnormals or NaNs.)
+pub(crate) fn copy(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CopyDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let Some((shape, v)) = views(mem, "copy_strided", [&d.dst, &d.src])? else {
+        return Ok(Launch::Host);
+    };
+    launch(
+        gpu,
+        kernels,
+        "copy",
+        0,
+        &shape,
+        [Some(&v[0]), Some(&v[1]), None],
+        0,
+    )
+}
+
+/// An f32 → f32 cast is a copy; other pairs take the host path.
+pub(crate) fn cast(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CastDesc) -> Result<Launch> {
+    if d.src_dtype != DType::F32 || d.dst_dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let copy_desc = CopyDesc {
+        dtype: d.src_dtype,
+        src: d.input.clone(),
+        dst: StridedBuf::contiguous(d.output, d.input.layout.shape()),
+    };
+    copy(gpu, kernels, mem, &copy_desc)
+}

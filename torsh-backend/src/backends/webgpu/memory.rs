@@ -1,0 +1,327 @@
+//! Device memory of the WebGPU backend: one wgpu buffer per allocation behind a synthetic device
+//! address (the [`AllocationTable`] checks every pointer and extent), freed buffers kept for reuse by
+//! size class ([`WebGpuBufferPool`]), and copies between host and device through staging buffers.
+//!
+//! wgpu copies whole 4-byte words. A host-to-device copy whose ends are not word-aligned (a 16-bit
+//! dtype at an odd element) reads the edge words back and merges them, so no byte outside the
+//! destination range changes; a device-to-host copy reads the covering words and keeps the bytes
+//! asked for.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::compute::{AllocationTable, DevicePtr};
+use crate::error::{BackendError, Result};
+
+use super::context::{driver, Gpu};
+
+/// Every buffer's usages: bound as storage by kernels, and copied to and from.
+const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// wgpu's copy granularity.
+const WORD: u64 = wgpu::COPY_BUFFER_ALIGNMENT;
+
+/// Usage figures of the buffer pool, like PyTorch's `memory_stats` in small.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes the caller asked for in live allocations.
+    pub allocated_bytes: usize,
+    /// The most `allocated_bytes` has been.
+    pub peak_allocated_bytes: usize,
+    /// Bytes of wgpu buffers held: live ones (rounded to their size class) plus cached free ones.
+    pub reserved_bytes: usize,
+    /// Bytes of freed buffers kept for reuse.
+    pub cached_bytes: usize,
+    /// Allocations served from the cache.
+    pub hits: u64,
+    /// Allocations that created a new wgpu buffer.
+    pub misses: u64,
+}
+
+/// Freed wgpu buffers kept for reuse, by size class: sizes rounded up to 256 bytes below 1 MiB, else
+/// to a sixteenth of the power of two below them (at most about 6 % waste). Holds at most
+/// `limit_bytes`; beyond it freed buffers are destroyed.
+#[derive(Debug)]
+pub struct WebGpuBufferPool {
+    free: BTreeMap<u64, Vec<wgpu::Buffer>>,
+    limit_bytes: u64,
+    stats: PoolStats,
+}
+
+impl WebGpuBufferPool {
+    /// An empty pool that caches at most `limit_bytes` of freed buffers.
+    pub fn new(limit_bytes: u64) -> Self {
+        WebGpuBufferPool {
+            free: BTreeMap::new(),
+            limit_bytes,
+            stats: PoolStats::default(),
+        }
+    }
+
+    /// The size class of a request of `bytes`; `None` when rounding up overflows.
+    pub fn class(bytes: u64) -> Option<u64> {
+        let bytes = bytes.max(1);
+        if bytes <= 1 << 20 {
+            return bytes.checked_next_multiple_of(256);
+        }
+        let step = (1u64 << (u64::BITS - 1 - bytes.leading_zeros())) / 16;
+        bytes.checked_next_multiple_of(step)
+    }
+
+    /// The pool's figures.
+    pub fn stats(&self) -> PoolStats {
+        self.stats
+    }
+
+    /// A buffer of size class `class`: a cached one, or a new one from `create`.
+    fn get(
+        &mut self,
+        class: u64,
+        create: impl FnOnce() -> Result<wgpu::Buffer>,
+    ) -> Result<wgpu::Buffer> {
+        let cached = self.free.get_mut(&class).and_then(Vec::pop);
+        if self.free.get(&class).is_some_and(Vec::is_empty) {
+            self.free.remove(&class);
+        }
+        let buffer = match cached {
+            Some(b) => {
+                self.stats.hits += 1;
+                self.stats.cached_bytes -= class as usize;
+                b
+            }
+            None => {
+                let b = create()?;
+                self.stats.misses += 1;
+                self.stats.reserved_bytes += class as usize;
+                b
+            }
+        };
+        Ok(buffer)
+    }
+
+    /// Takes back a buffer of size class `class`: cached when the limit allows, else destroyed.
+    fn put(&mut self, class: u64, buffer: wgpu::Buffer) {
+        if self.stats.cached_bytes as u64 + class > self.limit_bytes {
+            buffer.destroy();
+            self.stats.reserved_bytes -= class as usize;
+            return;
+        }
+        self.stats.cached_bytes += class as usize;
+        self.free.entry(class).or_default().push(buffer);
+    }
+
+    /// Destroys every cached buffer.
+    pub fn empty_cache(&mut self) {
+        for (class, buffers) in std::mem::take(&mut self.free) {
+            for b in buffers {
+                b.destroy();
+                self.stats.reserved_bytes -= class as usize;
+            }
+        }
+        self.stats.cached_bytes = 0;
+    }
+}
+
+/// One allocation's buffer and its size class.
+#[derive(Debug)]
+struct Allocation {
+    buffer: wgpu::Buffer,
+    class: u64,
+}
+
+/// The live allocations and the pool.
+#[derive(Debug)]
+pub(crate) struct Memory {
+    pub table: AllocationTable,
+    /// Largest allocation allowed by the backend's configuration.
+    max_bytes: u64,
+    live: HashMap<u64, Allocation>,
+    pub pool: WebGpuBufferPool,
+}
+
+/// A checked place in device memory: the allocation's buffer and the byte offset in it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Place<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+}
+
+impl Memory {
+    /// Memory whose allocations are at most `max_bytes` and whose pool caches at most `cache_limit`
+    /// bytes of freed buffers.
+    pub fn new(max_bytes: u64, cache_limit: u64) -> Memory {
+        Memory {
+            table: AllocationTable::new(),
+            max_bytes,
+            live: HashMap::new(),
+            pool: WebGpuBufferPool::new(cache_limit),
+        }
+    }
+
+    /// Allocates `bytes`. `OutOfMemory` when the size exceeds what one buffer may bind
+    /// (`max_storage_buffer_binding_size`) or the device cannot provide it.
+    pub fn alloc(&mut self, gpu: &Gpu, bytes: usize) -> Result<DevicePtr> {
+        let limit = gpu
+            .limits
+            .max_buffer_size
+            .min(gpu.limits.max_storage_buffer_binding_size)
+            .min(self.max_bytes);
+        let class = WebGpuBufferPool::class(bytes as u64).unwrap_or(u64::MAX);
+        if class > limit {
+            return Err(BackendError::OutOfMemory {
+                requested: bytes,
+                available: limit as usize,
+            });
+        }
+        let buffer = self.pool.get(class, || {
+            gpu.scoped("creating a buffer", bytes, || {
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("torsh tensor"),
+                    size: class,
+                    usage: USAGE,
+                    mapped_at_creation: false,
+                })
+            })
+        })?;
+        let ptr = match self.table.allocate_synthetic(bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                self.pool.put(class, buffer);
+                return Err(e);
+            }
+        };
+        self.live.insert(ptr.0, Allocation { buffer, class });
+        self.pool.stats.allocated_bytes += bytes;
+        self.pool.stats.peak_allocated_bytes = self
+            .pool
+            .stats
+            .peak_allocated_bytes
+            .max(self.pool.stats.allocated_bytes);
+        Ok(ptr)
+    }
+
+    /// Frees the allocation at `base`; `InvalidPointer` for anything else.
+    pub fn free(&mut self, base: DevicePtr) -> Result<()> {
+        let bytes = self.table.remove(base)?;
+        self.pool.stats.allocated_bytes -= bytes;
+        if let Some(a) = self.live.remove(&base.0) {
+            self.pool.put(a.class, a.buffer);
+        }
+        Ok(())
+    }
+
+    /// The buffer and offset of `bytes` at `ptr`, after the bounds check.
+    pub fn place(&self, ptr: DevicePtr, bytes: usize) -> Result<Place<'_>> {
+        let (base, offset) = self.table.check(ptr, bytes)?;
+        let a = self
+            .live
+            .get(&base.0)
+            .ok_or_else(|| BackendError::InvalidPointer {
+                ptr: ptr.0,
+                reason: "allocation table and buffers disagree (internal error)".into(),
+            })?;
+        Ok(Place {
+            buffer: &a.buffer,
+            offset: offset as u64,
+        })
+    }
+
+    /// Destroys every buffer, live or cached (the backend is going away).
+    pub fn release_all(&mut self) {
+        for (_, a) in self.live.drain() {
+            a.buffer.destroy();
+        }
+        self.pool.empty_cache();
+    }
+}
+
+/// Copies `src` into the buffer at `at`. Whole words go through `Queue::write_buffer` (ordered
+/// before any later submission); partial edge words are read back first and merged.
+pub(crate) fn write(gpu: &Gpu, at: Place<'_>, src: &[u8]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let start = at.offset;
+    let end = start + src.len() as u64;
+    let (lo, hi) = (start / WORD * WORD, end.next_multiple_of(WORD));
+    let staged;
+    let data = if lo == start && hi == end {
+        src
+    } else {
+        // The covering words, with the caller's bytes merged in.
+        let mut words = read(gpu, at.buffer, lo, hi - lo)?;
+        let from = (start - lo) as usize;
+        words[from..from + src.len()].copy_from_slice(src);
+        staged = words;
+        &staged
+    };
+    gpu.scoped("writing to a buffer", data.len(), || {
+        gpu.queue.write_buffer(at.buffer, lo, data);
+    })
+}
+
+/// Reads `len` bytes at byte `offset` of `buffer` (any alignment) into a new vector.
+pub(crate) fn read_bytes(gpu: &Gpu, at: Place<'_>, len: usize) -> Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let start = at.offset;
+    let end = start + len as u64;
+    let (lo, hi) = (start / WORD * WORD, end.next_multiple_of(WORD));
+    let words = read(gpu, at.buffer, lo, hi - lo)?;
+    let from = (start - lo) as usize;
+    Ok(words[from..from + len].to_vec())
+}
+
+/// Reads the word-aligned range `[offset, offset + len)` of `buffer`: a copy into a mappable staging
+/// buffer, then a blocking map.
+fn read(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+    let staging = gpu.scoped("creating a staging buffer", len as usize, || {
+        let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("torsh read-back"),
+            size: len,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, len);
+        gpu.queue.submit([encoder.finish()]);
+        staging
+    })?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    gpu.wait()?;
+    rx.recv()
+        .map_err(|_| driver("the read-back mapping never completed".into()))?
+        .map_err(|e| driver(format!("mapping a read-back buffer: {e}")))?;
+    let out = staging
+        .get_mapped_range(..)
+        .map(|view| view.to_vec())
+        .map_err(|e| driver(format!("reading a mapped read-back buffer: {e}")))?;
+    staging.unmap();
+    staging.destroy();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WebGpuBufferPool;
+
+    #[test]
+    fn size_classes_round_up_and_waste_little() {
+        let class = |b| WebGpuBufferPool::class(b).unwrap();
+        assert_eq!(class(0), 256);
+        assert_eq!(class(257), 512);
+        assert_eq!(class(1 << 20), 1 << 20);
+        assert_eq!(WebGpuBufferPool::class(u64::MAX), None);
+        let big = (3 << 20) + 1;
+        let c = class(big);
+        assert!(c >= big && (c - big) * 16 <= big);
+        assert_eq!(c % 4, 0);
+    }
+}

@@ -1,0 +1,580 @@
+//! The WebGPU backend: wgpu over Vulkan, Metal or DX12, with kernels written in WGSL.
+//!
+//! Nothing is needed at build time: wgpu is pure Rust and opens the Vulkan loader (or Metal, DX12) at
+//! run time, so any machine with a Vulkan driver runs it — a GPU, or Mesa's lavapipe on the CPU, where
+//! CI tests it. One backend instance opens one adapter (`adapter.rs`) as a device with the adapter's own
+//! limits (`context.rs`), keeps one wgpu buffer per allocation behind synthetic device addresses with
+//! a pool of freed buffers (`memory.rs`), and builds each kernel's pipeline once (`pipelines.rs`).
+//! Callers' own WGSL runs through [`WebGpuKernelExecutor`] (`custom.rs`).
+//!
+//! **Coverage, in this version.** f32 fill, unary and binary ops (broadcasting by strides), strided
+//! copies, GEMM, batched GEMM, GEMV, reductions, softmax and log-softmax, layer norm and Adam/AdamW
+//! run as WGSL kernels (`shaders/`). Every other op, and these
+//! ops in other dtypes or on operands the kernels cannot index, runs the reference kernels on a
+//! host copy of its operands (`fallback.rs`): the answers are right and the same as the reference's,
+//! at the cost of a transfer each way. `device_info()` lists the ops served that way. Until every op
+//! has a kernel, [`crate::Backend::auto`] does not choose this backend.
+//!
+//! Work is ordered like a stream: one queue, one submission per op, in call order.
+
+mod adapter;
+mod blas;
+mod context;
+mod custom;
+mod elementwise;
+mod fallback;
+mod memory;
+mod optim;
+mod pipelines;
+mod rows;
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::compute::*;
+use crate::device::{BackendType, DeviceInfo};
+use crate::error::{BackendError, Result};
+
+pub use adapter::{enumerate_adapters, get_adapter_info, is_available};
+pub(crate) use adapter::{list_devices, unavailable_reason};
+use context::Gpu;
+pub use custom::{PipelineStats, WebGpuKernelExecutor};
+use elementwise::Launch;
+use memory::Memory;
+pub use memory::{PoolStats, WebGpuBufferPool};
+use pipelines::Kernels;
+
+/// The wgpu crate this backend is built on, for the types its API takes and returns.
+pub use wgpu;
+
+/// Settings of a WebGPU backend (seed 002's names).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WebGpuBackendConfig {
+    /// The adapter, as an index into [`enumerate_adapters`]' ranking; `None` picks by
+    /// `power_preference`.
+    pub adapter_index: Option<usize>,
+    /// Which adapter `adapter_index: None` picks: `HighPerformance` (or `None`) takes the best
+    /// ranked (discrete before integrated before CPU implementations), `LowPower` an integrated GPU
+    /// when there is one.
+    pub power_preference: wgpu::PowerPreference,
+    /// Ask wgpu for its validation and debug labels (slower).
+    pub debug_mode: bool,
+    /// Largest allocation the backend makes, in bytes; capped by the adapter's own limits.
+    pub max_buffer_size: u64,
+    /// Keep built pipelines for reuse (always on: building a pipeline per op would dominate).
+    pub enable_pipeline_cache: bool,
+    /// Workgroup size of the elementwise kernels. Only `(256, 1, 1)` is built in this version; other
+    /// values are `InvalidArgument`.
+    pub preferred_workgroup_size: (u32, u32, u32),
+}
+
+impl Default for WebGpuBackendConfig {
+    fn default() -> Self {
+        WebGpuBackendConfig {
+            adapter_index: None,
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            debug_mode: false,
+            max_buffer_size: u64::MAX,
+            enable_pipeline_cache: true,
+            preferred_workgroup_size: (pipelines::WORKGROUP, 1, 1),
+        }
+    }
+}
+
+/// One opened adapter: its name, kind, limits and memory use (seed 002's `WebGpuDevice`).
+#[derive(Debug)]
+pub struct WebGpuDevice {
+    gpu: Gpu,
+    index: usize,
+}
+
+impl WebGpuDevice {
+    /// Opens the best ranked adapter (see [`enumerate_adapters`]). `Unavailable` when there is none.
+    /// The `_device_id` of seed 002 selects among a backend's devices; wgpu opens one per adapter.
+    pub async fn from_best_adapter(_device_id: usize) -> Result<WebGpuDevice> {
+        Self::from_adapter_index(0, 0).await
+    }
+
+    /// Opens adapter `adapter_index` of [`enumerate_adapters`]' ranking. `InvalidArgument` when there
+    /// is no such adapter, `Unavailable` when it refuses to open.
+    pub async fn from_adapter_index(
+        adapter_index: usize,
+        _device_id: usize,
+    ) -> Result<WebGpuDevice> {
+        if let Some(reason) = unavailable_reason() {
+            return Err(BackendError::Unavailable {
+                backend: BackendType::WebGpu,
+                reason,
+            });
+        }
+        let adapter = adapter::adapter_at(adapter_index)?;
+        Ok(WebGpuDevice {
+            gpu: Gpu::open(&adapter)?,
+            index: adapter_index,
+        })
+    }
+
+    /// The adapter's name.
+    pub fn name(&self) -> &str {
+        &self.gpu.info.name
+    }
+
+    /// The adapter's kind (discrete, integrated, CPU, ...).
+    pub fn device_type(&self) -> wgpu::DeviceType {
+        self.gpu.info.device_type
+    }
+
+    /// The adapter's description (name, limits, features) as `list_devices` shows it.
+    pub fn info(&self) -> DeviceInfo {
+        let adapters = adapter::adapters();
+        match adapters.get(self.index) {
+            Some(a) => adapter::describe(self.index, a),
+            None => DeviceInfo {
+                device: crate::device::Device {
+                    backend_type: BackendType::WebGpu,
+                    index: self.index,
+                },
+                name: self.gpu.info.name.clone(),
+                memory_bytes: self.gpu.limits.max_buffer_size,
+                api: format!("WebGPU on {}", adapter::api_name(self.gpu.info.backend)),
+                details: Vec::new(),
+            },
+        }
+    }
+
+    /// The limits the device was opened with (the adapter's own).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.gpu.limits
+    }
+
+    /// The optional features in use (`SHADER_F16`, `SUBGROUP`, `TIMESTAMP_QUERY` where present).
+    pub fn features(&self) -> wgpu::Features {
+        self.gpu.features
+    }
+}
+
+/// The WebGPU implementation of [`ComputeBackend`]. Build it through [`crate::Backend::webgpu`].
+#[derive(Debug)]
+pub struct WebGpuBackend {
+    config: WebGpuBackendConfig,
+    state: Option<State>,
+}
+
+/// An initialised backend.
+#[derive(Debug)]
+struct State {
+    device: WebGpuDevice,
+    kernels: Kernels,
+    memory: Mutex<Memory>,
+    /// Fill fresh allocations with NaN bytes (debug builds, or `TORSH_POISON=1`).
+    poison: bool,
+}
+
+/// Bytes of freed buffers the pool keeps by default.
+const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
+
+impl WebGpuBackend {
+    /// An uninitialised backend; [`ComputeBackend::init`] (or seed 002's `initialize`) opens the
+    /// adapter.
+    pub fn new(config: WebGpuBackendConfig) -> Self {
+        WebGpuBackend {
+            config,
+            state: None,
+        }
+    }
+
+    /// Opens the configured adapter (seed 002's async `initialize`). The errors of
+    /// [`ComputeBackend::init`].
+    pub async fn initialize(&mut self) -> Result<()> {
+        self.init()
+    }
+
+    /// The buffer pool's usage figures; `NotInitialized` before `init`.
+    pub fn pool_stats(&self) -> Result<PoolStats> {
+        Ok(self.state()?.memory().pool.stats())
+    }
+
+    /// Destroys the pool's cached free buffers; `NotInitialized` before `init`.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.state()?.memory().pool.empty_cache();
+        Ok(())
+    }
+
+    /// Compute pipelines built so far (each kernel and specialisation once).
+    pub fn pipeline_count(&self) -> usize {
+        self.state
+            .as_ref()
+            .map_or(0, |s| s.kernels.pipeline_count())
+    }
+
+    fn state(&self) -> Result<&State> {
+        self.state.as_ref().ok_or(BackendError::NotInitialized {
+            backend: BackendType::WebGpu,
+        })
+    }
+
+    /// The adapter index `init` opens: the configured one, or the best for the power preference.
+    fn chosen_adapter(&self) -> Result<usize> {
+        if let Some(i) = self.config.adapter_index {
+            return Ok(i);
+        }
+        if self.config.power_preference == wgpu::PowerPreference::LowPower {
+            let all = adapter::adapters();
+            if let Some(i) = all
+                .iter()
+                .position(|a| a.get_info().device_type == wgpu::DeviceType::IntegratedGpu)
+            {
+                return Ok(i);
+            }
+        }
+        Ok(0)
+    }
+
+    /// Checks `acc`, then runs `kernel`; where it answers [`Launch::Host`], runs `host` (the
+    /// reference kernel) on a host copy of the operands instead.
+    fn run(
+        &self,
+        acc: Accesses,
+        kernel: impl FnOnce(&Gpu, &Kernels, &Memory) -> Result<Launch>,
+        host: impl FnOnce(&dyn ComputeBackend) -> Result<()>,
+    ) -> Result<()> {
+        let state = self.state()?;
+        let mem = state.memory();
+        mem.table.check_accesses(&acc)?;
+        let gpu = &state.device.gpu;
+        match kernel(gpu, &state.kernels, &mem)? {
+            Launch::Done => Ok(()),
+            Launch::Host => fallback::on_host(gpu, &mem, &acc, host),
+        }
+    }
+
+    /// An op with no kernel yet: the reference kernel on a host copy of the operands.
+    fn on_host(
+        &self,
+        acc: Accesses,
+        host: impl FnOnce(&dyn ComputeBackend) -> Result<()>,
+    ) -> Result<()> {
+        self.run(acc, |_, _, _| Ok(Launch::Host), host)
+    }
+}
+
+/// Float dtypes only; others are `Unsupported` for `op` (checked before the descriptor, as the other
+/// backends do, so a bad descriptor of an unsupported dtype gets the same error everywhere).
+fn float_only(op: &'static str, dtype: crate::dtype::DType) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(BackendError::Unsupported {
+            op,
+            backend: BackendType::WebGpu,
+            dtype,
+        })
+    }
+}
+
+impl State {
+    fn memory(&self) -> MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for WebGpuBackend {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.take() {
+            let _ = state.device.gpu.wait();
+            state.memory().release_all();
+        }
+    }
+}
+
+impl ComputeBackend for WebGpuBackend {
+    fn name(&self) -> &str {
+        "webgpu"
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn backend_type(&self) -> BackendType {
+        BackendType::WebGpu
+    }
+
+    fn init(&mut self) -> Result<()> {
+        if self.state.is_some() {
+            return Ok(());
+        }
+        if self.config.preferred_workgroup_size != (pipelines::WORKGROUP, 1, 1) {
+            return Err(BackendError::invalid(
+                "webgpu",
+                format!(
+                    "workgroup size {:?} is not built: the kernels use ({}, 1, 1)",
+                    self.config.preferred_workgroup_size,
+                    pipelines::WORKGROUP
+                ),
+            ));
+        }
+        let index = self.chosen_adapter()?;
+        let device = context::block_on(WebGpuDevice::from_adapter_index(index, 0))?;
+        let poison =
+            cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
+        self.state = Some(State {
+            device,
+            kernels: Kernels::default(),
+            memory: Mutex::new(Memory::new(
+                self.config.max_buffer_size,
+                DEFAULT_CACHE_BYTES,
+            )),
+            poison,
+        });
+        Ok(())
+    }
+
+    fn is_initialized(&self) -> bool {
+        self.state.is_some()
+    }
+
+    fn device_info(&self) -> DeviceInfo {
+        let Some(state) = self.state.as_ref() else {
+            return DeviceInfo {
+                device: crate::device::Device {
+                    backend_type: BackendType::WebGpu,
+                    index: self.config.adapter_index.unwrap_or(0),
+                },
+                name: "WebGPU (not initialised)".into(),
+                memory_bytes: 0,
+                api: "WebGPU".into(),
+                details: Vec::new(),
+            };
+        };
+        let mut info = state.device.info();
+        let stats = state.memory().pool.stats();
+        info.details.push((
+            "WGSL kernels".into(),
+            "f32 fill, unary, binary, strided copy, GEMM, batched GEMM, GEMV, reductions, softmax, layer norm, Adam".into(),
+        ));
+        info.details.push((
+            "on the host (reference kernels)".into(),
+            fallback::HOST_OPS.into(),
+        ));
+        info.details.push((
+            "buffer pool".into(),
+            format!(
+                "{} bytes allocated, {} reserved, {} cached; {} hits, {} misses",
+                stats.allocated_bytes,
+                stats.reserved_bytes,
+                stats.cached_bytes,
+                stats.hits,
+                stats.misses
+            ),
+        ));
+        info
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.state()?.device.gpu.wait()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let state = self.state()?;
+        let gpu = &state.device.gpu;
+        let mut mem = state.memory();
+        let ptr = mem.alloc(gpu, bytes)?;
+        if state.poison && bytes > 0 {
+            let poisoned = vec![crate::backends::reference::POISON_BYTE; bytes];
+            let at = mem.place(ptr, bytes)?;
+            if let Err(e) = memory::write(gpu, at, &poisoned) {
+                let _ = mem.free(ptr);
+                return Err(e);
+            }
+        }
+        Ok(ptr)
+    }
+
+    fn allocated_bytes(&self) -> Option<usize> {
+        self.state
+            .as_ref()
+            .map(|s| s.memory().table.allocated_bytes())
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.state()?.memory().free(ptr)
+    }
+
+    fn copy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        let state = self.state()?;
+        let mem = state.memory();
+        let at = mem.place(dst, src.len())?;
+        memory::write(&state.device.gpu, at, src)
+    }
+
+    fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        let state = self.state()?;
+        let mem = state.memory();
+        let at = mem.place(src, dst.len())?;
+        let bytes = memory::read_bytes(&state.device.gpu, at, dst.len())?;
+        dst.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        let mut acc = Accesses::new("copy_dtod", InPlace::Forbidden);
+        acc.push("src", src, bytes, Access::Read, true);
+        acc.push("dst", dst, bytes, Access::Write, true);
+        let state = self.state()?;
+        let mem = state.memory();
+        mem.table.check_accesses(&acc)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let gpu = &state.device.gpu;
+        let (from, to) = (mem.place(src, bytes)?, mem.place(dst, bytes)?);
+        if from.offset.is_multiple_of(4) && to.offset.is_multiple_of(4) && bytes.is_multiple_of(4) {
+            return gpu.scoped("copying between buffers", bytes, || {
+                let mut encoder = gpu
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                encoder.copy_buffer_to_buffer(
+                    from.buffer,
+                    from.offset,
+                    to.buffer,
+                    to.offset,
+                    bytes as u64,
+                );
+                gpu.queue.submit([encoder.finish()]);
+            });
+        }
+        // Unaligned ends: through the host, which keeps the bytes around the destination intact.
+        let data = memory::read_bytes(gpu, from, bytes)?;
+        memory::write(gpu, to, &data)
+    }
+
+    fn gemm(&self, desc: &GemmDesc) -> Result<()> {
+        float_only("gemm", desc.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| blas::gemm(gpu, k, mem, desc),
+            |host| host.gemm(desc),
+        )
+    }
+
+    fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        float_only("batched_gemm", desc.gemm.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| blas::batched_gemm(gpu, k, mem, desc),
+            |host| host.batched_gemm(desc),
+        )
+    }
+
+    fn gemv(&self, desc: &GemvDesc) -> Result<()> {
+        float_only("gemv", desc.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| blas::gemv(gpu, k, mem, desc),
+            |host| host.gemv(desc),
+        )
+    }
+
+    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
+        float_only("conv2d", desc.dtype)?;
+        self.on_host(desc.accesses()?, |host| host.conv2d_forward(desc))
+    }
+
+    fn attention(&self, desc: &AttentionDesc) -> Result<()> {
+        float_only("attention", desc.dtype)?;
+        self.on_host(desc.accesses()?, |host| host.attention(desc))
+    }
+
+    fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
+        float_only("reduce", desc.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| rows::reduce(gpu, k, mem, desc),
+            |host| host.reduce(desc),
+        )
+    }
+
+    fn unary(&self, desc: &UnaryDesc) -> Result<()> {
+        float_only("unary", desc.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| elementwise::unary(gpu, k, mem, desc),
+            |host| host.unary(desc),
+        )
+    }
+
+    fn binary(&self, desc: &BinaryDesc) -> Result<()> {
+        float_only("binary", desc.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| elementwise::binary(gpu, k, mem, desc),
+            |host| host.binary(desc),
+        )
+    }
+
+    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
+        float_only("softmax", desc.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| rows::softmax(gpu, k, mem, desc),
+            |host| host.softmax(desc),
+        )
+    }
+
+    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
+        float_only("layer_norm", desc.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| rows::layer_norm(gpu, k, mem, desc),
+            |host| host.layer_norm(desc),
+        )
+    }
+
+    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
+        float_only("batch_norm", desc.dtype)?;
+        self.on_host(desc.accesses()?, |host| host.batch_norm(desc))
+    }
+
+    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
+        float_only("pool2d", desc.dtype)?;
+        self.on_host(desc.accesses()?, |host| host.pool2d(desc))
+    }
+
+    fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
+        float_only("adam_step", desc.dtype)?;
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| optim::adam_step(gpu, k, mem, desc),
+            |host| host.adam_step(desc),
+        )
+    }
+
+    fn fill(&self, desc: &FillDesc) -> Result<()> {
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| elementwise::fill(gpu, k, mem, desc),
+            |host| host.fill(desc),
+        )
+    }
+
+    fn cast(&self, desc: &CastDesc) -> Result<()> {
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| elementwise::cast(gpu, k, mem, desc),
+            |host| host.cast(desc),
+        )
+    }
+
+    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| elementwise::copy(gpu, k, mem, desc),
+            |host| host.copy_strided(desc),
+        )
+    }
+
+    fn random(&self, desc: &RandomDesc) -> Result<()> {
+        float_only("random", desc.dtype)?;
+        self.on_host(desc.accesses()?, |host| host.random(desc))
+    }
+}

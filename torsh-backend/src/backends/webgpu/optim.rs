@@ -1,0 +1,72 @@
+//! Host side of `shaders/optim.wgsl`: one fused Adam/AdamW step in f32. Bias corrections, `1 - β`
+//! and the AdamW decay factor are computed here in f64 and passed rounded to f32.
+
+use crate::compute::AdamDesc;
+use crate::dtype::DType;
+use crate::error::Result;
+
+use super::context::Gpu;
+use super::elementwise::Launch;
+use super::memory::Memory;
+use super::pipelines::{grid_1d, Dispatch, Kernels, OPTIM};
+
+/// An f32 Adam or AdamW step; `Host` for other dtypes, misaligned operands or offsets beyond 32 bits.
+pub(crate) fn adam_step(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &AdamDesc,
+) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let mut buffers = Vec::with_capacity(4);
+    let mut offsets = Vec::with_capacity(4);
+    for ptr in [d.params, d.grads, d.exp_avg, d.exp_avg_sq] {
+        let place = mem.place(ptr, 0)?;
+        let words = (place.offset / 4) as usize;
+        if !place.offset.is_multiple_of(4) || u32::try_from(words + d.len).is_err() {
+            return Ok(Launch::Host);
+        }
+        buffers.push(place.buffer);
+        offsets.push(words as u32);
+    }
+    let Ok(n) = u32::try_from(d.len) else {
+        return Ok(Launch::Host);
+    };
+    let t = i32::try_from(d.step).unwrap_or(i32::MAX);
+    let step_size = d.lr / (1.0 - d.beta1.powi(t));
+    let bc2_sqrt = (1.0 - d.beta2.powi(t)).sqrt();
+    let bits = |v: f64| (v as f32).to_bits();
+    let mut p = vec![n];
+    p.extend(&offsets);
+    // AdamW scales the parameter; Adam adds the decay to the gradient.
+    let (decay, l2) = if d.decoupled_weight_decay {
+        (1.0 - d.lr * d.weight_decay, 0.0)
+    } else {
+        (1.0, d.weight_decay)
+    };
+    p.extend([
+        bits(decay),
+        bits(d.beta1),
+        bits(d.beta2),
+        bits(d.eps),
+        bits(l2),
+        bits(step_size),
+        bits(bc2_sqrt),
+        bits(1.0 - d.beta1),
+        bits(1.0 - d.beta2),
+    ]);
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: OPTIM,
+            entry: "adam",
+            constants: &[],
+            buffers: &buffers,
+            params: &p,
+            groups: grid_1d(d.len, gpu.limits.max_compute_workgroups_per_dimension)?,
+        },
+    )?;
+    Ok(Launch::Done)
+}

@@ -1,0 +1,326 @@
+//! WGSL modules, compute pipelines built once and cached by (module, entry point, constants), and the
+//! one way kernels are launched: [`Kernels::dispatch`].
+//!
+//! Every module binds its data buffers as `read_write` storage at bindings `0..data`, followed by one
+//! read-only storage buffer of `u32` parameter words. Read-write everywhere lets one wgpu buffer be
+//! bound twice in a dispatch (two views of one allocation), which WebGPU forbids when one of the two
+//! bindings is read-only. The bind group layout is explicit and shared by a module's entry points.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use crate::error::{BackendError, Result};
+
+use super::context::Gpu;
+
+/// A WGSL source file of this backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Module {
+    /// The file name, in messages.
+    pub name: &'static str,
+    /// The WGSL text.
+    pub source: &'static str,
+    /// Data buffers bound before the parameter words.
+    pub data: u32,
+}
+
+/// `shaders/elementwise.wgsl`: fill, copy, unary, binary.
+pub(crate) const ELEMENTWISE: Module = Module {
+    name: "elementwise.wgsl",
+    source: include_str!("shaders/elementwise.wgsl"),
+    data: 3,
+};
+
+/// `shaders/gemm.wgsl`: tiled GEMM and GEMV.
+pub(crate) const GEMM: Module = Module {
+    name: "gemm.wgsl",
+    source: include_str!("shaders/gemm.wgsl"),
+    data: 3,
+};
+
+/// `shaders/rows.wgsl`: reductions, softmax, layer norm (input, weight, bias, output).
+pub(crate) const ROWS: Module = Module {
+    name: "rows.wgsl",
+    source: include_str!("shaders/rows.wgsl"),
+    data: 4,
+};
+
+/// `shaders/optim.wgsl`: fused Adam/AdamW (params, grads, both moments).
+pub(crate) const OPTIM: Module = Module {
+    name: "optim.wgsl",
+    source: include_str!("shaders/optim.wgsl"),
+    data: 4,
+};
+
+/// Threads per workgroup of the 1-D kernels.
+pub(crate) const WORKGROUP: u32 = 256;
+
+/// A cached pipeline's key: module, entry point and the values of its override constants.
+type Key = (&'static str, &'static str, Vec<(&'static str, u64)>);
+
+/// Compiled modules and pipelines of one device.
+#[derive(Debug, Default)]
+pub(crate) struct Kernels {
+    layouts: Mutex<HashMap<&'static str, Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>>,
+    modules: Mutex<HashMap<&'static str, Arc<wgpu::ShaderModule>>>,
+    pipelines: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
+    /// Callers' own kernels, by hash of the source and entry point.
+    custom: Mutex<HashMap<(u64, String), Arc<wgpu::ComputePipeline>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Kernels {
+    /// Pipelines built so far, custom ones included.
+    pub fn pipeline_count(&self) -> usize {
+        lock(&self.pipelines).len() + lock(&self.custom).len()
+    }
+
+    /// The pipeline of a caller's WGSL `source` at `entry_point`, built on first use with the layout
+    /// wgpu derives from the shader. `KernelCompile` when it does not compile or validate.
+    pub fn custom(
+        &self,
+        gpu: &Gpu,
+        source: &str,
+        entry_point: &str,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key = super::custom::custom_key(source, entry_point);
+        if let Some(p) = lock(&self.custom).get(&key) {
+            return Ok(Arc::clone(p));
+        }
+        let p = super::custom::build_custom(gpu, source, entry_point)?;
+        lock(&self.custom).insert(key, Arc::clone(&p));
+        Ok(p)
+    }
+
+    fn layout(
+        &self,
+        gpu: &Gpu,
+        module: Module,
+    ) -> Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+        let mut layouts = lock(&self.layouts);
+        let made = layouts.entry(module.name).or_insert_with(|| {
+            let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            };
+            let entries: Vec<_> = (0..module.data)
+                .map(|b| storage(b, false))
+                .chain(std::iter::once(storage(module.data, true)))
+                .collect();
+            let group = gpu
+                .device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some(module.name),
+                    entries: &entries,
+                });
+            let pipeline = gpu
+                .device
+                .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some(module.name),
+                    bind_group_layouts: &[Some(&group)],
+                    immediate_size: 0,
+                });
+            Arc::new((group, pipeline))
+        });
+        Arc::clone(made)
+    }
+
+    /// The pipeline for `entry` of `module` with override `constants`, built on first use.
+    /// `KernelCompile` when the WGSL does not compile or validate on this device.
+    fn pipeline(
+        &self,
+        gpu: &Gpu,
+        module: Module,
+        entry: &'static str,
+        constants: &[(&'static str, u64)],
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key = (module.name, entry, constants.to_vec());
+        if let Some(p) = lock(&self.pipelines).get(&key) {
+            return Ok(Arc::clone(p));
+        }
+        let kernel = format!("{}:{entry}", module.name);
+        let shader = {
+            let mut modules = lock(&self.modules);
+            match modules.get(module.name) {
+                Some(m) => Arc::clone(m),
+                None => {
+                    let m = gpu
+                        .scoped(&kernel, 0, || {
+                            gpu.device
+                                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                                    label: Some(module.name),
+                                    source: wgpu::ShaderSource::Wgsl(module.source.into()),
+                                })
+                        })
+                        .map_err(|e| as_compile_error(&kernel, e))?;
+                    let m = Arc::new(m);
+                    modules.insert(module.name, Arc::clone(&m));
+                    m
+                }
+            }
+        };
+        let layout = self.layout(gpu, module);
+        let values: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, v as f64)).collect();
+        let pipeline = gpu
+            .scoped(&kernel, 0, || {
+                gpu.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry),
+                        layout: Some(&layout.1),
+                        module: &shader,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &values,
+                            zero_initialize_workgroup_memory: false,
+                        },
+                        cache: None,
+                    })
+            })
+            .map_err(|e| as_compile_error(&kernel, e))?;
+        let pipeline = Arc::new(pipeline);
+        lock(&self.pipelines).insert(key, Arc::clone(&pipeline));
+        Ok(pipeline)
+    }
+
+    /// Runs `entry` of `module` over `groups` workgroups with `buffers` bound at `0..module.data` and
+    /// `params` as the parameter words, in one submission.
+    pub fn dispatch(&self, gpu: &Gpu, call: Dispatch<'_>) -> Result<()> {
+        let Dispatch {
+            module,
+            entry,
+            constants,
+            buffers,
+            params,
+            groups,
+        } = call;
+        if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
+            return Ok(());
+        }
+        let limit = gpu.limits.max_compute_workgroups_per_dimension;
+        if groups.0 > limit || groups.1 > limit || groups.2 > limit {
+            return Err(BackendError::invalid(
+                entry,
+                format!(
+                    "{groups:?} workgroups exceed the device's {limit} per dimension (internal: the launch should have been split)"
+                ),
+            ));
+        }
+        let pipeline = self.pipeline(gpu, module, entry, constants)?;
+        let layout = self.layout(gpu, module);
+        gpu.scoped(entry, 0, || {
+            let words: &[u32] = if params.is_empty() { &[0] } else { params };
+            let param_buffer = gpu
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("torsh params"),
+                    contents: bytemuck::cast_slice(words),
+                    usage: wgpu::BufferUsages::STORAGE,
+                });
+            let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.as_entire_binding(),
+                })
+                .chain(std::iter::once(wgpu::BindGroupEntry {
+                    binding: module.data,
+                    resource: param_buffer.as_entire_binding(),
+                }))
+                .collect();
+            let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(entry),
+                layout: &layout.0,
+                entries: &entries,
+            });
+            let mut encoder = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(entry) });
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(entry),
+                    timestamp_writes: None,
+                });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+            }
+            gpu.queue.submit([encoder.finish()]);
+        })
+    }
+}
+
+/// One kernel launch.
+pub(crate) struct Dispatch<'a> {
+    pub module: Module,
+    pub entry: &'static str,
+    /// Override constants and their values.
+    pub constants: &'a [(&'static str, u64)],
+    /// The data buffers, in binding order (`module.data` of them).
+    pub buffers: &'a [&'a wgpu::Buffer],
+    /// The parameter words.
+    pub params: &'a [u32],
+    /// Workgroups in x, y, z.
+    pub groups: (u32, u32, u32),
+}
+
+/// Workgroups for `n` invocations of a 1-D kernel of [`WORKGROUP`] threads, as a 2-D grid whose rows
+/// hold at most `limit` workgroups (the kernels rebuild the linear index from both dimensions).
+pub(crate) fn grid_1d(n: usize, limit: u32) -> Result<(u32, u32, u32)> {
+    let groups = n.div_ceil(WORKGROUP as usize);
+    let limit = limit.max(1) as usize;
+    let x = groups.min(limit);
+    let y = groups.div_ceil(x.max(1));
+    if y > limit {
+        return Err(BackendError::invalid(
+            "webgpu dispatch",
+            format!("{n} elements need more than {limit}² workgroups"),
+        ));
+    }
+    Ok((x as u32, y as u32, 1))
+}
+
+/// Workgroups for `rows` rows of one workgroup each, as a 2-D grid whose rows hold at most `limit`;
+/// `None` beyond `limit`².
+pub(crate) fn grid_rows(rows: usize, limit: u32) -> Option<(u32, u32, u32)> {
+    let limit = limit.max(1) as usize;
+    let x = rows.min(limit);
+    let y = rows.div_ceil(x.max(1));
+    (y <= limit).then_some((x as u32, y as u32, 1))
+}
+
+/// A shader that failed to build reports `KernelCompile` naming the kernel, whatever scope caught it.
+fn as_compile_error(kernel: &str, e: BackendError) -> BackendError {
+    match e {
+        BackendError::Driver { message, .. } => BackendError::KernelCompile {
+            backend: crate::device::BackendType::WebGpu,
+            kernel: kernel.to_string(),
+            log: message,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grid_1d;
+
+    #[test]
+    fn large_launches_split_across_two_dimensions() {
+        assert_eq!(grid_1d(1, 65_535).unwrap(), (1, 1, 1));
+        assert_eq!(grid_1d(256 * 65_535, 65_535).unwrap(), (65_535, 1, 1));
+        assert_eq!(grid_1d(256 * 65_535 + 1, 65_535).unwrap(), (65_535, 2, 1));
+        assert!(grid_1d(usize::MAX / 2, 65_535).is_err());
+    }
+}

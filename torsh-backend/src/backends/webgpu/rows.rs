@@ -1,0 +1,240 @@
+//! Host side of `shaders/rows.wgsl`: reductions along an axis, softmax and log-softmax, and layer
+//! norm in f32, one workgroup per row. Other dtypes, misaligned operands and views whose offsets do
+//! not fit the kernels' 32-bit words answer [`Launch::Host`].
+
+use crate::compute::{DevicePtr, LayerNormDesc, ReduceDesc, ReduceOp, SoftmaxDesc};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::shape::{coalesce, Layout};
+
+use super::context::Gpu;
+use super::elementwise::Launch;
+use super::memory::Memory;
+use super::pipelines::{grid_rows, Dispatch, Kernels, ROWS};
+
+/// Most dims of a reduction's row index.
+const MAX_RANK: usize = 8;
+
+/// The buffer and 32-bit word offset of `ptr`, when it is 4-byte aligned.
+fn words_at(mem: &Memory, ptr: DevicePtr) -> Result<Option<(&wgpu::Buffer, usize)>> {
+    let place = mem.place(ptr, 0)?;
+    Ok(place
+        .offset
+        .is_multiple_of(4)
+        .then_some((place.buffer, (place.offset / 4) as usize)))
+}
+
+/// `v` as a parameter word, if it fits.
+fn word(v: usize) -> Option<u32> {
+    u32::try_from(v).ok()
+}
+
+/// Launches `entry` over `rows` rows with the input, layer norm's weight and bias (the input where
+/// absent) and the output bound, and `params` as parameter words.
+fn launch(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    entry: &'static str,
+    rows: usize,
+    buffers: [&wgpu::Buffer; 4],
+    params: &[u32],
+) -> Result<Launch> {
+    if rows == 0 {
+        return Ok(Launch::Done);
+    }
+    let Some(groups) = grid_rows(rows, gpu.limits.max_compute_workgroups_per_dimension) else {
+        return Ok(Launch::Host);
+    };
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: ROWS,
+            entry,
+            constants: &[],
+            buffers: &buffers,
+            params,
+            groups,
+        },
+    )?;
+    Ok(Launch::Done)
+}
+
+/// The op code of `op` in the shader.
+fn reduce_code(op: ReduceOp) -> (u32, u32) {
+    match op {
+        ReduceOp::Sum => (0, 0),
+        ReduceOp::Mean => (1, 0),
+        ReduceOp::Max => (2, 0),
+        ReduceOp::Min => (3, 0),
+        ReduceOp::Var { correction } => (4, correction),
+        ReduceOp::ArgMax => (5, 0),
+        ReduceOp::ArgMin => (6, 0),
+    }
+}
+
+/// An f32 reduction along `d.axis`.
+pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let layout = &d.input.layout;
+    let (len, stride) = (layout.shape()[d.axis], layout.strides()[d.axis]);
+    let mut shape = layout.shape().to_vec();
+    let mut strides = layout.strides().to_vec();
+    shape.remove(d.axis);
+    strides.remove(d.axis);
+    let rows_layout = Layout::new(shape, strides, 0)?;
+    let (shape, [strides]) = coalesce("reduce", [&rows_layout])?;
+    let (Some((input, in_off)), Some((output, out_off))) =
+        (words_at(mem, d.input.ptr)?, words_at(mem, d.output)?)
+    else {
+        return Ok(Launch::Host);
+    };
+    let rows: usize = shape.iter().product();
+    if rows == 0 {
+        return Ok(Launch::Done);
+    }
+    let in_off = in_off + layout.offset();
+    // The last element the kernel reads must be addressable.
+    let last = shape
+        .iter()
+        .zip(&strides)
+        .try_fold(in_off, |acc, (&e, &s)| {
+            acc.checked_add((e - 1).checked_mul(s)?)
+        })
+        .and_then(|a| a.checked_add(len.saturating_sub(1).checked_mul(stride)?));
+    let out_words = if matches!(d.op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+        2
+    } else {
+        1
+    };
+    if shape.len() > MAX_RANK
+        || last.and_then(word).is_none()
+        || rows
+            .checked_mul(out_words)
+            .and_then(|w| w.checked_add(out_off))
+            .and_then(word)
+            .is_none()
+    {
+        return Ok(Launch::Host);
+    }
+    let (code, correction) = reduce_code(d.op);
+    let mut p = vec![0u32; 24];
+    p[0] = rows as u32;
+    p[1] = len as u32;
+    p[2] = word(stride).unwrap_or(0);
+    p[3] = code;
+    p[4] = out_off as u32;
+    p[5] = in_off as u32;
+    p[6] = correction;
+    p[7] = shape.len() as u32;
+    for (k, (&e, &s)) in shape.iter().zip(&strides).enumerate() {
+        p[8 + k] = e as u32;
+        p[16 + k] = s as u32;
+    }
+    if word(len).is_none() || word(stride).is_none() {
+        return Ok(Launch::Host);
+    }
+    launch(
+        gpu,
+        kernels,
+        "reduce",
+        rows,
+        [input, input, input, output],
+        &p,
+    )
+}
+
+/// f32 softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim.
+pub(crate) fn softmax(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &SoftmaxDesc,
+) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let (Some((input, in_off)), Some((output, out_off))) =
+        (words_at(mem, d.input)?, words_at(mem, d.output)?)
+    else {
+        return Ok(Launch::Host);
+    };
+    let n = d.outer * d.axis_len * d.inner;
+    let rows = d.outer * d.inner;
+    let fits = [n + in_off, n + out_off, d.axis_len, d.inner, rows]
+        .iter()
+        .all(|&v| word(v).is_some());
+    if !fits {
+        return Ok(Launch::Host);
+    }
+    let mut p = vec![0u32; 8];
+    p[0] = rows as u32;
+    p[1] = d.axis_len as u32;
+    p[4] = out_off as u32;
+    p[5] = in_off as u32;
+    p[6] = d.inner.max(1) as u32;
+    p[7] = u32::from(d.log);
+    launch(
+        gpu,
+        kernels,
+        "softmax",
+        rows,
+        [input, input, input, output],
+        &p,
+    )
+}
+
+/// f32 layer norm over the last `cols` elements of each of `rows` rows.
+pub(crate) fn layer_norm(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &LayerNormDesc,
+) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let (Some((input, in_off)), Some((output, out_off))) =
+        (words_at(mem, d.input)?, words_at(mem, d.output)?)
+    else {
+        return Ok(Launch::Host);
+    };
+    let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, usize)>>> {
+        match ptr {
+            None => Ok(Some(None)),
+            Some(p) => Ok(words_at(mem, p)?.map(Some)),
+        }
+    };
+    let (Some(weight), Some(bias)) = (optional(d.weight)?, optional(d.bias)?) else {
+        return Ok(Launch::Host);
+    };
+    let n = d.rows * d.cols;
+    let fits = [n + in_off, n + out_off, d.rows, d.cols]
+        .iter()
+        .chain(weight.iter().map(|w| &w.1))
+        .chain(bias.iter().map(|b| &b.1))
+        .all(|&v| word(v + d.cols).is_some());
+    if !fits {
+        return Ok(Launch::Host);
+    }
+    let mut p = vec![0u32; 11];
+    p[0] = d.rows as u32;
+    p[1] = d.cols as u32;
+    p[4] = out_off as u32;
+    p[5] = in_off as u32;
+    p[6] = (d.eps as f32).to_bits();
+    p[7] = u32::from(weight.is_some());
+    p[8] = u32::from(bias.is_some());
+    p[9] = weight.map_or(0, |w| w.1 as u32);
+    p[10] = bias.map_or(0, |b| b.1 as u32);
+    let (w, b) = (weight.map_or(input, |w| w.0), bias.map_or(input, |b| b.0));
+    launch(
+        gpu,
+        kernels,
+        "layer_norm",
+        d.rows,
+        [input, w, b, output],
+        &p,
+    )
+}

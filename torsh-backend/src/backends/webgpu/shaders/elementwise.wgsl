@@ -1,0 +1,211 @@
+// Elementwise kernels in f32: fill, strided copy, unary and binary ops over strided operands.
+//
+// Every entry point computes `n` elements, one per invocation, indexed over a 2-D grid of 256-wide
+// workgroups (so more than 65 535 workgroups fit). Operands, the output included, are strided views:
+// the row-major element index is split over the (coalesced) shape and dotted with each view's strides.
+// The op is a pipeline-overridable constant, so each op is its own specialised pipeline.
+//
+// Parameter words (`p`): [0] n, [1] rank (at most 8), [2..10) shape, then three views of nine words
+// each (offset, then eight strides): the output at [10], a at [19], b at [28]; [37] a scalar operand
+// (the fill value) as f32 bits.
+
+override OP: u32 = 0u;
+
+@group(0) @binding(0) var<storage, read_write> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read> p: array<u32>;
+
+const WG: u32 = 256u;
+const SHAPE: u32 = 2u;
+const OUT_VIEW: u32 = 10u;
+const A_VIEW: u32 = 19u;
+const B_VIEW: u32 = 28u;
+const SCALAR: u32 = 37u;
+
+// The invocation's element index.
+fn index_of(wid: vec3<u32>, groups: vec3<u32>, lid: u32) -> u32 {
+    return (wid.x + wid.y * groups.x) * WG + lid;
+}
+
+// The element offset of row-major index `i` in the view whose offset and strides start at `view`.
+fn strided(i: u32, view: u32) -> u32 {
+    var rest = i;
+    var off = p[view];
+    for (var d = p[1]; d > 0u; d--) {
+        let extent = p[SHAPE + d - 1u];
+        off += (rest % extent) * p[view + d];
+        rest /= extent;
+    }
+    return off;
+}
+
+// erf(a)/a - 1 for |a| <= 1, a minimax polynomial in a^2 (the CPU kernels' coefficients).
+fn erf_small(a: f32) -> f32 {
+    let s = a * a;
+    var q = 7.806903159e-05;
+    q = fma(q, s, -7.997853099e-04);
+    q = fma(q, s, 5.187162198e-03);
+    q = fma(q, s, -2.685334720e-02);
+    q = fma(q, s, 1.128357872e-01);
+    q = fma(q, s, -3.761262596e-01);
+    q = fma(q, s, 1.283791661e-01);
+    return fma(a, q, a);
+}
+
+// erfc(a) for a >= 0: t * exp(-a^2 + g(t)) with t = 1/(1 + 0.4a), g a degree-10 polynomial in
+// u = 2.495t - 1.495 (the CPU kernels' coefficients).
+fn erfc_pos(a_in: f32) -> f32 {
+    let a = min(a_in, 12.0);
+    let t = 1.0 / fma(0.4, a, 1.0);
+    let u = fma(t, 2.495049477, -1.495049477);
+    var g = 2.583925561e-05;
+    g = fma(g, u, 2.011218021e-05);
+    g = fma(g, u, -2.075331868e-04);
+    g = fma(g, u, -1.604764839e-04);
+    g = fma(g, u, 1.335734734e-03);
+    g = fma(g, u, 1.361416769e-03);
+    g = fma(g, u, -9.392266162e-03);
+    g = fma(g, u, -1.897915266e-02);
+    g = fma(g, u, 7.896436751e-02);
+    g = fma(g, u, 6.539266706e-01);
+    g = fma(g, u, -7.068946958e-01);
+    return t * exp(g - a * a);
+}
+
+fn erf_f32(x: f32) -> f32 {
+    let a = abs(x);
+    var y: f32;
+    if (a < 1.0) {
+        y = erf_small(a);
+    } else {
+        y = 1.0 - erfc_pos(a);
+    }
+    return select(-y, y, x >= 0.0);
+}
+
+// x * Phi(x), the erf form: the tail below zero through erfc so it keeps its relative accuracy.
+fn gelu(x: f32) -> f32 {
+    let a = abs(x) * 0.7071067811865476;
+    if (a < 0.5 || (x >= 0.0 && a < 1.0)) {
+        let e = select(-erf_small(a), erf_small(a), x >= 0.0);
+        return x * fma(0.5, e, 0.5);
+    }
+    if (x < 0.0) {
+        return 0.5 * x * erfc_pos(a);
+    }
+    return x * (1.0 - 0.5 * erfc_pos(a));
+}
+
+// 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi)(x + 0.044715x^3): no cancellation below 0.
+fn gelu_tanh(x: f32) -> f32 {
+    let u = 0.7978845608028654 * fma(0.044715 * x, x * x, x);
+    return x / (1.0 + exp(-2.0 * u));
+}
+
+fn sigmoid(x: f32) -> f32 {
+    if (x >= 0.0) {
+        return 1.0 / (1.0 + exp(-x));
+    }
+    let e = exp(x);
+    return e / (1.0 + e);
+}
+
+fn is_nan(x: f32) -> bool {
+    // NaN is the only value whose bits lie above the infinities once the sign is cleared.
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// Codes follow `UnaryOp::ALL` (see unary_code in elementwise.rs).
+fn unary_op(x: f32) -> f32 {
+    switch OP {
+        case 0u: { return -x; }
+        case 1u: { return abs(x); }
+        case 2u: { return exp(x); }
+        case 3u: { return log(x); }
+        case 4u: { return sqrt(x); }
+        case 5u: { return 1.0 / sqrt(x); }
+        case 6u: { return 1.0 / x; }
+        case 7u: { return x * x; }
+        case 8u: { return select(0.0, x, x > 0.0 || is_nan(x)); }
+        case 9u: { return gelu(x); }
+        case 10u: { return gelu_tanh(x); }
+        case 11u: { return sigmoid(x); }
+        case 12u: { return x * sigmoid(x); }
+        case 13u: { return tanh(x); }
+        case 14u: { return sin(x); }
+        case 15u: { return cos(x); }
+        default: { return erf_f32(x); }
+    }
+}
+
+// a^b as the reference's powf: negative bases with integer exponents keep their sign.
+fn power(x: f32, y: f32) -> f32 {
+    if (y == 0.0) {
+        return 1.0;
+    }
+    let m = pow(abs(x), y);
+    if (x < 0.0 && floor(y) == y) {
+        let odd = abs(y) < 16777216.0 && (i32(abs(y)) & 1) == 1;
+        return select(m, -m, odd);
+    }
+    if (x < 0.0) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    return m;
+}
+
+// Codes follow `BinaryOp::ALL`. Maximum and minimum propagate NaN.
+fn binary_op(x: f32, y: f32) -> f32 {
+    switch OP {
+        case 0u: { return x + y; }
+        case 1u: { return x - y; }
+        case 2u: { return x * y; }
+        case 3u: { return x / y; }
+        case 4u: {
+            if (is_nan(x) || is_nan(y)) { return bitcast<f32>(0x7fc00000u); }
+            return max(x, y);
+        }
+        case 5u: {
+            if (is_nan(x) || is_nan(y)) { return bitcast<f32>(0x7fc00000u); }
+            return min(x, y);
+        }
+        default: { return power(x, y); }
+    }
+}
+
+@compute @workgroup_size(256)
+fn fill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = index_of(wid, groups, lid);
+    if (i < p[0]) {
+        out[strided(i, OUT_VIEW)] = bitcast<f32>(p[SCALAR]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = index_of(wid, groups, lid);
+    if (i < p[0]) {
+        out[strided(i, OUT_VIEW)] = a[strided(i, A_VIEW)];
+    }
+}
+
+@compute @workgroup_size(256)
+fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let i = index_of(wid, groups, lid);
+    if (i < p[0]) {
+        out[strided(i, OUT_VIEW)] = unary_op(a[strided(i, A_VIEW)]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let i = index_of(wid, groups, lid);
+    if (i < p[0]) {
+        out[strided(i, OUT_VIEW)] = binary_op(a[strided(i, A_VIEW)], b[strided(i, B_VIEW)]);
+    }
+}

@@ -1,0 +1,242 @@
+// Row kernels in f32 (binding x is the input, weight and bias serve layer norm and are bound to the
+// input elsewhere, out receives f32 bits or i64 indices as 32-bit words): reductions along an axis, softmax and log-softmax, layer norm. One workgroup
+// of 256 threads per row (an output element of a reduction, a softmax row, a layer-norm row), its
+// threads striding over the row and combining through a tree in workgroup memory; rows are indexed
+// over a 2-D grid of workgroups. Every thread reaches every barrier: the row index and all loop
+// bounds come from the workgroup id and the read-only parameter words, which are uniform.
+//
+// Parameter words (`p`), shared layout: [0] rows, [1] row length, [2] stride between a row's
+// elements, [3] op, [4] output offset (in 32-bit words), [5] input offset, then per kernel:
+// reduce: [6] correction, [7] rank of the row index, [8..16) its shape, [16..24) its input strides;
+// softmax: [6] inner (rows are `outer x inner`, row r = (r / inner, r % inner)), [7] log-softmax;
+// layer norm: [6] eps as f32 bits, [7] weight present, [8] bias present, [9] weight offset,
+// [10] bias offset.
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> weight: array<f32>;
+@group(0) @binding(2) var<storage, read_write> bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<u32>;
+@group(0) @binding(4) var<storage, read> p: array<u32>;
+
+const WG: u32 = 256u;
+
+var<workgroup> part_v: array<f32, 256>;
+var<workgroup> part_i: array<u32, 256>;
+
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(0x7fc00000u);
+}
+
+fn row_of(wid: vec3<u32>, groups: vec3<u32>) -> u32 {
+    return wid.x + wid.y * groups.x;
+}
+
+// Sums part_v[0..256) into part_v[0] (pairwise). Call with every thread.
+fn tree_sum(t: u32) {
+    for (var width = WG / 2u; width > 0u; width /= 2u) {
+        workgroupBarrier();
+        if (t < width) {
+            part_v[t] = part_v[t] + part_v[t + width];
+        }
+    }
+    workgroupBarrier();
+}
+
+// The better of two (value, index) candidates for a maximum (`is_max`) or minimum: the first NaN wins
+// outright, then the strictly better value, and on a tie (including -0 against +0) the lower index.
+fn better(a: f32, ia: u32, b: f32, ib: u32, is_max: bool) -> bool {
+    // True when b beats a.
+    if (is_nan(a) || is_nan(b)) {
+        if (is_nan(a) && is_nan(b)) {
+            return ib < ia;
+        }
+        return is_nan(b);
+    }
+    if (b == a) {
+        return ib < ia;
+    }
+    return select((b < a), (b > a), is_max);
+}
+
+// The input offset of reduction row `r`: r split over the row-index shape, dotted with its strides.
+fn reduce_base(r: u32) -> u32 {
+    var rest = r;
+    var off = p[5];
+    for (var d = p[7]; d > 0u; d--) {
+        let extent = p[8u + d - 1u];
+        off += (rest % extent) * p[16u + d - 1u];
+        rest /= extent;
+    }
+    return off;
+}
+
+// Ops: 0 sum, 1 mean, 2 max, 3 min, 4 var, 5 argmax, 6 argmin. Index results are i64 (two words).
+@compute @workgroup_size(256)
+fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+          @builtin(local_invocation_index) t: u32) {
+    let r = row_of(wid, groups);
+    if (r >= p[0]) {
+        return;
+    }
+    let len = p[1];
+    let stride = p[2];
+    let op = p[3];
+    let base = reduce_base(r);
+    if (op == 2u || op == 3u || op == 5u || op == 6u) {
+        let is_max = op == 2u || op == 5u;
+        var v = x[base];
+        var i = 0u;
+        for (var j = t; j < len; j += WG) {
+            let c = x[base + j * stride];
+            if (better(v, i, c, j, is_max)) {
+                v = c;
+                i = j;
+            }
+        }
+        part_v[t] = v;
+        part_i[t] = i;
+        for (var width = WG / 2u; width > 0u; width /= 2u) {
+            workgroupBarrier();
+            if (t < width && better(part_v[t], part_i[t], part_v[t + width], part_i[t + width], is_max)) {
+                part_v[t] = part_v[t + width];
+                part_i[t] = part_i[t + width];
+            }
+        }
+        workgroupBarrier();
+        if (t == 0u) {
+            if (op >= 5u) {
+                out[p[4] + 2u * r] = part_i[0];
+                out[p[4] + 2u * r + 1u] = 0u;
+            } else {
+                out[p[4] + r] = bitcast<u32>(part_v[0]);
+            }
+        }
+        return;
+    }
+    var s = 0.0;
+    for (var j = t; j < len; j += WG) {
+        s += x[base + j * stride];
+    }
+    part_v[t] = s;
+    tree_sum(t);
+    let total = part_v[0];
+    if (op == 0u || op == 1u) {
+        if (t == 0u) {
+            var v = total;
+            if (op == 1u) {
+                v = select(nan(), total / f32(len), len > 0u);
+            }
+            out[p[4] + r] = bitcast<u32>(v);
+        }
+        return;
+    }
+    // Variance: a second pass around the mean.
+    let mean = total / f32(len);
+    workgroupBarrier();
+    var q = 0.0;
+    for (var j = t; j < len; j += WG) {
+        let d = x[base + j * stride] - mean;
+        q = fma(d, d, q);
+    }
+    part_v[t] = q;
+    tree_sum(t);
+    if (t == 0u) {
+        let denom = max(f32(len) - f32(p[6]), 0.0);
+        var v = part_v[0] / denom;
+        if (len == 0u) {
+            v = nan();
+        }
+        out[p[4] + r] = bitcast<u32>(v);
+    }
+}
+
+@compute @workgroup_size(256)
+fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+           @builtin(local_invocation_index) t: u32) {
+    let r = row_of(wid, groups);
+    if (r >= p[0]) {
+        return;
+    }
+    let len = p[1];
+    let inner = p[6];
+    let start = (r / inner) * len * inner + r % inner;
+    let at_in = p[5] + start;
+    let at_out = p[4] + start;
+    // The maximum, NaN ignored (a NaN row still ends NaN through the sum).
+    var m = bitcast<f32>(0xff800000u);
+    for (var j = t; j < len; j += WG) {
+        let v = x[at_in + j * inner];
+        m = select(m, v, v > m);
+    }
+    part_v[t] = m;
+    for (var width = WG / 2u; width > 0u; width /= 2u) {
+        workgroupBarrier();
+        if (t < width) {
+            let o = part_v[t + width];
+            part_v[t] = select(part_v[t], o, o > part_v[t]);
+        }
+    }
+    workgroupBarrier();
+    m = part_v[0];
+    workgroupBarrier();
+    var s = 0.0;
+    for (var j = t; j < len; j += WG) {
+        s += exp(x[at_in + j * inner] - m);
+    }
+    part_v[t] = s;
+    tree_sum(t);
+    let total = part_v[0];
+    let log_total = log(total);
+    for (var j = t; j < len; j += WG) {
+        let v = x[at_in + j * inner] - m;
+        var y: f32;
+        if (p[7] != 0u) {
+            y = v - log_total;
+        } else {
+            y = exp(v) / total;
+        }
+        out[at_out + j * inner] = bitcast<u32>(y);
+    }
+}
+
+@compute @workgroup_size(256)
+fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+              @builtin(local_invocation_index) t: u32) {
+    let r = row_of(wid, groups);
+    if (r >= p[0]) {
+        return;
+    }
+    let len = p[1];
+    let at_in = p[5] + r * len;
+    let at_out = p[4] + r * len;
+    var s = 0.0;
+    for (var j = t; j < len; j += WG) {
+        s += x[at_in + j];
+    }
+    part_v[t] = s;
+    tree_sum(t);
+    let mean = part_v[0] / f32(len);
+    workgroupBarrier();
+    var q = 0.0;
+    for (var j = t; j < len; j += WG) {
+        let d = x[at_in + j] - mean;
+        q = fma(d, d, q);
+    }
+    part_v[t] = q;
+    tree_sum(t);
+    let inv = 1.0 / sqrt(part_v[0] / f32(len) + bitcast<f32>(p[6]));
+    for (var j = t; j < len; j += WG) {
+        var y = (x[at_in + j] - mean) * inv;
+        if (p[7] != 0u) {
+            y *= weight[p[9] + j];
+        }
+        if (p[8] != 0u) {
+            y += bias[p[10] + j];
+        }
+        out[at_out + j] = bitcast<u32>(y);
+    }
+}

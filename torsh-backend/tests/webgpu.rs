@@ -1,0 +1,580 @@
+//! The WebGPU backend on whatever adapter wgpu finds — in CI, Mesa's lavapipe (Vulkan on the CPU).
+//! The parity suite (`tests/parity.rs`) and the bad-input tests (`tests/errors.rs`) run on it as on
+//! every available backend; this file adds what is particular to it: the WGSL kernels really serve
+//! f32 ops (pipelines get built), GEMM tile edges and transposes, launches larger than one grid
+//! dimension, copies that start or end inside a 4-byte word, the buffer pool, and device selection.
+//!
+//! Without an adapter every test says why it skips; `TORSH_REQUIRE=webgpu` (set by CI) makes that a
+//! failure.
+
+#![cfg(feature = "webgpu")]
+
+use torsh_backend::compute::{
+    ComputeBackend, FillDesc, GemmDesc, StridedBuf, Transpose, UnaryDesc,
+};
+use torsh_backend::webgpu::{self, WebGpuBackend, WebGpuBackendConfig};
+use torsh_backend::{Backend, BackendError, BackendType, DType, UnaryOp};
+
+fn required() -> bool {
+    std::env::var("TORSH_REQUIRE").is_ok_and(|v| v.split(',').any(|t| t.trim() == "webgpu"))
+}
+
+/// An initialised raw backend on the best adapter, or `None` (after saying why) when there is none.
+fn raw() -> Option<WebGpuBackend> {
+    let mut b = WebGpuBackend::new(WebGpuBackendConfig::default());
+    match b.init() {
+        Ok(()) => Some(b),
+        Err(e) => {
+            assert!(!required(), "TORSH_REQUIRE names webgpu: {e}");
+            eprintln!("webgpu: skipped ({e})");
+            None
+        }
+    }
+}
+
+/// The tensor-level backend, or `None` when there is no adapter.
+fn backend() -> Option<Backend> {
+    match Backend::webgpu().build() {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(!required(), "TORSH_REQUIRE names webgpu: {e}");
+            eprintln!("webgpu: skipped ({e})");
+            None
+        }
+    }
+}
+
+fn upload_f32(b: &WebGpuBackend, xs: &[f32]) -> torsh_backend::DevicePtr {
+    let ptr = b.alloc(xs.len() * 4).unwrap();
+    b.copy_htod(ptr, bytemuck::cast_slice(xs)).unwrap();
+    ptr
+}
+
+fn download_f32(b: &WebGpuBackend, ptr: torsh_backend::DevicePtr, len: usize) -> Vec<f32> {
+    let mut out = vec![0f32; len];
+    b.copy_dtoh(bytemuck::cast_slice_mut(&mut out), ptr)
+        .unwrap();
+    out
+}
+
+#[test]
+fn adapters_are_listed_with_their_api() {
+    if backend().is_none() {
+        return;
+    }
+    let devices = Backend::list_devices().unwrap();
+    let ours: Vec<_> = devices
+        .iter()
+        .filter(|d| d.backend_type() == BackendType::WebGpu)
+        .collect();
+    assert!(!ours.is_empty(), "{devices:?}");
+    for d in ours {
+        assert!(d.api.starts_with("WebGPU on "), "{d:?}");
+        assert!(
+            d.details.iter().any(|(k, _)| k == "max storage binding"),
+            "{d:?}"
+        );
+    }
+    assert!(webgpu::is_available());
+}
+
+#[test]
+fn f32_ops_run_as_wgsl_kernels() {
+    let Some(b) = raw() else { return };
+    let xs: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+    let x = upload_f32(&b, &xs);
+    let y = b.alloc(xs.len() * 4).unwrap();
+    let before = b.pipeline_count();
+    b.unary(&UnaryDesc {
+        op: UnaryOp::Exp,
+        dtype: DType::F32,
+        input: StridedBuf::contiguous(x, &[xs.len()]),
+        output: y,
+    })
+    .unwrap();
+    assert_eq!(
+        b.pipeline_count(),
+        before + 1,
+        "exp must build its pipeline"
+    );
+    let got = download_f32(&b, y, xs.len());
+    for (g, x) in got.iter().zip(&xs) {
+        let want = (*x as f64).exp();
+        assert!(
+            ((*g as f64) - want).abs() <= 4e-6 * want,
+            "exp({x}) = {g}, want {want}"
+        );
+    }
+    // The same op again reuses the pipeline.
+    b.unary(&UnaryDesc {
+        op: UnaryOp::Exp,
+        dtype: DType::F32,
+        input: StridedBuf::contiguous(x, &[xs.len()]),
+        output: y,
+    })
+    .unwrap();
+    assert_eq!(b.pipeline_count(), before + 1);
+}
+
+/// Relative error of a row-major `[m,k]·[k,n]` product against the reference, with either operand
+/// transposed as a view.
+fn matmul_error(b: &Backend, m: usize, k: usize, n: usize, transpose: (bool, bool)) -> f64 {
+    let reference = Backend::reference().unwrap();
+    let make = |be: &Backend, rows: usize, cols: usize, t: bool, seed: u64| {
+        be.manual_seed(seed);
+        let shape = if t { [cols, rows] } else { [rows, cols] };
+        let x = be.randn(&shape, DType::F32).unwrap();
+        if t {
+            x.transpose(0, 1).unwrap()
+        } else {
+            x
+        }
+    };
+    let run = |be: &Backend| {
+        make(be, m, k, transpose.0, 1)
+            .matmul(&make(be, k, n, transpose.1, 2))
+            .unwrap()
+            .to_vec_f64()
+            .unwrap()
+    };
+    let (got, want) = (run(b), run(&reference));
+    let num: f64 = got.iter().zip(&want).map(|(g, w)| (g - w) * (g - w)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn gemm_tiles_edges_and_transposes_match_the_reference() {
+    let Some(b) = backend() else { return };
+    for &(m, k, n) in &[(1, 1, 1), (131, 257, 67), (64, 16, 64), (65, 17, 129)] {
+        for transpose in [(false, false), (true, false), (false, true), (true, true)] {
+            let e = matmul_error(&b, m, k, n, transpose);
+            assert!(e <= 1e-5, "{m}x{k}x{n} {transpose:?}: {e}");
+        }
+    }
+}
+
+#[test]
+fn gemm_with_beta_reads_c_and_without_it_ignores_nan() {
+    let Some(b) = raw() else { return };
+    let (m, n, k) = (3usize, 2usize, 4usize);
+    let a = upload_f32(&b, &(0..m * k).map(|i| i as f32 - 5.0).collect::<Vec<_>>());
+    let bb = upload_f32(&b, &(0..k * n).map(|i| 0.5 * i as f32).collect::<Vec<_>>());
+    let c = upload_f32(&b, &vec![f32::NAN; m * n]);
+    let desc = GemmDesc {
+        dtype: DType::F32,
+        trans_a: Transpose::No,
+        trans_b: Transpose::No,
+        m,
+        n,
+        k,
+        alpha: 2.0,
+        a,
+        lda: m,
+        b: bb,
+        ldb: k,
+        beta: 0.0,
+        c,
+        ldc: m,
+    };
+    b.gemm(&desc).unwrap();
+    let first = download_f32(&b, c, m * n);
+    let want: Vec<f32> = (0..m * n)
+        .map(|e| {
+            let (i, j) = (e % m, e / m);
+            2.0 * (0..k)
+                .map(|p| (i + p * m) as f32 - 5.0)
+                .zip((0..k).map(|p| 0.5 * (p + j * k) as f32))
+                .map(|(x, y)| x * y)
+                .sum::<f32>()
+        })
+        .collect();
+    assert_eq!(first, want, "beta = 0 must not read the NaN in C");
+    b.gemm(&GemmDesc { beta: 1.0, ..desc }).unwrap();
+    let second = download_f32(&b, c, m * n);
+    for (s, w) in second.iter().zip(&want) {
+        assert_eq!(*s, 2.0 * w);
+    }
+}
+
+#[test]
+fn launches_beyond_one_grid_dimension_reach_every_element() {
+    let Some(b) = raw() else { return };
+    // More workgroups of 256 than one dimension allows (65 535), so the grid needs a second row.
+    let len = 256 * 65_535 + 300;
+    let ptr = b.alloc(len * 4).unwrap();
+    b.fill(&FillDesc {
+        dtype: DType::F32,
+        ptr,
+        len,
+        value: 1.25,
+    })
+    .unwrap();
+    let mut tail = vec![0f32; 1000];
+    b.copy_dtoh(
+        bytemuck::cast_slice_mut(&mut tail),
+        ptr.offset((len - 1000) * 4).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        tail.iter().all(|&v| v == 1.25),
+        "{:?}",
+        &tail[tail.len() - 5..]
+    );
+    b.free(ptr).unwrap();
+}
+
+#[test]
+fn copies_inside_a_word_keep_the_neighbouring_bytes() {
+    let Some(b) = raw() else { return };
+    let ptr = b.alloc(11).unwrap();
+    let base: Vec<u8> = (100..111).collect();
+    b.copy_htod(ptr, &base).unwrap();
+    // Three bytes starting at byte 1 and two ending at byte 10: both ends inside a word.
+    b.copy_htod(ptr.offset(1).unwrap(), &[1, 2, 3]).unwrap();
+    b.copy_htod(ptr.offset(9).unwrap(), &[9, 10]).unwrap();
+    let mut all = vec![0u8; 11];
+    b.copy_dtoh(&mut all, ptr).unwrap();
+    assert_eq!(all, [100, 1, 2, 3, 104, 105, 106, 107, 108, 9, 10]);
+    let mut middle = vec![0u8; 3];
+    b.copy_dtoh(&mut middle, ptr.offset(3).unwrap()).unwrap();
+    assert_eq!(middle, [3, 104, 105]);
+    // A device-to-device copy with unaligned ends.
+    let other = b.alloc(7).unwrap();
+    b.copy_htod(other, &[0; 7]).unwrap();
+    b.copy_dtod(other.offset(2).unwrap(), ptr.offset(1).unwrap(), 5)
+        .unwrap();
+    let mut got = vec![0u8; 7];
+    b.copy_dtoh(&mut got, other).unwrap();
+    assert_eq!(got, [0, 0, 1, 2, 3, 104, 105]);
+}
+
+#[test]
+fn freed_buffers_are_reused_and_stats_return_to_zero() {
+    let Some(b) = raw() else { return };
+    let start = b.pool_stats().unwrap();
+    let p = b.alloc(10_000).unwrap();
+    let s = b.pool_stats().unwrap();
+    assert_eq!(s.allocated_bytes, start.allocated_bytes + 10_000);
+    b.free(p).unwrap();
+    let q = b.alloc(9_990).unwrap();
+    let after = b.pool_stats().unwrap();
+    assert_eq!(
+        after.hits,
+        s.hits + 1,
+        "a freed buffer of the same class is reused"
+    );
+    b.free(q).unwrap();
+    assert_eq!(
+        b.pool_stats().unwrap().allocated_bytes,
+        start.allocated_bytes
+    );
+    b.empty_cache().unwrap();
+    assert_eq!(b.pool_stats().unwrap().cached_bytes, 0);
+    // A freed pointer is invalid afterwards.
+    assert!(matches!(
+        b.free(q),
+        Err(BackendError::InvalidPointer { .. })
+    ));
+}
+
+#[test]
+fn allocations_beyond_the_configured_limit_are_out_of_memory() {
+    if raw().is_none() {
+        return;
+    }
+    let mut b = WebGpuBackend::new(WebGpuBackendConfig {
+        max_buffer_size: 1 << 20,
+        ..Default::default()
+    });
+    b.init().unwrap();
+    assert!(b.alloc(1 << 20).is_ok());
+    assert!(matches!(
+        b.alloc((1 << 20) + 1),
+        Err(BackendError::OutOfMemory { .. })
+    ));
+}
+
+#[test]
+fn device_selection_is_checked() {
+    if backend().is_none() {
+        return;
+    }
+    let err = Backend::webgpu().device(10_000).build().unwrap_err();
+    assert!(matches!(err, BackendError::InvalidArgument { .. }), "{err}");
+    let mut odd = WebGpuBackend::new(WebGpuBackendConfig {
+        preferred_workgroup_size: (64, 1, 1),
+        ..Default::default()
+    });
+    assert!(matches!(
+        odd.init(),
+        Err(BackendError::InvalidArgument { .. })
+    ));
+    // The seed's async constructors, driven without a runtime.
+    let device = pollster_free_block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
+    assert!(!device.name().is_empty());
+    assert!(device.limits().max_storage_buffer_binding_size > 0);
+}
+
+#[test]
+fn auto_does_not_pick_webgpu_while_ops_run_on_the_host() {
+    let auto = Backend::auto().unwrap();
+    assert_ne!(auto.backend_type(), BackendType::WebGpu);
+}
+
+/// Drives a future that is ready at once (wgpu's native futures are).
+fn pollster_free_block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let mut f = std::pin::pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Seed 002's example: doubles each element, guarded by `arrayLength`.
+const DOUBLE: &str = r#"
+@group(0) @binding(0) var<storage, read> input: array<f32>;
+@group(0) @binding(1) var<storage, read_write> output: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) global_id: vec3<u32>) {
+    let index = global_id.x;
+    if (index >= arrayLength(&output)) {
+        return;
+    }
+    output[index] = input[index] * 2.0;
+}
+"#;
+
+#[test]
+fn custom_kernels_run_on_tensors() {
+    let Some(b) = backend() else { return };
+    let exec = webgpu::WebGpuKernelExecutor::new(&b).unwrap();
+    let xs: Vec<f32> = (0..1000).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let input = b.from_slice(&xs, &[1000]).unwrap();
+    let output = b.full(&[1000], f64::NAN, DType::F32).unwrap();
+    pollster_free_block_on(exec.execute_custom_kernel(
+        DOUBLE,
+        "main",
+        &[&input, &output],
+        (64, 1, 1),
+        (16, 1, 1),
+        None,
+    ))
+    .unwrap();
+    let got = output.to_vec::<f32>().unwrap();
+    assert_eq!(got, xs.iter().map(|x| x * 2.0).collect::<Vec<_>>());
+    assert!(exec.pipeline_stats().pipeline_count >= 1);
+
+    // Uniform data at the binding after the buffers.
+    let scale = r#"
+@group(0) @binding(0) var<storage, read_write> data: array<f32>;
+struct Params { factor: f32, bias: f32 }
+@group(0) @binding(1) var<uniform> params: Params;
+@compute @workgroup_size(32, 2)
+fn scale(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x * 2u + id.y;
+    if (i < arrayLength(&data)) { data[i] = data[i] * params.factor + params.bias; }
+}
+"#;
+    let uniforms: Vec<u8> = [3.0f32, 0.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+    pollster_free_block_on(exec.execute_custom_kernel(
+        scale,
+        "scale",
+        &[&output],
+        (32, 2, 1),
+        (16, 1, 1),
+        Some(&uniforms),
+    ))
+    .unwrap();
+    let scaled = output.to_vec::<f32>().unwrap();
+    assert_eq!(
+        scaled,
+        xs.iter().map(|x| x * 2.0 * 3.0 + 0.5).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn custom_kernel_mistakes_are_typed_errors() {
+    let Some(b) = backend() else { return };
+    let exec = webgpu::WebGpuKernelExecutor::new(&b).unwrap();
+    let input = b.ones(&[64], DType::F32).unwrap();
+    let output = b.zeros(&[64], DType::F32).unwrap();
+    let run = |src: &str, entry: &str, bufs: &[&torsh_backend::Tensor], size, count| {
+        pollster_free_block_on(exec.execute_custom_kernel(src, entry, bufs, size, count, None))
+    };
+    // A syntax error: naga's message names the line.
+    let broken = DOUBLE.replace("input[index] * 2.0;", "input[index] * ;");
+    match run(&broken, "main", &[&input, &output], (64, 1, 1), (1, 1, 1)) {
+        Err(BackendError::KernelCompile { log, .. }) => assert!(log.contains(':'), "{log}"),
+        other => panic!("expected KernelCompile, got {other:?}"),
+    }
+    // A type error only validation finds.
+    let mistyped = DOUBLE.replace("input[index] * 2.0", "input[index] * 2u");
+    assert!(matches!(
+        run(&mistyped, "main", &[&input, &output], (64, 1, 1), (1, 1, 1)),
+        Err(BackendError::KernelCompile { .. })
+    ));
+    for (entry, size, count) in [
+        ("missing", (64, 1, 1), (1, 1, 1)),
+        ("main", (32, 1, 1), (1, 1, 1)),
+        ("main", (64, 1, 1), (1 << 20, 1, 1)),
+    ] {
+        let r = run(DOUBLE, entry, &[&input, &output], size, count);
+        assert!(
+            matches!(r, Err(BackendError::InvalidArgument { .. })),
+            "{entry} {size:?} {count:?}: {r:?}"
+        );
+    }
+    let too_big = DOUBLE.replace("@workgroup_size(64)", "@workgroup_size(4096)");
+    let r = run(
+        &too_big,
+        "main",
+        &[&input, &output],
+        (4096, 1, 1),
+        (1, 1, 1),
+    );
+    assert!(
+        matches!(r, Err(BackendError::InvalidArgument { .. })),
+        "{r:?}"
+    );
+    // One buffer where the shader binds two: the driver's validation, as InvalidArgument.
+    let r = run(DOUBLE, "main", &[&input], (64, 1, 1), (1, 1, 1));
+    assert!(
+        matches!(r, Err(BackendError::InvalidArgument { .. })),
+        "{r:?}"
+    );
+    // A strided view, and a tensor of another backend.
+    let m = b.ones(&[8, 8], DType::F32).unwrap();
+    let r = run(
+        DOUBLE,
+        "main",
+        &[&m.t().unwrap(), &output],
+        (64, 1, 1),
+        (1, 1, 1),
+    );
+    assert!(
+        matches!(r, Err(BackendError::InvalidArgument { .. })),
+        "{r:?}"
+    );
+    let cpu = Backend::cpu().build().unwrap();
+    let foreign = cpu.ones(&[64], DType::F32).unwrap();
+    let r = run(DOUBLE, "main", &[&foreign, &output], (64, 1, 1), (1, 1, 1));
+    assert!(
+        matches!(r, Err(BackendError::DeviceMismatch { .. })),
+        "{r:?}"
+    );
+    assert!(matches!(
+        webgpu::WebGpuKernelExecutor::new(&cpu),
+        Err(BackendError::InvalidArgument { .. })
+    ));
+    // The backend still works after all of that.
+    run(DOUBLE, "main", &[&input, &output], (64, 1, 1), (1, 1, 1)).unwrap();
+    assert_eq!(output.to_vec::<f32>().unwrap(), vec![2.0; 64]);
+}
+
+/// A computation run on both the backend under test and the reference.
+type Case = Box<dyn Fn(&Backend) -> torsh_backend::Result<torsh_backend::Tensor>>;
+
+/// Relative error of `got` against `want`, as the parity suite measures it.
+fn rel_error(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let num: f64 = got.iter().zip(want).map(|(g, w)| (g - w) * (g - w)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+#[test]
+fn row_kernels_match_the_reference_on_long_and_strided_rows() {
+    let Some(b) = backend() else { return };
+    let reference = Backend::reference().unwrap();
+    // Rows longer than a workgroup (several elements per thread), a strided axis, inner > 1.
+    let cases: Vec<(&str, Case)> = vec![
+        (
+            "sum",
+            Box::new(|be| be.randn(&[3, 1000], DType::F32)?.sum(1, false)),
+        ),
+        (
+            "mean of columns",
+            Box::new(|be| be.randn(&[777, 5], DType::F32)?.mean(0, false)),
+        ),
+        (
+            "max of a transposed view",
+            Box::new(|be| be.randn(&[300, 7], DType::F32)?.t()?.max(1, false)),
+        ),
+        (
+            "argmin",
+            Box::new(|be| {
+                be.randn(&[4, 513], DType::F32)?
+                    .argmin(1, false)?
+                    .cast(DType::F64)
+            }),
+        ),
+        (
+            "var",
+            Box::new(|be| be.randn(&[6, 1001], DType::F32)?.var(1, 1, false)),
+        ),
+        (
+            "softmax",
+            Box::new(|be| be.randn(&[5, 777], DType::F32)?.softmax(-1)),
+        ),
+        (
+            "softmax, inner > 1",
+            Box::new(|be| be.randn(&[4, 300, 3], DType::F32)?.softmax(1)),
+        ),
+        (
+            "log_softmax",
+            Box::new(|be| be.randn(&[3, 2049], DType::F32)?.log_softmax(-1)),
+        ),
+        (
+            "layer_norm",
+            Box::new(|be| {
+                let x = be.randn(&[6, 1000], DType::F32)?;
+                let w = be.randn(&[1000], DType::F32)?;
+                let bias = be.randn(&[1000], DType::F32)?;
+                x.layer_norm(&[1000], Some(&w), Some(&bias), 1e-5)
+            }),
+        ),
+    ];
+    for (name, case) in cases {
+        b.manual_seed(7);
+        reference.manual_seed(7);
+        let got = case(&b).unwrap().to_vec_f64().unwrap();
+        let want = case(&reference).unwrap().to_vec_f64().unwrap();
+        let e = rel_error(&got, &want);
+        assert!(e <= 1e-5, "{name}: relative error {e}");
+    }
+}
+
+#[test]
+fn adam_over_many_workgroups_matches_the_reference() {
+    let Some(b) = backend() else { return };
+    let reference = Backend::reference().unwrap();
+    let run = |be: &Backend, state: &mut torsh_backend::AdamState| {
+        be.manual_seed(11);
+        let mut params = vec![be.randn(&[100_003], DType::F32).unwrap()];
+        for _ in 0..3 {
+            let grads = vec![be.randn(&[100_003], DType::F32).unwrap()];
+            be.fused_adam_step(&mut params, &grads, state, 1e-3, (0.9, 0.999))
+                .unwrap();
+        }
+        params[0].to_vec_f64().unwrap()
+    };
+    for (mut ours, mut theirs) in [
+        (
+            torsh_backend::AdamState::adam().with_weight_decay(0.01),
+            torsh_backend::AdamState::adam().with_weight_decay(0.01),
+        ),
+        (
+            torsh_backend::AdamState::adamw(0.05),
+            torsh_backend::AdamState::adamw(0.05),
+        ),
+    ] {
+        let e = rel_error(&run(&b, &mut ours), &run(&reference, &mut theirs));
+        assert!(e <= 1e-6, "adam: relative error {e}");
+    }
+}
