@@ -578,3 +578,107 @@ fn adam_over_many_workgroups_matches_the_reference() {
         assert!(e <= 1e-6, "adam: relative error {e}");
     }
 }
+
+#[test]
+fn conv_and_attention_kernels_match_the_reference() {
+    let Some(b) = backend() else { return };
+    let reference = Backend::reference().unwrap();
+    let conv = |n, c, hw, k, r, stride, pad, dilation, groups: usize| -> Case {
+        Box::new(move |be: &Backend| {
+            let x = be.randn(&[n, c, hw, hw + 3], DType::F32)?;
+            let w = be.randn(&[k, c / groups, r, r], DType::F32)?;
+            let bias = be.randn(&[k], DType::F32)?;
+            be.conv2d_with_bias(
+                &x,
+                &w,
+                Some(&bias),
+                torsh_backend::ConvConfig {
+                    stride: [stride, stride],
+                    padding: [pad, pad],
+                    dilation: [dilation, dilation],
+                    groups,
+                },
+            )
+        })
+    };
+    let attention = |heads, sq, skv, dim, causal: bool| -> Case {
+        Box::new(move |be: &Backend| {
+            let q = be.randn(&[2, heads, sq, dim], DType::F32)?;
+            let k = be.randn(&[2, heads, skv, dim], DType::F32)?;
+            let v = be.randn(&[2, heads, skv, dim], DType::F32)?;
+            be.attention(&q, &k, &v, causal)
+        })
+    };
+    let cases: Vec<(&str, Case)> = vec![
+        (
+            "conv 3x3 same, more than one tile of channels and pixels",
+            conv(2, 5, 13, 70, 3, 1, 1, 1, 1),
+        ),
+        (
+            "conv 5x5 stride 2 dilation 2",
+            conv(1, 4, 17, 9, 5, 2, 3, 2, 1),
+        ),
+        ("conv grouped", conv(2, 6, 9, 9, 3, 1, 1, 1, 3)),
+        ("conv depthwise", conv(1, 8, 11, 8, 3, 1, 1, 1, 8)),
+        (
+            "conv 1x1 over 4097 pixels",
+            conv(1, 3, 64, 5, 1, 1, 0, 1, 1),
+        ),
+        (
+            "attention over several key chunks",
+            attention(3, 7, 300, 16, false),
+        ),
+        ("attention causal, square", attention(2, 260, 260, 8, true)),
+        (
+            "attention causal, more keys than queries",
+            attention(1, 5, 9, 130, true),
+        ),
+        (
+            "attention, head dim above a workgroup",
+            attention(1, 3, 4, 300, false),
+        ),
+    ];
+    for (name, case) in cases {
+        b.manual_seed(21);
+        reference.manual_seed(21);
+        let got = case(&b).unwrap().to_vec_f64().unwrap();
+        let want = case(&reference).unwrap().to_vec_f64().unwrap();
+        let e = rel_error(&got, &want);
+        assert!(e <= 1e-5, "{name}: relative error {e}");
+    }
+}
+
+#[test]
+fn conv_skips_padded_taps_like_the_reference() {
+    let Some(b) = backend() else { return };
+    // An infinite weight whose tap lands only on padding at the border must not make the border NaN.
+    let x = b.ones(&[1, 1, 3, 3], DType::F32).unwrap();
+    let mut w = vec![0.5f32; 9];
+    w[0] = f32::INFINITY;
+    let w = b.from_slice(&w, &[1, 1, 3, 3]).unwrap();
+    let config = torsh_backend::ConvConfig {
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    let got = b.conv2d(&x, &w, config).unwrap().to_vec::<f32>().unwrap();
+    let reference = Backend::reference().unwrap();
+    let want = reference
+        .conv2d(
+            &x.to(&reference).unwrap(),
+            &w.to(&reference).unwrap(),
+            config,
+        )
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!(g == w || (g.is_nan() && w.is_nan()), "{got:?} vs {want:?}");
+    }
+    assert!(
+        got[0].is_finite(),
+        "the top-left output only sees the infinite tap on padding"
+    );
+}

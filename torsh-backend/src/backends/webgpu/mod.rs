@@ -8,8 +8,9 @@
 //! Callers' own WGSL runs through [`WebGpuKernelExecutor`] (`custom.rs`).
 //!
 //! **Coverage, in this version.** f32 fill, unary and binary ops (broadcasting by strides), strided
-//! copies, GEMM, batched GEMM, GEMV, reductions, softmax and log-softmax, layer norm and Adam/AdamW
-//! run as WGSL kernels (`shaders/`). Every other op, and these
+//! copies, GEMM, batched GEMM, GEMV, conv2d (implicit GEMM), attention (flash style, causal chunks
+//! skipped), reductions, softmax and log-softmax, layer norm and Adam/AdamW run as WGSL kernels
+//! (`shaders/`). Every other op, and these
 //! ops in other dtypes or on operands the kernels cannot index, runs the reference kernels on a
 //! host copy of its operands (`fallback.rs`): the answers are right and the same as the reference's,
 //! at the cost of a transfer each way. `device_info()` lists the ops served that way. Until every op
@@ -18,8 +19,10 @@
 //! Work is ordered like a stream: one queue, one submission per op, in call order.
 
 mod adapter;
+mod attention;
 mod blas;
 mod context;
+mod conv;
 mod custom;
 mod elementwise;
 mod fallback;
@@ -350,7 +353,7 @@ impl ComputeBackend for WebGpuBackend {
         let stats = state.memory().pool.stats();
         info.details.push((
             "WGSL kernels".into(),
-            "f32 fill, unary, binary, strided copy, GEMM, batched GEMM, GEMV, reductions, softmax, layer norm, Adam".into(),
+            "f32 fill, unary, binary, strided copy, GEMM, batched GEMM, GEMV, conv2d, attention, reductions, softmax, layer norm, Adam".into(),
         ));
         info.details.push((
             "on the host (reference kernels)".into(),
@@ -477,12 +480,20 @@ impl ComputeBackend for WebGpuBackend {
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
         float_only("conv2d", desc.dtype)?;
-        self.on_host(desc.accesses()?, |host| host.conv2d_forward(desc))
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| conv::conv2d(gpu, k, mem, desc),
+            |host| host.conv2d_forward(desc),
+        )
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
         float_only("attention", desc.dtype)?;
-        self.on_host(desc.accesses()?, |host| host.attention(desc))
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| attention::attention(gpu, k, mem, desc),
+            |host| host.attention(desc),
+        )
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {

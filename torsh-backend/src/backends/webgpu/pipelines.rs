@@ -54,6 +54,20 @@ pub(crate) const OPTIM: Module = Module {
     data: 4,
 };
 
+/// `shaders/conv.wgsl`: implicit-GEMM conv2d (input, weight, bias, output).
+pub(crate) const CONV: Module = Module {
+    name: "conv.wgsl",
+    source: include_str!("shaders/conv.wgsl"),
+    data: 4,
+};
+
+/// `shaders/attention.wgsl`: flash-style attention (q, k, v, o).
+pub(crate) const ATTENTION: Module = Module {
+    name: "attention.wgsl",
+    source: include_str!("shaders/attention.wgsl"),
+    data: 4,
+};
+
 /// Threads per workgroup of the 1-D kernels.
 pub(crate) const WORKGROUP: u32 = 256;
 

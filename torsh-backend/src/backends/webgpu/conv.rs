@@ -1,0 +1,112 @@
+//! Host side of `shaders/conv.wgsl`: f32 conv2d (NCHW, any stride, padding, dilation and groups,
+//! optional bias) as an implicit GEMM per group. Other dtypes, misaligned operands, more groups than
+//! one grid dimension holds, and sizes whose indices do not fit the kernel's 32-bit words answer
+//! [`Launch::Host`].
+
+use crate::compute::{Conv2dDesc, DevicePtr};
+use crate::dtype::DType;
+use crate::error::Result;
+
+use super::context::Gpu;
+use super::elementwise::Launch;
+use super::memory::Memory;
+use super::pipelines::{Dispatch, Kernels, CONV};
+
+/// Rows (output channels) and columns (output pixels) of a workgroup's tile.
+const TILE: usize = 64;
+
+/// An f32 convolution.
+pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    if d.output_shape.contains(&0) {
+        return Ok(Launch::Done);
+    }
+    let at = |ptr: DevicePtr| -> Result<Option<(&wgpu::Buffer, usize)>> {
+        let place = mem.place(ptr, 0)?;
+        Ok(place
+            .offset
+            .is_multiple_of(4)
+            .then_some((place.buffer, (place.offset / 4) as usize)))
+    };
+    let (Some(input), Some(weight), Some(output)) = (at(d.input)?, at(d.weight)?, at(d.output)?)
+    else {
+        return Ok(Launch::Host);
+    };
+    let bias = match d.bias {
+        Some(b) => match at(b)? {
+            Some(found) => Some(found),
+            None => return Ok(Launch::Host),
+        },
+        None => None,
+    };
+    let [n, c, h, w] = d.input_shape;
+    let [k, cg, r, s] = d.weight_shape;
+    let [_, _, oh, ow] = d.output_shape;
+    let kg = k / d.groups;
+    let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
+    // Every index the kernel forms must fit in 32 bits: element offsets of the operands, the padded
+    // input coordinates, the im2col depth and the column count.
+    let biggest = [
+        input.1.checked_add(n * c * h * w),
+        weight.1.checked_add(k * cg * r * s),
+        output.1.checked_add(n * k * oh * ow),
+        bias.map_or(Some(0), |b| b.1.checked_add(k)),
+        oh.checked_mul(d.stride[0])
+            .and_then(|v| v.checked_add(r.checked_mul(d.dilation[0])?)),
+        ow.checked_mul(d.stride[1])
+            .and_then(|v| v.checked_add(s.checked_mul(d.dilation[1])?)),
+        Some(cg * r * s + TILE),
+        Some(n * oh * ow + TILE),
+    ];
+    let fits = biggest
+        .iter()
+        .all(|v| v.is_some_and(|v| u32::try_from(v).is_ok()));
+    let groups = (kg.div_ceil(TILE), (n * oh * ow).div_ceil(TILE), d.groups);
+    if !fits || groups.0 > limit || groups.1 > limit || groups.2 > limit {
+        return Ok(Launch::Host);
+    }
+    let words: Option<Vec<u32>> = [
+        n,
+        c,
+        h,
+        w,
+        k,
+        cg,
+        r,
+        s,
+        oh,
+        ow,
+        d.stride[0],
+        d.stride[1],
+        d.padding[0],
+        d.padding[1],
+        d.dilation[0],
+        d.dilation[1],
+        kg,
+        input.1,
+        weight.1,
+        bias.map_or(0, |b| b.1),
+        output.1,
+        usize::from(bias.is_some()),
+    ]
+    .iter()
+    .map(|&v| u32::try_from(v).ok())
+    .collect();
+    let Some(words) = words else {
+        return Ok(Launch::Host);
+    };
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: CONV,
+            entry: "conv2d",
+            constants: &[],
+            buffers: &[input.0, weight.0, bias.map_or(input.0, |b| b.0), output.0],
+            params: &words,
+            groups: (groups.0 as u32, groups.1 as u32, groups.2 as u32),
+        },
+    )?;
+    Ok(Launch::Done)
+}
