@@ -21,6 +21,7 @@ mod cublas;
 mod fma;
 mod gemm_crate;
 mod mmul;
+mod naive_wgsl;
 mod openblas;
 mod peers;
 mod plan;
@@ -36,7 +37,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use torsh_backend::{Backend, BackendType};
+use torsh_backend::{Backend, BackendType, DType};
 
 use cases::{Case, Op, Runner, Section, Target};
 use ceiling::Ceilings;
@@ -299,6 +300,8 @@ struct Peers {
     cublas: Option<Result<Cublas, String>>,
     /// The CPU peers, when the backend is the CPU.
     cpu: Option<CpuPeers>,
+    /// The naive WGSL matmul, when the backend is WebGPU.
+    naive_wgsl: bool,
 }
 
 /// What every case of a run shares.
@@ -354,6 +357,20 @@ fn run_case(ctx: &Context<'_>, pass: &Pass<'_>, peers: &Peers, case: &Case) -> M
                 .as_ref()
                 .map_err(|e| PeerError::NotFound(e.clone()))
                 .and_then(|c| measure_cublas(case, c, repeats, target).map_err(PeerError::Failed)),
+        });
+        bar.inc(1);
+    }
+    if let (true, Op::Matmul { m, n, k }, DType::F32) = (peers.naive_wgsl, case.op, case.dtype) {
+        bar.set_message(format!("{label} (naive WGSL)"));
+        let sync = || pass.backend.synchronize().map_err(|e| e.to_string());
+        let timing = naive_wgsl::prepare(&pass.backend, m, n, k)
+            .and_then(|mut run| measure(&mut run, &wall_clock(&sync), repeats, target))
+            .map_err(PeerError::Failed);
+        results.push(PeerResult {
+            key: "naive WGSL",
+            name: naive_wgsl::NAME.into(),
+            baseline: false,
+            timing,
         });
         bar.inc(1);
     }
@@ -433,7 +450,12 @@ pub fn run(options: Options) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let scale = Scale::for_backend(kind, options.quick);
+    let software = backend
+        .device_info()
+        .details
+        .iter()
+        .any(|(k, v)| k == "kind" && v.starts_with("CPU"));
+    let scale = Scale::for_backend(kind, options.quick, software);
     let selected = plan::select(plan::plan(kind, scale), &options.ops);
     let target = if options.quick {
         QUICK_TARGET_S
@@ -454,6 +476,7 @@ pub fn run(options: Options) -> ExitCode {
     let peers = Peers {
         cublas: (kind == BackendType::Cuda && gemm_selected).then(|| Cublas::new(ordinal)),
         cpu: (kind == BackendType::Cpu).then(|| CpuPeers::start(coretype_note)),
+        naive_wgsl: kind == BackendType::WebGpu,
     };
     let counts = match kind {
         BackendType::Cpu => thread_counts(&options.threads),
@@ -489,6 +512,9 @@ pub fn run(options: Options) -> ExitCode {
         .iter()
         .map(|c| {
             1 + usize::from(peers.cublas.is_some() && c.section() == Section::Gemm)
+                + usize::from(
+                    peers.naive_wgsl && matches!(c.op, Op::Matmul { .. }) && c.dtype == DType::F32,
+                )
                 + peers.cpu.as_ref().map_or(0, |p| p.of(c).len())
         })
         .sum();

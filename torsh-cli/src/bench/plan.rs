@@ -20,11 +20,13 @@ pub enum Scale {
 
 impl Scale {
     /// The scale of a backend of `kind` (always [`Scale::Quick`] under `--quick`).
-    pub fn for_backend(kind: BackendType, quick: bool) -> Scale {
+    /// `software` marks a GPU API served on the CPU (WebGPU on lavapipe), measured at host sizes.
+    pub fn for_backend(kind: BackendType, quick: bool, software: bool) -> Scale {
         match kind {
             _ if quick => Scale::Quick,
             BackendType::Cpu => Scale::Cpu,
             BackendType::Reference => Scale::Host,
+            _ if software => Scale::Host,
             _ => Scale::Gpu,
         }
     }
@@ -89,7 +91,7 @@ fn gemm_cases(cuda: bool, scale: Scale) -> Vec<Case> {
         Scale::Quick => (&[16, 32], &[(32, 96, 48)]),
         // m = tokens, n = out features, k = in features: BERT-base's projection and MLP on a few
         // tokens, small because the reference kernels are scalar (about 1 GFLOP/s).
-        Scale::Host => (&[64, 128, 256], &[(64, 768, 768), (16, 3072, 768)]),
+        Scale::Host => (&[64, 128, 256, 512], &[(64, 768, 768), (16, 3072, 768)]),
         // 4096 tokens of a 1024-wide model (projection), and an MLP down-projection on 512 tokens.
         Scale::Cpu => (
             &[64, 128, 256, 512, 1024, 2048],
@@ -242,7 +244,17 @@ fn conv_cases(scale: Scale) -> Vec<Case> {
 
 /// Every case for a backend of `kind`, section by section; the memcpy ceiling comes first among the
 /// memory-bound ops. TF32 GEMM cases only on CUDA.
+/// WebGPU computes in f32 only (other dtypes run on the host there), so its cases are f32 ones.
 pub fn plan(kind: BackendType, scale: Scale) -> Vec<Case> {
+    let mut cases = all_cases(kind, scale);
+    if kind == BackendType::WebGpu {
+        cases.retain(|c| c.dtype == DType::F32);
+    }
+    cases
+}
+
+/// Every case for a backend of `kind`, before any filtering by kind.
+fn all_cases(kind: BackendType, scale: Scale) -> Vec<Case> {
     let mut cases = gemm_cases(kind == BackendType::Cuda, scale);
     cases.extend(memory_cases(scale));
     cases.extend(attention_cases(scale));

@@ -63,6 +63,13 @@ impl RunInfo {
                 Vec::new(),
                 vec!["peers: cuBLAS (GEMM only; no GEMM selected)".into()],
             ),
+            (None, None) if peers.naive_wgsl => (
+                vec![super::naive_wgsl::NAME.to_string()],
+                vec![format!(
+                    "peers: {} (GEMM f32), on the same device",
+                    super::naive_wgsl::NAME
+                )],
+            ),
             (None, None) => (Vec::new(), vec!["peers: none yet on this backend".into()]),
         };
         RunInfo {

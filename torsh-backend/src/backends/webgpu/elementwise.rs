@@ -99,12 +99,13 @@ fn launch(
     let out = present[0].buffer;
     let a = views[1].map_or(out, |v| v.buffer);
     let b = views[2].map_or(out, |v| v.buffer);
+    let dense = shape.len() <= 1 && present.iter().all(|v| v.strides.iter().all(|&s| s == 1));
     kernels.dispatch(
         gpu,
         Dispatch {
             module: ELEMENTWISE,
             entry,
-            constants: &[("OP", op)],
+            constants: &[("OP", op), ("DENSE", u64::from(dense))],
             buffers: &[a, b, out],
             params: &words,
             groups: grid_1d(n, gpu.limits.max_compute_workgroups_per_dimension)?,

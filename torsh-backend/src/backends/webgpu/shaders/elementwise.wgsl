@@ -10,6 +10,9 @@
 // (the fill value) as f32 bits.
 
 override OP: u32 = 0u;
+// Every view is dense (after coalescing: one dim of stride 1): element i is at offset + i, with no
+// index arithmetic (integer division is slow on many devices, software Vulkan above all).
+override DENSE: bool = false;
 
 @group(0) @binding(0) var<storage, read_write> a: array<f32>;
 @group(0) @binding(1) var<storage, read_write> b: array<f32>;
@@ -30,6 +33,9 @@ fn index_of(wid: vec3<u32>, groups: vec3<u32>, lid: u32) -> u32 {
 
 // The element offset of row-major index `i` in the view whose offset and strides start at `view`.
 fn strided(i: u32, view: u32) -> u32 {
+    if (DENSE) {
+        return p[view] + i;
+    }
     var rest = i;
     var off = p[view];
     for (var d = p[1]; d > 0u; d--) {

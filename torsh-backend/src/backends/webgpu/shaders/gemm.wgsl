@@ -1,11 +1,12 @@
 // Tiled f32 GEMM over strided operands: C = alpha * op(A) * op(B) + beta * C, C being m x n.
 //
-// Each workgroup computes a 64 x 64 tile of C with 16 x 16 threads, 4 x 4 outputs per thread,
-// stepping through k in slices of 16 staged in workgroup memory. Edge tiles load zeros past the
-// matrix and store only inside it; every thread reaches every barrier. Operands are given by element
-// offset, row stride and column stride (so both transposes, any leading dimension, and GEMV's strided
-// vectors are the same kernel), and the grid's z dimension walks a batch with per-operand batch
-// strides. f32 accumulation; beta = 0 never reads C.
+// Each workgroup computes a 64 x 64 tile of C with 8 x 8 threads, each thread an 8 x 8 block held in
+// sixteen vec4 registers, stepping through k in slices of 16 staged in workgroup memory as vec4s: per
+// step of k a thread loads two vec4s of A and two of B for 64 multiply-adds. Edge tiles load zeros past
+// the matrix and store only inside it; every thread reaches every barrier. Operands are given by
+// element offset, row stride and column stride (so both transposes, any leading dimension, and GEMV's
+// strided vectors are the same kernel), and the grid's z dimension walks a batch with per-operand
+// batch strides. f32 accumulation; beta = 0 never reads C.
 //
 // Parameter words (`p`): [0] m, [1] n, [2] k, [3] first batch index of this launch,
 // [4..7) A offset, row stride, column stride, [7..10) B's, [10..13) C's,
@@ -19,12 +20,12 @@
 const TM: u32 = 64u;
 const TN: u32 = 64u;
 const TK: u32 = 16u;
-const THREADS: u32 = 256u;
+const THREADS: u32 = 64u;
 
-var<workgroup> tile_a: array<f32, 1024>; // [TK][TM]
-var<workgroup> tile_b: array<f32, 1024>; // [TK][TN]
+var<workgroup> tile_a: array<vec4<f32>, 256>; // [TK][TM / 4]
+var<workgroup> tile_b: array<vec4<f32>, 256>; // [TK][TN / 4]
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(8, 8)
 fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let m = p[0];
@@ -37,14 +38,15 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let row0 = wid.x * TM;
     let col0 = wid.y * TN;
 
-    var acc: array<f32, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = 0.0;
-    }
+    // The thread's 8 x 8 block: row r in r<r> (columns 0..4) and s<r> (columns 4..8).
+    var r0 = vec4<f32>(0.0); var r1 = vec4<f32>(0.0); var r2 = vec4<f32>(0.0); var r3 = vec4<f32>(0.0);
+    var r4 = vec4<f32>(0.0); var r5 = vec4<f32>(0.0); var r6 = vec4<f32>(0.0); var r7 = vec4<f32>(0.0);
+    var s0 = vec4<f32>(0.0); var s1 = vec4<f32>(0.0); var s2 = vec4<f32>(0.0); var s3 = vec4<f32>(0.0);
+    var s4 = vec4<f32>(0.0); var s5 = vec4<f32>(0.0); var s6 = vec4<f32>(0.0); var s7 = vec4<f32>(0.0);
 
     for (var k0 = 0u; k0 < k; k0 += TK) {
-        for (var r = 0u; r < (TM * TK) / THREADS; r++) {
-            let e = li + r * THREADS;
+        for (var q = 0u; q < (TM * TK) / THREADS; q++) {
+            let e = li + q * THREADS;
             let i = e % TM;
             let kk = e / TM;
             let gi = row0 + i;
@@ -53,10 +55,10 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             if (gi < m && gk < k) {
                 v = a[a0 + gi * p[5] + gk * p[6]];
             }
-            tile_a[kk * TM + i] = v;
+            tile_a[kk * (TM / 4u) + i / 4u][i % 4u] = v;
         }
-        for (var r = 0u; r < (TN * TK) / THREADS; r++) {
-            let e = li + r * THREADS;
+        for (var q = 0u; q < (TN * TK) / THREADS; q++) {
+            let e = li + q * THREADS;
             let kk = e % TK;
             let j = e / TK;
             let gj = col0 + j;
@@ -65,39 +67,54 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             if (gj < n && gk < k) {
                 v = b[b0 + gk * p[8] + gj * p[9]];
             }
-            tile_b[kk * TN + j] = v;
+            tile_b[kk * (TN / 4u) + j / 4u][j % 4u] = v;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            var av: array<f32, 4>;
-            var bv: array<f32, 4>;
-            for (var x = 0u; x < 4u; x++) {
-                av[x] = tile_a[kk * TM + lid.x + x * 16u];
-                bv[x] = tile_b[kk * TN + lid.y + x * 16u];
-            }
-            for (var x = 0u; x < 4u; x++) {
-                for (var y = 0u; y < 4u; y++) {
-                    acc[x * 4u + y] = fma(av[x], bv[y], acc[x * 4u + y]);
-                }
-            }
+            let a_lo = tile_a[kk * (TM / 4u) + lid.x * 2u];
+            let a_hi = tile_a[kk * (TM / 4u) + lid.x * 2u + 1u];
+            let b_lo = tile_b[kk * (TN / 4u) + lid.y * 2u];
+            let b_hi = tile_b[kk * (TN / 4u) + lid.y * 2u + 1u];
+            r0 = fma(vec4<f32>(a_lo.x), b_lo, r0); s0 = fma(vec4<f32>(a_lo.x), b_hi, s0);
+            r1 = fma(vec4<f32>(a_lo.y), b_lo, r1); s1 = fma(vec4<f32>(a_lo.y), b_hi, s1);
+            r2 = fma(vec4<f32>(a_lo.z), b_lo, r2); s2 = fma(vec4<f32>(a_lo.z), b_hi, s2);
+            r3 = fma(vec4<f32>(a_lo.w), b_lo, r3); s3 = fma(vec4<f32>(a_lo.w), b_hi, s3);
+            r4 = fma(vec4<f32>(a_hi.x), b_lo, r4); s4 = fma(vec4<f32>(a_hi.x), b_hi, s4);
+            r5 = fma(vec4<f32>(a_hi.y), b_lo, r5); s5 = fma(vec4<f32>(a_hi.y), b_hi, s5);
+            r6 = fma(vec4<f32>(a_hi.z), b_lo, r6); s6 = fma(vec4<f32>(a_hi.z), b_hi, s6);
+            r7 = fma(vec4<f32>(a_hi.w), b_lo, r7); s7 = fma(vec4<f32>(a_hi.w), b_hi, s7);
         }
         workgroupBarrier();
     }
 
+    let gi = row0 + lid.x * 8u;
+    let gj = col0 + lid.y * 8u;
+    store(gi, gj, c0, r0, s0);
+    store(gi + 1u, gj, c0, r1, s1);
+    store(gi + 2u, gj, c0, r2, s2);
+    store(gi + 3u, gj, c0, r3, s3);
+    store(gi + 4u, gj, c0, r4, s4);
+    store(gi + 5u, gj, c0, r5, s5);
+    store(gi + 6u, gj, c0, r6, s6);
+    store(gi + 7u, gj, c0, r7, s7);
+}
+
+// Writes alpha * (lo, hi) (+ beta * C where beta != 0) to row gi, columns gj .. gj + 8, inside C.
+fn store(gi: u32, gj: u32, c0: u32, lo: vec4<f32>, hi: vec4<f32>) {
     let alpha = bitcast<f32>(p[16]);
     let beta = bitcast<f32>(p[17]);
-    for (var x = 0u; x < 4u; x++) {
-        let gi = row0 + lid.x + x * 16u;
-        for (var y = 0u; y < 4u; y++) {
-            let gj = col0 + lid.y + y * 16u;
-            if (gi < m && gj < n) {
-                let at = c0 + gi * p[11] + gj * p[12];
-                var v = alpha * acc[x * 4u + y];
-                if (beta != 0.0) {
-                    v = fma(beta, c[at], v);
-                }
-                c[at] = v;
+    if (gi >= p[0]) {
+        return;
+    }
+    for (var y = 0u; y < 8u; y++) {
+        let col = gj + y;
+        if (col < p[1]) {
+            let at = c0 + gi * p[11] + col * p[12];
+            var v = alpha * select(hi[y % 4u], lo[y % 4u], y < 4u);
+            if (beta != 0.0) {
+                v = fma(beta, c[at], v);
             }
+            c[at] = v;
         }
     }
 }
