@@ -682,3 +682,66 @@ fn conv_skips_padded_taps_like_the_reference() {
         "the top-left output only sees the infinite tap on padding"
     );
 }
+
+#[test]
+fn pooling_and_batch_norm_kernels_match_the_reference() {
+    let Some(b) = backend() else { return };
+    let reference = Backend::reference().unwrap();
+    let pool = |max: bool, count_include_pad: bool| -> Case {
+        Box::new(move |be: &Backend| {
+            let x = be.randn(&[2, 3, 37, 29], DType::F32)?;
+            let config = torsh_backend::Pool2dConfig {
+                kernel: [3, 4],
+                stride: [2, 3],
+                padding: [1, 2],
+                count_include_pad,
+            };
+            if max {
+                x.max_pool2d(config)
+            } else {
+                x.avg_pool2d(config)
+            }
+        })
+    };
+    // Which of (output, running mean, running var) after one batch-norm call.
+    let norm = |training: bool, which: usize| -> Case {
+        Box::new(move |be: &Backend| {
+            let x = be.randn(&[3, 5, 301], DType::F32)?;
+            let w = be.randn(&[5], DType::F32)?;
+            let bias = be.randn(&[5], DType::F32)?;
+            let mean = be.randn(&[5], DType::F32)?;
+            let var = be.binary_scalar(
+                torsh_backend::BinaryOp::Add,
+                &be.rand(&[5], DType::F32)?,
+                0.5,
+            )?;
+            let y = x.batch_norm(torsh_backend::BatchNormConfig {
+                weight: Some(&w),
+                bias: Some(&bias),
+                running_mean: Some(&mean),
+                running_var: Some(&var),
+                training,
+                momentum: Some(0.2),
+                eps: None,
+            })?;
+            Ok([y, mean, var][which].clone())
+        })
+    };
+    let cases: Vec<(&str, Case)> = vec![
+        ("max pool", pool(true, true)),
+        ("avg pool counting padding", pool(false, true)),
+        ("avg pool over real elements", pool(false, false)),
+        ("batch norm, training", norm(true, 0)),
+        ("batch norm running mean", norm(true, 1)),
+        ("batch norm running var", norm(true, 2)),
+        ("batch norm, inference", norm(false, 0)),
+    ];
+    for (name, case) in cases {
+        b.manual_seed(5);
+        reference.manual_seed(5);
+        let got = case(&b).unwrap().to_vec_f64().unwrap();
+        let want = case(&reference).unwrap().to_vec_f64().unwrap();
+        let e = rel_error(&got, &want);
+        assert!(e <= 1e-5, "{name}: relative error {e}");
+    }
+}

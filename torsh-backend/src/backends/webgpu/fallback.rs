@@ -19,7 +19,7 @@ use super::memory::{read_bytes, write, Memory};
 
 /// The ops that run through this module today, as `device_info()` reports them.
 pub(crate) const HOST_OPS: &str =
-    "batch_norm, pool2d, random, casts other than f32→f32, and every op in f64, f16 and bf16";
+    "random, casts other than f32→f32, and every op in f64, f16 and bf16";
 
 /// Runs `op` on a host mirror of the regions of `acc` (already checked against `mem`) and writes
 /// the regions it writes back to the device.

@@ -9,8 +9,8 @@
 //!
 //! **Coverage, in this version.** f32 fill, unary and binary ops (broadcasting by strides), strided
 //! copies, GEMM, batched GEMM, GEMV, conv2d (implicit GEMM), attention (flash style, causal chunks
-//! skipped), reductions, softmax and log-softmax, layer norm and Adam/AdamW run as WGSL kernels
-//! (`shaders/`). Every other op, and these
+//! skipped), reductions, softmax and log-softmax, layer norm, batch norm, max and average pooling and
+//! Adam/AdamW run as WGSL kernels (`shaders/`). Every other op, and these
 //! ops in other dtypes or on operands the kernels cannot index, runs the reference kernels on a
 //! host copy of its operands (`fallback.rs`): the answers are right and the same as the reference's,
 //! at the cost of a transfer each way. `device_info()` lists the ops served that way. Until every op
@@ -29,6 +29,7 @@ mod fallback;
 mod memory;
 mod optim;
 mod pipelines;
+mod pool;
 mod rows;
 
 use std::sync::{Mutex, MutexGuard};
@@ -353,7 +354,7 @@ impl ComputeBackend for WebGpuBackend {
         let stats = state.memory().pool.stats();
         info.details.push((
             "WGSL kernels".into(),
-            "f32 fill, unary, binary, strided copy, GEMM, batched GEMM, GEMV, conv2d, attention, reductions, softmax, layer norm, Adam".into(),
+            "f32 fill, unary, binary, strided copy, GEMM, batched GEMM, GEMV, conv2d, attention, reductions, softmax, layer norm, batch norm, pooling, Adam".into(),
         ));
         info.details.push((
             "on the host (reference kernels)".into(),
@@ -543,12 +544,20 @@ impl ComputeBackend for WebGpuBackend {
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
         float_only("batch_norm", desc.dtype)?;
-        self.on_host(desc.accesses()?, |host| host.batch_norm(desc))
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| pool::batch_norm(gpu, k, mem, desc),
+            |host| host.batch_norm(desc),
+        )
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
         float_only("pool2d", desc.dtype)?;
-        self.on_host(desc.accesses()?, |host| host.pool2d(desc))
+        self.run(
+            desc.accesses()?,
+            |gpu, k, mem| pool::pool2d(gpu, k, mem, desc),
+            |host| host.pool2d(desc),
+        )
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {

@@ -68,6 +68,20 @@ pub(crate) const ATTENTION: Module = Module {
     data: 4,
 };
 
+/// `shaders/pool.wgsl`: max and average pooling (input, output).
+pub(crate) const POOL: Module = Module {
+    name: "pool.wgsl",
+    source: include_str!("shaders/pool.wgsl"),
+    data: 2,
+};
+
+/// `shaders/batch_norm.wgsl`: batch norm (input, output, weight, bias, running mean and variance).
+pub(crate) const BATCH_NORM: Module = Module {
+    name: "batch_norm.wgsl",
+    source: include_str!("shaders/batch_norm.wgsl"),
+    data: 6,
+};
+
 /// Threads per workgroup of the 1-D kernels.
 pub(crate) const WORKGROUP: u32 = 256;
 

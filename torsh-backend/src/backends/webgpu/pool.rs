@@ -1,0 +1,175 @@
+//! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: f32 2-D pooling (one invocation
+//! per output) and batch normalisation (one workgroup per channel). Other dtypes, misaligned operands
+//! and sizes beyond the kernels' 32-bit words answer [`Launch::Host`].
+
+use crate::compute::{BatchNormDesc, DevicePtr, Pool2dDesc, PoolKind};
+use crate::dtype::DType;
+use crate::error::Result;
+
+use super::context::Gpu;
+use super::elementwise::Launch;
+use super::memory::Memory;
+use super::pipelines::{grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, POOL};
+
+/// The buffer and element offset of `ptr` when it is 4-byte aligned and `elements` more fit in 32 bits.
+fn place(mem: &Memory, ptr: DevicePtr, elements: usize) -> Result<Option<(&wgpu::Buffer, u32)>> {
+    let at = mem.place(ptr, 0)?;
+    let words = (at.offset / 4) as usize;
+    let fits = words
+        .checked_add(elements)
+        .is_some_and(|end| u32::try_from(end).is_ok());
+    Ok((at.offset.is_multiple_of(4) && fits).then_some((at.buffer, words as u32)))
+}
+
+/// `values` as parameter words, or `None` when one does not fit in 32 bits.
+fn words(values: &[usize]) -> Option<Vec<u32>> {
+    values.iter().map(|&v| u32::try_from(v).ok()).collect()
+}
+
+/// f32 max or average pooling.
+pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    if d.output_shape.contains(&0) {
+        return Ok(Launch::Done);
+    }
+    let [n, c, h, w] = d.input_shape;
+    let [_, _, oh, ow] = d.output_shape;
+    let outputs = n * c * oh * ow;
+    let (Some(x), Some(out)) = (
+        place(mem, d.input, n * c * h * w)?,
+        place(mem, d.output, outputs)?,
+    ) else {
+        return Ok(Launch::Host);
+    };
+    let kind = match d.kind {
+        PoolKind::Max => 0,
+        PoolKind::Avg {
+            count_include_pad: true,
+        } => 1,
+        PoolKind::Avg {
+            count_include_pad: false,
+        } => 2,
+    };
+    // The window's padded coordinates must fit too.
+    let reach_y = oh
+        .checked_mul(d.stride[0])
+        .and_then(|v| v.checked_add(d.kernel[0]));
+    let reach_x = ow
+        .checked_mul(d.stride[1])
+        .and_then(|v| v.checked_add(d.kernel[1]));
+    let window = d.kernel[0].checked_mul(d.kernel[1]);
+    let (Some(reach_y), Some(reach_x), Some(window)) = (reach_y, reach_x, window) else {
+        return Ok(Launch::Host);
+    };
+    let Some(p) = words(&[
+        outputs,
+        h,
+        w,
+        oh,
+        ow,
+        d.kernel[0],
+        d.kernel[1],
+        d.stride[0],
+        d.stride[1],
+        d.padding[0],
+        d.padding[1],
+        kind,
+        x.1 as usize,
+        out.1 as usize,
+        reach_y,
+        reach_x,
+        window,
+        oh * ow,
+        h * w,
+    ]) else {
+        return Ok(Launch::Host);
+    };
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: POOL,
+            entry: "pool2d",
+            constants: &[],
+            buffers: &[x.0, out.0],
+            params: &p[..14],
+            groups: grid_1d(outputs, gpu.limits.max_compute_workgroups_per_dimension)?,
+        },
+    )?;
+    Ok(Launch::Done)
+}
+
+/// f32 batch normalisation, training or inference.
+pub(crate) fn batch_norm(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &BatchNormDesc,
+) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Host);
+    }
+    let n = d.batch * d.channels * d.spatial;
+    if n == 0 {
+        return Ok(Launch::Host);
+    }
+    let (Some(x), Some(out)) = (place(mem, d.input, n)?, place(mem, d.output, n)?) else {
+        return Ok(Launch::Host);
+    };
+    let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, u32)>>> {
+        match ptr {
+            None => Ok(Some(None)),
+            Some(p) => Ok(place(mem, p, d.channels)?.map(Some)),
+        }
+    };
+    let (Some(weight), Some(bias), Some(mean), Some(var)) = (
+        optional(d.weight)?,
+        optional(d.bias)?,
+        optional(d.running_mean)?,
+        optional(d.running_var)?,
+    ) else {
+        return Ok(Launch::Host);
+    };
+    let Some(groups) = grid_rows(d.channels, gpu.limits.max_compute_workgroups_per_dimension)
+    else {
+        return Ok(Launch::Host);
+    };
+    let offset = |o: Option<(&wgpu::Buffer, u32)>| o.map_or(0, |o| o.1 as usize);
+    let Some(mut p) = words(&[
+        d.batch,
+        d.channels,
+        d.spatial,
+        usize::from(d.training),
+        usize::from(weight.is_some()),
+        usize::from(bias.is_some()),
+        usize::from(mean.is_some() && var.is_some()),
+        0,
+        0,
+        x.1 as usize,
+        out.1 as usize,
+        offset(weight),
+        offset(bias),
+        offset(mean),
+        offset(var),
+    ]) else {
+        return Ok(Launch::Host);
+    };
+    p[7] = (d.momentum as f32).to_bits();
+    p[8] = (d.eps as f32).to_bits();
+    let input = x.0;
+    let [w_buf, b_buf, mean_buf, var_buf] =
+        [weight, bias, mean, var].map(|o| o.map_or(input, |o| o.0));
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: BATCH_NORM,
+            entry: "batch_norm",
+            constants: &[],
+            buffers: &[input, out.0, w_buf, b_buf, mean_buf, var_buf],
+            params: &p,
+            groups,
+        },
+    )?;
+    Ok(Launch::Done)
+}
