@@ -480,6 +480,20 @@ fn custom_kernel_mistakes_are_typed_errors() {
 /// A computation run on both the backend under test and the reference.
 type Case = Box<dyn Fn(&Backend) -> torsh_backend::Result<torsh_backend::Tensor>>;
 
+/// Runs each case on `b` and on the reference from the same `seed` and checks the relative error
+/// against the f32 bound of the parity suite.
+fn check_against_reference(b: &Backend, cases: Vec<(&str, Case)>, seed: u64) {
+    let reference = Backend::reference().unwrap();
+    for (name, case) in cases {
+        b.manual_seed(seed);
+        reference.manual_seed(seed);
+        let got = case(b).unwrap().to_vec_f64().unwrap();
+        let want = case(&reference).unwrap().to_vec_f64().unwrap();
+        let e = rel_error(&got, &want);
+        assert!(e <= 1e-5, "{name}: relative error {e}");
+    }
+}
+
 /// Relative error of `got` against `want`, as the parity suite measures it.
 fn rel_error(got: &[f64], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());
@@ -491,7 +505,6 @@ fn rel_error(got: &[f64], want: &[f64]) -> f64 {
 #[test]
 fn row_kernels_match_the_reference_on_long_and_strided_rows() {
     let Some(b) = backend() else { return };
-    let reference = Backend::reference().unwrap();
     // Rows longer than a workgroup (several elements per thread), a strided axis, inner > 1.
     let cases: Vec<(&str, Case)> = vec![
         (
@@ -540,14 +553,7 @@ fn row_kernels_match_the_reference_on_long_and_strided_rows() {
             }),
         ),
     ];
-    for (name, case) in cases {
-        b.manual_seed(7);
-        reference.manual_seed(7);
-        let got = case(&b).unwrap().to_vec_f64().unwrap();
-        let want = case(&reference).unwrap().to_vec_f64().unwrap();
-        let e = rel_error(&got, &want);
-        assert!(e <= 1e-5, "{name}: relative error {e}");
-    }
+    check_against_reference(&b, cases, 7);
 }
 
 #[test]
@@ -582,7 +588,6 @@ fn adam_over_many_workgroups_matches_the_reference() {
 #[test]
 fn conv_and_attention_kernels_match_the_reference() {
     let Some(b) = backend() else { return };
-    let reference = Backend::reference().unwrap();
     let conv = |n, c, hw, k, r, stride, pad, dilation, groups: usize| -> Case {
         Box::new(move |be: &Backend| {
             let x = be.randn(&[n, c, hw, hw + 3], DType::F32)?;
@@ -638,14 +643,7 @@ fn conv_and_attention_kernels_match_the_reference() {
             attention(1, 3, 4, 300, false),
         ),
     ];
-    for (name, case) in cases {
-        b.manual_seed(21);
-        reference.manual_seed(21);
-        let got = case(&b).unwrap().to_vec_f64().unwrap();
-        let want = case(&reference).unwrap().to_vec_f64().unwrap();
-        let e = rel_error(&got, &want);
-        assert!(e <= 1e-5, "{name}: relative error {e}");
-    }
+    check_against_reference(&b, cases, 21);
 }
 
 #[test]
@@ -686,7 +684,6 @@ fn conv_skips_padded_taps_like_the_reference() {
 #[test]
 fn pooling_and_batch_norm_kernels_match_the_reference() {
     let Some(b) = backend() else { return };
-    let reference = Backend::reference().unwrap();
     let pool = |max: bool, count_include_pad: bool| -> Case {
         Box::new(move |be: &Backend| {
             let x = be.randn(&[2, 3, 37, 29], DType::F32)?;
@@ -736,12 +733,5 @@ fn pooling_and_batch_norm_kernels_match_the_reference() {
         ("batch norm running var", norm(true, 2)),
         ("batch norm, inference", norm(false, 0)),
     ];
-    for (name, case) in cases {
-        b.manual_seed(5);
-        reference.manual_seed(5);
-        let got = case(&b).unwrap().to_vec_f64().unwrap();
-        let want = case(&reference).unwrap().to_vec_f64().unwrap();
-        let e = rel_error(&got, &want);
-        assert!(e <= 1e-5, "{name}: relative error {e}");
-    }
+    check_against_reference(&b, cases, 5);
 }

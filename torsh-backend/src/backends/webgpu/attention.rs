@@ -3,7 +3,7 @@
 //! dtypes, head dims above 1024, misaligned operands and offsets beyond 32 bits answer
 //! [`Launch::Host`].
 
-use crate::compute::{AttentionDesc, DevicePtr};
+use crate::compute::AttentionDesc;
 use crate::dtype::DType;
 use crate::error::Result;
 
@@ -30,19 +30,14 @@ pub(crate) fn attention(
     if rows == 0 || d.head_dim == 0 {
         return Ok(Launch::Done);
     }
-    let at = |ptr: DevicePtr, elements: usize| -> Result<Option<(&wgpu::Buffer, u32)>> {
-        let place = mem.place(ptr, 0)?;
-        let words = (place.offset / 4) as usize;
-        let fits = words
-            .checked_add(elements)
-            .is_some_and(|end| u32::try_from(end).is_ok());
-        Ok((place.offset.is_multiple_of(4) && fits).then_some((place.buffer, words as u32)))
-    };
     let kv = bh * d.seq_kv * d.head_dim;
     let qo = rows * d.head_dim;
-    let (Some(q), Some(k), Some(v), Some(o)) =
-        (at(d.q, qo)?, at(d.k, kv)?, at(d.v, kv)?, at(d.o, qo)?)
-    else {
+    let (Some(q), Some(k), Some(v), Some(o)) = (
+        mem.words_u32(d.q, qo)?,
+        mem.words_u32(d.k, kv)?,
+        mem.words_u32(d.v, kv)?,
+        mem.words_u32(d.o, qo)?,
+    ) else {
         return Ok(Launch::Host);
     };
     let Some(groups) = grid_rows(rows, gpu.limits.max_compute_workgroups_per_dimension) else {

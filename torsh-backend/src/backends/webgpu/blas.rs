@@ -33,13 +33,9 @@ fn operand<'a>(
     strides: (usize, usize),
     batch: usize,
 ) -> Result<Option<Operand<'a>>> {
-    let place = mem.place(ptr, 0)?;
-    if place.offset % 4 != 0 {
-        return Ok(None);
-    }
-    Ok(Some(Operand {
-        buffer: place.buffer,
-        offset: (place.offset / 4) as usize,
+    Ok(mem.words(ptr)?.map(|(buffer, offset)| Operand {
+        buffer,
+        offset,
         rows: strides.0,
         cols: strides.1,
         batch,

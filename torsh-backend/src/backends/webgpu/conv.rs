@@ -3,7 +3,7 @@
 //! one grid dimension holds, and sizes whose indices do not fit the kernel's 32-bit words answer
 //! [`Launch::Host`].
 
-use crate::compute::{Conv2dDesc, DevicePtr};
+use crate::compute::Conv2dDesc;
 use crate::dtype::DType;
 use crate::error::Result;
 
@@ -23,19 +23,15 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
     if d.output_shape.contains(&0) {
         return Ok(Launch::Done);
     }
-    let at = |ptr: DevicePtr| -> Result<Option<(&wgpu::Buffer, usize)>> {
-        let place = mem.place(ptr, 0)?;
-        Ok(place
-            .offset
-            .is_multiple_of(4)
-            .then_some((place.buffer, (place.offset / 4) as usize)))
-    };
-    let (Some(input), Some(weight), Some(output)) = (at(d.input)?, at(d.weight)?, at(d.output)?)
-    else {
+    let (Some(input), Some(weight), Some(output)) = (
+        mem.words(d.input)?,
+        mem.words(d.weight)?,
+        mem.words(d.output)?,
+    ) else {
         return Ok(Launch::Host);
     };
     let bias = match d.bias {
-        Some(b) => match at(b)? {
+        Some(b) => match mem.words(b)? {
             Some(found) => Some(found),
             None => return Ok(Launch::Host),
         },

@@ -6,7 +6,7 @@
 //! answers [`Launch::Host`] and takes the host path, as do misaligned operands and other dtypes.
 
 use crate::compute::{
-    BinaryDesc, BinaryOp, CastDesc, CopyDesc, DevicePtr, FillDesc, StridedBuf, UnaryDesc, UnaryOp,
+    BinaryDesc, BinaryOp, CastDesc, CopyDesc, FillDesc, StridedBuf, UnaryDesc, UnaryOp,
 };
 use crate::dtype::DType;
 use crate::error::Result;
@@ -36,16 +36,6 @@ struct View<'a> {
     buffer: &'a wgpu::Buffer,
     offset: usize,
     strides: Vec<usize>,
-}
-
-/// The element offset of `buf` in its wgpu buffer, when its byte offset is a whole number of f32
-/// elements.
-fn element_base(mem: &Memory, ptr: DevicePtr) -> Result<Option<(&wgpu::Buffer, usize)>> {
-    let place = mem.place(ptr, 0)?;
-    if place.offset % 4 != 0 {
-        return Ok(None);
-    }
-    Ok(Some((place.buffer, (place.offset / 4) as usize)))
 }
 
 /// The parameter words for `n` elements over `shape` with up to three views (output first); `None`
@@ -124,7 +114,7 @@ fn views<'a, const K: usize>(
     let (shape, strides) = coalesce(op, layouts)?;
     let mut out = Vec::with_capacity(K);
     for (buf, strides) in bufs.iter().zip(strides) {
-        let Some((buffer, base)) = element_base(mem, buf.ptr)? else {
+        let Some((buffer, base)) = mem.words(buf.ptr)? else {
             return Ok(None);
         };
         let Some(offset) = base.checked_add(buf.layout.offset()) else {

@@ -227,6 +227,31 @@ impl Memory {
         })
     }
 
+    /// The buffer holding `ptr` and the offset of `ptr` in it in 32-bit words, when that offset is
+    /// 4-byte aligned; `None` when it is not (the kernels index 4-byte elements, so such an operand
+    /// takes the host path). `InvalidPointer` as [`Memory::place`].
+    pub fn words(&self, ptr: DevicePtr) -> Result<Option<(&wgpu::Buffer, usize)>> {
+        let at = self.place(ptr, 0)?;
+        Ok(at
+            .offset
+            .is_multiple_of(4)
+            .then_some((at.buffer, (at.offset / 4) as usize)))
+    }
+
+    /// [`Memory::words`] for an operand of `elements` 4-byte elements, with the word offset as a
+    /// `u32`: `None` also when the operand's last word is past what 32-bit indices reach.
+    pub fn words_u32(
+        &self,
+        ptr: DevicePtr,
+        elements: usize,
+    ) -> Result<Option<(&wgpu::Buffer, u32)>> {
+        Ok(self.words(ptr)?.and_then(|(buffer, words)| {
+            let end = words.checked_add(elements)?;
+            u32::try_from(end).ok()?;
+            Some((buffer, words as u32))
+        }))
+    }
+
     /// Destroys every buffer, live or cached (the backend is going away).
     pub fn release_all(&mut self) {
         for (_, a) in self.live.drain() {

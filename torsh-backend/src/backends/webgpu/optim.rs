@@ -23,13 +23,11 @@ pub(crate) fn adam_step(
     let mut buffers = Vec::with_capacity(4);
     let mut offsets = Vec::with_capacity(4);
     for ptr in [d.params, d.grads, d.exp_avg, d.exp_avg_sq] {
-        let place = mem.place(ptr, 0)?;
-        let words = (place.offset / 4) as usize;
-        if !place.offset.is_multiple_of(4) || u32::try_from(words + d.len).is_err() {
+        let Some((buffer, words)) = mem.words_u32(ptr, d.len)? else {
             return Ok(Launch::Host);
-        }
-        buffers.push(place.buffer);
-        offsets.push(words as u32);
+        };
+        buffers.push(buffer);
+        offsets.push(words);
     }
     let Ok(n) = u32::try_from(d.len) else {
         return Ok(Launch::Host);

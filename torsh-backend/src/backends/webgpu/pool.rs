@@ -11,16 +11,6 @@ use super::elementwise::Launch;
 use super::memory::Memory;
 use super::pipelines::{grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, POOL};
 
-/// The buffer and element offset of `ptr` when it is 4-byte aligned and `elements` more fit in 32 bits.
-fn place(mem: &Memory, ptr: DevicePtr, elements: usize) -> Result<Option<(&wgpu::Buffer, u32)>> {
-    let at = mem.place(ptr, 0)?;
-    let words = (at.offset / 4) as usize;
-    let fits = words
-        .checked_add(elements)
-        .is_some_and(|end| u32::try_from(end).is_ok());
-    Ok((at.offset.is_multiple_of(4) && fits).then_some((at.buffer, words as u32)))
-}
-
 /// `values` as parameter words, or `None` when one does not fit in 32 bits.
 fn words(values: &[usize]) -> Option<Vec<u32>> {
     values.iter().map(|&v| u32::try_from(v).ok()).collect()
@@ -38,8 +28,8 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
     let [_, _, oh, ow] = d.output_shape;
     let outputs = n * c * oh * ow;
     let (Some(x), Some(out)) = (
-        place(mem, d.input, n * c * h * w)?,
-        place(mem, d.output, outputs)?,
+        mem.words_u32(d.input, n * c * h * w)?,
+        mem.words_u32(d.output, outputs)?,
     ) else {
         return Ok(Launch::Host);
     };
@@ -114,13 +104,13 @@ pub(crate) fn batch_norm(
     if n == 0 {
         return Ok(Launch::Host);
     }
-    let (Some(x), Some(out)) = (place(mem, d.input, n)?, place(mem, d.output, n)?) else {
+    let (Some(x), Some(out)) = (mem.words_u32(d.input, n)?, mem.words_u32(d.output, n)?) else {
         return Ok(Launch::Host);
     };
     let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, u32)>>> {
         match ptr {
             None => Ok(Some(None)),
-            Some(p) => Ok(place(mem, p, d.channels)?.map(Some)),
+            Some(p) => Ok(mem.words_u32(p, d.channels)?.map(Some)),
         }
     };
     let (Some(weight), Some(bias), Some(mean), Some(var)) = (

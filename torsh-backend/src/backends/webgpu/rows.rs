@@ -15,15 +15,6 @@ use super::pipelines::{grid_rows, Dispatch, Kernels, ROWS};
 /// Most dims of a reduction's row index.
 const MAX_RANK: usize = 8;
 
-/// The buffer and 32-bit word offset of `ptr`, when it is 4-byte aligned.
-fn words_at(mem: &Memory, ptr: DevicePtr) -> Result<Option<(&wgpu::Buffer, usize)>> {
-    let place = mem.place(ptr, 0)?;
-    Ok(place
-        .offset
-        .is_multiple_of(4)
-        .then_some((place.buffer, (place.offset / 4) as usize)))
-}
-
 /// `v` as a parameter word, if it fits.
 fn word(v: usize) -> Option<u32> {
     u32::try_from(v).ok()
@@ -86,7 +77,7 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
     let rows_layout = Layout::new(shape, strides, 0)?;
     let (shape, [strides]) = coalesce("reduce", [&rows_layout])?;
     let (Some((input, in_off)), Some((output, out_off))) =
-        (words_at(mem, d.input.ptr)?, words_at(mem, d.output)?)
+        (mem.words(d.input.ptr)?, mem.words(d.output)?)
     else {
         return Ok(Launch::Host);
     };
@@ -156,7 +147,7 @@ pub(crate) fn softmax(
         return Ok(Launch::Host);
     }
     let (Some((input, in_off)), Some((output, out_off))) =
-        (words_at(mem, d.input)?, words_at(mem, d.output)?)
+        (mem.words(d.input)?, mem.words(d.output)?)
     else {
         return Ok(Launch::Host);
     };
@@ -196,14 +187,14 @@ pub(crate) fn layer_norm(
         return Ok(Launch::Host);
     }
     let (Some((input, in_off)), Some((output, out_off))) =
-        (words_at(mem, d.input)?, words_at(mem, d.output)?)
+        (mem.words(d.input)?, mem.words(d.output)?)
     else {
         return Ok(Launch::Host);
     };
     let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, usize)>>> {
         match ptr {
             None => Ok(Some(None)),
-            Some(p) => Ok(words_at(mem, p)?.map(Some)),
+            Some(p) => Ok(mem.words(p)?.map(Some)),
         }
     };
     let (Some(weight), Some(bias)) = (optional(d.weight)?, optional(d.bias)?) else {
