@@ -289,7 +289,10 @@ fn unavailable_reason(kind: BackendType) -> Option<String> {
         BackendType::Auto => None,
         BackendType::Cuda => cuda_unavailable_reason(),
         BackendType::WebGpu => webgpu_unavailable_reason(),
-        BackendType::Rocm => Some(not_built("ROCm", cfg!(feature = "rocm"), "rocm")),
+        BackendType::Rocm => Some(format!(
+            "{}; AMD GPUs run today through Vulkan: use Backend::webgpu() (BackendType::WebGpu)",
+            not_built("ROCm", cfg!(feature = "rocm"), "rocm")
+        )),
         BackendType::Metal => Some(if cfg!(target_vendor = "apple") {
             not_built("Metal", cfg!(feature = "metal"), "metal")
         } else {

@@ -317,6 +317,19 @@ fn device_selection_is_checked() {
 }
 
 #[test]
+fn rocm_points_amd_users_at_the_vulkan_route() {
+    match Backend::rocm().build() {
+        Err(BackendError::Unavailable { reason, .. }) => {
+            assert!(
+                reason.contains("Vulkan") && reason.contains("webgpu"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[test]
 fn auto_does_not_pick_webgpu_while_ops_run_on_the_host() {
     let auto = Backend::auto().unwrap();
     assert_ne!(auto.backend_type(), BackendType::WebGpu);
