@@ -310,6 +310,31 @@ fn device_selection_is_checked() {
         odd.init(),
         Err(BackendError::InvalidArgument { .. })
     ));
+    let mut debug = WebGpuBackend::new(WebGpuBackendConfig {
+        debug_mode: true,
+        ..Default::default()
+    });
+    assert!(matches!(
+        debug.init(),
+        Err(BackendError::FeatureUnavailable { .. })
+    ));
+    // Without the pipeline cache every launch builds its pipeline and keeps none.
+    let mut uncached = WebGpuBackend::new(WebGpuBackendConfig {
+        enable_pipeline_cache: false,
+        ..Default::default()
+    });
+    uncached.init().unwrap();
+    let ptr = uncached.alloc(64).unwrap();
+    uncached
+        .fill(&FillDesc {
+            dtype: DType::F32,
+            ptr,
+            len: 16,
+            value: 2.0,
+        })
+        .unwrap();
+    assert_eq!(uncached.pipeline_count(), 0);
+    assert_eq!(download_f32(&uncached, ptr, 16), vec![2.0; 16]);
     // The seed's async constructors, driven without a runtime.
     let device = pollster_free_block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
     assert!(!device.name().is_empty());

@@ -21,7 +21,8 @@ pub(crate) fn instance() -> &'static wgpu::Instance {
     INSTANCE.get_or_init(|| {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = NATIVE_APIS;
-        desc.flags = wgpu::InstanceFlags::empty();
+        // No validation layers by default; wgpu's WGPU_VALIDATION / WGPU_DEBUG variables turn them on.
+        desc.flags = wgpu::InstanceFlags::empty().with_env();
         wgpu::Instance::new(desc)
     })
 }

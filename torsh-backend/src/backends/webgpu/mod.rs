@@ -60,11 +60,14 @@ pub struct WebGpuBackendConfig {
     /// ranked (discrete before integrated before CPU implementations), `LowPower` an integrated GPU
     /// when there is one.
     pub power_preference: wgpu::PowerPreference,
-    /// Ask wgpu for its validation and debug labels (slower).
+    /// Ask wgpu for its validation layers. The wgpu instance is shared by the whole process, so this
+    /// cannot be chosen per backend: `true` makes `init` answer `FeatureUnavailable` saying to set
+    /// `WGPU_VALIDATION=1` (and `WGPU_DEBUG=1`) in the environment instead, which wgpu reads.
     pub debug_mode: bool,
     /// Largest allocation the backend makes, in bytes; capped by the adapter's own limits.
     pub max_buffer_size: u64,
-    /// Keep built pipelines for reuse (always on: building a pipeline per op would dominate).
+    /// Keep built pipelines for reuse (`false` builds each kernel's pipeline anew at every launch,
+    /// which costs far more than the kernel on small tensors; for measuring that cost).
     pub enable_pipeline_cache: bool,
     /// Workgroup size of the elementwise kernels. Only `(256, 1, 1)` is built in this version; other
     /// values are `InvalidArgument`.
@@ -317,13 +320,21 @@ impl ComputeBackend for WebGpuBackend {
                 ),
             ));
         }
+        if self.config.debug_mode {
+            return Err(BackendError::FeatureUnavailable {
+                feature: "WebGPU debug_mode",
+                reason: "the wgpu instance is shared by the process; set WGPU_VALIDATION=1 and \
+                         WGPU_DEBUG=1 in the environment before the first WebGPU call instead"
+                    .into(),
+            });
+        }
         let index = self.chosen_adapter()?;
         let device = context::block_on(WebGpuDevice::from_adapter_index(index, 0))?;
         let poison =
             cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
         self.state = Some(State {
             device,
-            kernels: Kernels::default(),
+            kernels: Kernels::new(self.config.enable_pipeline_cache),
             memory: Mutex::new(Memory::new(
                 self.config.max_buffer_size,
                 DEFAULT_CACHE_BYTES,

@@ -91,6 +91,8 @@ type Key = (&'static str, &'static str, Vec<(&'static str, u64)>);
 /// Compiled modules and pipelines of one device.
 #[derive(Debug, Default)]
 pub(crate) struct Kernels {
+    /// Keep built pipelines (the backend's `enable_pipeline_cache`).
+    keep: bool,
     layouts: Mutex<HashMap<&'static str, Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>>,
     modules: Mutex<HashMap<&'static str, Arc<wgpu::ShaderModule>>>,
     pipelines: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
@@ -103,7 +105,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Kernels {
-    /// Pipelines built so far, custom ones included.
+    /// An empty cache that keeps what it builds when `keep`.
+    pub fn new(keep: bool) -> Kernels {
+        Kernels {
+            keep,
+            ..Kernels::default()
+        }
+    }
+
+    /// Pipelines kept so far, custom ones included.
     pub fn pipeline_count(&self) -> usize {
         lock(&self.pipelines).len() + lock(&self.custom).len()
     }
@@ -121,7 +131,9 @@ impl Kernels {
             return Ok(Arc::clone(p));
         }
         let p = super::custom::build_custom(gpu, source, entry_point)?;
-        lock(&self.custom).insert(key, Arc::clone(&p));
+        if self.keep {
+            lock(&self.custom).insert(key, Arc::clone(&p));
+        }
         Ok(p)
     }
 
@@ -217,7 +229,9 @@ impl Kernels {
             })
             .map_err(|e| as_compile_error(&kernel, e))?;
         let pipeline = Arc::new(pipeline);
-        lock(&self.pipelines).insert(key, Arc::clone(&pipeline));
+        if self.keep {
+            lock(&self.pipelines).insert(key, Arc::clone(&pipeline));
+        }
         Ok(pipeline)
     }
 
