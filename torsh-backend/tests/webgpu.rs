@@ -336,7 +336,7 @@ fn device_selection_is_checked() {
     assert_eq!(uncached.pipeline_count(), 0);
     assert_eq!(download_f32(&uncached, ptr, 16), vec![2.0; 16]);
     // The seed's async constructors, driven without a runtime.
-    let device = pollster_free_block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
+    let device = webgpu::block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
     assert!(!device.name().is_empty());
     assert!(device.limits().max_storage_buffer_binding_size > 0);
 }
@@ -358,19 +358,6 @@ fn rocm_points_amd_users_at_the_vulkan_route() {
 fn auto_does_not_pick_webgpu_while_ops_run_on_the_host() {
     let auto = Backend::auto().unwrap();
     assert_ne!(auto.backend_type(), BackendType::WebGpu);
-}
-
-/// Drives a future that is ready at once (wgpu's native futures are).
-fn pollster_free_block_on<F: std::future::Future>(f: F) -> F::Output {
-    use std::task::{Context, Poll, Waker};
-    let mut f = std::pin::pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::yield_now();
-    }
 }
 
 /// Seed 002's example: doubles each element, guarded by `arrayLength`.
@@ -395,7 +382,7 @@ fn custom_kernels_run_on_tensors() {
     let xs: Vec<f32> = (0..1000).map(|i| i as f32 * 0.25 - 7.0).collect();
     let input = b.from_slice(&xs, &[1000]).unwrap();
     let output = b.full(&[1000], f64::NAN, DType::F32).unwrap();
-    pollster_free_block_on(exec.execute_custom_kernel(
+    webgpu::block_on(exec.execute_custom_kernel(
         DOUBLE,
         "main",
         &[&input, &output],
@@ -420,7 +407,7 @@ fn scale(@builtin(global_invocation_id) id: vec3<u32>) {
 }
 "#;
     let uniforms: Vec<u8> = [3.0f32, 0.5].iter().flat_map(|v| v.to_le_bytes()).collect();
-    pollster_free_block_on(exec.execute_custom_kernel(
+    webgpu::block_on(exec.execute_custom_kernel(
         scale,
         "scale",
         &[&output],
@@ -443,7 +430,7 @@ fn custom_kernel_mistakes_are_typed_errors() {
     let input = b.ones(&[64], DType::F32).unwrap();
     let output = b.zeros(&[64], DType::F32).unwrap();
     let run = |src: &str, entry: &str, bufs: &[&torsh_backend::Tensor], size, count| {
-        pollster_free_block_on(exec.execute_custom_kernel(src, entry, bufs, size, count, None))
+        webgpu::block_on(exec.execute_custom_kernel(src, entry, bufs, size, count, None))
     };
     // A syntax error: naga's message names the line.
     let broken = DOUBLE.replace("input[index] * 2.0;", "input[index] * ;");
@@ -772,4 +759,21 @@ fn pooling_and_batch_norm_kernels_match_the_reference() {
         ("batch norm, inference", norm(false, 0)),
     ];
     check_against_reference(&b, cases, 5);
+}
+
+#[test]
+fn fresh_allocations_are_poisoned_to_their_last_byte() {
+    let Some(b) = raw() else { return };
+    if !cfg!(debug_assertions) && std::env::var("TORSH_POISON").as_deref() != Ok("1") {
+        eprintln!("webgpu poison: skipped (release build without TORSH_POISON=1 does not poison)");
+        return;
+    }
+    // Larger than one poisoning chunk (1 MiB) and not a whole number of words.
+    let len = (3 << 20) + 5;
+    let ptr = b.alloc(len).unwrap();
+    for at in [0, (1 << 20) - 1, 1 << 20, len - 7] {
+        let mut bytes = [0u8; 7];
+        b.copy_dtoh(&mut bytes, ptr.offset(at).unwrap()).unwrap();
+        assert_eq!(bytes, [0xFF; 7], "at byte {at}");
+    }
 }

@@ -2,7 +2,7 @@
 //! k, no workgroup memory), run through the backend's own custom-kernel path on the same device, so
 //! the tiled kernel's gain over the textbook shader is measured side by side.
 
-use torsh_backend::webgpu::WebGpuKernelExecutor;
+use torsh_backend::webgpu::{block_on, WebGpuKernelExecutor};
 use torsh_backend::{Backend, DType};
 
 use super::cases::Runner;
@@ -62,17 +62,4 @@ pub fn prepare(backend: &Backend, m: usize, n: usize, k: usize) -> Result<Runner
         ))
         .map_err(|e| e.to_string())
     }))
-}
-
-/// Drives a future that completes without waiting (the executor's are ready when returned).
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    use std::task::{Context, Poll, Waker};
-    let mut f = std::pin::pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::yield_now();
-    }
 }

@@ -15,9 +15,10 @@ use std::task::{Context, Poll, Wake, Waker};
 use crate::device::BackendType;
 use crate::error::{BackendError, Result};
 
-/// Drives `future` to completion on this thread. wgpu's native futures (adapter and device requests,
-/// error scopes) are ready at once or completed by [`Gpu::wait`], so this needs no runtime.
-pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+/// Drives `future` to completion on this thread, parking it while the future is pending: a minimal
+/// executor for this module's `async` functions (they complete without waiting on native targets)
+/// and for callers without an async runtime.
+pub fn block_on<F: Future>(future: F) -> F::Output {
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {
         fn wake(self: Arc<Self>) {

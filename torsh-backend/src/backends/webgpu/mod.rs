@@ -40,6 +40,7 @@ use crate::error::{BackendError, Result};
 
 pub use adapter::{enumerate_adapters, get_adapter_info, is_available};
 pub(crate) use adapter::{list_devices, unavailable_reason};
+pub use context::block_on;
 use context::Gpu;
 pub use custom::{PipelineStats, WebGpuKernelExecutor};
 use elementwise::Launch;
@@ -395,11 +396,21 @@ impl ComputeBackend for WebGpuBackend {
         let mut mem = state.memory();
         let ptr = mem.alloc(gpu, bytes)?;
         if state.poison && bytes > 0 {
-            let poisoned = vec![crate::backends::reference::POISON_BYTE; bytes];
-            let at = mem.place(ptr, bytes)?;
-            if let Err(e) = memory::write(gpu, at, &poisoned) {
-                let _ = mem.free(ptr);
-                return Err(e);
+            // In chunks of at most 1 MiB, so poisoning a large buffer needs no host copy of its size.
+            let chunk = vec![crate::backends::reference::POISON_BYTE; bytes.min(1 << 20)];
+            let mut done = 0;
+            while done < bytes {
+                let len = chunk.len().min(bytes - done);
+                let written = ptr
+                    .offset(done)
+                    .ok_or_else(|| BackendError::overflow("alloc", "pointer + offset overflows"))
+                    .and_then(|p| mem.place(p, len))
+                    .and_then(|at| memory::write(gpu, at, &chunk[..len]));
+                if let Err(e) = written {
+                    let _ = mem.free(ptr);
+                    return Err(e);
+                }
+                done += len;
             }
         }
         Ok(ptr)
