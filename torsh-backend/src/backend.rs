@@ -76,6 +76,18 @@ impl fmt::Debug for Backend {
     }
 }
 
+/// Whether wgpu's best ranked adapter is a hardware GPU (false without the `webgpu` feature).
+fn webgpu_has_hardware_gpu() -> bool {
+    #[cfg(feature = "webgpu")]
+    {
+        crate::backends::webgpu::has_hardware_gpu()
+    }
+    #[cfg(not(feature = "webgpu"))]
+    {
+        false
+    }
+}
+
 /// Whether a backend kind can be used on this machine, and why not.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BackendStatus {
@@ -92,15 +104,17 @@ impl Backend {
         BackendBuilder::new().backend_type(backend_type).build()
     }
 
-    /// The best available backend: CUDA, then ROCm, Metal, then the CPU (WebGPU joins, between Metal
-    /// and the CPU and for hardware GPUs only, once every op has a WGSL kernel). The CPU is always
-    /// available, so this fails only if every candidate failed to initialise.
+    /// The best available backend: CUDA, then ROCm, Metal, then WebGPU when its best adapter is a
+    /// hardware GPU (discrete, integrated or virtual), then the CPU. A WebGPU adapter that is itself
+    /// a CPU implementation (Mesa's lavapipe, WARP) ranks below the native CPU backend, so `auto`
+    /// never picks it; ask for it with [`Backend::webgpu`]. The CPU is always available, so this
+    /// fails only if every candidate failed to initialise.
     pub fn auto() -> Result<Backend> {
         let mut last = None;
         for kind in BackendType::CONCRETE {
-            // WebGPU still runs several ops on the host (see `backends::webgpu`): it is built only
-            // when asked for by name until every op has a WGSL kernel.
-            if kind == BackendType::Reference || kind == BackendType::WebGpu {
+            if kind == BackendType::Reference
+                || (kind == BackendType::WebGpu && !webgpu_has_hardware_gpu())
+            {
                 continue;
             }
             match Backend::new(kind) {

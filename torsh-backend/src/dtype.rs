@@ -119,8 +119,38 @@ macro_rules! element {
 
 element!(f32, DType::F32, |x| x as f64, |v| v as f32);
 element!(f64, DType::F64, |x| x, |v| v);
-element!(f16, DType::F16, |x| x.to_f64(), |v| f16::from_f64(v));
-element!(bf16, DType::BF16, |x| x.to_f64(), |v| bf16::from_f64(v));
+element!(f16, DType::F16, |x| x.to_f64(), |v| f16_from_f64(v));
+element!(bf16, DType::BF16, |x| x.to_f64(), |v| bf16_from_f64(v));
+
+/// `v` rounded to f32 *to odd*: the nearest f32 when exact, otherwise whichever of the two neighbours
+/// has an odd last bit. Rounding that result again to a format with at least two bits fewer (f16,
+/// bf16) gives the correctly rounded value of `v`, where plain `v as f32` could round twice.
+fn f32_rounded_to_odd(v: f64) -> f32 {
+    let r = v as f32;
+    if !r.is_finite() || r as f64 == v || r.to_bits() & 1 == 1 {
+        return r;
+    }
+    // r is even and inexact: step to its odd neighbour on v's side.
+    let bits = r.to_bits();
+    f32::from_bits(if (r as f64).abs() > v.abs() {
+        bits - 1
+    } else {
+        bits + 1
+    })
+}
+
+/// f64 → f16 rounded to nearest, ties to even, once. (`half::f16::from_f64` goes through f32 with
+/// plain rounding on x86 with F16C, which rounds twice, and directly elsewhere, so its answers
+/// depend on the machine; every backend here uses this instead.)
+pub fn f16_from_f64(v: f64) -> f16 {
+    f16::from_f32(f32_rounded_to_odd(v))
+}
+
+/// f64 → bf16 rounded to nearest, ties to even, once. (`half::bf16::from_f64` drops the low 32
+/// significand bits before rounding, which misrounds values just above a tie.)
+pub fn bf16_from_f64(v: f64) -> bf16 {
+    bf16::from_f32(f32_rounded_to_odd(v))
+}
 element!(i32, DType::I32, |x| x as f64, |v| v as i32);
 element!(i64, DType::I64, |x| x as f64, |v| v as i64);
 element!(u8, DType::U8, |x| x as f64, |v| v as u8);
@@ -128,6 +158,35 @@ element!(u8, DType::U8, |x| x as f64, |v| v as u8);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f64_to_16_bit_floats_round_once() {
+        // 1 + 2^-11 is a tie between f16 neighbours; a hair above it must round up, not to even.
+        let above_tie = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(f16_from_f64(above_tie).to_bits(), 0x3c01);
+        assert_eq!(f16_from_f64(1.0 + 2f64.powi(-11)).to_bits(), 0x3c00);
+        assert_eq!(f16_from_f64(1.0 + 3.0 * 2f64.powi(-11)).to_bits(), 0x3c02);
+        let above_bf16_tie = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+        assert_eq!(bf16_from_f64(above_bf16_tie).to_bits(), 0x3f81);
+        assert_eq!(bf16_from_f64(1.0 + 2f64.powi(-8)).to_bits(), 0x3f80);
+        // Overflow, underflow, signs and NaN.
+        assert_eq!(f16_from_f64(65520.0).to_bits(), 0x7c00);
+        assert_eq!(f16_from_f64(65519.99).to_bits(), 0x7bff);
+        assert_eq!(f16_from_f64(-(2f64.powi(-25))).to_bits(), 0x8000);
+        assert_eq!(f16_from_f64(2f64.powi(-25) * 1.0000001).to_bits(), 0x0001);
+        assert_eq!(bf16_from_f64(1e-300).to_bits(), 0);
+        assert_eq!(bf16_from_f64(3.4e38).to_bits(), 0x7f80);
+        assert!(f16_from_f64(f64::NAN).is_nan() && bf16_from_f64(f64::NAN).is_nan());
+        // Agreement with the single rounding from f32 wherever the f64 is an f32.
+        for bits in (0..u32::MAX).step_by(65_521) {
+            let x = f32::from_bits(bits);
+            if x.is_nan() {
+                continue;
+            }
+            assert_eq!(f16_from_f64(x as f64), f16::from_f32(x), "{x:e}");
+            assert_eq!(bf16_from_f64(x as f64), bf16::from_f32(x), "{x:e}");
+        }
+    }
 
     #[test]
     fn sizes_and_names_round_trip() {

@@ -5,6 +5,9 @@
 //! Uniform values come from a SplitMix64 hash of `(seed, i)`, keeping the top 53 bits. Normal values use
 //! the Box–Muller transform on uniforms `2i` and `2i + 1` (the cosine branch).
 
+/// The golden-ratio increment of SplitMix64 (2^64 / φ), which spaces the streams' counters.
+pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
 /// The SplitMix64 finaliser: a bijective 64-bit mix.
 pub const fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -14,9 +17,7 @@ pub const fn mix64(mut z: u64) -> u64 {
 
 /// 64 random bits for element `index` of stream `seed`.
 pub const fn bits(seed: u64, index: u64) -> u64 {
-    mix64(
-        mix64(seed ^ 0x9E37_79B9_7F4A_7C15).wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-    )
+    mix64(mix64(seed ^ GOLDEN).wrapping_add(index.wrapping_mul(GOLDEN)))
 }
 
 /// Uniform on `[0, 1)` for element `index` of stream `seed`.

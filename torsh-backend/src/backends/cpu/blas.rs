@@ -119,7 +119,7 @@ pub(crate) fn gemm(
         match d.dtype {
             DType::F32 => call!(f32, |x: f64| x as f32).run(parallelism),
             DType::F64 => call!(f64, |x: f64| x).run(parallelism),
-            DType::F16 => call!(f16, f16::from_f64).run(parallelism),
+            DType::F16 => call!(f16, crate::dtype::f16_from_f64).run(parallelism),
             DType::BF16 => return bf16_gemm(mem, d, regions, parallelism),
             other => {
                 return Err(BackendError::Unsupported {
@@ -239,7 +239,7 @@ pub(crate) fn gemv(
         match d.dtype {
             DType::F32 => call!(f32, |v: f64| v as f32).run(parallelism),
             DType::F64 => call!(f64, |v: f64| v).run(parallelism),
-            DType::F16 => call!(f16, f16::from_f64).run(parallelism),
+            DType::F16 => call!(f16, crate::dtype::f16_from_f64).run(parallelism),
             other => {
                 return Err(BackendError::Unsupported {
                     op: "gemv",

@@ -25,7 +25,6 @@
 //! are bit-identical to the strided kernels'.
 
 use cudarc::driver::{result as drv, CudaFunction, LaunchConfig, PushKernelArg};
-use half::{bf16, f16};
 
 use super::launch::{check_aligned, suffix, to_i64, StridedArg};
 use super::{driver_error, Gpu};
@@ -452,13 +451,13 @@ fn width_suffix(dtype: DType) -> &'static str {
 }
 
 /// `value` encoded as one element of `dtype`, in the low bits: the conversions of the reference's
-/// `encode` (Rust `as` for integers and f32, `half`'s `from_f64` for f16 and bf16).
+/// `encode` (Rust `as` for integers and f32, [`crate::dtype::f16_from_f64`] and its bf16 twin).
 fn fill_bits(dtype: DType, value: f64) -> u64 {
     match dtype {
         DType::F32 => u64::from((value as f32).to_bits()),
         DType::F64 => value.to_bits(),
-        DType::F16 => u64::from(f16::from_f64(value).to_bits()),
-        DType::BF16 => u64::from(bf16::from_f64(value).to_bits()),
+        DType::F16 => u64::from(crate::dtype::f16_from_f64(value).to_bits()),
+        DType::BF16 => u64::from(crate::dtype::bf16_from_f64(value).to_bits()),
         DType::I32 => u64::from((value as i32) as u32),
         DType::I64 => (value as i64) as u64,
         DType::U8 => u64::from(value as u8),

@@ -41,8 +41,8 @@ pub fn encode(dtype: DType, v: f64, out: &mut [u8]) {
     match dtype {
         DType::F32 => out[..4].copy_from_slice(&(v as f32).to_le_bytes()),
         DType::F64 => out[..8].copy_from_slice(&v.to_le_bytes()),
-        DType::F16 => out[..2].copy_from_slice(&f16::from_f64(v).to_le_bytes()),
-        DType::BF16 => out[..2].copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
+        DType::F16 => out[..2].copy_from_slice(&crate::dtype::f16_from_f64(v).to_le_bytes()),
+        DType::BF16 => out[..2].copy_from_slice(&crate::dtype::bf16_from_f64(v).to_le_bytes()),
         DType::I32 => out[..4].copy_from_slice(&(v as i32).to_le_bytes()),
         DType::I64 => out[..8].copy_from_slice(&(v as i64).to_le_bytes()),
         DType::U8 => out[0] = v as u8,
@@ -197,23 +197,6 @@ impl HostMemory {
         let ptr = self.table.allocate_synthetic(bytes)?;
         self.buffers.insert(ptr.0, Buffer { lines, len: bytes });
         Ok(ptr)
-    }
-
-    /// Records a poisoned allocation of `bytes` at `base`, an address another memory handed out (the
-    /// WebGPU backend mirrors device allocations here to run reference kernels on the host).
-    /// `InvalidArgument` when `base` is already live here; `OutOfMemory` when the host cannot
-    /// provide the bytes.
-    pub fn adopt(&mut self, base: DevicePtr, bytes: usize) -> Result<()> {
-        if self.buffers.contains_key(&base.0) {
-            return Err(BackendError::invalid(
-                "adopt",
-                format!("{:#x} is already an allocation of this memory", base.0),
-            ));
-        }
-        let lines = fresh_lines(bytes.div_ceil(64), bytes)?;
-        self.table.insert(base, bytes);
-        self.buffers.insert(base.0, Buffer { lines, len: bytes });
-        Ok(())
     }
 
     /// Frees an allocation by its base pointer (keeping its buffer for reuse when recycling).

@@ -54,11 +54,6 @@ impl ReferenceBackend {
         }
     }
 
-    /// The memory, for a caller that ran ops on a temporary instance and wants their results.
-    pub(crate) fn into_memory(self) -> HostMemory {
-        self.memory.into_inner().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Bytes of freed buffers held for reuse.
     pub(crate) fn cached_bytes(&self) -> usize {
         self.memory.lock().map_or(0, |m| m.cached_bytes())

@@ -91,6 +91,13 @@ pub(crate) fn is_hardware_gpu(info: &wgpu::AdapterInfo) -> bool {
     )
 }
 
+/// Whether the best ranked adapter (the one a default backend opens) is a hardware GPU.
+pub(crate) fn has_hardware_gpu() -> bool {
+    adapters()
+        .first()
+        .is_some_and(|a| is_hardware_gpu(&a.get_info()))
+}
+
 /// Why the WebGPU backend cannot run here, or `None` when some adapter exists.
 pub(crate) fn unavailable_reason() -> Option<String> {
     if adapters().is_empty() {

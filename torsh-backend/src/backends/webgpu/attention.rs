@@ -1,7 +1,7 @@
 //! Host side of `shaders/attention.wgsl`: f32 scaled dot-product attention, one workgroup per query
 //! row with an online softmax over chunks of keys (causal chunks past the row never visited). Other
 //! dtypes, head dims above 1024, misaligned operands and offsets beyond 32 bits answer
-//! [`Launch::Host`].
+//! [`Launch::Stage`].
 
 use crate::compute::AttentionDesc;
 use crate::dtype::DType;
@@ -23,7 +23,7 @@ pub(crate) fn attention(
     d: &AttentionDesc,
 ) -> Result<Launch> {
     if d.dtype != DType::F32 || d.head_dim > MAX_HEAD_DIM {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let bh = d.batch * d.heads;
     let rows = bh * d.seq_q;
@@ -38,10 +38,10 @@ pub(crate) fn attention(
         mem.words_u32(d.v, kv)?,
         mem.words_u32(d.o, qo)?,
     ) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let Some(groups) = grid_rows(rows, gpu.limits.max_compute_workgroups_per_dimension) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let words = [
         rows as u32,

@@ -3,7 +3,7 @@
 //! The descriptors are column-major with leading dimensions; each operand becomes (element offset,
 //! row stride, column stride) of `op(X)`, so transposes cost nothing and GEMV is the same kernel with
 //! one column (x and y as strided vectors). Offsets and strides must fit the kernel's 32-bit words;
-//! operands that do not, misaligned ones and other dtypes answer [`Launch::Host`].
+//! operands that do not, misaligned ones and other dtypes answer [`Launch::Stage`].
 
 use crate::compute::{BatchedGemmDesc, DevicePtr, GemmDesc, GemvDesc, Transpose};
 use crate::dtype::DType;
@@ -63,7 +63,7 @@ struct Product<'a> {
     beta: f64,
 }
 
-/// Launches `p`, splitting the batch across launches of at most the device's z limit. `Host` when a
+/// Launches `p`, splitting the batch across launches of at most the device's z limit. `Stage` when a
 /// number does not fit in 32 bits.
 fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>) -> Result<Launch> {
     if p.m == 0 || p.n == 0 || p.batch_count == 0 {
@@ -92,13 +92,13 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>) -> Result<Launch> {
         || views.iter().flatten().any(Option::is_none)
         || batches.iter().any(Option::is_none)
     {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
     let groups_m = p.m.div_ceil(TILE);
     let groups_n = p.n.div_ceil(TILE);
     if groups_m > limit || groups_n > limit {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let mut words = vec![0u32; 18];
     for (i, h) in header.iter().enumerate() {
@@ -163,11 +163,11 @@ fn gemm_product<'a>(
 /// f32 GEMM.
 pub(crate) fn gemm(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemmDesc) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     match gemm_product(mem, d, (0, 0, 0), 1)? {
         Some(p) => run(gpu, kernels, p),
-        None => Ok(Launch::Host),
+        None => Ok(Launch::Stage),
     }
 }
 
@@ -179,7 +179,7 @@ pub(crate) fn batched_gemm(
     d: &BatchedGemmDesc,
 ) -> Result<Launch> {
     if d.gemm.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     // With k = 0, A and B are never read (their pointers may be zero-byte allocations).
     let (sa, sb) = if d.gemm.k == 0 {
@@ -189,14 +189,14 @@ pub(crate) fn batched_gemm(
     };
     match gemm_product(mem, &d.gemm, (sa, sb, d.stride_c), d.batch_count)? {
         Some(p) => run(gpu, kernels, p),
-        None => Ok(Launch::Host),
+        None => Ok(Launch::Stage),
     }
 }
 
 /// f32 GEMV: `y = alpha·op(A)·x + beta·y` as a product with one column.
 pub(crate) fn gemv(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemvDesc) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let (rows, cols) = match d.trans {
         Transpose::No => (d.m, d.n),
@@ -206,7 +206,7 @@ pub(crate) fn gemv(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemvDesc) -> 
     let x = operand(mem, d.x, (d.incx, 0), 0)?;
     let y = operand(mem, d.y, (d.incy, 0), 0)?;
     let (Some(a), Some(b), Some(c)) = (a, x, y) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     run(
         gpu,

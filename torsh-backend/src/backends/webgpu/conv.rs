@@ -1,7 +1,7 @@
 //! Host side of `shaders/conv.wgsl`: f32 conv2d (NCHW, any stride, padding, dilation and groups,
 //! optional bias) as an implicit GEMM per group. Other dtypes, misaligned operands, more groups than
 //! one grid dimension holds, and sizes whose indices do not fit the kernel's 32-bit words answer
-//! [`Launch::Host`].
+//! [`Launch::Stage`].
 
 use crate::compute::Conv2dDesc;
 use crate::dtype::DType;
@@ -18,7 +18,7 @@ const TILE: usize = 64;
 /// An f32 convolution.
 pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     if d.output_shape.contains(&0) {
         return Ok(Launch::Done);
@@ -28,12 +28,12 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
         mem.words(d.weight)?,
         mem.words(d.output)?,
     ) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let bias = match d.bias {
         Some(b) => match mem.words(b)? {
             Some(found) => Some(found),
-            None => return Ok(Launch::Host),
+            None => return Ok(Launch::Stage),
         },
         None => None,
     };
@@ -61,7 +61,7 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
         .all(|v| v.is_some_and(|v| u32::try_from(v).is_ok()));
     let groups = (kg.div_ceil(TILE), (n * oh * ow).div_ceil(TILE), d.groups);
     if !fits || groups.0 > limit || groups.1 > limit || groups.2 > limit {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let words: Option<Vec<u32>> = [
         n,
@@ -91,7 +91,7 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
     .map(|&v| u32::try_from(v).ok())
     .collect();
     let Some(words) = words else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     kernels.dispatch(
         gpu,

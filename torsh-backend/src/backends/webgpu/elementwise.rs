@@ -1,17 +1,17 @@
-//! Host side of `shaders/elementwise.wgsl`: fill, unary and binary ops, strided copies and f32 casts.
+//! Host side of `shaders/elementwise.wgsl`: f32 fill, unary and binary ops and strided copies.
 //!
 //! Operands are coalesced (unit dims dropped, dims contiguous in every operand merged), then passed
 //! as parameter words: shape, and each view's element offset and strides. Every word is a `u32`, so a
 //! view whose offsets or extent do not fit in 32 bits, or whose rank stays above 8 after coalescing,
-//! answers [`Launch::Host`] and takes the host path, as do misaligned operands and other dtypes.
+//! answers [`Launch::Stage`], as do misaligned operands and other dtypes; fills and copies of those go
+//! to `cast.wgsl`, and math ops are staged (`staging.rs`).
 
-use crate::compute::{
-    BinaryDesc, BinaryOp, CastDesc, CopyDesc, FillDesc, StridedBuf, UnaryDesc, UnaryOp,
-};
+use crate::compute::{BinaryDesc, BinaryOp, CopyDesc, FillDesc, StridedBuf, UnaryDesc, UnaryOp};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::{coalesce, Layout};
 
+use super::cast;
 use super::context::Gpu;
 use super::memory::Memory;
 use super::pipelines::{grid_1d, Dispatch, Kernels, ELEMENTWISE};
@@ -21,14 +21,15 @@ const MAX_RANK: usize = 8;
 /// Parameter words: n, rank, shape[8], three views of nine words, the scalar.
 const WORDS: usize = 2 + MAX_RANK + 3 * (1 + MAX_RANK) + 1;
 
-/// Whether a launch happened or the operands need the host path.
+/// Whether a kernel was launched, or the operands must be staged first.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Launch {
     /// The kernel was submitted.
     Done,
-    /// No kernel covers these operands (another dtype, offsets or extents beyond 32 bits, rank above
-    /// 8 after coalescing, or a misaligned operand): the caller takes the host path.
-    Host,
+    /// The kernel cannot index these operands as they are (f16 or bf16 elements, a misaligned
+    /// operand, offsets or extents beyond 32 bits, rank above 8 after coalescing): the caller stages
+    /// them into aligned f32 copies (`staging.rs`) and launches again.
+    Stage,
 }
 
 /// A view's place: its wgpu buffer and element offset there, and its strides (after coalescing).
@@ -83,7 +84,7 @@ fn launch(
     let n: usize = shape.iter().product();
     let present: Vec<&View<'_>> = views.iter().flatten().copied().collect();
     let Some(words) = params(n, shape, &present, scalar) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     // Bindings: a, b, out; an absent operand binds the output buffer (never read).
     let out = present[0].buffer;
@@ -139,34 +140,36 @@ fn binary_code(op: BinaryOp) -> u64 {
     BinaryOp::ALL.iter().position(|&o| o == op).unwrap_or(0) as u64
 }
 
-/// f32 fill; other dtypes take the host path.
-pub(crate) fn fill(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &FillDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+/// f32 fill at an aligned address; anything else goes to `cast.wgsl`.
+pub(crate) fn fill(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &FillDesc) -> Result<()> {
+    if d.dtype == DType::F32 {
+        let out = StridedBuf::contiguous(d.ptr, &[d.len]);
+        if let Some((shape, v)) = views(mem, "fill", [&out])? {
+            let launched = launch(
+                gpu,
+                kernels,
+                "fill",
+                0,
+                &shape,
+                [Some(&v[0]), None, None],
+                (d.value as f32).to_bits(),
+            )?;
+            if launched == Launch::Done {
+                return Ok(());
+            }
+        }
     }
-    let out = StridedBuf::contiguous(d.ptr, &[d.len]);
-    let Some((shape, v)) = views(mem, "fill", [&out])? else {
-        return Ok(Launch::Host);
-    };
-    launch(
-        gpu,
-        kernels,
-        "fill",
-        0,
-        &shape,
-        [Some(&v[0]), None, None],
-        (d.value as f32).to_bits(),
-    )
+    cast::fill(gpu, kernels, mem, d)
 }
 
 /// f32 unary op.
 pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let out = StridedBuf::contiguous(d.output, d.input.layout.shape());
     let Some((shape, v)) = views(mem, "unary", [&out, &d.input])? else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     launch(
         gpu,
@@ -182,11 +185,11 @@ pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -
 /// f32 binary op with broadcasting by strides.
 pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let out = StridedBuf::contiguous(d.output, d.lhs.layout.shape());
     let Some((shape, v)) = views(mem, "binary", [&out, &d.lhs, &d.rhs])? else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     launch(
         gpu,
@@ -199,35 +202,24 @@ pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc)
     )
 }
 
-/// A strided f32 copy. (Other 4-byte dtypes stay on the host path: moving integer bits through f32
-/// registers is not guaranteed to keep patterns that read as subnormals or NaNs.)
-pub(crate) fn copy(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CopyDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+/// A strided f32 copy of aligned views; anything else goes to `cast.wgsl` (which moves bits as
+/// integers, so patterns that read as f32 subnormals or NaNs stay as they are).
+pub(crate) fn copy(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CopyDesc) -> Result<()> {
+    if d.dtype == DType::F32 {
+        if let Some((shape, v)) = views(mem, "copy_strided", [&d.dst, &d.src])? {
+            let launched = launch(
+                gpu,
+                kernels,
+                "copy",
+                0,
+                &shape,
+                [Some(&v[0]), Some(&v[1]), None],
+                0,
+            )?;
+            if launched == Launch::Done {
+                return Ok(());
+            }
+        }
     }
-    let Some((shape, v)) = views(mem, "copy_strided", [&d.dst, &d.src])? else {
-        return Ok(Launch::Host);
-    };
-    launch(
-        gpu,
-        kernels,
-        "copy",
-        0,
-        &shape,
-        [Some(&v[0]), Some(&v[1]), None],
-        0,
-    )
-}
-
-/// An f32 → f32 cast is a copy; other pairs take the host path.
-pub(crate) fn cast(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CastDesc) -> Result<Launch> {
-    if d.src_dtype != DType::F32 || d.dst_dtype != DType::F32 {
-        return Ok(Launch::Host);
-    }
-    let copy_desc = CopyDesc {
-        dtype: d.src_dtype,
-        src: d.input.clone(),
-        dst: StridedBuf::contiguous(d.output, d.input.layout.shape()),
-    };
-    copy(gpu, kernels, mem, &copy_desc)
+    cast::copy(gpu, kernels, mem, d)
 }

@@ -229,7 +229,7 @@ impl Memory {
 
     /// The buffer holding `ptr` and the offset of `ptr` in it in 32-bit words, when that offset is
     /// 4-byte aligned; `None` when it is not (the kernels index 4-byte elements, so such an operand
-    /// takes the host path). `InvalidPointer` as [`Memory::place`].
+    /// is staged, `staging.rs`). `InvalidPointer` as [`Memory::place`].
     pub fn words(&self, ptr: DevicePtr) -> Result<Option<(&wgpu::Buffer, usize)>> {
         let at = self.place(ptr, 0)?;
         Ok(at

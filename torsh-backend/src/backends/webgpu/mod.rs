@@ -7,30 +7,32 @@
 //! a pool of freed buffers (`memory.rs`), and builds each kernel's pipeline once (`pipelines.rs`).
 //! Callers' own WGSL runs through [`WebGpuKernelExecutor`] (`custom.rs`).
 //!
-//! **Coverage, in this version.** f32 fill, unary and binary ops (broadcasting by strides), strided
-//! copies, GEMM, batched GEMM, GEMV, conv2d (implicit GEMM), attention (flash style, causal chunks
-//! skipped), reductions, softmax and log-softmax, layer norm, batch norm, max and average pooling and
-//! Adam/AdamW run as WGSL kernels (`shaders/`). Every other op, and these
-//! ops in other dtypes or on operands the kernels cannot index, runs the reference kernels on a
-//! host copy of its operands (`fallback.rs`): the answers are right and the same as the reference's,
-//! at the cost of a transfer each way. `device_info()` lists the ops served that way. Until every op
-//! has a kernel, [`crate::Backend::auto`] does not choose this backend.
+//! **Coverage.** Every op runs on the device. f32 kernels (`shaders/`): fill, unary and binary ops
+//! (broadcasting by strides), strided copies, GEMM, batched GEMM, GEMV, conv2d (implicit GEMM),
+//! attention (flash style, causal chunks skipped), reductions, softmax and log-softmax, layer norm,
+//! batch norm, max and average pooling, Adam/AdamW and random fills (the crate's counter stream).
+//! Casts, copies and fills of every dtype run in `cast.wgsl`. In f16 and bf16 the math ops stage their
+//! operands into f32 copies on the device and convert the results back (`staging.rs`), as they do
+//! for f32 operands at unaligned addresses. f64 math answers `Unsupported`: WGSL has no f64, and an
+//! emulation would be neither fast nor the reference's rounding (f64 casts and copies do run).
 //!
 //! Work is ordered like a stream: one queue, one submission per op, in call order.
 
 mod adapter;
 mod attention;
 mod blas;
+mod cast;
 mod context;
 mod conv;
 mod custom;
 mod elementwise;
-mod fallback;
 mod memory;
 mod optim;
 mod pipelines;
 mod pool;
+mod random;
 mod rows;
+mod staging;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -39,7 +41,7 @@ use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
 
 pub use adapter::{enumerate_adapters, get_adapter_info, is_available};
-pub(crate) use adapter::{list_devices, unavailable_reason};
+pub(crate) use adapter::{has_hardware_gpu, list_devices, unavailable_reason};
 pub use context::block_on;
 use context::Gpu;
 pub use custom::{PipelineStats, WebGpuKernelExecutor};
@@ -47,6 +49,7 @@ use elementwise::Launch;
 use memory::Memory;
 pub use memory::{PoolStats, WebGpuBufferPool};
 use pipelines::Kernels;
+use staging::Stageable;
 
 /// The wgpu crate this backend is built on, for the types its API takes and returns.
 pub use wgpu;
@@ -237,38 +240,59 @@ impl WebGpuBackend {
         Ok(0)
     }
 
-    /// Checks `acc`, then runs `kernel`; where it answers [`Launch::Host`], runs `host` (the
-    /// reference kernel) on a host copy of the operands instead.
-    fn run(
+    /// Checks `desc`'s regions, then runs `kernel`; where it answers [`Launch::Stage`], runs it
+    /// again on staged f32 copies of the operands (`staging.rs`).
+    fn run<D: Stageable>(
+        &self,
+        desc: &D,
+        kernel: impl Fn(&Gpu, &Kernels, &Memory, &D) -> Result<Launch>,
+    ) -> Result<()> {
+        let acc = desc.accesses()?;
+        let state = self.state()?;
+        let mut mem = state.memory();
+        mem.table.check_accesses(&acc)?;
+        // Nothing to write (an empty output): nothing to launch, whatever the other extents are.
+        if acc
+            .regions
+            .iter()
+            .all(|r| !r.access.writes() || r.bytes == 0)
+        {
+            return Ok(());
+        }
+        let gpu = &state.device.gpu;
+        match kernel(gpu, &state.kernels, &mem, desc)? {
+            Launch::Done => Ok(()),
+            Launch::Stage => staging::run_staged(
+                gpu,
+                &state.kernels,
+                &mut mem,
+                acc,
+                desc,
+                state.poison,
+                kernel,
+            ),
+        }
+    }
+
+    /// Checks `acc`, then runs `kernel` (which covers every operand it is given).
+    fn run_direct(
         &self,
         acc: Accesses,
-        kernel: impl FnOnce(&Gpu, &Kernels, &Memory) -> Result<Launch>,
-        host: impl FnOnce(&dyn ComputeBackend) -> Result<()>,
+        kernel: impl FnOnce(&Gpu, &Kernels, &Memory) -> Result<()>,
     ) -> Result<()> {
         let state = self.state()?;
         let mem = state.memory();
         mem.table.check_accesses(&acc)?;
-        let gpu = &state.device.gpu;
-        match kernel(gpu, &state.kernels, &mem)? {
-            Launch::Done => Ok(()),
-            Launch::Host => fallback::on_host(gpu, &mem, &acc, host),
-        }
-    }
-
-    /// An op with no kernel yet: the reference kernel on a host copy of the operands.
-    fn on_host(
-        &self,
-        acc: Accesses,
-        host: impl FnOnce(&dyn ComputeBackend) -> Result<()>,
-    ) -> Result<()> {
-        self.run(acc, |_, _, _| Ok(Launch::Host), host)
+        kernel(&state.device.gpu, &state.kernels, &mem)
     }
 }
 
-/// Float dtypes only; others are `Unsupported` for `op` (checked before the descriptor, as the other
-/// backends do, so a bad descriptor of an unsupported dtype gets the same error everywhere).
-fn float_only(op: &'static str, dtype: crate::dtype::DType) -> Result<()> {
-    if dtype.is_float() {
+/// The dtypes of the math kernels: f32, and f16 and bf16 through staging. f64 and the integers are
+/// `Unsupported` for `op` (checked before the descriptor, as the other backends do, so a bad
+/// descriptor of an unsupported dtype gets the same error everywhere).
+fn math_dtype(op: &'static str, dtype: crate::dtype::DType) -> Result<()> {
+    use crate::dtype::DType;
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
         Ok(())
     } else {
         Err(BackendError::Unsupported {
@@ -366,11 +390,7 @@ impl ComputeBackend for WebGpuBackend {
         let stats = state.memory().pool.stats();
         info.details.push((
             "WGSL kernels".into(),
-            "f32 fill, unary, binary, strided copy, GEMM, batched GEMM, GEMV, conv2d, attention, reductions, softmax, layer norm, batch norm, pooling, Adam".into(),
-        ));
-        info.details.push((
-            "on the host (reference kernels)".into(),
-            fallback::HOST_OPS.into(),
+            "every op in f32; f16 and bf16 through f32 copies on the device; casts, copies and fills in every dtype; f64 math Unsupported".into(),
         ));
         info.details.push((
             "buffer pool".into(),
@@ -469,154 +489,106 @@ impl ComputeBackend for WebGpuBackend {
                 gpu.queue.submit([encoder.finish()]);
             });
         }
-        // Unaligned ends: through the host, which keeps the bytes around the destination intact.
-        let data = memory::read_bytes(gpu, from, bytes)?;
-        memory::write(gpu, to, &data)
+        // Unaligned ends: bytes as u8 elements through `cast.wgsl`, which keeps the bytes around the
+        // destination intact.
+        use crate::compute::StridedBuf;
+        use crate::dtype::DType;
+        cast::convert(
+            gpu,
+            &state.kernels,
+            &mem,
+            "copy_dtod",
+            cast::Source::View(&StridedBuf::contiguous(src, &[bytes]), DType::U8),
+            &StridedBuf::contiguous(dst, &[bytes]),
+            DType::U8,
+        )
     }
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
-        float_only("gemm", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| blas::gemm(gpu, k, mem, desc),
-            |host| host.gemm(desc),
-        )
+        math_dtype("gemm", desc.dtype)?;
+        self.run(desc, blas::gemm)
     }
 
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
-        float_only("batched_gemm", desc.gemm.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| blas::batched_gemm(gpu, k, mem, desc),
-            |host| host.batched_gemm(desc),
-        )
+        math_dtype("batched_gemm", desc.gemm.dtype)?;
+        self.run(desc, blas::batched_gemm)
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
-        float_only("gemv", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| blas::gemv(gpu, k, mem, desc),
-            |host| host.gemv(desc),
-        )
+        math_dtype("gemv", desc.dtype)?;
+        self.run(desc, blas::gemv)
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
-        float_only("conv2d", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| conv::conv2d(gpu, k, mem, desc),
-            |host| host.conv2d_forward(desc),
-        )
+        math_dtype("conv2d", desc.dtype)?;
+        self.run(desc, conv::conv2d)
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
-        float_only("attention", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| attention::attention(gpu, k, mem, desc),
-            |host| host.attention(desc),
-        )
+        math_dtype("attention", desc.dtype)?;
+        self.run(desc, attention::attention)
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
-        float_only("reduce", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| rows::reduce(gpu, k, mem, desc),
-            |host| host.reduce(desc),
-        )
+        math_dtype("reduce", desc.dtype)?;
+        self.run(desc, rows::reduce)
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
-        float_only("unary", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| elementwise::unary(gpu, k, mem, desc),
-            |host| host.unary(desc),
-        )
+        math_dtype("unary", desc.dtype)?;
+        self.run(desc, elementwise::unary)
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
-        float_only("binary", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| elementwise::binary(gpu, k, mem, desc),
-            |host| host.binary(desc),
-        )
+        math_dtype("binary", desc.dtype)?;
+        self.run(desc, elementwise::binary)
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
-        float_only("softmax", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| rows::softmax(gpu, k, mem, desc),
-            |host| host.softmax(desc),
-        )
+        math_dtype("softmax", desc.dtype)?;
+        self.run(desc, rows::softmax)
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
-        float_only("layer_norm", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| rows::layer_norm(gpu, k, mem, desc),
-            |host| host.layer_norm(desc),
-        )
+        math_dtype("layer_norm", desc.dtype)?;
+        self.run(desc, rows::layer_norm)
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
-        float_only("batch_norm", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| pool::batch_norm(gpu, k, mem, desc),
-            |host| host.batch_norm(desc),
-        )
+        math_dtype("batch_norm", desc.dtype)?;
+        self.run(desc, pool::batch_norm)
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
-        float_only("pool2d", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| pool::pool2d(gpu, k, mem, desc),
-            |host| host.pool2d(desc),
-        )
+        math_dtype("pool2d", desc.dtype)?;
+        self.run(desc, pool::pool2d)
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
-        float_only("adam_step", desc.dtype)?;
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| optim::adam_step(gpu, k, mem, desc),
-            |host| host.adam_step(desc),
-        )
-    }
-
-    fn fill(&self, desc: &FillDesc) -> Result<()> {
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| elementwise::fill(gpu, k, mem, desc),
-            |host| host.fill(desc),
-        )
-    }
-
-    fn cast(&self, desc: &CastDesc) -> Result<()> {
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| elementwise::cast(gpu, k, mem, desc),
-            |host| host.cast(desc),
-        )
-    }
-
-    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        self.run(
-            desc.accesses()?,
-            |gpu, k, mem| elementwise::copy(gpu, k, mem, desc),
-            |host| host.copy_strided(desc),
-        )
+        math_dtype("adam_step", desc.dtype)?;
+        self.run(desc, optim::adam_step)
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {
-        float_only("random", desc.dtype)?;
-        self.on_host(desc.accesses()?, |host| host.random(desc))
+        math_dtype("random", desc.dtype)?;
+        self.run(desc, random::random)
+    }
+
+    fn fill(&self, desc: &FillDesc) -> Result<()> {
+        self.run_direct(desc.accesses()?, |gpu, k, mem| {
+            elementwise::fill(gpu, k, mem, desc)
+        })
+    }
+
+    fn cast(&self, desc: &CastDesc) -> Result<()> {
+        self.run_direct(desc.accesses()?, |gpu, k, mem| {
+            cast::cast(gpu, k, mem, desc)
+        })
+    }
+
+    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
+        self.run_direct(desc.accesses()?, |gpu, k, mem| {
+            elementwise::copy(gpu, k, mem, desc)
+        })
     }
 }

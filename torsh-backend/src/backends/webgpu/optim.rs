@@ -10,7 +10,7 @@ use super::elementwise::Launch;
 use super::memory::Memory;
 use super::pipelines::{grid_1d, Dispatch, Kernels, OPTIM};
 
-/// An f32 Adam or AdamW step; `Host` for other dtypes, misaligned operands or offsets beyond 32 bits.
+/// An f32 Adam or AdamW step; `Stage` for other dtypes, misaligned operands or offsets beyond 32 bits.
 pub(crate) fn adam_step(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -18,19 +18,19 @@ pub(crate) fn adam_step(
     d: &AdamDesc,
 ) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let mut buffers = Vec::with_capacity(4);
     let mut offsets = Vec::with_capacity(4);
     for ptr in [d.params, d.grads, d.exp_avg, d.exp_avg_sq] {
         let Some((buffer, words)) = mem.words_u32(ptr, d.len)? else {
-            return Ok(Launch::Host);
+            return Ok(Launch::Stage);
         };
         buffers.push(buffer);
         offsets.push(words);
     }
     let Ok(n) = u32::try_from(d.len) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let t = i32::try_from(d.step).unwrap_or(i32::MAX);
     let step_size = d.lr / (1.0 - d.beta1.powi(t));

@@ -82,6 +82,20 @@ pub(crate) const BATCH_NORM: Module = Module {
     data: 6,
 };
 
+/// `shaders/cast.wgsl`: conversion and copy between any dtypes (source, destination).
+pub(crate) const CAST: Module = Module {
+    name: "cast.wgsl",
+    source: include_str!("shaders/cast.wgsl"),
+    data: 2,
+};
+
+/// `shaders/random.wgsl`: uniform and normal fills (output).
+pub(crate) const RANDOM: Module = Module {
+    name: "random.wgsl",
+    source: include_str!("shaders/random.wgsl"),
+    data: 1,
+};
+
 /// Threads per workgroup of the 1-D kernels.
 pub(crate) const WORKGROUP: u32 = 256;
 

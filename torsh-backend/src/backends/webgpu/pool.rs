@@ -1,6 +1,6 @@
 //! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: f32 2-D pooling (one invocation
 //! per output) and batch normalisation (one workgroup per channel). Other dtypes, misaligned operands
-//! and sizes beyond the kernels' 32-bit words answer [`Launch::Host`].
+//! and sizes beyond the kernels' 32-bit words answer [`Launch::Stage`].
 
 use crate::compute::{BatchNormDesc, DevicePtr, Pool2dDesc, PoolKind};
 use crate::dtype::DType;
@@ -19,7 +19,7 @@ fn words(values: &[usize]) -> Option<Vec<u32>> {
 /// f32 max or average pooling.
 pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     if d.output_shape.contains(&0) {
         return Ok(Launch::Done);
@@ -31,7 +31,7 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
         mem.words_u32(d.input, n * c * h * w)?,
         mem.words_u32(d.output, outputs)?,
     ) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let kind = match d.kind {
         PoolKind::Max => 0,
@@ -51,7 +51,7 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
         .and_then(|v| v.checked_add(d.kernel[1]));
     let window = d.kernel[0].checked_mul(d.kernel[1]);
     let (Some(reach_y), Some(reach_x), Some(window)) = (reach_y, reach_x, window) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let Some(p) = words(&[
         outputs,
@@ -74,7 +74,7 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
         oh * ow,
         h * w,
     ]) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     kernels.dispatch(
         gpu,
@@ -98,14 +98,14 @@ pub(crate) fn batch_norm(
     d: &BatchNormDesc,
 ) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let n = d.batch * d.channels * d.spatial;
     if n == 0 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let (Some(x), Some(out)) = (mem.words_u32(d.input, n)?, mem.words_u32(d.output, n)?) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, u32)>>> {
         match ptr {
@@ -119,11 +119,11 @@ pub(crate) fn batch_norm(
         optional(d.running_mean)?,
         optional(d.running_var)?,
     ) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let Some(groups) = grid_rows(d.channels, gpu.limits.max_compute_workgroups_per_dimension)
     else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let offset = |o: Option<(&wgpu::Buffer, u32)>| o.map_or(0, |o| o.1 as usize);
     let Some(mut p) = words(&[
@@ -143,7 +143,7 @@ pub(crate) fn batch_norm(
         offset(mean),
         offset(var),
     ]) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     p[7] = (d.momentum as f32).to_bits();
     p[8] = (d.eps as f32).to_bits();

@@ -1,6 +1,6 @@
 //! Host side of `shaders/rows.wgsl`: reductions along an axis, softmax and log-softmax, and layer
 //! norm in f32, one workgroup per row. Other dtypes, misaligned operands and views whose offsets do
-//! not fit the kernels' 32-bit words answer [`Launch::Host`].
+//! not fit the kernels' 32-bit words answer [`Launch::Stage`].
 
 use crate::compute::{DevicePtr, LayerNormDesc, ReduceDesc, ReduceOp, SoftmaxDesc};
 use crate::dtype::DType;
@@ -34,7 +34,7 @@ fn launch(
         return Ok(Launch::Done);
     }
     let Some(groups) = grid_rows(rows, gpu.limits.max_compute_workgroups_per_dimension) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     kernels.dispatch(
         gpu,
@@ -66,7 +66,7 @@ fn reduce_code(op: ReduceOp) -> (u32, u32) {
 /// An f32 reduction along `d.axis`.
 pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let layout = &d.input.layout;
     let (len, stride) = (layout.shape()[d.axis], layout.strides()[d.axis]);
@@ -79,7 +79,7 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
     let (Some((input, in_off)), Some((output, out_off))) =
         (mem.words(d.input.ptr)?, mem.words(d.output)?)
     else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let rows: usize = shape.iter().product();
     if rows == 0 {
@@ -107,7 +107,7 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
             .and_then(word)
             .is_none()
     {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let (code, correction) = reduce_code(d.op);
     let mut p = vec![0u32; 24];
@@ -124,7 +124,7 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
         p[16 + k] = s as u32;
     }
     if word(len).is_none() || word(stride).is_none() {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     launch(
         gpu,
@@ -144,12 +144,12 @@ pub(crate) fn softmax(
     d: &SoftmaxDesc,
 ) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let (Some((input, in_off)), Some((output, out_off))) =
         (mem.words(d.input)?, mem.words(d.output)?)
     else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let n = d.outer * d.axis_len * d.inner;
     let rows = d.outer * d.inner;
@@ -157,7 +157,7 @@ pub(crate) fn softmax(
         .iter()
         .all(|&v| word(v).is_some());
     if !fits {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let mut p = vec![0u32; 8];
     p[0] = rows as u32;
@@ -184,12 +184,12 @@ pub(crate) fn layer_norm(
     d: &LayerNormDesc,
 ) -> Result<Launch> {
     if d.dtype != DType::F32 {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let (Some((input, in_off)), Some((output, out_off))) =
         (mem.words(d.input)?, mem.words(d.output)?)
     else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, usize)>>> {
         match ptr {
@@ -198,7 +198,7 @@ pub(crate) fn layer_norm(
         }
     };
     let (Some(weight), Some(bias)) = (optional(d.weight)?, optional(d.bias)?) else {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     };
     let n = d.rows * d.cols;
     let fits = [n + in_off, n + out_off, d.rows, d.cols]
@@ -207,7 +207,7 @@ pub(crate) fn layer_norm(
         .chain(bias.iter().map(|b| &b.1))
         .all(|&v| word(v + d.cols).is_some());
     if !fits {
-        return Ok(Launch::Host);
+        return Ok(Launch::Stage);
     }
     let mut p = vec![0u32; 11];
     p[0] = d.rows as u32;

@@ -1,0 +1,51 @@
+//! Host side of `shaders/random.wgsl`: uniform and normal fills from the crate's counter-based stream.
+//! The stream's key `mix64(seed ^ GOLDEN)` is computed here once; every element's 64 bits are then the
+//! reference's, and the values are formed in f32 (see the shader).
+
+use crate::compute::{Distribution, RandomDesc};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::rng::{mix64, GOLDEN};
+
+use super::context::Gpu;
+use super::elementwise::Launch;
+use super::memory::Memory;
+use super::pipelines::{grid_1d, Dispatch, Kernels, RANDOM};
+
+/// An f32 random fill; `Stage` for other dtypes, a misaligned output or more than 2^32 elements.
+pub(crate) fn random(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &RandomDesc) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Stage);
+    }
+    let Some((buffer, offset)) = mem.words_u32(d.ptr, d.len)? else {
+        return Ok(Launch::Stage);
+    };
+    let Ok(n) = u32::try_from(d.len) else {
+        return Ok(Launch::Stage);
+    };
+    let (normal, a, b) = match d.distribution {
+        Distribution::Uniform { low, high } => (false, low, high - low),
+        Distribution::Normal { mean, std } => (true, mean, std),
+    };
+    let key = mix64(d.seed ^ GOLDEN);
+    let params = [
+        n,
+        offset,
+        key as u32,
+        (key >> 32) as u32,
+        (a as f32).to_bits(),
+        (b as f32).to_bits(),
+    ];
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: RANDOM,
+            entry: "random",
+            constants: &[("NORMAL", u64::from(normal))],
+            buffers: &[buffer],
+            params: &params,
+            groups: grid_1d(d.len, gpu.limits.max_compute_workgroups_per_dimension)?,
+        },
+    )?;
+    Ok(Launch::Done)
+}
