@@ -307,11 +307,29 @@ fn unavailable_reason(kind: BackendType) -> Option<String> {
             "{}; AMD GPUs run today through Vulkan: use Backend::webgpu() (BackendType::WebGpu)",
             not_built("ROCm", cfg!(feature = "rocm"), "rocm")
         )),
-        BackendType::Metal => Some(if cfg!(target_vendor = "apple") {
-            not_built("Metal", cfg!(feature = "metal"), "metal")
-        } else {
-            "Metal exists only on Apple platforms".into()
-        }),
+        BackendType::Metal => metal_unavailable_reason(),
+    }
+}
+
+/// `Backend::metal()` runs the WebGPU backend on wgpu's Metal adapter until a native Metal backend
+/// exists: available on Apple platforms where wgpu finds a Metal adapter.
+fn metal_unavailable_reason() -> Option<String> {
+    if !cfg!(target_vendor = "apple") {
+        return Some("Metal exists only on Apple platforms".into());
+    }
+    #[cfg(feature = "webgpu")]
+    {
+        crate::backends::webgpu::api_unavailable_reason(wgpu::Backend::Metal).map(|r| {
+            format!("Backend::metal() runs the WebGPU kernels on wgpu's Metal adapter: {r}")
+        })
+    }
+    #[cfg(not(feature = "webgpu"))]
+    {
+        Some(
+            "Backend::metal() runs the WebGPU kernels on wgpu's Metal adapter, and this build \
+             leaves out the `webgpu` feature"
+                .into(),
+        )
     }
 }
 
@@ -395,6 +413,24 @@ fn build(config: BackendConfig) -> Result<Backend> {
                 cudnn: config.enable_cudnn,
             },
         )),
+        #[cfg(feature = "webgpu")]
+        BackendType::Metal => {
+            if config.enable_mps {
+                return Err(BackendError::FeatureUnavailable {
+                    feature: "Metal Performance Shaders",
+                    reason:
+                        "there is no native Metal backend yet: Backend::metal() runs the WebGPU \
+                             kernels on wgpu's Metal adapter; build it without enable_mps(true)"
+                            .into(),
+                });
+            }
+            Box::new(crate::backends::webgpu::WebGpuBackend::new(
+                crate::backends::webgpu::WebGpuBackendConfig {
+                    api: Some(wgpu::Backend::Metal),
+                    ..Default::default()
+                },
+            ))
+        }
         #[cfg(feature = "webgpu")]
         BackendType::WebGpu => Box::new(crate::backends::webgpu::WebGpuBackend::new(
             crate::backends::webgpu::WebGpuBackendConfig {
@@ -562,13 +598,16 @@ pub struct MetalBuilder {
 }
 
 impl MetalBuilder {
-    /// Whether Metal Performance Shaders may be used.
+    /// Whether Metal Performance Shaders may be used. There is no native Metal backend yet
+    /// (`Backend::metal()` runs the WebGPU kernels on wgpu's Metal adapter), so `build` answers
+    /// `FeatureUnavailable` when this is `true`.
     pub fn enable_mps(mut self, enable: bool) -> Self {
         self.config.enable_mps = enable;
         self
     }
 
-    /// Builds the Metal backend (`Unavailable` with the reason where it cannot run).
+    /// Builds the Metal backend: the WebGPU backend on wgpu's Metal adapter (its `device_info().api`
+    /// says "WebGPU on Metal"). `Unavailable` off Apple platforms or without a Metal adapter.
     pub fn build(self) -> Result<Backend> {
         build(self.config)
     }

@@ -1267,3 +1267,59 @@ fn f64_math_is_unsupported_but_f64_data_moves() {
         vec![0.1, 0.1]
     );
 }
+
+#[test]
+fn adapters_can_be_restricted_to_one_api() {
+    let Some(b) = raw() else { return };
+    let api = b.device_info().api;
+    drop(b);
+    let on = |api: Option<webgpu::wgpu::Backend>, adapter_index: Option<usize>| {
+        let mut b = WebGpuBackend::new(WebGpuBackendConfig {
+            api,
+            adapter_index,
+            ..Default::default()
+        });
+        b.init().map(|()| b.device_info().api)
+    };
+    // The best adapter's own API opens it; an API no adapter has is Unavailable, and an index of an
+    // adapter of another API is InvalidArgument.
+    let adapters = webgpu::block_on(webgpu::enumerate_adapters()).unwrap();
+    let own = adapters[0].get_info().backend;
+    assert_eq!(on(Some(own), None).unwrap(), api);
+    let missing = [
+        webgpu::wgpu::Backend::Vulkan,
+        webgpu::wgpu::Backend::Metal,
+        webgpu::wgpu::Backend::Dx12,
+    ]
+    .into_iter()
+    .find(|&api| adapters.iter().all(|a| a.get_info().backend != api))
+    .unwrap();
+    let err = on(Some(missing), None).unwrap_err();
+    assert!(matches!(err, BackendError::Unavailable { .. }), "{err}");
+    let err = on(Some(missing), Some(0)).unwrap_err();
+    assert!(matches!(err, BackendError::InvalidArgument { .. }), "{err}");
+}
+
+#[test]
+fn metal_is_the_webgpu_backend_on_metal_and_refuses_mps() {
+    let mps = Backend::metal().enable_mps(true).build();
+    let plain = Backend::metal().build();
+    if cfg!(target_vendor = "apple") {
+        if let Ok(b) = plain {
+            assert_eq!(b.device_info().api, "WebGPU on Metal");
+            assert!(
+                matches!(mps, Err(BackendError::FeatureUnavailable { .. })),
+                "{mps:?}"
+            );
+        }
+    } else {
+        for r in [mps, plain] {
+            match r {
+                Err(BackendError::Unavailable { reason, .. }) => {
+                    assert!(reason.contains("Apple"), "{reason}")
+                }
+                other => panic!("expected Unavailable, got {other:?}"),
+            }
+        }
+    }
+}

@@ -98,6 +98,14 @@ pub(crate) fn has_hardware_gpu() -> bool {
         .is_some_and(|a| is_hardware_gpu(&a.get_info()))
 }
 
+/// Why no adapter of `api` can run here, or `None` when wgpu found one.
+pub(crate) fn api_unavailable_reason(api: wgpu::Backend) -> Option<String> {
+    if adapters().iter().any(|a| a.get_info().backend == api) {
+        return None;
+    }
+    Some(format!("wgpu found no {} adapter", api_name(api)))
+}
+
 /// Why the WebGPU backend cannot run here, or `None` when some adapter exists.
 pub(crate) fn unavailable_reason() -> Option<String> {
     if adapters().is_empty() {

@@ -40,8 +40,10 @@ use crate::compute::*;
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
 
+pub(crate) use adapter::{
+    api_unavailable_reason, has_hardware_gpu, list_devices, unavailable_reason,
+};
 pub use adapter::{enumerate_adapters, get_adapter_info, is_available};
-pub(crate) use adapter::{has_hardware_gpu, list_devices, unavailable_reason};
 pub use context::block_on;
 use context::Gpu;
 pub use custom::{PipelineStats, WebGpuKernelExecutor};
@@ -76,6 +78,10 @@ pub struct WebGpuBackendConfig {
     /// Workgroup size of the elementwise kernels. Only `(256, 1, 1)` is built in this version; other
     /// values are `InvalidArgument`.
     pub preferred_workgroup_size: (u32, u32, u32),
+    /// Only adapters of this graphics API (`Some(wgpu::Backend::Metal)` is what
+    /// [`crate::Backend::metal`] builds); `None` takes any. `init` answers `Unavailable` when wgpu
+    /// found no adapter of the API, and `InvalidArgument` when `adapter_index` names one of another.
+    pub api: Option<wgpu::Backend>,
 }
 
 impl Default for WebGpuBackendConfig {
@@ -87,6 +93,7 @@ impl Default for WebGpuBackendConfig {
             max_buffer_size: u64::MAX,
             enable_pipeline_cache: true,
             preferred_workgroup_size: (pipelines::WORKGROUP, 1, 1),
+            api: None,
         }
     }
 }
@@ -225,19 +232,42 @@ impl WebGpuBackend {
 
     /// The adapter index `init` opens: the configured one, or the best for the power preference.
     fn chosen_adapter(&self) -> Result<usize> {
+        let all = adapter::adapters();
+        let api_ok = |i: usize| {
+            self.config
+                .api
+                .is_none_or(|api| all.get(i).is_some_and(|a| a.get_info().backend == api))
+        };
         if let Some(i) = self.config.adapter_index {
+            if i < all.len() && !api_ok(i) {
+                return Err(BackendError::invalid(
+                    "webgpu device",
+                    format!(
+                        "adapter {i} is served by {}, not the requested {}",
+                        adapter::api_name(all[i].get_info().backend),
+                        adapter::api_name(self.config.api.unwrap_or(wgpu::Backend::Noop))
+                    ),
+                ));
+            }
             return Ok(i);
         }
+        let candidates: Vec<usize> = (0..all.len()).filter(|&i| api_ok(i)).collect();
+        let Some(&best) = candidates.first() else {
+            let api = adapter::api_name(self.config.api.unwrap_or(wgpu::Backend::Noop));
+            return Err(BackendError::Unavailable {
+                backend: BackendType::WebGpu,
+                reason: format!("wgpu found no {api} adapter"),
+            });
+        };
         if self.config.power_preference == wgpu::PowerPreference::LowPower {
-            let all = adapter::adapters();
-            if let Some(i) = all
+            if let Some(&i) = candidates
                 .iter()
-                .position(|a| a.get_info().device_type == wgpu::DeviceType::IntegratedGpu)
+                .find(|&&i| all[i].get_info().device_type == wgpu::DeviceType::IntegratedGpu)
             {
                 return Ok(i);
             }
         }
-        Ok(0)
+        Ok(best)
     }
 
     /// Checks `desc`'s regions, then runs `kernel`; where it answers [`Launch::Stage`], runs it
