@@ -1323,3 +1323,41 @@ fn metal_is_the_webgpu_backend_on_metal_and_refuses_mps() {
         }
     }
 }
+
+#[test]
+fn events_mark_the_queue_and_time_it_with_timestamps() {
+    let Some(b) = backend() else { return };
+    let stream = b.default_stream();
+    let x = b.randn(&[256, 256], DType::F32).unwrap();
+    let start = stream.record_event().unwrap();
+    let mut y = x.clone();
+    for _ in 0..4 {
+        y = y.matmul(&x).unwrap().tanh().unwrap();
+    }
+    let end = stream.record_event().unwrap();
+    end.synchronize().unwrap();
+    assert!(start.is_complete().unwrap() && end.is_complete().unwrap());
+    let timed = webgpu::block_on(webgpu::enumerate_adapters()).unwrap()[0]
+        .features()
+        .contains(webgpu::wgpu::Features::TIMESTAMP_QUERY);
+    match start.elapsed_ms(&end) {
+        Ok(ms) => {
+            assert!(timed);
+            // Four 256³ products take measurable device time, and less than a minute.
+            assert!(ms > 0.0 && ms < 60_000.0, "{ms} ms");
+        }
+        Err(e) => {
+            assert!(!timed, "{e}");
+            assert!(matches!(e, BackendError::FeatureUnavailable { .. }), "{e}");
+        }
+    }
+    // The raw events API refuses ids it never gave out.
+    let raw = raw().unwrap();
+    let bogus = torsh_backend::compute::EventId(12_345);
+    assert!(matches!(raw.destroy_event(bogus), Err(BackendError::InvalidArgument { .. })));
+    assert!(matches!(raw.event_synchronize(bogus), Err(BackendError::InvalidArgument { .. })));
+    let e = raw.record_event().unwrap();
+    raw.event_synchronize(e).unwrap();
+    raw.destroy_event(e).unwrap();
+    assert!(raw.destroy_event(e).is_err());
+}

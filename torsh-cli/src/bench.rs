@@ -10,10 +10,11 @@
 //! copy bandwidth of the run's own memcpy case.
 //!
 //! Timing: one warm-up call, then each repeat runs the op `k` times back to back; the time per op is the
-//! repeat's time over `k`, with `k` chosen so that a repeat lasts at least [`TARGET_S`]. On CUDA a repeat
-//! is timed by device events recorded around it (ours on the backend's default stream, cuBLAS on its
-//! own stream); elsewhere by the wall clock up to one `synchronize()`. The median over the repeats is
-//! reported with the min and max.
+//! repeat's time over `k`, with `k` chosen so that a repeat lasts at least [`TARGET_S`]. Where the
+//! backend's events time device work (CUDA events; WebGPU timestamp queries) a repeat is timed by
+//! events recorded around it (ours on the backend's default stream, cuBLAS on its own stream, the
+//! naive WGSL peer on ours); elsewhere by the wall clock up to one `synchronize()`. The median over
+//! the repeats is reported with the min and max.
 
 mod cases;
 mod ceiling;
@@ -118,8 +119,18 @@ fn wall_clock(
     }
 }
 
+/// Whether `backend`'s events time device work (CUDA; WebGPU with timestamp queries): two events
+/// recorded back to back can be timed.
+fn events_are_timed(backend: &Backend) -> bool {
+    let stream = backend.default_stream();
+    match (stream.record_event(), stream.record_event()) {
+        (Ok(start), Ok(end)) => start.elapsed_ms(&end).is_ok(),
+        _ => false,
+    }
+}
+
 /// Times a batch with device events recorded on the backend's default stream around it (backends
-/// whose events can be timed: CUDA).
+/// whose events can be timed, see [`events_are_timed`]).
 fn device_events(backend: &Backend) -> impl Fn(&mut Runner<'_>, usize) -> Result<f64, String> + '_ {
     move |run, k| {
         let stream = backend.default_stream();
@@ -186,7 +197,7 @@ fn measure_ours(
     target: f64,
 ) -> Result<Timing, String> {
     let mut run = case.prepare(backend).map_err(|e| e.to_string())?;
-    if backend.backend_type() == BackendType::Cuda {
+    if events_are_timed(backend) {
         return measure(&mut run, &device_events(backend), repeats, target);
     }
     let sync = || backend.synchronize().map_err(|e| e.to_string());
@@ -364,7 +375,14 @@ fn run_case(ctx: &Context<'_>, pass: &Pass<'_>, peers: &Peers, case: &Case) -> M
         bar.set_message(format!("{label} (naive WGSL)"));
         let sync = || pass.backend.synchronize().map_err(|e| e.to_string());
         let timing = naive_wgsl::prepare(&pass.backend, m, n, k)
-            .and_then(|mut run| measure(&mut run, &wall_clock(&sync), repeats, target))
+            .and_then(|mut run| {
+                // The same clock as ours.
+                if events_are_timed(&pass.backend) {
+                    measure(&mut run, &device_events(&pass.backend), repeats, target)
+                } else {
+                    measure(&mut run, &wall_clock(&sync), repeats, target)
+                }
+            })
             .map_err(PeerError::Failed);
         results.push(PeerResult {
             key: "naive WGSL",
@@ -455,6 +473,14 @@ pub fn run(options: Options) -> ExitCode {
         .details
         .iter()
         .any(|(k, v)| k == "kind" && v.starts_with("CPU"));
+    println!(
+        "timing: {}",
+        if events_are_timed(&backend) {
+            "device events (timestamps recorded on the device around each repeat)"
+        } else {
+            "wall clock up to synchronize()"
+        }
+    );
     let scale = Scale::for_backend(kind, options.quick, software);
     let selected = plan::select(plan::plan(kind, scale), &options.ops);
     let target = if options.quick {

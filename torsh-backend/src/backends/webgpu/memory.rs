@@ -316,6 +316,13 @@ fn read(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u
         gpu.queue.submit([encoder.finish()]);
         staging
     })?;
+    let out = map_read(gpu, &staging);
+    staging.destroy();
+    out
+}
+
+/// The contents of a `MAP_READ` buffer once the work submitted so far has completed (a blocking map).
+pub(crate) fn map_read(gpu: &Gpu, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
     let (tx, rx) = std::sync::mpsc::channel();
     staging.map_async(wgpu::MapMode::Read, .., move |r| {
         let _ = tx.send(r);
@@ -329,7 +336,6 @@ fn read(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u
         .map(|view| view.to_vec())
         .map_err(|e| driver(format!("reading a mapped read-back buffer: {e}")))?;
     staging.unmap();
-    staging.destroy();
     Ok(out)
 }
 

@@ -26,6 +26,7 @@ mod context;
 mod conv;
 mod custom;
 mod elementwise;
+mod events;
 mod memory;
 mod optim;
 mod pipelines;
@@ -183,6 +184,7 @@ struct State {
     device: WebGpuDevice,
     kernels: Kernels,
     memory: Mutex<Memory>,
+    events: Mutex<events::Events>,
     /// Fill fresh allocations with NaN bytes (debug builds, or `TORSH_POISON=1`).
     poison: bool,
 }
@@ -337,6 +339,10 @@ impl State {
     fn memory(&self) -> MutexGuard<'_, Memory> {
         self.memory.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn events(&self) -> MutexGuard<'_, events::Events> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Drop for WebGpuBackend {
@@ -394,6 +400,7 @@ impl ComputeBackend for WebGpuBackend {
                 self.config.max_buffer_size,
                 DEFAULT_CACHE_BYTES,
             )),
+            events: Mutex::new(events::Events::default()),
             poison,
         });
         Ok(())
@@ -532,6 +539,35 @@ impl ComputeBackend for WebGpuBackend {
             &StridedBuf::contiguous(dst, &[bytes]),
             DType::U8,
         )
+    }
+
+    fn record_event(&self) -> Result<EventId> {
+        let state = self.state()?;
+        state.events().record(&state.device.gpu)
+    }
+
+    fn wait_event(&self, event: EventId) -> Result<()> {
+        // One queue: what comes after is already ordered after the event.
+        self.state()?.events().check("wait_event", event)
+    }
+
+    fn event_complete(&self, event: EventId) -> Result<bool> {
+        let state = self.state()?;
+        state.events().complete(&state.device.gpu, event)
+    }
+
+    fn event_synchronize(&self, event: EventId) -> Result<()> {
+        let state = self.state()?;
+        state.events().synchronize(&state.device.gpu, event)
+    }
+
+    fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
+        let state = self.state()?;
+        state.events().elapsed_ms(&state.device.gpu, start, end)
+    }
+
+    fn destroy_event(&self, event: EventId) -> Result<()> {
+        self.state()?.events().destroy(event)
     }
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
