@@ -1354,8 +1354,14 @@ fn events_mark_the_queue_and_time_it_with_timestamps() {
     // The raw events API refuses ids it never gave out.
     let raw = raw().unwrap();
     let bogus = torsh_backend::compute::EventId(12_345);
-    assert!(matches!(raw.destroy_event(bogus), Err(BackendError::InvalidArgument { .. })));
-    assert!(matches!(raw.event_synchronize(bogus), Err(BackendError::InvalidArgument { .. })));
+    assert!(matches!(
+        raw.destroy_event(bogus),
+        Err(BackendError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        raw.event_synchronize(bogus),
+        Err(BackendError::InvalidArgument { .. })
+    ));
     let e = raw.record_event().unwrap();
     raw.event_synchronize(e).unwrap();
     raw.destroy_event(e).unwrap();

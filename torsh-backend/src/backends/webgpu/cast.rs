@@ -143,19 +143,31 @@ pub(crate) fn convert(
         words[WORDS - 2] = bits as u32;
         words[WORDS - 1] = (bits >> 32) as u32;
     }
+    let dense = shape.len() <= 1 && input.strides.iter().chain(&out.strides).all(|&s| s == 1);
+    // A dense destination of narrow elements at an element-aligned address: one invocation per word.
+    let size = dst_dtype.size_in_bytes();
+    let by_words = size < 4 && dst.layout.is_contiguous() && out.byte_offset % size == 0;
+    let (entry, invocations) = if by_words {
+        let first = out.byte_offset / 4;
+        let end = (out.byte_offset + n * size).div_ceil(4);
+        ("cast_words", end - first)
+    } else {
+        ("cast_elements", n)
+    };
     kernels.dispatch(
         gpu,
         Dispatch {
             module: CAST,
-            entry: "cast_elements",
+            entry,
             constants: &[
                 ("SRC", code(src_dtype)),
                 ("DST", code(dst_dtype)),
                 ("CONST_SRC", u64::from(constant.is_some())),
+                ("DENSE", u64::from(dense)),
             ],
             buffers: &[input.buffer, out.buffer],
             params: &words,
-            groups: grid_1d(n, gpu.limits.max_compute_workgroups_per_dimension)?,
+            groups: grid_1d(invocations, gpu.limits.max_compute_workgroups_per_dimension)?,
         },
     )
 }

@@ -95,7 +95,10 @@ impl Events {
 
     fn get(&mut self, op: &'static str, id: EventId) -> Result<&mut Event> {
         self.live.get_mut(&id.0).ok_or_else(|| {
-            BackendError::invalid(op, format!("event {} is not a live event of this backend", id.0))
+            BackendError::invalid(
+                op,
+                format!("event {} is not a live event of this backend", id.0),
+            )
         })
     }
 

@@ -24,6 +24,9 @@ override SRC: u32 = 0u;
 override DST: u32 = 0u;
 // The source is the constant in p[28..30) (a fill), not the source buffer.
 override CONST_SRC: bool = false;
+// Both views are dense after coalescing (one dim of stride 1): element i is at index i, with no
+// index arithmetic.
+override DENSE: bool = false;
 
 @group(0) @binding(0) var<storage, read_write> src: array<u32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<atomic<u32>>;
@@ -308,9 +311,82 @@ fn float_to_int(v: Num, max_pos: vec2<u32>, max_neg: vec2<u32>) -> vec2<u32> {
     return mag;
 }
 
+// ---- the fast path between f32, f16 and bf16, in 32-bit arithmetic ----
+
+fn is_narrow_float(code: u32) -> bool {
+    return code == F32 || code == F16 || code == BF16;
+}
+
+// The f32 bits of an f32, f16 or bf16 (exact; NaN payloads kept).
+fn to_f32_bits(code: u32, x: u32) -> u32 {
+    if (code == F32) {
+        return x;
+    }
+    if (code == BF16) {
+        return x << 16u;
+    }
+    let sign = (x & 0x8000u) << 16u;
+    let e = (x >> 10u) & 0x1fu;
+    let f = x & 0x3ffu;
+    if (e == 31u) {
+        return sign | 0x7f800000u | (f << 13u);
+    }
+    if (e == 0u) {
+        // ±f·2^-24, exact in f32 (a normal number there).
+        return sign | select(bitcast<u32>(f32(f) * 0x1p-24f), 0u, f == 0u);
+    }
+    return sign | ((e + 112u) << 23u) | (f << 13u);
+}
+
+// f32 bits rounded to f32, f16 or bf16: to nearest, ties to even, overflow to infinity; a NaN keeps
+// its payload's leading bits and is made quiet only if none is left (as `encode_float`).
+fn from_f32_bits(code: u32, x: u32) -> u32 {
+    if (code == F32) {
+        return x;
+    }
+    let a = x & 0x7fffffffu;
+    if (code == BF16) {
+        if (a > 0x7f800000u) {
+            let top = x >> 16u;
+            return select(top, top | 0x40u, (top & 0x7fu) == 0u);
+        }
+        return (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;
+    }
+    let sign = (x >> 16u) & 0x8000u;
+    if (a > 0x7f800000u) {
+        let payload = (a >> 13u) & 0x3ffu;
+        return sign | 0x7c00u | select(payload, 0x200u, payload == 0u);
+    }
+    if (a >= 0x477ff000u) {
+        // From 65520 up (the tie above f16's largest finite value, which is odd): infinity.
+        return sign | 0x7c00u;
+    }
+    if (a < 0x38800000u) {
+        // Below f16's smallest normal: a subnormal, m·2^(e-150) rounded to a multiple of 2^-24.
+        let e = a >> 23u;
+        if (e < 102u) {
+            return sign;
+        }
+        let m = (a & 0x7fffffu) | 0x800000u;
+        let shift = 126u - e;
+        var q = m >> shift;
+        let rest = m & ((1u << shift) - 1u);
+        let half = 1u << (shift - 1u);
+        if (rest > half || (rest == half && (q & 1u) == 1u)) {
+            q += 1u;
+        }
+        return sign | q;
+    }
+    let r = a - 0x38000000u;
+    return sign | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
+}
+
 fn convert(x: vec2<u32>) -> vec2<u32> {
     if (SRC == DST) {
         return x;
+    }
+    if (is_narrow_float(SRC) && is_narrow_float(DST)) {
+        return vec2<u32>(from_f32_bits(DST, to_f32_bits(SRC, x.x)), 0u);
     }
     var v = decode(SRC, x);
     if (is_int(SRC)) {
@@ -347,6 +423,9 @@ fn convert(x: vec2<u32>) -> vec2<u32> {
 
 // The element offset of row-major index `i` in the view whose strides start at `view + 1`.
 fn strided(i: u32, view: u32) -> u32 {
+    if (DENSE) {
+        return i;
+    }
     var rest = i;
     var off = 0u;
     for (var d = p[1]; d > 0u; d--) {
@@ -355,6 +434,43 @@ fn strided(i: u32, view: u32) -> u32 {
         rest /= extent;
     }
     return off;
+}
+
+// The converted bits of element `i`.
+fn element(i: u32) -> vec2<u32> {
+    if (CONST_SRC) {
+        return convert(vec2<u32>(p[CONSTANT], p[CONSTANT + 1u]));
+    }
+    return convert(load(SRC, p[SRC_VIEW] + strided(i, SRC_VIEW) * size_of(SRC)));
+}
+
+// One invocation per destination word instead of per element, for a dense destination of 1- or
+// 2-byte elements at an element-aligned address: only its first and last words, which it may share
+// with other data, need atomics.
+@compute @workgroup_size(256)
+fn cast_words(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let size = size_of(DST);
+    let start = p[DST_VIEW];
+    let end = start + p[0] * size;
+    let w = (start >> 2u) + (wid.x + wid.y * groups.x) * WG + lid;
+    if (w * 4u >= end) {
+        return;
+    }
+    let element_mask = select(0xffu, 0xffffu, size == 2u);
+    var bits = 0u;
+    var mask = 0u;
+    for (var b = 0u; b < 4u; b += size) {
+        let at = w * 4u + b;
+        if (at >= start && at < end) {
+            bits |= (element((at - start) / size).x & element_mask) << (b * 8u);
+            mask |= element_mask << (b * 8u);
+        }
+    }
+    store_bits(w, bits, mask);
 }
 
 @compute @workgroup_size(256)
@@ -367,11 +483,5 @@ fn cast_elements(
     if (i >= p[0]) {
         return;
     }
-    var x: vec2<u32>;
-    if (CONST_SRC) {
-        x = vec2<u32>(p[CONSTANT], p[CONSTANT + 1u]);
-    } else {
-        x = load(SRC, p[SRC_VIEW] + strided(i, SRC_VIEW) * size_of(SRC));
-    }
-    store(DST, p[DST_VIEW] + strided(i, DST_VIEW) * size_of(DST), convert(x));
+    store(DST, p[DST_VIEW] + strided(i, DST_VIEW) * size_of(DST), element(i));
 }
