@@ -146,7 +146,7 @@ pub(crate) fn convert(
     let dense = shape.len() <= 1 && input.strides.iter().chain(&out.strides).all(|&s| s == 1);
     // A dense destination of narrow elements at an element-aligned address: one invocation per word.
     let size = dst_dtype.size_in_bytes();
-    let by_words = size < 4 && dst.layout.is_contiguous() && out.byte_offset % size == 0;
+    let by_words = size < 4 && dst.layout.is_contiguous() && out.byte_offset.is_multiple_of(size);
     let (entry, invocations) = if by_words {
         let first = out.byte_offset / 4;
         let end = (out.byte_offset + n * size).div_ceil(4);
