@@ -7,12 +7,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backends::reference::ReferenceBackend;
 use crate::compute::ComputeBackend;
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
+use crate::runtime::{MemoryPool, MemoryPoolConfig, MemoryStats};
 
 /// The seed a new backend's random stream starts from (see [`Backend::manual_seed`]).
 pub const DEFAULT_SEED: u64 = 0x7043_6b5f_5eed;
@@ -58,6 +59,18 @@ struct Inner {
     config: BackendConfig,
     seed: AtomicU64,
     draws: AtomicU64,
+    /// The caching pool tensors allocate from, once [`Backend::memory_pool`] set one.
+    pool: Mutex<Option<MemoryPool>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // No tensor is left (each holds a Backend): every segment goes back to the device.
+        let pool = self.pool.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(pool) = pool.as_mut() {
+            pool.release_all(&*self.compute);
+        }
+    }
 }
 
 /// A handle to one device's backend. Clone it freely: clones share the device, its memory and its
@@ -222,6 +235,7 @@ impl Backend {
                 config,
                 seed: AtomicU64::new(DEFAULT_SEED),
                 draws: AtomicU64::new(0),
+                pool: Mutex::new(None),
             }),
         })
     }
@@ -263,6 +277,84 @@ impl Backend {
                 .push(("threads requested".into(), n.to_string()));
         }
         info
+    }
+
+    /// Makes tensors of this backend (all its clones) allocate from a caching pool with `config`
+    /// (seed 001's `memory_pool`), returning the backend for chaining. Tensors allocated before keep
+    /// their memory and return it to the device. `InvalidArgument` when a pool with blocks in use is
+    /// already set or `initial_size` exceeds `max_size`; the device's `OutOfMemory` when it cannot
+    /// reserve `initial_size`.
+    pub fn memory_pool(self, config: MemoryPoolConfig) -> Result<Backend> {
+        {
+            let mut slot = self.pool();
+            if let Some(old) = slot.as_mut() {
+                if old.stats().allocated_bytes > 0 {
+                    return Err(BackendError::invalid(
+                        "memory_pool",
+                        "the current pool has tensors in use; drop them before replacing it",
+                    ));
+                }
+                old.release_all(self.compute());
+            }
+            *slot = Some(MemoryPool::new(config, self.compute())?);
+        }
+        Ok(self)
+    }
+
+    /// The memory figures: the pool's when one is set ([`Backend::memory_pool`]); otherwise the
+    /// device allocator's bytes in use as both allocated and reserved (0 where it does not count).
+    pub fn memory_stats(&self) -> MemoryStats {
+        match self.pool().as_ref() {
+            Some(pool) => pool.stats(),
+            None => {
+                let bytes = self.inner.compute.allocated_bytes().unwrap_or(0);
+                MemoryStats {
+                    allocated_bytes: bytes,
+                    peak_allocated_bytes: bytes,
+                    reserved_bytes: bytes,
+                    peak_reserved_bytes: bytes,
+                    ..MemoryStats::default()
+                }
+            }
+        }
+    }
+
+    /// Returns the pool's cached segments (those with no tensor in them) to the device; nothing to
+    /// do without a pool. The device's error if it refuses a free.
+    pub fn empty_cache(&self) -> Result<()> {
+        match self.pool().as_mut() {
+            Some(pool) => pool.empty_cache(self.compute()),
+            None => Ok(()),
+        }
+    }
+
+    /// Sets the pool's peak figures to the current ones (as `torch.cuda.reset_peak_memory_stats`).
+    pub fn reset_peak_stats(&self) {
+        if let Some(pool) = self.pool().as_mut() {
+            pool.reset_peak_stats();
+        }
+    }
+
+    fn pool(&self) -> MutexGuard<'_, Option<MemoryPool>> {
+        self.inner.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `bytes` of device memory for a tensor: from the pool when one is set.
+    pub(crate) fn alloc_storage(&self, bytes: usize) -> Result<crate::compute::DevicePtr> {
+        match self.pool().as_mut() {
+            Some(pool) => pool.alloc(self.compute(), bytes),
+            None => self.compute().alloc(bytes),
+        }
+    }
+
+    /// Returns a tensor's memory: to the pool when it came from it.
+    pub(crate) fn free_storage(&self, ptr: crate::compute::DevicePtr) -> Result<()> {
+        if let Some(pool) = self.pool().as_mut() {
+            if pool.owns(ptr) {
+                return pool.free(self.compute(), ptr);
+            }
+        }
+        self.compute().free(ptr)
     }
 
     /// Bytes of device memory currently held by this backend's tensors (and raw allocations), where the
@@ -453,6 +545,7 @@ fn build(config: BackendConfig) -> Result<Backend> {
             config,
             seed: AtomicU64::new(DEFAULT_SEED),
             draws: AtomicU64::new(0),
+            pool: Mutex::new(None),
         }),
     })
 }
@@ -492,8 +585,8 @@ impl BackendBuilder {
         self
     }
 
-    /// Bounds device memory through the shared memory pool. The pool is not built yet, so `build`
-    /// returns `FeatureUnavailable` when this is set rather than ignoring the bound.
+    /// Bounds device memory: tensors allocate from a caching pool whose `max_size` is `bytes`
+    /// (see [`Backend::memory_pool`]).
     pub fn memory_pool_size(mut self, bytes: usize) -> Self {
         self.memory_pool_size = Some(bytes);
         self
@@ -518,17 +611,17 @@ impl BackendBuilder {
     }
 
     /// Builds the backend: `Unavailable` when the kind cannot run here, `InvalidArgument` for a device
-    /// index out of range, `FeatureUnavailable` for a memory-pool bound (not built yet).
+    /// index out of range. With [`memory_pool_size`](Self::memory_pool_size), tensors allocate from a
+    /// caching pool bounded by it (the defaults of [`MemoryPoolConfig`] otherwise).
     pub fn build(self) -> Result<Backend> {
-        if let Some(bytes) = self.memory_pool_size {
-            return Err(BackendError::FeatureUnavailable {
-                feature: "memory_pool_size",
-                reason: format!(
-                    "the memory pool that would enforce a {bytes}-byte bound is not built yet"
-                ),
-            });
+        let backend = build(self.config)?;
+        match self.memory_pool_size {
+            Some(max_size) => backend.memory_pool(MemoryPoolConfig {
+                max_size,
+                ..MemoryPoolConfig::default()
+            }),
+            None => Ok(backend),
         }
-        build(self.config)
     }
 }
 

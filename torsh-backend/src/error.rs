@@ -114,6 +114,23 @@ pub enum BackendError {
         available: usize,
     },
 
+    /// A memory pool's `max_size` would be passed, even after it released its cached blocks.
+    #[error(
+        "memory pool exhausted: requested {requested} bytes with {allocated} allocated and \
+         {reserved} reserved of a {limit}-byte limit (free tensors, call empty_cache, or raise \
+         max_size)"
+    )]
+    MemoryPoolExhausted {
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes in blocks in use.
+        allocated: usize,
+        /// Bytes the pool holds from the device, cached blocks included.
+        reserved: usize,
+        /// The pool's `max_size`.
+        limit: usize,
+    },
+
     /// The backend does not implement this op for this dtype.
     #[error("{op} is not supported by the {backend} backend for dtype {dtype}")]
     Unsupported {

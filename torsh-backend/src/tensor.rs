@@ -26,7 +26,7 @@ impl Drop for Storage {
     fn drop(&mut self) {
         // Freeing a pointer this storage allocated cannot fail unless the backend is already broken;
         // there is no caller to report to from `drop`.
-        let _ = self.backend.compute().free(self.ptr);
+        let _ = self.backend.free_storage(self.ptr);
     }
 }
 
@@ -59,7 +59,7 @@ impl Tensor {
                 format!("{shape:?} × {} bytes overflows", dtype.size_in_bytes()),
             )
         })?;
-        let ptr = backend.compute().alloc(bytes)?;
+        let ptr = backend.alloc_storage(bytes)?;
         Ok(Tensor {
             storage: Arc::new(Storage {
                 backend: backend.clone(),

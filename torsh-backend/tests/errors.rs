@@ -359,18 +359,14 @@ fn unavailable_backends_and_bad_builder_settings() {
         InvalidArgument
     );
 
-    let err = assert_err!(
-        BackendBuilder::new().memory_pool_size(1 << 30).build(),
-        FeatureUnavailable
-    );
-    assert_mentions(&err, &["memory_pool_size"]);
-    assert_err!(
-        BackendBuilder::new()
-            .backend_type(BackendType::Reference)
-            .memory_pool_size(1 << 20)
-            .build(),
-        FeatureUnavailable
-    );
+    // A pool bound is enforced, not ignored: past it, allocations fail with the pool's figures.
+    let bounded = assert_ok!(BackendBuilder::new()
+        .backend_type(BackendType::Reference)
+        .memory_pool_size(1 << 20)
+        .build());
+    let err = assert_err!(bounded.zeros(&[1 << 20], DType::F32), MemoryPoolExhausted);
+    assert_mentions(&err, &["memory pool exhausted", "1048576-byte limit"]);
+    assert_backend_works(&bounded);
 
     assert_backend_works(&r);
     assert_backend_works(&cpu);
@@ -2815,10 +2811,20 @@ fn error_messages_are_actionable() {
         ),
         (
             assert_err!(
-                BackendBuilder::new().memory_pool_size(1 << 30).build(),
-                FeatureUnavailable
+                BackendBuilder::new()
+                    .backend_type(BackendType::Cpu)
+                    .memory_pool_size(1 << 20)
+                    .build()
+                    .expect("a bounded pool")
+                    .zeros(&[1 << 20], DType::F32),
+                MemoryPoolExhausted
             ),
-            &["memory_pool_size", "not built"],
+            &[
+                "memory pool exhausted",
+                "4194304 bytes",
+                "empty_cache",
+                "max_size",
+            ],
         ),
         (
             assert_err!(a.narrow(1, 2, 5), InvalidArgument),
