@@ -13,7 +13,7 @@ use crate::backends::reference::ReferenceBackend;
 use crate::compute::ComputeBackend;
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
-use crate::runtime::{MemoryPool, MemoryPoolConfig, MemoryStats};
+use crate::runtime::{MemoryPool, MemoryPoolConfig, MemoryStats, MixedPrecisionConfig};
 
 /// The seed a new backend's random stream starts from (see [`Backend::manual_seed`]).
 pub const DEFAULT_SEED: u64 = 0x7043_6b5f_5eed;
@@ -61,6 +61,8 @@ struct Inner {
     draws: AtomicU64,
     /// The caching pool tensors allocate from, once [`Backend::memory_pool`] set one.
     pool: Mutex<Option<MemoryPool>>,
+    /// Mixed precision for matmul, conv2d and attention, once enabled.
+    amp: Mutex<Option<MixedPrecisionConfig>>,
 }
 
 impl Drop for Inner {
@@ -236,6 +238,7 @@ impl Backend {
                 seed: AtomicU64::new(DEFAULT_SEED),
                 draws: AtomicU64::new(0),
                 pool: Mutex::new(None),
+                amp: Mutex::new(None),
             }),
         })
     }
@@ -299,6 +302,28 @@ impl Backend {
             *slot = Some(MemoryPool::new(config, self.compute())?);
         }
         Ok(self)
+    }
+
+    /// Makes matmul, conv2d and attention on f32 tensors of this backend (all its clones) run in
+    /// `config.compute_dtype` with f32 accumulation and return f32 (seed 001's
+    /// `enable_mixed_precision`); other dtypes run as they are. Returns the backend for chaining.
+    /// `InvalidArgument` for a compute dtype other than f16/bf16, an accumulation dtype other than
+    /// f32, or a scale that is not positive and finite. Pair it with a
+    /// [`LossScaler`](crate::LossScaler) built by [`LossScaler::from_config`](crate::LossScaler::from_config).
+    pub fn enable_mixed_precision(self, config: MixedPrecisionConfig) -> Result<Backend> {
+        config.validate()?;
+        *self.inner.amp.lock().unwrap_or_else(|e| e.into_inner()) = Some(config);
+        Ok(self)
+    }
+
+    /// Turns mixed precision off again.
+    pub fn disable_mixed_precision(&self) {
+        *self.inner.amp.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The mixed-precision settings in force, if any.
+    pub fn mixed_precision(&self) -> Option<MixedPrecisionConfig> {
+        *self.inner.amp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The memory figures: the pool's when one is set ([`Backend::memory_pool`]); otherwise the
@@ -546,6 +571,7 @@ fn build(config: BackendConfig) -> Result<Backend> {
             seed: AtomicU64::new(DEFAULT_SEED),
             draws: AtomicU64::new(0),
             pool: Mutex::new(None),
+            amp: Mutex::new(None),
         }),
     })
 }

@@ -56,7 +56,9 @@ pub use ops::conv::ConvConfig;
 pub use ops::norm::BatchNormConfig;
 pub use ops::optim::AdamState;
 pub use ops::pool::Pool2dConfig;
-pub use runtime::{AllocationStrategy, MemoryPoolConfig, MemoryStats};
+pub use runtime::{
+    AllocationStrategy, LossScaler, MemoryPoolConfig, MemoryStats, MixedPrecisionConfig,
+};
 pub use shape::Layout;
 pub use stream::{Completion, Event, PinnedBuffer, Stream};
 pub use tensor::Tensor;

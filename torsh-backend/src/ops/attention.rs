@@ -17,8 +17,23 @@ impl Backend {
         self.attention_with_scale(q, k, v, causal, 1.0 / (head_dim.max(1) as f64).sqrt())
     }
 
-    /// [`Backend::attention`] with an explicit score scale (multiplying `Q·Kᵀ`).
+    /// [`Backend::attention`] with an explicit score scale (multiplying `Q·Kᵀ`). With mixed precision
+    /// on ([`Backend::enable_mixed_precision`]), f32 operands run in its compute dtype and the result
+    /// comes back as f32.
     pub fn attention_with_scale(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: f64,
+    ) -> Result<Tensor> {
+        crate::runtime::amp::autocast(self, &[q, k, v], |t| {
+            self.attention_as_is(&t[0], &t[1], &t[2], causal, scale)
+        })
+    }
+
+    fn attention_as_is(
         &self,
         q: &Tensor,
         k: &Tensor,

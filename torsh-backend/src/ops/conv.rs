@@ -45,8 +45,24 @@ impl Backend {
         self.conv2d_with_bias(input, weight, None, config)
     }
 
-    /// [`Backend::conv2d`] plus a `[K]` bias added to every output position.
+    /// [`Backend::conv2d`] plus a `[K]` bias added to every output position. With mixed precision on
+    /// ([`Backend::enable_mixed_precision`]), f32 operands run in its compute dtype and the result
+    /// comes back as f32.
     pub fn conv2d_with_bias(
+        &self,
+        input: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        config: ConvConfig,
+    ) -> Result<Tensor> {
+        let mut operands = vec![input, weight];
+        operands.extend(bias);
+        crate::runtime::amp::autocast(self, &operands, |t| {
+            self.conv2d_as_is(&t[0], &t[1], t.get(2), config)
+        })
+    }
+
+    fn conv2d_as_is(
         &self,
         input: &Tensor,
         weight: &Tensor,

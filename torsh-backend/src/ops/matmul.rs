@@ -106,7 +106,13 @@ impl Backend {
     /// Matrix product with `torch.matmul` semantics: 1-D operands are treated as a row (left) or column
     /// (right) vector and that dim is removed from the result; dims before the last two are batch dims
     /// and broadcast. `ShapeMismatch` when the inner dims differ or batch dims do not broadcast.
+    /// With mixed precision on ([`Backend::enable_mixed_precision`]), f32 operands run in its compute
+    /// dtype and the result comes back as f32.
     pub fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        crate::runtime::amp::autocast(self, &[a, b], |t| self.matmul_as_is(&t[0], &t[1]))
+    }
+
+    fn matmul_as_is(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let op = "matmul";
         let dtype = self.check_operands(op, &[a, b])?;
         if a.rank() == 0 || b.rank() == 0 {
