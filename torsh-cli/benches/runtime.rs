@@ -1,0 +1,82 @@
+//! `cargo bench -p torsh-cli --bench runtime`: the runtime services against what they replace, side by
+//! side in one run: allocating and freeing a tensor through the caching memory pool, through the
+//! backend's own allocator, and a host buffer from the system allocator, at 4 KiB and 4 MiB, on the CPU
+//! backend and (where an adapter exists) on WebGPU. After the runs, the medians and the pool's
+//! speed-up over each are printed.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+use torsh_backend::{Backend, BackendType, DType, MemoryPoolConfig};
+
+/// Median seconds per call of `f` over `rounds` rounds of `k` calls.
+fn median_per_call(mut f: impl FnMut(), k: usize, rounds: usize) -> f64 {
+    let mut per = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let start = Instant::now();
+        for _ in 0..k {
+            f();
+        }
+        per.push(start.elapsed().as_secs_f64() / k as f64);
+    }
+    per.sort_by(f64::total_cmp);
+    per[rounds / 2]
+}
+
+/// One allocate-and-free of `bytes`: through the pool, the raw backend, the system allocator.
+fn alloc_free(c: &mut Criterion, kind: BackendType, bytes: usize) {
+    let Ok(raw) = Backend::new(kind) else {
+        eprintln!("runtime bench: {kind} unavailable, skipped");
+        return;
+    };
+    let pooled = match Backend::new(kind).and_then(|b| b.memory_pool(MemoryPoolConfig::default())) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("runtime bench: no pool on {kind}: {e}");
+            return;
+        }
+    };
+    let shape = [bytes / 4];
+    let mut group = c.benchmark_group(format!("alloc_free_{kind}"));
+    group.sample_size(30);
+    group.measurement_time(Duration::from_secs(2));
+    let mut pool_run = || {
+        black_box(pooled.empty(&shape, DType::F32).map(|t| t.data_ptr()).ok());
+    };
+    let mut raw_run = || {
+        black_box(raw.empty(&shape, DType::F32).map(|t| t.data_ptr()).ok());
+    };
+    let mut system_run = || {
+        black_box(Vec::<u8>::with_capacity(bytes).as_ptr());
+    };
+    group.bench_function(BenchmarkId::new("pool", bytes), |b| b.iter(&mut pool_run));
+    group.bench_function(BenchmarkId::new("backend", bytes), |b| b.iter(&mut raw_run));
+    group.bench_function(BenchmarkId::new("system", bytes), |b| {
+        b.iter(&mut system_run)
+    });
+    group.finish();
+    let (p, r, s) = (
+        median_per_call(&mut pool_run, 200, 9),
+        median_per_call(&mut raw_run, 200, 9),
+        median_per_call(&mut system_run, 200, 9),
+    );
+    println!(
+        "alloc+free {bytes} B on {kind}: pool {:.2} µs, backend {:.2} µs ({:.1}x the pool), system {:.2} µs ({:.2}x the pool)",
+        p * 1e6,
+        r * 1e6,
+        r / p,
+        s * 1e6,
+        s / p
+    );
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    for kind in [BackendType::Cpu, BackendType::WebGpu] {
+        for bytes in [4 << 10, 4 << 20] {
+            alloc_free(&mut c, kind, bytes);
+        }
+    }
+    c.final_summary();
+}
