@@ -264,7 +264,6 @@ impl MemoryPool {
             (addr, size) = self.coalesce(base, addr, size);
         }
         self.free_set(kind).insert((size, addr));
-        self.update_fragmentation();
         Ok(())
     }
 
@@ -284,7 +283,6 @@ impl MemoryPool {
         for base in idle {
             self.release_segment(raw, base)?;
         }
-        self.update_fragmentation();
         Ok(())
     }
 
@@ -302,9 +300,12 @@ impl MemoryPool {
         self.stats.segments = 0;
     }
 
-    /// The usage figures.
+    /// The usage figures (fragmentation is computed here, from the free blocks).
     pub fn stats(&self) -> MemoryStats {
-        self.stats
+        MemoryStats {
+            fragmentation: self.fragmentation(),
+            ..self.stats
+        }
     }
 
     /// Sets the peaks to the current values.
@@ -451,7 +452,6 @@ impl MemoryPool {
             .peak_allocated_bytes
             .max(self.stats.allocated_bytes);
         self.stats.alloc_count += 1;
-        self.update_fragmentation();
     }
 
     /// Merges the free block (`addr`, `size`) of segment `base` with its free neighbours, taking
@@ -508,7 +508,8 @@ impl MemoryPool {
         raw.raw_free(DevicePtr(base))
     }
 
-    fn update_fragmentation(&mut self) {
+    /// The share of free reserved bytes outside the largest free block (0 with none free).
+    fn fragmentation(&self) -> f64 {
         let sizes = self
             .free_small
             .iter()
@@ -516,11 +517,11 @@ impl MemoryPool {
             .chain(&self.free_shared)
             .map(|&(s, _)| s);
         let (total, largest) = sizes.fold((0usize, 0usize), |(t, l), s| (t + s, l.max(s)));
-        self.stats.fragmentation = if total == 0 {
+        if total == 0 {
             0.0
         } else {
             1.0 - largest as f64 / total as f64
-        };
+        }
     }
 }
 
@@ -578,6 +579,9 @@ mod tests {
         assert_eq!(p.stats().reserved_bytes, SEGMENT);
         assert_eq!(p.stats().allocated_bytes, 512 + 1024);
         p.free(&raw, a).unwrap();
+        // Free: a's 512 bytes and the segment's tail; all but the tail count as fragmented.
+        let free = (SEGMENT - 1024) as f64;
+        assert!((p.stats().fragmentation - 512.0 / free).abs() < 1e-12);
         let c = p.alloc(&raw, 100).unwrap();
         assert_eq!(c, a, "the freed block is reused");
         assert_eq!(raw.live.borrow().len(), 1);
