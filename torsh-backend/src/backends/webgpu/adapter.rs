@@ -187,12 +187,14 @@ pub(crate) fn describe(index: usize, adapter: &wgpu::Adapter) -> DeviceInfo {
             yes_no(features.contains(wgpu::Features::TIMESTAMP_QUERY)),
         ),
     ];
-    if !is_hardware_gpu(&info) {
-        details.push((
-            "auto".to_string(),
-            "not chosen by Backend::auto (a CPU implementation; the CPU backend is faster)".into(),
-        ));
-    }
+    let auto = if !is_hardware_gpu(&info) {
+        "not chosen by Backend::auto (a CPU implementation; the CPU backend is faster)"
+    } else if index == 0 {
+        "chosen by Backend::auto when no CUDA, ROCm or Metal backend runs"
+    } else {
+        "not chosen by Backend::auto (it opens the best ranked adapter, [0])"
+    };
+    details.push(("auto".to_string(), auto.into()));
     DeviceInfo {
         device: Device {
             backend_type: BackendType::WebGpu,
