@@ -327,7 +327,8 @@ impl Backend {
     }
 
     /// The memory figures: the pool's when one is set ([`Backend::memory_pool`]); otherwise the
-    /// device allocator's bytes in use as both allocated and reserved (0 where it does not count).
+    /// device allocator's bytes in use as allocated, reserved and both peaks (0 where it does not
+    /// count), and no counts: without a pool nothing tracks peaks or allocations.
     pub fn memory_stats(&self) -> MemoryStats {
         match self.pool().as_ref() {
             Some(pool) => pool.stats(),
@@ -364,12 +365,30 @@ impl Backend {
         self.inner.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `bytes` of device memory for a tensor: from the pool when one is set.
+    /// `bytes` of device memory for a tensor: from the pool when one is set. A pooled block is filled
+    /// with NaN bytes (debug builds, or `TORSH_POISON=1`) as the backends fill fresh allocations, so a
+    /// reused block cannot pass off a previous tensor's values as an op's output.
     pub(crate) fn alloc_storage(&self, bytes: usize) -> Result<crate::compute::DevicePtr> {
-        match self.pool().as_mut() {
-            Some(pool) => pool.alloc(self.compute(), bytes),
-            None => self.compute().alloc(bytes),
+        let mut slot = self.pool();
+        let Some(pool) = slot.as_mut() else {
+            return self.compute().alloc(bytes);
+        };
+        let ptr = pool.alloc(self.compute(), bytes)?;
+        let poison =
+            cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
+        if poison && bytes > 0 {
+            let filled = self.compute().fill(&crate::compute::FillDesc {
+                dtype: crate::dtype::DType::U8,
+                ptr,
+                len: bytes,
+                value: f64::from(crate::backends::reference::POISON_BYTE),
+            });
+            if let Err(e) = filled {
+                let _ = pool.free(self.compute(), ptr);
+                return Err(e);
+            }
         }
+        Ok(ptr)
     }
 
     /// Returns a tensor's memory: to the pool when it came from it.

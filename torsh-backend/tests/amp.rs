@@ -3,6 +3,7 @@
 //! scaler follows `torch.amp.GradScaler`'s documented behaviour step by step.
 
 use torsh_backend::prelude::*;
+use torsh_backend::validation::compare;
 use torsh_backend::{AdamState, LossScaler, MixedPrecisionConfig};
 
 fn backends() -> Vec<Backend> {
@@ -10,12 +11,6 @@ fn backends() -> Vec<Backend> {
         .into_iter()
         .map(|kind| Backend::new(kind).expect("an available backend builds"))
         .collect()
-}
-
-fn rel_error(got: &[f64], want: &[f64]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(g, w)| (g - w).powi(2)).sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den).sqrt()
 }
 
 /// One op on a backend, giving its output.
@@ -103,7 +98,7 @@ fn matmul_conv_and_attention_run_in_16_bits_and_return_f32() {
                 let ours = case(&b);
                 assert_eq!(ours.dtype(), DType::F32, "{kind} {dtype} {name}");
                 let want = case(&reference).to_vec_f64().unwrap();
-                let e = rel_error(&ours.to_vec_f64().unwrap(), &want);
+                let e = compare(&ours.to_vec_f64().unwrap(), &want).rel_error;
                 // Within the 16-bit bound, and not f32's: the operands really were rounded.
                 assert!(e <= 1e-2, "{kind} {dtype} {name}: relative error {e}");
                 assert!(

@@ -223,3 +223,24 @@ fn a_pool_with_tensors_in_use_is_not_replaced() {
         .unwrap_err();
     assert!(matches!(err, BackendError::InvalidArgument { .. }), "{err}");
 }
+
+#[test]
+fn reused_blocks_are_poisoned_in_debug_builds() {
+    if !cfg!(debug_assertions) {
+        eprintln!("skipped: blocks are poisoned in debug builds (or with TORSH_POISON=1) only");
+        return;
+    }
+    for plain in backends() {
+        let kind = plain.backend_type();
+        let b = pooled(kind, MemoryPoolConfig::default());
+        let first = b.ones(&[300], DType::F32).unwrap();
+        let at = first.data_ptr();
+        drop(first);
+        let again = b.empty(&[300], DType::F32).unwrap();
+        assert_eq!(again.data_ptr(), at, "{kind}");
+        assert!(
+            again.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()),
+            "{kind}: the old ones are still visible"
+        );
+    }
+}

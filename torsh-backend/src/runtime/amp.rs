@@ -126,8 +126,9 @@ impl LossScaler {
         loss.mul_scalar(self.scale)
     }
 
-    /// Divides every gradient by the scale (in place: each tensor is replaced by its unscaled value)
-    /// and records whether any holds an inf or NaN, which it returns. Once per step: a second call
+    /// Divides every gradient by the scale (in place: each tensor is replaced by its unscaled value,
+    /// all of them or, on an error, none) and records whether any holds an inf or NaN, which it
+    /// returns. Once per step: a second call
     /// before [`update`](Self::update) is `InvalidArgument`, as in PyTorch.
     pub fn unscale(&mut self, grads: &mut [Tensor]) -> Result<bool> {
         if self.found_inf.is_some() {
@@ -138,15 +139,21 @@ impl LossScaler {
         }
         let inv = 1.0 / self.scale;
         let mut found = false;
-        for g in grads.iter_mut() {
-            let unscaled = g.mul_scalar(inv)?;
-            if unscaled.numel() > 0 {
+        let mut unscaled = Vec::with_capacity(grads.len());
+        for g in grads.iter() {
+            let u = g.mul_scalar(inv)?;
+            if u.numel() > 0 {
                 // max |x| is NaN when any element is NaN and inf when any is infinite.
-                let flat = unscaled.reshape(&[unscaled.numel()])?.abs()?;
+                let flat = u.reshape(&[u.numel()])?.abs()?;
                 let worst = flat.backend().max(&flat, 0, false)?.to_vec_f64()?;
                 found |= worst.iter().any(|v| !v.is_finite());
             }
-            *g = unscaled;
+            unscaled.push(u);
+        }
+        // Only once every gradient is done: an error part-way leaves them all scaled, so a retry
+        // cannot divide some twice.
+        for (g, u) in grads.iter_mut().zip(unscaled) {
+            *g = u;
         }
         self.found_inf = Some(found);
         Ok(found)
