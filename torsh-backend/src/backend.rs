@@ -13,6 +13,8 @@ use crate::backends::reference::ReferenceBackend;
 use crate::compute::ComputeBackend;
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
+use crate::runtime::autotune::Autotuner;
+use crate::runtime::graph::Tap;
 use crate::runtime::{MemoryPool, MemoryPoolConfig, MemoryStats, MixedPrecisionConfig};
 
 /// The seed a new backend's random stream starts from (see [`Backend::manual_seed`]).
@@ -53,7 +55,9 @@ impl BackendConfig {
 }
 
 struct Inner {
-    compute: Box<dyn ComputeBackend>,
+    compute: Arc<dyn ComputeBackend>,
+    /// The same device behind a recorder, used while a thread captures a graph.
+    tap: Tap,
     /// Made by [`Backend::from_compute`]: the crate cannot build more devices of it.
     custom: bool,
     config: BackendConfig,
@@ -63,6 +67,8 @@ struct Inner {
     pool: Mutex<Option<MemoryPool>>,
     /// Mixed precision for matmul, conv2d and attention, once enabled.
     amp: Mutex<Option<MixedPrecisionConfig>>,
+    /// The autotuner's switch, table and cache file.
+    tuner: Mutex<Autotuner>,
 }
 
 impl Drop for Inner {
@@ -230,8 +236,10 @@ impl Backend {
             compute.init()?;
         }
         let config = BackendConfig::new(compute.backend_type());
+        let compute: Arc<dyn ComputeBackend> = Arc::from(compute);
         Ok(Backend {
             inner: Arc::new(Inner {
+                tap: Tap::new(Arc::clone(&compute)),
                 compute,
                 custom: true,
                 config,
@@ -239,6 +247,7 @@ impl Backend {
                 draws: AtomicU64::new(0),
                 pool: Mutex::new(None),
                 amp: Mutex::new(None),
+                tuner: Mutex::new(Autotuner::default()),
             }),
         })
     }
@@ -407,9 +416,30 @@ impl Backend {
         self.inner.compute.allocated_bytes()
     }
 
-    /// The low-level backend, for callers that manage raw device memory themselves.
+    /// The low-level backend, for callers that manage raw device memory themselves. While the
+    /// calling thread captures a graph ([`Backend::capture_graph`]), its calls are recorded.
     pub fn compute(&self) -> &dyn ComputeBackend {
+        if self.inner.tap.capturing_here() {
+            &self.inner.tap
+        } else {
+            self.inner.compute.as_ref()
+        }
+    }
+
+    /// The device itself, bypassing a graph capture's recorder (for work a capture must not record,
+    /// such as the autotuner's trial runs).
+    pub(crate) fn unrecorded(&self) -> &dyn ComputeBackend {
         self.inner.compute.as_ref()
+    }
+
+    /// The autotuner's state.
+    pub(crate) fn tuner(&self) -> MutexGuard<'_, Autotuner> {
+        self.inner.tuner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The graph recorder in front of this backend's device.
+    pub(crate) fn graph_tap(&self) -> &Tap {
+        &self.inner.tap
     }
 
     /// True when both handles refer to the same backend instance (tensors of one can be used with the
@@ -582,8 +612,10 @@ fn build(config: BackendConfig) -> Result<Backend> {
         }
     };
     compute.init()?;
+    let compute: Arc<dyn ComputeBackend> = Arc::from(compute);
     Ok(Backend {
         inner: Arc::new(Inner {
+            tap: Tap::new(Arc::clone(&compute)),
             compute,
             custom: false,
             config,
@@ -591,6 +623,7 @@ fn build(config: BackendConfig) -> Result<Backend> {
             draws: AtomicU64::new(0),
             pool: Mutex::new(None),
             amp: Mutex::new(None),
+            tuner: Mutex::new(Autotuner::default()),
         }),
     })
 }

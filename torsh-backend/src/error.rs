@@ -192,6 +192,16 @@ pub enum BackendError {
         log: String,
     },
 
+    /// A call that a graph capture cannot record (reading device memory on the host, a random fill,
+    /// raw device memory, a second capture), or a graph used with another backend.
+    #[error("graph capture: {op}: {details}")]
+    GraphCapture {
+        /// The call or graph operation refused.
+        op: &'static str,
+        /// Why, and what to do instead.
+        details: String,
+    },
+
     /// A file operation failed (fixtures, caches, reports).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

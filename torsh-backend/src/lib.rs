@@ -48,7 +48,7 @@ pub mod validation;
 pub use backends::webgpu;
 
 pub use backend::{Backend, BackendBuilder, BackendConfig, BackendStatus};
-pub use compute::{BinaryOp, ComputeBackend, DevicePtr, ReduceOp, Transpose, UnaryOp};
+pub use compute::{BinaryOp, ComputeBackend, DevicePtr, ReduceOp, Transpose, TunableOp, UnaryOp};
 pub use device::{BackendType, Device, DeviceInfo};
 pub use dtype::{DType, Element};
 pub use error::{BackendError, BackendResult, Result};
@@ -57,7 +57,8 @@ pub use ops::norm::BatchNormConfig;
 pub use ops::optim::AdamState;
 pub use ops::pool::Pool2dConfig;
 pub use runtime::{
-    AllocationStrategy, LossScaler, MemoryPoolConfig, MemoryStats, MixedPrecisionConfig,
+    AllocationStrategy, AutotuneStats, Graph, GraphOutputs, LossScaler, MemoryPoolConfig,
+    MemoryStats, MixedPrecisionConfig, TunedChoice,
 };
 pub use shape::Layout;
 pub use stream::{Completion, Event, PinnedBuffer, Stream};

@@ -20,6 +20,14 @@ use crate::shape::{checked_numel, Layout};
 pub(crate) struct Storage {
     backend: Backend,
     ptr: DevicePtr,
+    bytes: usize,
+}
+
+impl Storage {
+    /// The allocation's base pointer and size in bytes.
+    pub(crate) fn extent(&self) -> (DevicePtr, usize) {
+        (self.ptr, self.bytes)
+    }
 }
 
 impl Drop for Storage {
@@ -60,11 +68,14 @@ impl Tensor {
             )
         })?;
         let ptr = backend.alloc_storage(bytes)?;
+        let storage = Arc::new(Storage {
+            backend: backend.clone(),
+            ptr,
+            bytes,
+        });
+        backend.graph_tap().note_created(&storage);
         Ok(Tensor {
-            storage: Arc::new(Storage {
-                backend: backend.clone(),
-                ptr,
-            }),
+            storage,
             layout: Layout::contiguous(shape),
             dtype,
         })
@@ -134,6 +145,7 @@ impl Tensor {
 
     /// The allocation's base pointer with this view's layout, for a low-level op.
     pub fn strided_buf(&self) -> StridedBuf {
+        self.backend().graph_tap().note_used(self);
         StridedBuf {
             ptr: self.storage.ptr,
             layout: self.layout.clone(),
@@ -142,7 +154,27 @@ impl Tensor {
 
     /// Pointer to element `[0, 0, ...]`; only meaningful to a kernel when the view is contiguous.
     pub fn data_ptr(&self) -> DevicePtr {
+        self.backend().graph_tap().note_used(self);
         DevicePtr(self.storage.ptr.0 + (self.layout.offset() * self.dtype.size_in_bytes()) as u64)
+    }
+
+    /// The allocation this view belongs to.
+    pub(crate) fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
+    /// An identity of the allocation, equal for views that share it.
+    pub(crate) fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.storage) as usize
+    }
+
+    /// The bytes of the allocation this view can reach: from its first to one past its last
+    /// element, relative to the allocation's base. `None` when that overflows.
+    pub(crate) fn byte_span(&self) -> Option<(usize, usize)> {
+        let size = self.dtype.size_in_bytes();
+        let end = self.layout.span_elements().ok()?.checked_mul(size)?;
+        let start = self.layout.offset().checked_mul(size)?;
+        Some((start, end.max(start)))
     }
 
     /// True when `self` and `other` share an allocation.

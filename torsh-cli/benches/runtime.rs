@@ -1,14 +1,15 @@
 //! `cargo bench -p torsh-cli --bench runtime`: the runtime services against what they replace, side by
 //! side in one run: allocating and freeing a tensor through the caching memory pool, through the
 //! backend's own allocator, and a host buffer from the system allocator, at 4 KiB and 4 MiB, on the CPU
-//! backend and (where an adapter exists) on WebGPU. After the runs, the medians and the pool's
-//! speed-up over each are printed.
+//! backend and (where an adapter exists) on WebGPU; and a chain of 50 small elementwise ops run
+//! eagerly against the same chain captured once and replayed with `launch_graph`, on the reference,
+//! CPU and WebGPU backends. After the runs, the medians and the ratios are printed.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
-use torsh_backend::{Backend, BackendType, DType, MemoryPoolConfig};
+use torsh_backend::{Backend, BackendType, DType, MemoryPoolConfig, Tensor};
 
 /// Median seconds per call of `f` over `rounds` rounds of `k` calls.
 fn median_per_call(mut f: impl FnMut(), k: usize, rounds: usize) -> f64 {
@@ -71,12 +72,72 @@ fn alloc_free(c: &mut Criterion, kind: BackendType, bytes: usize) {
     );
 }
 
+/// The benchmarked chain: 25 × (multiply by `w`, tanh) = 50 ops on `len` elements.
+fn chain(x: &Tensor, w: &Tensor) -> torsh_backend::Result<Tensor> {
+    let mut y = x.clone();
+    for _ in 0..25 {
+        y = y.mul(w)?.tanh()?;
+    }
+    Ok(y)
+}
+
+/// The chain of 50 ops run eagerly against a captured graph of it, both waited for on the device.
+fn graph_replay(c: &mut Criterion, kind: BackendType, len: usize) {
+    let Ok(b) = Backend::new(kind) else {
+        eprintln!("runtime bench: {kind} unavailable, skipped");
+        return;
+    };
+    let (x, w) = match (b.randn(&[len], DType::F32), b.randn(&[len], DType::F32)) {
+        (Ok(x), Ok(w)) => (x, w),
+        _ => return,
+    };
+    let graph = match b.capture_graph(|| chain(&x, &w)) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("runtime bench: capture failed on {kind}: {e}");
+            return;
+        }
+    };
+    let inputs = [x.clone(), w.clone()];
+    let mut eager_run = || {
+        black_box(chain(&x, &w).ok());
+        let _ = b.synchronize();
+    };
+    let mut replay_run = || {
+        black_box(b.launch_graph(&graph, &inputs).ok());
+        let _ = b.synchronize();
+    };
+    let mut group = c.benchmark_group(format!("chain50_{kind}"));
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(2));
+    group.bench_function(BenchmarkId::new("eager", len), |t| t.iter(&mut eager_run));
+    group.bench_function(BenchmarkId::new("graph", len), |t| t.iter(&mut replay_run));
+    group.finish();
+    let (e, g) = (
+        median_per_call(&mut eager_run, 10, 9),
+        median_per_call(&mut replay_run, 10, 9),
+    );
+    println!(
+        "50-op chain of {len} f32 on {kind}: eager {:.1} µs, graph replay {:.1} µs ({:.2}x faster)",
+        e * 1e6,
+        g * 1e6,
+        e / g
+    );
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     for kind in [BackendType::Cpu, BackendType::WebGpu] {
         for bytes in [4 << 10, 4 << 20] {
             alloc_free(&mut c, kind, bytes);
         }
+    }
+    for kind in [
+        BackendType::Reference,
+        BackendType::Cpu,
+        BackendType::WebGpu,
+    ] {
+        graph_replay(&mut c, kind, 1024);
     }
     c.final_summary();
 }

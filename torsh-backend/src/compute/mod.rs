@@ -14,6 +14,7 @@ pub mod access;
 pub mod allocations;
 pub mod desc;
 pub mod stream;
+pub mod tunable;
 
 use std::fmt::Debug;
 
@@ -21,6 +22,7 @@ pub use access::{Access, Accesses, InPlace, Region};
 pub use allocations::AllocationTable;
 pub use desc::*;
 pub use stream::{EventId, HostBuffer, PageableBuffer, StreamId};
+pub use tunable::TunableOp;
 
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
@@ -171,6 +173,42 @@ pub trait ComputeBackend: Send + Sync + Debug {
 
     /// Random fill; see [`RandomDesc`].
     fn random(&self, desc: &RandomDesc) -> Result<()>;
+
+    /// A string that identifies this device and the settings its kernels' speed depends on (the
+    /// autotuner's cache files are valid for one fingerprint). Provided: the backend kind and the
+    /// device name.
+    fn fingerprint(&self) -> String {
+        format!("{}/{}", self.backend_type(), self.device_info().name)
+    }
+
+    /// The names of the variants (kernels or launch configurations) this backend can run `op` with,
+    /// the one its plain method would use first; fewer than two when there is nothing to choose.
+    /// Provided: none.
+    fn variants(&self, op: &TunableOp) -> Vec<&'static str> {
+        let _ = op;
+        Vec::new()
+    }
+
+    /// Runs `op` with `variant`, one of [`ComputeBackend::variants`]; every variant computes the
+    /// same op, with the same checks. `InvalidArgument` for a name that is not offered (the provided
+    /// body, which offers none, answers that for every name).
+    fn run_variant(&self, op: &TunableOp, variant: &str) -> Result<()> {
+        Err(BackendError::invalid(
+            op.name(),
+            format!(
+                "the {} backend has no variant `{variant}` of this op",
+                self.name()
+            ),
+        ))
+    }
+
+    /// Runs `work`, which issues ops on this backend, letting the device gather the commands it
+    /// issues and submit them together (WebGPU: one queue submission) when it returns; used by graph
+    /// replay. Ordering and results are those of issuing the ops one by one. The provided body runs
+    /// `work` as it is, and returns its error.
+    fn batch(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        work()
+    }
 
     // ----- Streams, events and page-locked memory (see [`stream`]) -------------------------------
     //

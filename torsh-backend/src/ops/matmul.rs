@@ -6,7 +6,7 @@
 //! to a dense one first. Batch dims that collapse to one stride use one batched GEMM.
 
 use crate::backend::Backend;
-use crate::compute::{BatchedGemmDesc, CopyDesc, GemmDesc, GemvDesc, Transpose};
+use crate::compute::{BatchedGemmDesc, CopyDesc, GemmDesc, GemvDesc, Transpose, TunableOp};
 use crate::error::{BackendError, Result};
 use crate::shape::broadcast_shapes;
 use crate::tensor::Tensor;
@@ -153,7 +153,7 @@ impl Backend {
             let pa = prepare(&a2, &batch)?;
             let pb = prepare(&b2, &batch)?;
             // Column-major view of the problem: Cᵀ (n × m) = Bᵀ (n × k) · Aᵀ (k × m).
-            self.compute().batched_gemm(&BatchedGemmDesc {
+            let desc = BatchedGemmDesc {
                 gemm: GemmDesc {
                     dtype,
                     trans_a: pb.trans,
@@ -174,7 +174,13 @@ impl Backend {
                 stride_b: pa.batch_stride,
                 stride_c: m * n,
                 batch_count,
-            })?;
+            };
+            if batch_count == 1 {
+                // A single product: a GEMM, whose variant the autotuner may choose.
+                self.run_tunable(&TunableOp::Gemm(desc.gemm))?;
+            } else {
+                self.compute().batched_gemm(&desc)?;
+            }
         }
         // Drop the dims the 1-D rules added: the row of a 1-D `a`, then the column of a 1-D `b`.
         let mut result = out;
@@ -219,7 +225,7 @@ impl Backend {
         }
         let pa = prepare(a, &[])?;
         let pb = prepare(b, &[])?;
-        self.compute().gemm(&GemmDesc {
+        self.run_tunable(&TunableOp::Gemm(GemmDesc {
             dtype,
             trans_a: pb.trans,
             trans_b: pa.trans,
@@ -234,7 +240,7 @@ impl Backend {
             beta: super::optim::widen(beta),
             c: out.data_ptr(),
             ldc: n.max(1),
-        })?;
+        }))?;
         Ok(out)
     }
 

@@ -18,9 +18,12 @@ use crate::error::{BackendError, Result};
 use crate::tensor::Tensor;
 
 impl Backend {
-    /// `DeviceMismatch` unless `t` lives on this backend instance.
+    /// `DeviceMismatch` unless `t` lives on this backend instance. While this thread captures a
+    /// graph, an operand made before the capture becomes one of its inputs here, in the order the
+    /// ops name their operands (before any internal view of it is taken).
     pub(crate) fn check_owner(&self, op: &'static str, t: &Tensor) -> Result<()> {
         if t.backend().same_instance(self) {
+            self.graph_tap().note_used(t);
             Ok(())
         } else {
             Err(BackendError::DeviceMismatch {

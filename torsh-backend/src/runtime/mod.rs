@@ -1,9 +1,13 @@
 //! Services every backend shares, built once above the [`crate::compute::ComputeBackend`] trait:
-//! the caching memory pool (`pool.rs`) and mixed precision with a loss scaler (`amp.rs`). The
-//! autotuner and graph capture of DESIGN.md's runtime section come next.
+//! the caching memory pool (`pool.rs`), mixed precision with a loss scaler (`amp.rs`) and graph
+//! capture and replay (`graph/`), and the autotuner with its cache file (`autotune.rs`).
 
 pub mod amp;
+pub mod autotune;
+pub mod graph;
 pub mod pool;
 
 pub use amp::{LossScaler, MixedPrecisionConfig};
+pub use autotune::{AutotuneStats, TunedChoice};
+pub use graph::{Graph, GraphOutputs};
 pub use pool::{AllocationStrategy, MemoryPool, MemoryPoolConfig, MemoryStats, RawAllocator};

@@ -150,6 +150,45 @@ impl CpuBackend {
             && d.k > 0
             && blas::aligned(d.dtype, &[d.a.0, d.b.0, d.c.0])
     }
+
+    /// GEMM on the pool (`Some(true)`), on the calling thread (`Some(false)`), or as the size
+    /// suggests (`None`: [`gemm_is_parallel`]).
+    fn gemm_threaded(&self, desc: &GemmDesc, parallel: Option<bool>) -> Result<()> {
+        if !self.simd_gemm(desc) {
+            return self.scalar.gemm(desc);
+        }
+        let (Ok(()), Ok(acc)) = (self.scalar.float_only("gemm", desc.dtype), desc.accesses())
+        else {
+            return self.scalar.gemm(desc);
+        };
+        let regions = [
+            acc.regions[0].bytes,
+            acc.regions[1].bytes,
+            acc.regions[2].bytes,
+        ];
+        let parallel = parallel.unwrap_or_else(|| gemm_is_parallel(desc));
+        #[cfg(target_arch = "x86_64")]
+        if self.bf16_dot && desc.dtype == DType::BF16 {
+            return self.on_pool(parallel, |threads| {
+                self.scalar
+                    .run(acc, |mem| bf16_gemm::gemm(mem, desc, regions, threads))
+            });
+        }
+        self.on_pool(parallel, |threads| {
+            self.scalar.run(acc, |mem| {
+                blas::gemm(mem, desc, regions, parallelism(threads))
+            })
+        })
+    }
+}
+
+/// The autotuner's names for a GEMM on the thread pool and on the calling thread.
+const GEMM_POOL: &str = "threads:pool";
+const GEMM_INLINE: &str = "threads:1";
+
+/// Whether a GEMM runs on the pool by default: products of at least [`INLINE_MACS`].
+fn gemm_is_parallel(d: &GemmDesc) -> bool {
+    d.m.saturating_mul(d.n).saturating_mul(d.k) >= INLINE_MACS
 }
 
 /// Ops touching fewer bytes than this run on the calling thread.
@@ -258,31 +297,44 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
-        if !self.simd_gemm(desc) {
-            return self.scalar.gemm(desc);
+        self.gemm_threaded(desc, None)
+    }
+
+    fn fingerprint(&self) -> String {
+        format!(
+            "cpu/{}/threads={}/simd={}",
+            self.scalar.device_info().name,
+            self.threads,
+            self.simd.name()
+        )
+    }
+
+    fn variants(&self, op: &TunableOp) -> Vec<&'static str> {
+        match op {
+            TunableOp::Gemm(d) if self.threads > 1 && self.simd_gemm(d) => {
+                if gemm_is_parallel(d) {
+                    vec![GEMM_POOL, GEMM_INLINE]
+                } else {
+                    vec![GEMM_INLINE, GEMM_POOL]
+                }
+            }
+            _ => Vec::new(),
         }
-        let (Ok(()), Ok(acc)) = (self.scalar.float_only("gemm", desc.dtype), desc.accesses())
-        else {
-            return self.scalar.gemm(desc);
-        };
-        let regions = [
-            acc.regions[0].bytes,
-            acc.regions[1].bytes,
-            acc.regions[2].bytes,
-        ];
-        let macs = desc.m.saturating_mul(desc.n).saturating_mul(desc.k);
-        #[cfg(target_arch = "x86_64")]
-        if self.bf16_dot && desc.dtype == DType::BF16 {
-            return self.on_pool(macs >= INLINE_MACS, |threads| {
-                self.scalar
-                    .run(acc, |mem| bf16_gemm::gemm(mem, desc, regions, threads))
-            });
+    }
+
+    fn run_variant(&self, op: &TunableOp, variant: &str) -> Result<()> {
+        match (op, variant) {
+            (TunableOp::Gemm(d), GEMM_POOL) if self.variants(op).contains(&GEMM_POOL) => {
+                self.gemm_threaded(d, Some(true))
+            }
+            (TunableOp::Gemm(d), GEMM_INLINE) if self.variants(op).contains(&GEMM_INLINE) => {
+                self.gemm_threaded(d, Some(false))
+            }
+            _ => Err(BackendError::invalid(
+                op.name(),
+                format!("the cpu backend has no variant `{variant}` of this op"),
+            )),
         }
-        self.on_pool(macs >= INLINE_MACS, |threads| {
-            self.scalar.run(acc, |mem| {
-                blas::gemm(mem, desc, regions, parallelism(threads))
-            })
-        })
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {

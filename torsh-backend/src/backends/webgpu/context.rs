@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -48,6 +49,10 @@ pub(crate) struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
     /// Errors no scope caught (the handler records them instead of panicking).
     uncaptured: Arc<Mutex<Vec<String>>>,
+    /// Command buffers held back while a batch is open ([`Gpu::batch`]).
+    pending: Mutex<Option<Vec<wgpu::CommandBuffer>>>,
+    /// Queue submissions so far.
+    submissions: AtomicU64,
 }
 
 /// The optional features the backend uses when the adapter has them.
@@ -101,7 +106,72 @@ impl Gpu {
             features,
             lost,
             uncaptured,
+            pending: Mutex::new(None),
+            submissions: AtomicU64::new(0),
         })
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Option<Vec<wgpu::CommandBuffer>>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Submits `commands` to the queue, or holds them back while a batch is open. Queue writes
+    /// (`write_buffer`) and reads must call [`Gpu::flush`] first, so that they stay in order.
+    pub fn submit(&self, commands: wgpu::CommandBuffer) {
+        let mut pending = self.pending();
+        match pending.as_mut() {
+            Some(held) => held.push(commands),
+            None => {
+                drop(pending);
+                self.submit_now([commands]);
+            }
+        }
+    }
+
+    /// Submits `commands` to the queue at once (after [`Gpu::flush`] where order matters).
+    pub fn submit_now(
+        &self,
+        commands: impl IntoIterator<Item = wgpu::CommandBuffer>,
+    ) -> wgpu::SubmissionIndex {
+        self.submissions.fetch_add(1, Ordering::Relaxed);
+        self.queue.submit(commands)
+    }
+
+    /// Submits the commands a batch holds back so far, in one submission; the batch stays open.
+    pub fn flush(&self) {
+        let held = self.pending().as_mut().map(std::mem::take);
+        if let Some(held) = held.filter(|h| !h.is_empty()) {
+            self.submit_now(held);
+        }
+    }
+
+    /// Runs `work` with its command buffers held back and submitted together when it returns (a
+    /// batch inside a batch joins the outer one). Work that writes or reads buffers from the host
+    /// flushes what is held first, so order is kept. Returns `work`'s error, or the submission's.
+    pub fn batch(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        {
+            let mut pending = self.pending();
+            if pending.is_some() {
+                drop(pending);
+                return work();
+            }
+            *pending = Some(Vec::new());
+        }
+        // One set of error scopes for the whole batch: the ops inside skip their own.
+        self.check_alive()?;
+        let scopes = self.push_scopes();
+        let out = work();
+        let held = self.pending().take().unwrap_or_default();
+        if !held.is_empty() {
+            self.submit_now(held);
+        }
+        let caught = self.pop_scopes(scopes, "running a batch of commands", 0);
+        out.and(caught)
+    }
+
+    /// Queue submissions made so far on this device.
+    pub fn submissions(&self) -> u64 {
+        self.submissions.load(Ordering::Relaxed)
     }
 
     /// `DeviceLost` once the device has been lost.
@@ -120,10 +190,32 @@ impl Gpu {
     /// `KernelCompile`, anything else to `Driver`. `what` names the work in messages.
     pub fn scoped<R>(&self, what: &str, bytes: usize, f: impl FnOnce() -> R) -> Result<R> {
         self.check_alive()?;
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        if self.pending().is_some() {
+            // Inside a batch, whose scopes catch what this work raises.
+            return Ok(f());
+        }
+        let scopes = self.push_scopes();
         let out = f();
+        self.pop_scopes(scopes, what, bytes).map(|()| out)
+    }
+
+    /// Pushes validation, out-of-memory and internal error scopes.
+    fn push_scopes(&self) -> [wgpu::ErrorScopeGuard; 3] {
+        [
+            self.device.push_error_scope(wgpu::ErrorFilter::Validation),
+            self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory),
+            self.device.push_error_scope(wgpu::ErrorFilter::Internal),
+        ]
+    }
+
+    /// Pops the scopes of [`Gpu::push_scopes`] and maps the first error caught, as `scoped` does.
+    fn pop_scopes(
+        &self,
+        scopes: [wgpu::ErrorScopeGuard; 3],
+        what: &str,
+        bytes: usize,
+    ) -> Result<()> {
+        let [validation, memory, internal] = scopes;
         // Scopes pop in reverse order.
         let errors = [
             block_on(internal.pop()),
@@ -132,7 +224,7 @@ impl Gpu {
         ];
         self.check_alive()?;
         match errors.into_iter().flatten().next() {
-            None => Ok(out),
+            None => Ok(()),
             Some(e) => Err(map_error(what, bytes, e)),
         }
     }
@@ -140,6 +232,7 @@ impl Gpu {
     /// Blocks until the queue has finished all submitted work (and runs map callbacks).
     pub fn wait(&self) -> Result<()> {
         self.check_alive()?;
+        self.flush();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| driver(format!("waiting for the queue: {e}")))?;

@@ -295,7 +295,7 @@ impl WebGpuBackend {
                 }
                 pass.dispatch_workgroups(cx, cy, cz);
             }
-            gpu.queue.submit([encoder.finish()]);
+            gpu.submit(encoder.finish());
         })
         .map_err(user_error)
     }

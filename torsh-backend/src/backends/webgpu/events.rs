@@ -74,7 +74,10 @@ impl Events {
                 encoder.copy_buffer_to_buffer(&resolved, 0, &read, 0, 8);
                 read
             });
-            (gpu.queue.submit([encoder.finish()]), stamp)
+            {
+                gpu.flush();
+                (gpu.submit_now([encoder.finish()]), stamp)
+            }
         })?;
         let done = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&done);

@@ -100,10 +100,12 @@ impl WebGpuBufferPool {
         Ok(buffer)
     }
 
-    /// Takes back a buffer of size class `class`: cached when the limit allows, else destroyed.
+    /// Takes back a buffer of size class `class`: cached when the limit allows, else released.
+    /// Released buffers are dropped rather than destroyed, so the device frees them once the last
+    /// submitted or held-back command using them is done.
     fn put(&mut self, class: u64, buffer: wgpu::Buffer) {
         if self.stats.cached_bytes as u64 + class > self.limit_bytes {
-            buffer.destroy();
+            drop(buffer);
             self.stats.reserved_bytes -= class as usize;
             return;
         }
@@ -111,11 +113,11 @@ impl WebGpuBufferPool {
         self.free.entry(class).or_default().push(buffer);
     }
 
-    /// Destroys every cached buffer.
+    /// Releases every cached buffer (freed once no submitted command uses it).
     pub fn empty_cache(&mut self) {
         for (class, buffers) in std::mem::take(&mut self.free) {
             for b in buffers {
-                b.destroy();
+                drop(b);
                 self.stats.reserved_bytes -= class as usize;
             }
         }
@@ -282,6 +284,7 @@ pub(crate) fn write(gpu: &Gpu, at: Place<'_>, src: &[u8]) -> Result<()> {
         &staged
     };
     gpu.scoped("writing to a buffer", data.len(), || {
+        gpu.flush();
         gpu.queue.write_buffer(at.buffer, lo, data);
     })
 }
@@ -313,7 +316,8 @@ fn read(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, len);
-        gpu.queue.submit([encoder.finish()]);
+        gpu.flush();
+        gpu.submit_now([encoder.finish()]);
         staging
     })?;
     let out = map_read(gpu, &staging);

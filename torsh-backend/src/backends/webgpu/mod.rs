@@ -213,7 +213,13 @@ impl WebGpuBackend {
         Ok(self.state()?.memory().pool.stats())
     }
 
-    /// Destroys the pool's cached free buffers; `NotInitialized` before `init`.
+    /// Queue submissions made so far on this backend's device (each op is one, a graph launch is
+    /// one); `NotInitialized` before `init`.
+    pub fn queue_submissions(&self) -> Result<u64> {
+        Ok(self.state()?.device.gpu.submissions())
+    }
+
+    /// Releases the pool's cached free buffers; `NotInitialized` before `init`.
     pub fn empty_cache(&self) -> Result<()> {
         self.state()?.memory().pool.empty_cache();
         Ok(())
@@ -447,6 +453,10 @@ impl ComputeBackend for WebGpuBackend {
         self.state()?.device.gpu.wait()
     }
 
+    fn batch(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.state()?.device.gpu.batch(work)
+    }
+
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         let state = self.state()?;
         let gpu = &state.device.gpu;
@@ -523,7 +533,7 @@ impl ComputeBackend for WebGpuBackend {
                     to.offset,
                     bytes as u64,
                 );
-                gpu.queue.submit([encoder.finish()]);
+                gpu.submit(encoder.finish());
             });
         }
         // Unaligned ends: bytes as u8 elements through `cast.wgsl`, which keeps the bytes around the

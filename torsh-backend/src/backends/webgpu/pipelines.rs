@@ -312,7 +312,7 @@ impl Kernels {
                 pass.set_bind_group(0, &bind_group, &[]);
                 pass.dispatch_workgroups(groups.0, groups.1, groups.2);
             }
-            gpu.queue.submit([encoder.finish()]);
+            gpu.submit(encoder.finish());
         })
     }
 }

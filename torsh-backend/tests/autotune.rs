@@ -1,0 +1,435 @@
+//! The autotuner (`runtime/autotune.rs`): candidates are timed on first use of a key and checked
+//! against the default's answer (a wrong candidate is never chosen, however fast), stored choices are
+//! hit afterwards, and the cache file round-trips, is never trusted when stale, foreign or corrupt, and
+//! survives concurrent writers. The CPU backend's GEMM threading is the real consumer; a wrapper of
+//! the reference backend with planted variants proves the selection rules.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use torsh_backend::backends::reference::ReferenceBackend;
+use torsh_backend::compute::*;
+use torsh_backend::prelude::*;
+use torsh_backend::validation::compare;
+use torsh_backend::AutotuneStats;
+
+/// A fresh, empty folder for one test's cache files.
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("torsh-autotune-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The CPU backend with two threads, so that its GEMM has two variants on any machine.
+fn cpu() -> Backend {
+    Backend::cpu().num_threads(2).build().unwrap()
+}
+
+fn product(b: &Backend, m: usize, k: usize, n: usize) -> Tensor {
+    b.manual_seed((m * 31 + k * 7 + n) as u64);
+    let x = b.randn(&[m, k], DType::F32).unwrap();
+    let w = b.randn(&[k, n], DType::F32).unwrap();
+    x.matmul(&w).unwrap()
+}
+
+#[test]
+fn seed_autotuning_snippet() -> Result<()> {
+    let dir = scratch_dir("seed");
+    let cache = dir.join("tuning_cache.json");
+    let backend = Backend::new(BackendType::Auto)?
+        .enable_autotuning(true)
+        .autotuning_cache_file(&cache)?;
+    let a = backend.randn(&[64, 64], DType::F32)?;
+    let _ = a.matmul(&a)?;
+    let stats = backend.autotuning_stats();
+    assert_eq!(stats.entries as u64, stats.tuned + stats.loaded);
+    Ok(())
+}
+
+#[test]
+fn cpu_gemm_threading_is_tuned_checked_and_hit() {
+    let reference = Backend::reference().unwrap();
+    let b = cpu().enable_autotuning(true);
+    let shapes = [(1, 1, 1), (37, 29, 11), (200, 300, 150)];
+    for (m, k, n) in shapes {
+        let out = product(&b, m, k, n).to_vec_f64().unwrap();
+        let want = product(&reference, m, k, n).to_vec_f64().unwrap();
+        let cmp = compare(&out, &want);
+        assert!(cmp.within(1e-5), "{m}x{k}x{n}: {cmp}");
+    }
+    let stats = b.autotuning_stats();
+    assert_eq!(
+        (stats.tuned, stats.hits, stats.rejected),
+        (3, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stats.entries, 3);
+    // Shapes in the same buckets are served by the stored choices.
+    let _ = product(&b, 33, 30, 9);
+    let _ = product(&b, 190, 290, 140);
+    let stats = b.autotuning_stats();
+    assert_eq!((stats.tuned, stats.hits), (3, 2), "{stats:?}");
+    let choices = b.autotuning_choices();
+    assert!(
+        choices.iter().any(|(k, _)| k == "gemm/f32/m16n64k32/NN"),
+        "{choices:?}"
+    );
+    for (key, c) in &choices {
+        assert!(
+            ["threads:1", "threads:pool"].contains(&c.variant.as_str()),
+            "{key}: {c:?}"
+        );
+        assert!(
+            c.micros > 0.0 && c.micros <= c.default_micros,
+            "{key}: {c:?}"
+        );
+    }
+    // Off: nothing more is tuned or hit.
+    let b = b.enable_autotuning(false);
+    let _ = product(&b, 500, 3, 3);
+    assert_eq!(b.autotuning_stats().tuned, 3);
+}
+
+#[test]
+fn the_cache_file_round_trips() {
+    let dir = scratch_dir("round-trip");
+    let cache = dir.join("cache.json");
+    let first = cpu()
+        .enable_autotuning(true)
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    let _ = product(&first, 64, 64, 64);
+    let _ = product(&first, 5, 7, 3);
+    let saved = first.autotuning_choices();
+    assert_eq!(saved.len(), 2);
+    let text = std::fs::read_to_string(&cache).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["crate_version"], env!("CARGO_PKG_VERSION"));
+    assert!(
+        json["device"].as_str().unwrap().starts_with("cpu/"),
+        "{json}"
+    );
+
+    let second = cpu()
+        .enable_autotuning(true)
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    assert_eq!(second.autotuning_choices(), saved);
+    let _ = product(&second, 64, 64, 64);
+    let stats = second.autotuning_stats();
+    assert_eq!(
+        stats,
+        AutotuneStats {
+            entries: 2,
+            loaded: 2,
+            hits: 1,
+            ..AutotuneStats::default()
+        }
+    );
+    // Another thread count is another device: the file is foreign there.
+    let other = Backend::cpu()
+        .num_threads(3)
+        .build()
+        .unwrap()
+        .enable_autotuning(true)
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    assert_eq!(other.autotuning_stats().ignored_files, 1);
+    assert_eq!(other.autotuning_stats().loaded, 0);
+}
+
+/// Writes `text` as the cache file and opens a tuning CPU backend on it.
+fn opened_on(path: &Path, text: &str) -> Backend {
+    std::fs::write(path, text).unwrap();
+    cpu()
+        .enable_autotuning(true)
+        .autotuning_cache_file(path)
+        .unwrap()
+}
+
+#[test]
+fn stale_foreign_and_corrupt_files_are_ignored_and_replaced() {
+    let dir = scratch_dir("untrusted");
+    let cache = dir.join("cache.json");
+    let good = cpu()
+        .enable_autotuning(true)
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    let _ = product(&good, 64, 64, 64);
+    let valid: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+
+    let mut stale = valid.clone();
+    stale["crate_version"] = "0.0.0-old".into();
+    let mut foreign = valid.clone();
+    foreign["device"] = "cuda/Some Other GPU".into();
+    let mut malformed = valid.clone();
+    for (_, entry) in malformed["entries"].as_object_mut().unwrap() {
+        entry["micros"] = (-1.0).into();
+    }
+    for (what, text) in [
+        ("stale", stale.to_string()),
+        ("foreign", foreign.to_string()),
+        ("malformed", malformed.to_string()),
+        ("corrupt", "{\"format\": 1, \"crate_ver".to_string()),
+        ("empty", String::new()),
+    ] {
+        let b = opened_on(&cache, &text);
+        let stats = b.autotuning_stats();
+        assert_eq!(
+            (stats.ignored_files, stats.loaded, stats.entries),
+            (1, 0, 0),
+            "{what}"
+        );
+        let _ = product(&b, 64, 64, 64);
+        assert_eq!(
+            b.autotuning_stats().tuned,
+            1,
+            "{what}: tuned again, not trusted"
+        );
+        let now: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+        assert_eq!(
+            now["device"], valid["device"],
+            "{what}: replaced by a valid file"
+        );
+    }
+
+    // A stored variant the backend does not offer is never run: the key is tuned again.
+    let mut unknown = valid.clone();
+    for (_, entry) in unknown["entries"].as_object_mut().unwrap() {
+        entry["variant"] = "threads:all-the-gpus".into();
+    }
+    let b = opened_on(&cache, &unknown.to_string());
+    assert_eq!(b.autotuning_stats().loaded, 1);
+    let _ = product(&b, 64, 64, 64);
+    let stats = b.autotuning_stats();
+    assert_eq!((stats.tuned, stats.hits), (1, 0), "{stats:?}");
+
+    // A folder that does not exist is an I/O error at once, not a silent loss later.
+    let missing = dir.join("no/such/folder/cache.json");
+    assert!(matches!(
+        cpu().autotuning_cache_file(missing),
+        Err(BackendError::Io(_))
+    ));
+}
+
+#[test]
+fn concurrent_writers_keep_every_entry_and_a_whole_file() {
+    let dir = scratch_dir("writers");
+    let cache = dir.join("cache.json");
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            let cache = &cache;
+            s.spawn(move || {
+                let b = cpu()
+                    .enable_autotuning(true)
+                    .autotuning_cache_file(cache)
+                    .unwrap();
+                // Each writer tunes keys of its own (m buckets 2^(t+1) and 2^(t+6)).
+                let _ = product(&b, 2 << t, 8, 8);
+                let _ = product(&b, 64 << t, 8, 8);
+            });
+        }
+    });
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    assert_eq!(json["entries"].as_object().unwrap().len(), 8, "{json}");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    let reader = cpu()
+        .enable_autotuning(true)
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    assert_eq!(reader.autotuning_stats().loaded, 8);
+}
+
+/// The reference backend offering three GEMM variants: the default (slow: it sleeps), one that is
+/// fast but wrong (alpha off by 1 %), and one that is fast and right.
+#[derive(Debug)]
+struct Planted {
+    inner: ReferenceBackend,
+    /// Runs of the slow default.
+    slow_runs: AtomicUsize,
+}
+
+/// A tuning backend on [`Planted`].
+fn planted() -> Backend {
+    Backend::from_compute(Box::new(Planted {
+        inner: ReferenceBackend::new(BackendType::Reference),
+        slow_runs: AtomicUsize::new(0),
+    }))
+    .unwrap()
+    .enable_autotuning(true)
+}
+
+/// How often `b`'s slow default GEMM has run.
+fn slow_runs(b: &Backend) -> usize {
+    let planted = b
+        .compute()
+        .as_any()
+        .and_then(|a| a.downcast_ref::<Planted>());
+    planted.unwrap().slow_runs.load(Ordering::SeqCst)
+}
+
+impl ComputeBackend for Planted {
+    fn name(&self) -> &str {
+        "planted"
+    }
+    fn backend_type(&self) -> BackendType {
+        BackendType::Cpu
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+    fn init(&mut self) -> Result<()> {
+        self.inner.init()
+    }
+    fn is_initialized(&self) -> bool {
+        self.inner.is_initialized()
+    }
+    fn device_info(&self) -> DeviceInfo {
+        self.inner.device_info()
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        self.inner.alloc(bytes)
+    }
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.inner.free(ptr)
+    }
+    fn copy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.inner.copy_htod(dst, src)
+    }
+    fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        self.inner.copy_dtoh(dst, src)
+    }
+    fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        self.inner.copy_dtod(dst, src, bytes)
+    }
+    fn gemm(&self, d: &GemmDesc) -> Result<()> {
+        self.slow_runs.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(2));
+        self.inner.gemm(d)
+    }
+    fn variants(&self, op: &TunableOp) -> Vec<&'static str> {
+        match op {
+            TunableOp::Gemm(_) => vec!["slow", "wrong", "right"],
+            _ => Vec::new(),
+        }
+    }
+    fn run_variant(&self, op: &TunableOp, variant: &str) -> Result<()> {
+        let TunableOp::Gemm(d) = op else {
+            return Err(BackendError::invalid("variant", "not a gemm"));
+        };
+        match variant {
+            "slow" => self.gemm(d),
+            "wrong" => self.inner.gemm(&GemmDesc {
+                alpha: d.alpha * 1.01,
+                ..d.clone()
+            }),
+            "right" => self.inner.gemm(d),
+            other => Err(BackendError::invalid("variant", other.to_string())),
+        }
+    }
+    fn gemv(&self, d: &GemvDesc) -> Result<()> {
+        self.inner.gemv(d)
+    }
+    fn conv2d_forward(&self, d: &Conv2dDesc) -> Result<()> {
+        self.inner.conv2d_forward(d)
+    }
+    fn attention(&self, d: &AttentionDesc) -> Result<()> {
+        self.inner.attention(d)
+    }
+    fn reduce(&self, d: &ReduceDesc) -> Result<()> {
+        self.inner.reduce(d)
+    }
+    fn unary(&self, d: &UnaryDesc) -> Result<()> {
+        self.inner.unary(d)
+    }
+    fn binary(&self, d: &BinaryDesc) -> Result<()> {
+        self.inner.binary(d)
+    }
+    fn softmax(&self, d: &SoftmaxDesc) -> Result<()> {
+        self.inner.softmax(d)
+    }
+    fn layer_norm(&self, d: &LayerNormDesc) -> Result<()> {
+        self.inner.layer_norm(d)
+    }
+    fn batch_norm(&self, d: &BatchNormDesc) -> Result<()> {
+        self.inner.batch_norm(d)
+    }
+    fn pool2d(&self, d: &Pool2dDesc) -> Result<()> {
+        self.inner.pool2d(d)
+    }
+    fn adam_step(&self, d: &AdamDesc) -> Result<()> {
+        self.inner.adam_step(d)
+    }
+    fn fill(&self, d: &FillDesc) -> Result<()> {
+        self.inner.fill(d)
+    }
+    fn cast(&self, d: &CastDesc) -> Result<()> {
+        self.inner.cast(d)
+    }
+    fn copy_strided(&self, d: &CopyDesc) -> Result<()> {
+        self.inner.copy_strided(d)
+    }
+    fn random(&self, d: &RandomDesc) -> Result<()> {
+        self.inner.random(d)
+    }
+}
+
+#[test]
+fn a_fast_wrong_variant_is_never_chosen() {
+    let b = planted();
+    let reference = Backend::reference().unwrap();
+    let out = product(&b, 9, 5, 7);
+    let want = product(&reference, 9, 5, 7);
+    assert_eq!(out.to_bytes().unwrap(), want.to_bytes().unwrap());
+    let stats = b.autotuning_stats();
+    assert_eq!((stats.tuned, stats.rejected), (1, 1), "{stats:?}");
+    let choices = b.autotuning_choices();
+    assert_eq!(choices.len(), 1);
+    assert_eq!(choices[0].1.variant, "right", "{choices:?}");
+    assert!(choices[0].1.default_micros > choices[0].1.micros);
+    // The op's own output came from the winner, once: the answer is the reference's bit for bit.
+    let again = product(&b, 9, 5, 7);
+    assert_eq!(again.to_bytes().unwrap(), want.to_bytes().unwrap());
+    assert_eq!(b.autotuning_stats().hits, 1);
+    let slow = slow_runs(&b);
+    let _ = product(&b, 9, 5, 7);
+    assert_eq!(
+        slow_runs(&b),
+        slow,
+        "a hit runs the winner, not the default"
+    );
+}
+
+#[test]
+fn a_captured_graph_replays_the_tuned_variant() {
+    let b = planted();
+    let x = b.randn(&[6, 4], DType::F32).unwrap();
+    let w = b.randn(&[4, 3], DType::F32).unwrap();
+    // The key is first met inside the capture: it is tuned there, outside the recording.
+    let graph = b.capture_graph(|| x.matmul(&w)).unwrap();
+    assert_eq!(b.autotuning_stats().tuned, 1);
+    assert_eq!(graph.num_ops(), 1, "only the op itself was recorded");
+    let slow = slow_runs(&b);
+    let out = b.launch_graph(&graph, &[x.clone(), w.clone()]).unwrap();
+    assert_eq!(
+        slow_runs(&b),
+        slow,
+        "the replay ran the chosen variant, not the default"
+    );
+    let eager = x.matmul(&w).unwrap();
+    assert_eq!(out[0].to_bytes().unwrap(), eager.to_bytes().unwrap());
+    assert_eq!(b.autotuning_stats().hits, 1);
+}
