@@ -3,7 +3,7 @@
 //! scaler follows `torch.amp.GradScaler`'s documented behaviour step by step.
 
 use torsh_backend::prelude::*;
-use torsh_backend::validation::compare;
+use torsh_backend::validation::{self, compare};
 use torsh_backend::{AdamState, LossScaler, MixedPrecisionConfig};
 
 fn backends() -> Vec<Backend> {
@@ -220,5 +220,99 @@ fn the_loss_scaler_follows_grad_scaler() {
             scaler.update().is_err(),
             "update without an inf check is refused"
         );
+    }
+}
+
+/// The fused unscale-and-check on every backend and float dtype it supports: bit for bit the
+/// reference's outputs at power-of-two scales (within the dtype's bound at others), the flag raised by
+/// an inf, a NaN or an overflow past the dtype's range and by nothing else, and in-place use.
+#[test]
+fn fused_unscale_and_check_matches_the_reference() {
+    let reference = Backend::reference().unwrap();
+    for b in backends() {
+        let kind = b.backend_type();
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+            let run = |be: &Backend, values: &[Vec<f64>], inv: f64| {
+                let grads: Vec<Tensor> = values
+                    .iter()
+                    .map(|v| be.from_f64(v, &[v.len()], dtype).unwrap())
+                    .collect();
+                be.unscale_and_check(&grads, inv)
+            };
+            let clean: Vec<Vec<f64>> = [1usize, 7, 1000, 65_537]
+                .iter()
+                .map(|&n| {
+                    (0..n)
+                        .map(|i| ((i * 7919 % 2001) as f64 - 1000.0) * 3.0)
+                        .collect()
+                })
+                .collect();
+            if matches!(run(&b, &clean, 0.5), Err(BackendError::Unsupported { .. })) {
+                eprintln!("{kind}: {dtype} unscale unsupported");
+                continue;
+            }
+            for inv in [1.0 / 65536.0, 1.0 / 3000.0] {
+                let (got, found) = run(&b, &clean, inv).unwrap();
+                let (want, want_found) = run(&reference, &clean, inv).unwrap();
+                assert!(!found && !want_found, "{kind} {dtype}: nothing to flag");
+                for (g, w) in got.iter().zip(&want) {
+                    if inv == 1.0 / 65536.0 {
+                        assert_eq!(
+                            g.to_bytes().unwrap(),
+                            w.to_bytes().unwrap(),
+                            "{kind} {dtype}"
+                        );
+                    } else {
+                        let cmp = compare(&g.to_vec_f64().unwrap(), &w.to_vec_f64().unwrap());
+                        assert!(
+                            cmp.within(validation::tolerance(dtype)),
+                            "{kind} {dtype}: {cmp}"
+                        );
+                    }
+                }
+            }
+            for (what, bad, inv) in [
+                ("inf", f64::INFINITY, 0.5),
+                ("nan", f64::NAN, 0.5),
+                // 60 000 · 4 overflows f16 (and nothing else): a scale below 1 after backoffs.
+                ("overflow", 60_000.0, 4.0),
+            ] {
+                let mut values = clean.clone();
+                values[2][999] = bad;
+                let (_, found) = run(&b, &values, inv).unwrap();
+                let (_, want) = run(&reference, &values, inv).unwrap();
+                assert_eq!(found, want, "{kind} {dtype} {what}");
+                if what != "overflow" || dtype == DType::F16 {
+                    assert!(found, "{kind} {dtype}: {what} flagged");
+                }
+            }
+            // In place, through the low-level op.
+            let x = b.from_f64(&clean[2], &[1000], dtype).unwrap();
+            let flag = b.zeros(&[1], DType::F32).unwrap();
+            let want = x.mul_scalar(0.25).unwrap().to_bytes().unwrap();
+            b.compute()
+                .unscale_and_check(&torsh_backend::compute::UnscaleDesc {
+                    dtype,
+                    input: x.data_ptr(),
+                    output: x.data_ptr(),
+                    len: 1000,
+                    inv_scale: 0.25,
+                    found_inf: flag.data_ptr(),
+                })
+                .unwrap();
+            assert_eq!(x.to_bytes().unwrap(), want, "{kind} {dtype}: in place");
+            assert_eq!(flag.item().unwrap(), 0.0);
+        }
+        // Bad scales are refused before anything runs.
+        let g = b.ones(&[4], DType::F32).unwrap();
+        for inv in [0.0, f64::INFINITY, f64::NAN] {
+            assert!(
+                matches!(
+                    b.unscale_and_check(std::slice::from_ref(&g), inv),
+                    Err(BackendError::InvalidArgument { .. })
+                ),
+                "{kind}: inv_scale {inv}"
+            );
+        }
     }
 }

@@ -3,7 +3,9 @@
 //! backend's own allocator, and a host buffer from the system allocator, at 4 KiB and 4 MiB, on the CPU
 //! backend and (where an adapter exists) on WebGPU; and a chain of 50 small elementwise ops run
 //! eagerly against the same chain captured once and replayed with `launch_graph`, on the reference,
-//! CPU and WebGPU backends. After the runs, the medians and the ratios are printed.
+//! CPU and WebGPU backends; and GEMMs of sizes where the default kernel choice is in doubt, with the
+//! autotuner off and on (CPU: calling thread or pool; WebGPU: 64- or 32-wide tiles). After the runs,
+//! the medians and the ratios are printed.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -125,6 +127,71 @@ fn graph_replay(c: &mut Criterion, kind: BackendType, len: usize) {
     );
 }
 
+/// f32 GEMMs of `shapes` with the backend's default kernels against the autotuner's choices, on one
+/// backend instance with tuning switched off and on (two CPU backends would have two thread pools
+/// competing for the cores).
+fn autotuned_gemm(c: &mut Criterion, kind: BackendType, shapes: &[(usize, usize, usize)]) {
+    let Ok(b) = Backend::new(kind) else {
+        eprintln!("runtime bench: {kind} unavailable, skipped");
+        return;
+    };
+    let (plain, tuned) = (b.clone(), b.clone());
+    let mut group = c.benchmark_group(format!("gemm_autotune_{kind}"));
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(2));
+    for &(m, k, n) in shapes {
+        let (Ok(x), Ok(w)) = (b.randn(&[m, k], DType::F32), b.randn(&[k, n], DType::F32)) else {
+            return;
+        };
+        // The first tuned product tunes the key.
+        if b.clone().enable_autotuning(true).matmul(&x, &w).is_err() {
+            return;
+        }
+        let mut plain_run = || {
+            let b = plain.clone().enable_autotuning(false);
+            black_box(b.matmul(&x, &w).ok());
+            let _ = b.synchronize();
+        };
+        let mut tuned_run = || {
+            let b = tuned.clone().enable_autotuning(true);
+            black_box(b.matmul(&x, &w).ok());
+            let _ = b.synchronize();
+        };
+        let id = format!("{m}x{k}x{n}");
+        group.bench_function(BenchmarkId::new("default", &id), |t| t.iter(&mut plain_run));
+        group.bench_function(BenchmarkId::new("autotuned", &id), |t| {
+            t.iter(&mut tuned_run)
+        });
+        let (p, t) = (
+            median_per_call(&mut plain_run, 10, 9),
+            median_per_call(&mut tuned_run, 10, 9),
+        );
+        let key = format!("m{}", n); // the column-major problem is n x m: its key starts with m = n
+        let chosen = b
+            .autotuning_choices()
+            .into_iter()
+            .filter(|(k, _)| k.contains(&key))
+            .map(|(key, choice)| {
+                format!(
+                    "{key} → {} (tuning saw {:.1} µs; default {:.1} µs)",
+                    choice.variant, choice.micros, choice.default_micros
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let flops = 2.0 * (m * k * n) as f64;
+        println!(
+            "f32 GEMM {id} on {kind}: default {:.1} µs ({:.2} GFLOP/s), autotuned {:.1} µs ({:.2} GFLOP/s), {:.2}x; {chosen}",
+            p * 1e6,
+            flops / p / 1e9,
+            t * 1e6,
+            flops / t / 1e9,
+            p / t
+        );
+    }
+    group.finish();
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     for kind in [BackendType::Cpu, BackendType::WebGpu] {
@@ -139,5 +206,13 @@ fn main() {
     ] {
         graph_replay(&mut c, kind, 1024);
     }
+    let around_the_threading_threshold =
+        [(48, 48, 48), (96, 96, 96), (128, 128, 128), (256, 16, 256)];
+    autotuned_gemm(&mut c, BackendType::Cpu, &around_the_threading_threshold);
+    autotuned_gemm(
+        &mut c,
+        BackendType::WebGpu,
+        &[(64, 64, 64), (128, 128, 128), (96, 512, 96)],
+    );
     c.final_summary();
 }

@@ -22,10 +22,109 @@ pub use access::{Access, Accesses, InPlace, Region};
 pub use allocations::AllocationTable;
 pub use desc::*;
 pub use stream::{EventId, HostBuffer, PageableBuffer, StreamId};
-pub use tunable::TunableOp;
+pub use tunable::{TunableOp, TuneKey};
 
 use crate::device::{BackendType, DeviceInfo};
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
+
+/// [`ComputeBackend::unscale_and_check`] composed from `fill`, `binary`, `unary` and `reduce` on
+/// temporaries, with one value read back to the host: the provided body, and the fallback of backends
+/// whose fused kernel cannot judge a case.
+pub(crate) fn unscale_by_parts<B: ComputeBackend + ?Sized>(
+    device: &B,
+    desc: &UnscaleDesc,
+) -> Result<()> {
+    if !desc.dtype.is_float() {
+        return Err(BackendError::Unsupported {
+            op: "unscale_and_check",
+            backend: device.backend_type(),
+            dtype: desc.dtype,
+        });
+    }
+    desc.accesses()?;
+    if desc.len == 0 {
+        return Ok(());
+    }
+    let size = desc.dtype.size_in_bytes();
+    let scratch = Temporaries::new(device);
+    let scale = scratch.alloc(size)?;
+    device.fill(&FillDesc {
+        dtype: desc.dtype,
+        ptr: scale,
+        len: 1,
+        value: desc.inv_scale,
+    })?;
+    let dense = StridedBuf::contiguous(desc.input, &[desc.len]);
+    let broadcast = StridedBuf {
+        ptr: scale,
+        layout: crate::shape::Layout::new(vec![desc.len], vec![0], 0)?,
+    };
+    device.binary(&BinaryDesc {
+        op: BinaryOp::Mul,
+        dtype: desc.dtype,
+        lhs: dense,
+        rhs: broadcast,
+        output: desc.output,
+    })?;
+    // max |x| is NaN when any element is NaN and inf when any is infinite.
+    let magnitude = scratch.alloc(desc.len * size)?;
+    device.unary(&UnaryDesc {
+        op: UnaryOp::Abs,
+        dtype: desc.dtype,
+        input: StridedBuf::contiguous(desc.output, &[desc.len]),
+        output: magnitude,
+    })?;
+    let worst = scratch.alloc(size)?;
+    device.reduce(&ReduceDesc {
+        op: ReduceOp::Max,
+        dtype: desc.dtype,
+        input: StridedBuf::contiguous(magnitude, &[desc.len]),
+        axis: 0,
+        output: worst,
+    })?;
+    let mut host = [0u8; 8];
+    device.copy_dtoh(&mut host[..size], worst)?;
+    let value = crate::backends::reference::memory::decode(desc.dtype, &host[..size]);
+    if !value.is_finite() {
+        device.fill(&FillDesc {
+            dtype: DType::F32,
+            ptr: desc.found_inf,
+            len: 1,
+            value: 1.0,
+        })?;
+    }
+    Ok(())
+}
+
+/// Device allocations freed when dropped (the scratch of provided method bodies).
+struct Temporaries<'a, B: ComputeBackend + ?Sized> {
+    device: &'a B,
+    held: std::cell::RefCell<Vec<DevicePtr>>,
+}
+
+impl<'a, B: ComputeBackend + ?Sized> Temporaries<'a, B> {
+    fn new(device: &'a B) -> Self {
+        Temporaries {
+            device,
+            held: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let ptr = self.device.alloc(bytes)?;
+        self.held.borrow_mut().push(ptr);
+        Ok(ptr)
+    }
+}
+
+impl<B: ComputeBackend + ?Sized> Drop for Temporaries<'_, B> {
+    fn drop(&mut self) {
+        for ptr in self.held.get_mut().drain(..) {
+            let _ = self.device.free(ptr);
+        }
+    }
+}
 
 /// An opaque device address. Offset arithmetic is allowed (`ptr.offset(bytes)`); validity is checked
 /// by the backend on every use.
@@ -162,6 +261,13 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// One fused Adam/AdamW step; see [`AdamDesc`].
     fn adam_step(&self, desc: &AdamDesc) -> Result<()>;
 
+    /// Unscales gradients and notes any inf or NaN in one pass; see [`UnscaleDesc`]. The provided
+    /// body composes it from `fill`, `binary`, `unary` and `reduce` on temporaries, reading one
+    /// value per call back to the host; backends override it with a fused kernel.
+    fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
+        unscale_by_parts(self, desc)
+    }
+
     /// Fills with a constant; see [`FillDesc`].
     fn fill(&self, desc: &FillDesc) -> Result<()>;
 
@@ -184,9 +290,9 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// The names of the variants (kernels or launch configurations) this backend can run `op` with,
     /// the one its plain method would use first; fewer than two when there is nothing to choose.
     /// Provided: none.
-    fn variants(&self, op: &TunableOp) -> Vec<&'static str> {
+    fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
         let _ = op;
-        Vec::new()
+        &[]
     }
 
     /// Runs `op` with `variant`, one of [`ComputeBackend::variants`]; every variant computes the

@@ -14,13 +14,50 @@ pub enum TunableOp {
     Gemm(GemmDesc),
 }
 
-/// The power of two at or above `n` (0 stays 0): the shape bucket a tuned choice covers.
-fn bucket(n: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        n.checked_next_power_of_two().unwrap_or(usize::MAX)
+/// Which tuned choice serves an op: see [`TunableOp::key`]. Its text form (`Display`), such as
+/// `gemm/f32/m64n64k64/NT+C`, names it in the cache file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TuneKey {
+    /// The op's name.
+    pub op: &'static str,
+    /// The element type.
+    pub dtype: DType,
+    /// The dims' buckets (GEMM: m, n, k).
+    pub dims: [usize; 3],
+    /// Whether each input is transposed.
+    pub transposed: [bool; 2],
+    /// Whether the op reads its output (GEMM with beta ≠ 0).
+    pub reads_output: bool,
+}
+
+impl std::fmt::Display for TuneKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = |yes: bool| if yes { 'T' } else { 'N' };
+        write!(
+            f,
+            "{}/{}/m{}n{}k{}/{}{}{}",
+            self.op,
+            self.dtype.name(),
+            self.dims[0],
+            self.dims[1],
+            self.dims[2],
+            t(self.transposed[0]),
+            t(self.transposed[1]),
+            if self.reads_output { "+C" } else { "" }
+        )
     }
+}
+
+/// The shape bucket a tuned choice covers: the smallest value at or above `n` of the form
+/// `q·2^e` with `q` in 4..=7 (four buckets per octave; values below 8 are their own), so sizes within
+/// about 25 % of each other share a choice.
+fn bucket(n: usize) -> usize {
+    if n < 8 {
+        return n;
+    }
+    let e = usize::BITS - 1 - n.leading_zeros() - 2; // n = q·2^e with q in 4..8, rounded down
+    let step = 1usize << e;
+    n.div_ceil(step).saturating_mul(step)
 }
 
 impl TunableOp {
@@ -52,23 +89,18 @@ impl TunableOp {
         }
     }
 
-    /// The key a tuned choice is stored under: op, dtype, shape bucket (each dim rounded up to a
-    /// power of two) and layout (transposes, and whether the output is read).
-    pub fn key(&self) -> String {
+    /// The key a tuned choice is stored under: op, dtype, shape bucket (each dim rounded up to the
+    /// next of four steps per power of two) and layout (transposes, and whether the output is
+    /// read).
+    pub fn key(&self) -> TuneKey {
         match self {
-            TunableOp::Gemm(d) => {
-                let t = |t: Transpose| if t == Transpose::Yes { 'T' } else { 'N' };
-                format!(
-                    "gemm/{}/m{}n{}k{}/{}{}{}",
-                    d.dtype.name(),
-                    bucket(d.m),
-                    bucket(d.n),
-                    bucket(d.k),
-                    t(d.trans_a),
-                    t(d.trans_b),
-                    if d.beta == 0.0 { "" } else { "+C" }
-                )
-            }
+            TunableOp::Gemm(d) => TuneKey {
+                op: "gemm",
+                dtype: d.dtype,
+                dims: [bucket(d.m), bucket(d.n), bucket(d.k)],
+                transposed: [d.trans_a == Transpose::Yes, d.trans_b == Transpose::Yes],
+                reads_output: d.beta != 0.0,
+            },
         }
     }
 
@@ -96,6 +128,33 @@ impl TunableOp {
     pub(crate) fn pointers_mut(&mut self) -> Vec<&mut DevicePtr> {
         match self {
             TunableOp::Gemm(d) => vec![&mut d.a, &mut d.b, &mut d.c],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_have_four_steps_per_octave() {
+        let cases = [
+            (0, 0),
+            (1, 1),
+            (7, 7),
+            (8, 8),
+            (9, 10),
+            (11, 12),
+            (29, 32),
+            (37, 40),
+            (96, 96),
+            (100, 112),
+            (128, 128),
+            (129, 160),
+            (1000, 1024),
+        ];
+        for (n, want) in cases {
+            assert_eq!(bucket(n), want, "bucket({n})");
         }
     }
 }

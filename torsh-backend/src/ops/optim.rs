@@ -1,7 +1,9 @@
-//! `fused_adam_step` and [`AdamState`]: Adam and AdamW as `torch.optim.Adam` / `AdamW` define them.
+//! `fused_adam_step` and [`AdamState`]: Adam and AdamW as `torch.optim.Adam` / `AdamW` define them;
+//! and `unscale_and_check`, a loss scaler's fused unscale with its inf/NaN check.
 
 use crate::backend::Backend;
-use crate::compute::{Access, Accesses, AdamDesc, InPlace};
+use crate::compute::{Access, Accesses, AdamDesc, InPlace, UnscaleDesc};
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::tensor::Tensor;
 
@@ -197,6 +199,42 @@ impl Backend {
         }
         state.step = step;
         Ok(())
+    }
+}
+
+impl Backend {
+    /// Divides every gradient by a loss scale — multiplies it by `inv_scale` — into new tensors, and
+    /// says whether any result holds an inf or NaN (PyTorch's
+    /// `_amp_foreach_non_finite_check_and_unscale_`): one fused pass per tensor
+    /// ([`crate::ComputeBackend::unscale_and_check`]) and one read of the device for the whole set.
+    /// The inputs are left as they are. `InvalidArgument` for an `inv_scale` that is zero or not
+    /// finite; `DeviceMismatch` for a tensor of another backend; `Unsupported` for integer dtypes.
+    pub fn unscale_and_check(
+        &self,
+        grads: &[Tensor],
+        inv_scale: f64,
+    ) -> Result<(Vec<Tensor>, bool)> {
+        let op = "unscale_and_check";
+        for g in grads {
+            self.check_owner(op, g)?;
+        }
+        let flag = self.zeros(&[1], DType::F32)?;
+        let mut out = Vec::with_capacity(grads.len());
+        for g in grads {
+            let dense = g.contiguous()?;
+            let unscaled = self.empty(g.shape(), g.dtype())?;
+            self.compute().unscale_and_check(&UnscaleDesc {
+                dtype: g.dtype(),
+                input: dense.data_ptr(),
+                output: unscaled.data_ptr(),
+                len: g.numel(),
+                inv_scale,
+                found_inf: flag.data_ptr(),
+            })?;
+            out.push(unscaled);
+        }
+        let found = flag.item()? != 0.0;
+        Ok((out, found))
     }
 }
 

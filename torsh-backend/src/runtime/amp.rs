@@ -138,22 +138,34 @@ impl LossScaler {
             ));
         }
         let inv = 1.0 / self.scale;
-        let mut found = false;
-        let mut unscaled = Vec::with_capacity(grads.len());
-        for g in grads.iter() {
-            let u = g.mul_scalar(inv)?;
-            if u.numel() > 0 {
-                // max |x| is NaN when any element is NaN and inf when any is infinite.
-                let flat = u.reshape(&[u.numel()])?.abs()?;
-                let worst = flat.backend().max(&flat, 0, false)?.to_vec_f64()?;
-                found |= worst.iter().any(|v| !v.is_finite());
+        // One fused unscale-and-check per backend the gradients live on (usually one), each read
+        // back once.
+        let mut groups: Vec<(Backend, Vec<usize>)> = Vec::new();
+        for (i, g) in grads.iter().enumerate() {
+            match groups
+                .iter_mut()
+                .find(|(b, _)| b.same_instance(g.backend()))
+            {
+                Some((_, members)) => members.push(i),
+                None => groups.push((g.backend().clone(), vec![i])),
             }
-            unscaled.push(u);
+        }
+        let mut found = false;
+        let mut unscaled: Vec<Option<Tensor>> = vec![None; grads.len()];
+        for (backend, members) in &groups {
+            let set: Vec<Tensor> = members.iter().map(|&i| grads[i].clone()).collect();
+            let (out, any) = backend.unscale_and_check(&set, inv)?;
+            found |= any;
+            for (&i, u) in members.iter().zip(out) {
+                unscaled[i] = Some(u);
+            }
         }
         // Only once every gradient is done: an error part-way leaves them all scaled, so a retry
         // cannot divide some twice.
         for (g, u) in grads.iter_mut().zip(unscaled) {
-            *g = u;
+            if let Some(u) = u {
+                *g = u;
+            }
         }
         self.found_inf = Some(found);
         Ok(found)

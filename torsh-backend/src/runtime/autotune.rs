@@ -29,18 +29,21 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
-use crate::compute::{ComputeBackend, DevicePtr, TunableOp};
+use crate::compute::{ComputeBackend, DevicePtr, TunableOp, TuneKey};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 /// The cache file layout this version reads and writes.
 const CACHE_FORMAT: u32 = 1;
 
-/// Wall time spent timing one candidate, roughly: enough runs to fill it, at least one.
-const TIMING_BUDGET_SECS: f64 = 2e-3;
+/// Wall time of one timed batch of runs of a candidate: enough runs to fill it, at least one.
+const BATCH_SECS: f64 = 2e-3;
 
-/// Timed batches per candidate; the median batch counts.
-const TIMING_ROUNDS: usize = 3;
+/// Timed batches per candidate, taken in turns with the other candidates; the median counts.
+const TIMING_ROUNDS: usize = 7;
+
+/// How much faster than the default a variant must be to win: ties and noise keep the default.
+const WIN_MARGIN: f64 = 0.97;
 
 /// What the autotuner has done, for [`Backend::autotuning_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -85,7 +88,10 @@ struct CacheFile {
 #[derive(Debug, Default)]
 pub(crate) struct Autotuner {
     enabled: bool,
-    table: HashMap<String, TunedChoice>,
+    /// Choices of keys met in this process (a hit is a hash of the key, no formatting).
+    table: HashMap<TuneKey, TunedChoice>,
+    /// Choices loaded from the cache file for keys not met yet, by their text form.
+    stored: BTreeMap<String, TunedChoice>,
     file: Option<PathBuf>,
     stats: AutotuneStats,
 }
@@ -163,7 +169,7 @@ fn write_atomically(path: &Path, file: &CacheFile) -> std::io::Result<()> {
 fn merge_and_write(
     path: &Path,
     device: &str,
-    table: &HashMap<String, TunedChoice>,
+    table: &BTreeMap<String, TunedChoice>,
 ) -> std::io::Result<()> {
     let mut lock_name = path.as_os_str().to_owned();
     lock_name.push(".lock");
@@ -189,13 +195,31 @@ fn merge_and_write(
 }
 
 impl Autotuner {
+    /// Every choice, by the text form of its key.
+    fn all(&self) -> BTreeMap<String, TunedChoice> {
+        let mut all = self.stored.clone();
+        all.extend(self.table.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        all
+    }
+
+    /// The stored variant for `key` when it is one of `offered`, moving a choice loaded from the
+    /// file into the table on first use.
+    fn choice(&mut self, key: &TuneKey, offered: &[&'static str]) -> Option<&'static str> {
+        if !self.table.contains_key(key) {
+            let loaded = self.stored.remove(&key.to_string())?;
+            self.table.insert(*key, loaded);
+        }
+        let stored = &self.table.get(key)?.variant;
+        offered.iter().find(|&&v| v == stored).copied()
+    }
+
     /// Saves the table to the cache file, if one is set, keeping entries another writer saved for
     /// keys this one has not tuned.
     fn save(&mut self, device: &str) {
         let Some(path) = self.file.clone() else {
             return;
         };
-        if let Err(e) = merge_and_write(&path, device, &self.table) {
+        if let Err(e) = merge_and_write(&path, device, &self.all()) {
             self.stats.save_errors += 1;
             log::warn!(
                 "torsh-backend autotuner: could not save {}: {e}",
@@ -257,44 +281,69 @@ fn tune(
         device.copy_dtoh(&mut host, scratch.ptr)?;
         Ok(decode(op.dtype(), &host))
     };
-    let time = |variant: &str| -> Result<f64> {
-        let once = Instant::now();
-        device.run_variant(&on_scratch, variant)?;
-        device.synchronize()?;
-        let first = once.elapsed().as_secs_f64();
-        let reps = ((TIMING_BUDGET_SECS / TIMING_ROUNDS as f64) / first.max(1e-9)).clamp(1.0, 50.0)
-            as usize;
-        let mut rounds = Vec::with_capacity(TIMING_ROUNDS);
-        for _ in 0..TIMING_ROUNDS {
-            let start = Instant::now();
-            for _ in 0..reps {
-                device.run_variant(&on_scratch, variant)?;
-            }
-            device.synchronize()?;
-            rounds.push(start.elapsed().as_secs_f64() / reps as f64);
-        }
-        rounds.sort_by(f64::total_cmp);
-        Ok(rounds[TIMING_ROUNDS / 2] * 1e6)
-    };
     let default = variants[0];
     let yardstick = run_checked(default)?;
-    let default_micros = time(default)?;
     let bound = crate::validation::tolerance(op.dtype());
-    let (mut best, mut best_micros, mut rejected) = (default, default_micros, 0);
+    let mut contenders = vec![default];
+    let mut rejected = 0;
     for &variant in &variants[1..] {
         let answer = run_checked(variant)?;
         let cmp = crate::validation::compare(&answer, &yardstick);
-        if !cmp.within(bound) {
+        if cmp.within(bound) {
+            contenders.push(variant);
+        } else {
             rejected += 1;
             log::warn!(
                 "torsh-backend autotuner: variant `{variant}` of {} gave a different answer \
                  ({cmp}); it is never chosen",
                 op.key()
             );
-            continue;
         }
-        let micros = time(variant)?;
-        if micros < best_micros {
+    }
+    // Timing: each contender sized to a batch of about BATCH_SECS, then batches taken in turns, each
+    // after an untimed batch of the same contender (a pool's threads woken, caches filled), so drift
+    // affects all alike.
+    let run = |variant: &str| device.run_variant(&on_scratch, variant);
+    let batch = |variant: &str, reps: usize| -> Result<f64> {
+        // As long untimed first: idle cores (and a virtual machine's idle vCPUs) take a while to
+        // come back to speed after another contender's turn.
+        for _ in 0..reps {
+            run(variant)?;
+        }
+        device.synchronize()?;
+        // Then each run timed alone, waited for; the batch's median resists the odd preempted run.
+        let mut each = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let start = Instant::now();
+            run(variant)?;
+            device.synchronize()?;
+            each.push(start.elapsed().as_secs_f64());
+        }
+        each.sort_by(f64::total_cmp);
+        Ok(each[reps / 2])
+    };
+    let mut reps = Vec::with_capacity(contenders.len());
+    for &variant in &contenders {
+        let typical = batch(variant, 8)?;
+        reps.push((BATCH_SECS / typical.max(1e-9)).clamp(8.0, 1000.0) as usize);
+    }
+    let mut samples = vec![Vec::with_capacity(TIMING_ROUNDS); contenders.len()];
+    for _ in 0..TIMING_ROUNDS {
+        for (i, &variant) in contenders.iter().enumerate() {
+            samples[i].push(batch(variant, reps[i])?);
+        }
+    }
+    let medians: Vec<f64> = samples
+        .iter_mut()
+        .map(|s| {
+            s.sort_by(f64::total_cmp);
+            s[s.len() / 2] * 1e6
+        })
+        .collect();
+    let default_micros = medians[0];
+    let (mut best, mut best_micros) = (default, default_micros);
+    for (&variant, &micros) in contenders.iter().zip(&medians).skip(1) {
+        if micros < best_micros.min(default_micros * WIN_MARGIN) {
             (best, best_micros) = (variant, micros);
         }
     }
@@ -343,7 +392,7 @@ impl Backend {
         match read_cache(&path, &device) {
             Ok(file) => {
                 tuner.stats.loaded += file.entries.len() as u64;
-                tuner.table.extend(file.entries);
+                tuner.stored.extend(file.entries);
             }
             Err(Untrusted::Missing) => {}
             Err(Untrusted::Rejected(why)) => {
@@ -363,21 +412,14 @@ impl Backend {
     pub fn autotuning_stats(&self) -> AutotuneStats {
         let tuner = self.tuner();
         AutotuneStats {
-            entries: tuner.table.len(),
+            entries: tuner.table.len() + tuner.stored.len(),
             ..tuner.stats
         }
     }
 
-    /// The stored choices, by key ([`TunableOp::key`]), sorted.
+    /// The stored choices, by the text form of their key ([`TunableOp::key`]), sorted.
     pub fn autotuning_choices(&self) -> Vec<(String, TunedChoice)> {
-        let mut all: Vec<_> = self
-            .tuner()
-            .table
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        all.sort_by(|a, b| a.0.cmp(&b.0));
-        all
+        self.tuner().all().into_iter().collect()
     }
 
     /// Runs `op` with the variant the autotuner chose for its key, tuning the key first when it has
@@ -393,14 +435,18 @@ impl Backend {
             return op.run_default(device);
         }
         let key = op.key();
-        let stored = self.tuner().table.get(&key).map(|c| c.variant.clone());
-        if let Some(v) = stored.and_then(|v| variants.iter().find(|&&o| o == v).copied()) {
-            self.tuner().stats.hits += 1;
+        let stored = {
+            let mut tuner = self.tuner();
+            let stored = tuner.choice(&key, variants);
+            tuner.stats.hits += u64::from(stored.is_some());
+            stored
+        };
+        if let Some(v) = stored {
             return device.run_variant(op, v);
         }
         // Tuning runs on the device itself, never through a capture's recorder: a capture tunes as
         // eager execution would, and records only the op.
-        let (choice, rejected) = tune(self.unrecorded(), op, &variants)?;
+        let (choice, rejected) = tune(self.unrecorded(), op, variants)?;
         let winner = variants
             .iter()
             .find(|&&v| v == choice.variant)

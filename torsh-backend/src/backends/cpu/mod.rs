@@ -309,16 +309,16 @@ impl ComputeBackend for CpuBackend {
         )
     }
 
-    fn variants(&self, op: &TunableOp) -> Vec<&'static str> {
+    fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
         match op {
             TunableOp::Gemm(d) if self.threads > 1 && self.simd_gemm(d) => {
                 if gemm_is_parallel(d) {
-                    vec![GEMM_POOL, GEMM_INLINE]
+                    &[GEMM_POOL, GEMM_INLINE]
                 } else {
-                    vec![GEMM_INLINE, GEMM_POOL]
+                    &[GEMM_INLINE, GEMM_POOL]
                 }
             }
-            _ => Vec::new(),
+            _ => &[],
         }
     }
 
@@ -430,6 +430,11 @@ impl ComputeBackend for CpuBackend {
             return self.scalar.adam_step(desc);
         };
         self.kernel(acc, |mem, ctx| adam::adam_step(mem, desc, ctx))
+    }
+
+    /// The reference's fused loop: one pass over the gradients, on the calling thread.
+    fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
+        self.scalar.unscale_and_check(desc)
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {

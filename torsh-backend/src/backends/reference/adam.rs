@@ -1,6 +1,8 @@
-//! One Adam/AdamW step, written as `torch.optim.Adam`'s single-tensor implementation is, in f64.
+//! One Adam/AdamW step, written as `torch.optim.Adam`'s single-tensor implementation is, in f64; and
+//! the loss scaler's fused unscale-and-check.
 
-use crate::compute::AdamDesc;
+use crate::compute::{AdamDesc, UnscaleDesc};
+use crate::dtype::DType;
 use crate::error::Result;
 
 use super::memory::HostMemory;
@@ -30,4 +32,22 @@ pub fn adam_step(mem: &mut HostMemory, d: &AdamDesc) -> Result<()> {
     mem.store(d.dtype, d.params, &p)?;
     mem.store(d.dtype, d.exp_avg, &m)?;
     mem.store(d.dtype, d.exp_avg_sq, &v)
+}
+
+/// `output = input · inv_scale` (the scale rounded to the dtype first, each product rounded once on
+/// store), setting the flag to 1 when an output is not finite.
+pub fn unscale_and_check(mem: &mut HostMemory, d: &UnscaleDesc) -> Result<()> {
+    let size = d.dtype.size_in_bytes();
+    let mut bytes = [0u8; 8];
+    super::memory::encode(d.dtype, d.inv_scale, &mut bytes[..size]);
+    let inv = super::memory::decode(d.dtype, &bytes[..size]);
+    let x = mem.load_dense(d.dtype, d.input, d.len)?;
+    let out: Vec<f64> = x.iter().map(|v| v * inv).collect();
+    mem.store(d.dtype, d.output, &out)?;
+    // Judge the values as stored: a product that overflows the dtype is infinite there.
+    let stored = mem.load_dense(d.dtype, d.output, d.len)?;
+    if stored.iter().any(|v| !v.is_finite()) {
+        mem.store(DType::F32, d.found_inf, &[1.0])?;
+    }
+    Ok(())
 }

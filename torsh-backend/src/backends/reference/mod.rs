@@ -244,6 +244,11 @@ impl ComputeBackend for ReferenceBackend {
         self.run(desc.accesses()?, |mem| adam::adam_step(mem, desc))
     }
 
+    fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
+        self.float_only("unscale_and_check", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| adam::unscale_and_check(mem, desc))
+    }
+
     fn fill(&self, desc: &FillDesc) -> Result<()> {
         self.run(desc.accesses()?, |mem| elementwise::fill(mem, desc))
     }

@@ -14,8 +14,35 @@ use super::elementwise::Launch;
 use super::memory::Memory;
 use super::pipelines::{Dispatch, Kernels, GEMM};
 
-/// Rows and columns of C per workgroup.
-const TILE: usize = 64;
+/// Rows and columns of C per workgroup (the shader's `TILE` override): the autotuner's GEMM variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tile {
+    /// 64 × 64 with 64 threads: the default.
+    Large,
+    /// 32 × 32 with 16 threads: four times the workgroups, for products too small to fill the device.
+    Small,
+}
+
+impl Tile {
+    /// The variants' names, the default first.
+    pub const NAMES: [&'static str; 2] = ["tile:64", "tile:32"];
+
+    /// The tile's side in elements.
+    pub fn side(self) -> usize {
+        match self {
+            Tile::Large => 64,
+            Tile::Small => 32,
+        }
+    }
+
+    /// The variant's name for the autotuner.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tile::Large => Tile::NAMES[0],
+            Tile::Small => Tile::NAMES[1],
+        }
+    }
+}
 
 /// An operand as the kernel sees it: buffer, element offset, row and column strides, batch stride.
 struct Operand<'a> {
@@ -63,9 +90,9 @@ struct Product<'a> {
     beta: f64,
 }
 
-/// Launches `p`, splitting the batch across launches of at most the device's z limit. `Stage` when a
-/// number does not fit in 32 bits.
-fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>) -> Result<Launch> {
+/// Launches `p` with `tile` × `tile` output tiles, splitting the batch across launches of at most the
+/// device's z limit. `Stage` when a number does not fit in 32 bits.
+fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>, tile: Tile) -> Result<Launch> {
     if p.m == 0 || p.n == 0 || p.batch_count == 0 {
         return Ok(Launch::Done);
     }
@@ -95,8 +122,8 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>) -> Result<Launch> {
         return Ok(Launch::Stage);
     }
     let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
-    let groups_m = p.m.div_ceil(TILE);
-    let groups_n = p.n.div_ceil(TILE);
+    let groups_m = p.m.div_ceil(tile.side());
+    let groups_n = p.n.div_ceil(tile.side());
     if groups_m > limit || groups_n > limit {
         return Ok(Launch::Stage);
     }
@@ -123,7 +150,7 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>) -> Result<Launch> {
             Dispatch {
                 module: GEMM,
                 entry: "gemm",
-                constants: &[],
+                constants: &[("TILE", tile.side() as u64)],
                 buffers: &[p.a.buffer, p.b.buffer, p.c.buffer],
                 params: &words,
                 groups: (groups_m as u32, groups_n as u32, count as u32),
@@ -160,13 +187,24 @@ fn gemm_product<'a>(
     }))
 }
 
-/// f32 GEMM.
+/// f32 GEMM with the default tile.
 pub(crate) fn gemm(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemmDesc) -> Result<Launch> {
+    gemm_tiled(gpu, kernels, mem, d, Tile::Large)
+}
+
+/// f32 GEMM with `tile`.
+pub(crate) fn gemm_tiled(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &GemmDesc,
+    tile: Tile,
+) -> Result<Launch> {
     if d.dtype != DType::F32 {
         return Ok(Launch::Stage);
     }
     match gemm_product(mem, d, (0, 0, 0), 1)? {
-        Some(p) => run(gpu, kernels, p),
+        Some(p) => run(gpu, kernels, p, tile),
         None => Ok(Launch::Stage),
     }
 }
@@ -188,7 +226,7 @@ pub(crate) fn batched_gemm(
         (d.stride_a, d.stride_b)
     };
     match gemm_product(mem, &d.gemm, (sa, sb, d.stride_c), d.batch_count)? {
-        Some(p) => run(gpu, kernels, p),
+        Some(p) => run(gpu, kernels, p, Tile::Large),
         None => Ok(Launch::Stage),
     }
 }
@@ -222,5 +260,6 @@ pub(crate) fn gemv(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemvDesc) -> 
             alpha: d.alpha,
             beta: d.beta,
         },
+        Tile::Large,
     )
 }

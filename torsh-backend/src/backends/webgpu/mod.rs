@@ -585,6 +585,44 @@ impl ComputeBackend for WebGpuBackend {
         self.run(desc, blas::gemm)
     }
 
+    fn fingerprint(&self) -> String {
+        match self.state() {
+            Ok(state) => {
+                let info = &state.device.gpu.info;
+                format!(
+                    "webgpu/{}/{:?}/{}/{}",
+                    info.name, info.backend, info.driver, info.driver_info
+                )
+            }
+            Err(_) => "webgpu/uninitialised".into(),
+        }
+    }
+
+    fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
+        match op {
+            TunableOp::Gemm(d) if math_dtype("gemm", d.dtype).is_ok() => &blas::Tile::NAMES,
+            _ => &[],
+        }
+    }
+
+    fn run_variant(&self, op: &TunableOp, variant: &str) -> Result<()> {
+        let tile = [blas::Tile::Large, blas::Tile::Small]
+            .into_iter()
+            .find(|t| t.name() == variant);
+        match (op, tile) {
+            (TunableOp::Gemm(d), Some(tile)) => {
+                math_dtype("gemm", d.dtype)?;
+                self.run(d, |gpu, kernels, mem, d: &GemmDesc| {
+                    blas::gemm_tiled(gpu, kernels, mem, d, tile)
+                })
+            }
+            _ => Err(BackendError::invalid(
+                op.name(),
+                format!("the webgpu backend has no variant `{variant}` of this op"),
+            )),
+        }
+    }
+
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
         math_dtype("batched_gemm", desc.gemm.dtype)?;
         self.run(desc, blas::batched_gemm)
@@ -643,6 +681,16 @@ impl ComputeBackend for WebGpuBackend {
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
         math_dtype("adam_step", desc.dtype)?;
         self.run(desc, optim::adam_step)
+    }
+
+    fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
+        math_dtype("unscale_and_check", desc.dtype)?;
+        if desc.dtype != crate::dtype::DType::F32 && desc.inv_scale.abs() > 1.0 {
+            // A scale below 1 can grow a 16-bit value past its dtype's range, which the f32 kernel
+            // on staged copies would not see: judge the stored values instead.
+            return unscale_by_parts(self, desc);
+        }
+        self.run(desc, optim::unscale_and_check)
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {

@@ -1,14 +1,15 @@
 //! Host side of `shaders/optim.wgsl`: one fused Adam/AdamW step in f32. Bias corrections, `1 - β`
-//! and the AdamW decay factor are computed here in f64 and passed rounded to f32.
+//! and the AdamW decay factor are computed here in f64 and passed rounded to f32. And of
+//! `shaders/unscale.wgsl`: the loss scaler's fused unscale and inf/NaN check.
 
-use crate::compute::AdamDesc;
+use crate::compute::{AdamDesc, UnscaleDesc};
 use crate::dtype::DType;
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{grid_1d, Dispatch, Kernels, OPTIM};
+use super::pipelines::{grid_1d, Dispatch, Kernels, OPTIM, UNSCALE};
 
 /// An f32 Adam or AdamW step; `Stage` for other dtypes, misaligned operands or offsets beyond 32 bits.
 pub(crate) fn adam_step(
@@ -60,6 +61,47 @@ pub(crate) fn adam_step(
         Dispatch {
             module: OPTIM,
             entry: "adam",
+            constants: &[],
+            buffers: &buffers,
+            params: &p,
+            groups: grid_1d(d.len, gpu.limits.max_compute_workgroups_per_dimension)?,
+        },
+    )?;
+    Ok(Launch::Done)
+}
+
+/// The f32 unscale and check; `Stage` for other dtypes, misaligned operands or offsets beyond 32
+/// bits.
+pub(crate) fn unscale_and_check(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &UnscaleDesc,
+) -> Result<Launch> {
+    if d.dtype != DType::F32 {
+        return Ok(Launch::Stage);
+    }
+    let operands = [(d.input, d.len), (d.output, d.len), (d.found_inf, 1)];
+    let mut buffers = Vec::with_capacity(3);
+    let mut p = Vec::with_capacity(5);
+    let Ok(n) = u32::try_from(d.len) else {
+        return Ok(Launch::Stage);
+    };
+    p.push(n);
+    for (ptr, len) in operands {
+        let Some((buffer, words)) = mem.words_u32(ptr, len)? else {
+            return Ok(Launch::Stage);
+        };
+        buffers.push(buffer);
+        p.push(words);
+    }
+    // The scale rounded to f32 once, as `mul` by a scalar rounds it.
+    p.push((d.inv_scale as f32).to_bits());
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: UNSCALE,
+            entry: "unscale",
             constants: &[],
             buffers: &buffers,
             params: &p,

@@ -54,6 +54,13 @@ pub(crate) const OPTIM: Module = Module {
     data: 4,
 };
 
+/// `shaders/unscale.wgsl`: a loss scaler's fused unscale and inf/NaN check (input, output, flag).
+pub(crate) const UNSCALE: Module = Module {
+    name: "unscale.wgsl",
+    source: include_str!("shaders/unscale.wgsl"),
+    data: 3,
+};
+
 /// `shaders/conv.wgsl`: implicit-GEMM conv2d (input, weight, bias, output).
 pub(crate) const CONV: Module = Module {
     name: "conv.wgsl",

@@ -257,6 +257,21 @@ impl Stageable for AdamDesc {
     }
 }
 
+impl Stageable for UnscaleDesc {
+    fn accesses(&self) -> Result<Accesses> {
+        UnscaleDesc::accesses(self)
+    }
+    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
+        Ok(UnscaleDesc {
+            dtype: DType::F32,
+            input: to("input", self.dtype)?,
+            output: to("output", self.dtype)?,
+            found_inf: to("found_inf", DType::F32)?,
+            ..self.clone()
+        })
+    }
+}
+
 impl Stageable for RandomDesc {
     fn accesses(&self) -> Result<Accesses> {
         RandomDesc::accesses(self)

@@ -19,7 +19,7 @@ pub use elementwise::{
     is_injective, BinaryDesc, CastDesc, CopyDesc, Distribution, FillDesc, RandomDesc, UnaryDesc,
 };
 pub use norm::{BatchNormDesc, LayerNormDesc, SoftmaxDesc};
-pub use optim::AdamDesc;
+pub use optim::{AdamDesc, UnscaleDesc};
 pub use pool::{Pool2dDesc, PoolKind};
 pub use reduce::{ReduceDesc, ReduceOp};
 

@@ -1,4 +1,4 @@
-//! The fused Adam/AdamW step descriptor.
+//! The fused Adam/AdamW step and the fused unscale-and-check of a loss scaler.
 
 use super::dense_bytes;
 use crate::compute::access::{Access, Accesses, InPlace};
@@ -70,6 +70,57 @@ impl AdamDesc {
             "exp_avg_sq",
             self.exp_avg_sq,
             bytes,
+            Access::ReadWrite,
+            true,
+        );
+        Ok(acc)
+    }
+}
+
+/// A loss scaler's unscale with its inf/NaN check in one pass (PyTorch's
+/// `_amp_foreach_non_finite_check_and_unscale_`): `output[i] = input[i] · inv_scale` over `len`
+/// contiguous elements, with `inv_scale` rounded to `dtype` first and the product rounded once (as
+/// `mul` by a scalar), and the f32 flag at `found_inf` set to 1 when any output element is inf or
+/// NaN — left as it is otherwise, so one flag gathers a whole set of gradients. The flag must hold 0
+/// or 1. `output` may be `input` (in place).
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnscaleDesc {
+    /// Element type of `input` and `output` (a float type).
+    pub dtype: DType,
+    /// Scaled gradients, read.
+    pub input: DevicePtr,
+    /// Unscaled gradients, written.
+    pub output: DevicePtr,
+    /// Elements.
+    pub len: usize,
+    /// The reciprocal of the loss scale: finite and non-zero.
+    pub inv_scale: f64,
+    /// One f32 flag: 0 or 1 on entry, 1 on return when a non-finite output was seen.
+    pub found_inf: DevicePtr,
+}
+
+impl UnscaleDesc {
+    /// Validates and lists the regions: `InvalidArgument` for an `inv_scale` that is zero or not
+    /// finite.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "unscale_and_check";
+        if !self.inv_scale.is_finite() || self.inv_scale == 0.0 {
+            return Err(BackendError::invalid(
+                op,
+                format!(
+                    "the inverse scale must be finite and non-zero, got {}",
+                    self.inv_scale
+                ),
+            ));
+        }
+        let bytes = dense_bytes(op, &[self.len], self.dtype)?;
+        let mut acc = Accesses::new(op, InPlace::ExactAllowed);
+        acc.push("input", self.input, bytes, Access::Read, true);
+        acc.push("output", self.output, bytes, Access::Write, true);
+        acc.push(
+            "found_inf",
+            self.found_inf,
+            DType::F32.size_in_bytes(),
             Access::ReadWrite,
             true,
         );

@@ -5,6 +5,7 @@ use crate::compute::{
     Access, Accesses, AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc,
     CastDesc, ComputeBackend, Conv2dDesc, CopyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc,
     InPlace, LayerNormDesc, Pool2dDesc, ReduceDesc, SoftmaxDesc, StridedBuf, TunableOp, UnaryDesc,
+    UnscaleDesc,
 };
 use crate::error::Result;
 
@@ -42,6 +43,7 @@ pointers! {
     BatchNormDesc { input, output; optional weight, bias, running_mean, running_var }
     Pool2dDesc { input, output }
     AdamDesc { params, grads, exp_avg, exp_avg_sq }
+    UnscaleDesc { input, output, found_inf }
     FillDesc { ptr }
     CastDesc { output; strided input }
     CopyDesc { ; strided src, dst }
@@ -127,6 +129,7 @@ nodes! {
     BatchNorm(BatchNormDesc) => batch_norm,
     Pool2d(Pool2dDesc) => pool2d,
     Adam(AdamDesc) => adam_step,
+    Unscale(UnscaleDesc) => unscale_and_check,
     Fill(FillDesc) => fill,
     Cast(CastDesc) => cast,
     Copy(CopyDesc) => copy_strided,

@@ -14,6 +14,7 @@ use crate::compute::{
     AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, ComputeBackend,
     Conv2dDesc, CopyDesc, DevicePtr, EventId, FillDesc, GemmDesc, GemvDesc, HostBuffer,
     LayerNormDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxDesc, StreamId, TunableOp, UnaryDesc,
+    UnscaleDesc,
 };
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
@@ -279,6 +280,7 @@ impl ComputeBackend for Tap {
         batch_norm(BatchNormDesc) => BatchNorm,
         pool2d(Pool2dDesc) => Pool2d,
         adam_step(AdamDesc) => Adam,
+        unscale_and_check(UnscaleDesc) => Unscale,
         fill(FillDesc) => Fill,
         cast(CastDesc) => Cast,
         copy_strided(CopyDesc) => Copy,
@@ -300,7 +302,7 @@ impl ComputeBackend for Tap {
         self.device.fingerprint()
     }
 
-    fn variants(&self, op: &TunableOp) -> Vec<&'static str> {
+    fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
         self.device.variants(op)
     }
 

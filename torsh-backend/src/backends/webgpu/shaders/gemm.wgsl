@@ -1,8 +1,10 @@
 // Tiled f32 GEMM over strided operands: C = alpha * op(A) * op(B) + beta * C, C being m x n.
 //
-// Each workgroup computes a 64 x 64 tile of C with 8 x 8 threads, each thread an 8 x 8 block held in
-// sixteen vec4 registers, stepping through k in slices of 16 staged in workgroup memory as vec4s: per
-// step of k a thread loads two vec4s of A and two of B for 64 multiply-adds. Edge tiles load zeros past
+// Each workgroup computes a TILE x TILE tile of C (TILE = 64 by default, or 32: an override constant, so
+// the autotuner can pick the smaller tile where it gives more workgroups) with (TILE / 8)² threads, each
+// thread an 8 x 8 block held in sixteen vec4 registers, stepping through k in slices of 16 staged in
+// workgroup memory as vec4s: per step of k a thread loads two vec4s of A and two of B for 64
+// multiply-adds. Edge tiles load zeros past
 // the matrix and store only inside it; every thread reaches every barrier. Operands are given by
 // element offset, row stride and column stride (so both transposes, any leading dimension, and GEMV's
 // strided vectors are the same kernel), and the grid's z dimension walks a batch with per-operand
@@ -17,15 +19,14 @@
 @group(0) @binding(2) var<storage, read_write> c: array<f32>;
 @group(0) @binding(3) var<storage, read> p: array<u32>;
 
-const TM: u32 = 64u;
-const TN: u32 = 64u;
+override TILE: u32 = 64u;
+override SIDE: u32 = TILE / 8u; // threads along each side of the workgroup
 const TK: u32 = 16u;
-const THREADS: u32 = 64u;
 
-var<workgroup> tile_a: array<vec4<f32>, 256>; // [TK][TM / 4]
-var<workgroup> tile_b: array<vec4<f32>, 256>; // [TK][TN / 4]
+var<workgroup> tile_a: array<vec4<f32>, TK * TILE / 4u>; // [TK][TILE / 4]
+var<workgroup> tile_b: array<vec4<f32>, TK * TILE / 4u>; // [TK][TILE / 4]
 
-@compute @workgroup_size(8, 8)
+@compute @workgroup_size(SIDE, SIDE)
 fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let m = p[0];
@@ -35,8 +36,9 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let a0 = p[4] + batch * p[13];
     let b0 = p[7] + batch * p[14];
     let c0 = p[10] + batch * p[15];
-    let row0 = wid.x * TM;
-    let col0 = wid.y * TN;
+    let row0 = wid.x * TILE;
+    let col0 = wid.y * TILE;
+    let threads = SIDE * SIDE;
 
     // The thread's 8 x 8 block: row r in r<r> (columns 0..4) and s<r> (columns 4..8).
     var r0 = vec4<f32>(0.0); var r1 = vec4<f32>(0.0); var r2 = vec4<f32>(0.0); var r3 = vec4<f32>(0.0);
@@ -45,20 +47,20 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var s4 = vec4<f32>(0.0); var s5 = vec4<f32>(0.0); var s6 = vec4<f32>(0.0); var s7 = vec4<f32>(0.0);
 
     for (var k0 = 0u; k0 < k; k0 += TK) {
-        for (var q = 0u; q < (TM * TK) / THREADS; q++) {
-            let e = li + q * THREADS;
-            let i = e % TM;
-            let kk = e / TM;
+        for (var q = 0u; q < (TILE * TK) / threads; q++) {
+            let e = li + q * threads;
+            let i = e % TILE;
+            let kk = e / TILE;
             let gi = row0 + i;
             let gk = k0 + kk;
             var v = 0.0;
             if (gi < m && gk < k) {
                 v = a[a0 + gi * p[5] + gk * p[6]];
             }
-            tile_a[kk * (TM / 4u) + i / 4u][i % 4u] = v;
+            tile_a[kk * (TILE / 4u) + i / 4u][i % 4u] = v;
         }
-        for (var q = 0u; q < (TN * TK) / THREADS; q++) {
-            let e = li + q * THREADS;
+        for (var q = 0u; q < (TILE * TK) / threads; q++) {
+            let e = li + q * threads;
             let kk = e % TK;
             let j = e / TK;
             let gj = col0 + j;
@@ -67,14 +69,14 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             if (gj < n && gk < k) {
                 v = b[b0 + gk * p[8] + gj * p[9]];
             }
-            tile_b[kk * (TN / 4u) + j / 4u][j % 4u] = v;
+            tile_b[kk * (TILE / 4u) + j / 4u][j % 4u] = v;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            let a_lo = tile_a[kk * (TM / 4u) + lid.x * 2u];
-            let a_hi = tile_a[kk * (TM / 4u) + lid.x * 2u + 1u];
-            let b_lo = tile_b[kk * (TN / 4u) + lid.y * 2u];
-            let b_hi = tile_b[kk * (TN / 4u) + lid.y * 2u + 1u];
+            let a_lo = tile_a[kk * (TILE / 4u) + lid.x * 2u];
+            let a_hi = tile_a[kk * (TILE / 4u) + lid.x * 2u + 1u];
+            let b_lo = tile_b[kk * (TILE / 4u) + lid.y * 2u];
+            let b_hi = tile_b[kk * (TILE / 4u) + lid.y * 2u + 1u];
             r0 = fma(vec4<f32>(a_lo.x), b_lo, r0); s0 = fma(vec4<f32>(a_lo.x), b_hi, s0);
             r1 = fma(vec4<f32>(a_lo.y), b_lo, r1); s1 = fma(vec4<f32>(a_lo.y), b_hi, s1);
             r2 = fma(vec4<f32>(a_lo.z), b_lo, r2); s2 = fma(vec4<f32>(a_lo.z), b_hi, s2);
