@@ -481,3 +481,32 @@ fn a_webgpu_launch_is_one_queue_submission() {
     }
     assert_eq!(bytes(&out), bytes(&[eager]));
 }
+
+#[test]
+fn uploads_inside_a_capture_replay_in_order() {
+    for b in backends() {
+        let kind = b.backend_type();
+        let x = b.randn(&[3, 5], DType::F32).unwrap();
+        let ops = |x: &Tensor| -> Result<Tensor> {
+            // A kernel, then a host upload into fresh memory, then kernels reading both: on WebGPU
+            // the upload is a queue write, which must not overtake the kernel issued before it.
+            let y = x.exp()?;
+            let c = b.from_slice(&[0.5f32, -1.0, 2.0, 0.25, 3.0], &[5])?;
+            // A buffer written by a kernel, then overwritten from the host, then read.
+            let t = x.sqrt()?;
+            let host: Vec<u8> = (0..15u32)
+                .flat_map(|i| (i as f32 * 0.125).to_le_bytes())
+                .collect();
+            b.compute().copy_htod(t.data_ptr(), &host)?;
+            y.mul(&c)?.add(&t)
+        };
+        let graph = b.capture_graph(|| ops(&x)).unwrap();
+        for _ in 0..3 {
+            let input = b.randn(&[3, 5], DType::F32).unwrap();
+            let out = b
+                .launch_graph(&graph, std::slice::from_ref(&input))
+                .unwrap();
+            assert_eq!(bytes(&out), bytes(&[ops(&input).unwrap()]), "{kind}");
+        }
+    }
+}
