@@ -14,8 +14,12 @@
 use torsh_backend::compute::{
     ComputeBackend, Distribution, FillDesc, GemmDesc, StridedBuf, Transpose, UnaryDesc,
 };
+use torsh_backend::validation;
 use torsh_backend::webgpu::{self, WebGpuBackend, WebGpuBackendConfig};
 use torsh_backend::{Backend, BackendError, BackendType, DType, UnaryOp};
+
+#[path = "common/special_values.rs"]
+mod special_values;
 
 fn required() -> bool {
     std::env::var("TORSH_REQUIRE").is_ok_and(|v| v.split(',').any(|t| t.trim() == "webgpu"))
@@ -546,11 +550,9 @@ fn rel_error(got: &[f64], want: &[f64]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-#[test]
-fn row_kernels_match_the_reference_on_long_and_strided_rows() {
-    let Some(b) = backend() else { return };
-    // Rows longer than a workgroup (several elements per thread), a strided axis, inner > 1.
-    let cases: Vec<(&str, Case)> = vec![
+/// Row ops on rows longer than a workgroup (several elements per thread), a strided axis, inner > 1.
+fn long_row_cases() -> Vec<(&'static str, Case)> {
+    vec![
         (
             "sum",
             Box::new(|be| be.randn(&[3, 1000], DType::F32)?.sum(1, false)),
@@ -596,8 +598,71 @@ fn row_kernels_match_the_reference_on_long_and_strided_rows() {
                 x.layer_norm(&[1000], Some(&w), Some(&bias), 1e-5)
             }),
         ),
+    ]
+}
+
+#[test]
+fn row_kernels_match_the_reference_on_long_and_strided_rows() {
+    let Some(b) = backend() else { return };
+    check_against_reference(&b, long_row_cases(), 7);
+}
+
+#[test]
+fn row_kernels_agree_with_and_without_subgroups_at_every_width() {
+    if raw().is_none() {
+        return;
+    }
+    let reference = Backend::reference().unwrap();
+    let all = WebGpuBackendConfig::default().optional_features;
+    let no_subgroups = all - wgpu::Features::SUBGROUP;
+    // The tree and the subgroup combines, at a GPU's 256 threads per row, a CPU adapter's SIMD
+    // width, and the extremes of one thread and a width no subgroup size divides evenly into rows.
+    let configs = [
+        (no_subgroups, Some(256)),
+        (no_subgroups, Some(8)),
+        (no_subgroups, Some(1)),
+        (all, Some(256)),
+        (all, Some(32)),
+        (all, Some(1)),
     ];
-    check_against_reference(&b, cases, 7);
+    for (features, width) in configs {
+        let config = WebGpuBackendConfig {
+            optional_features: features,
+            row_workgroup_size: width,
+            ..Default::default()
+        };
+        let label = format!(
+            "subgroups {}, width {width:?}",
+            features.contains(wgpu::Features::SUBGROUP)
+        );
+        let b = Backend::from_compute(Box::new(WebGpuBackend::new(config))).unwrap();
+        for (i, op) in ["reduce", "softmax", "layer_norm"].into_iter().enumerate() {
+            let case = validation::cases::find(op).unwrap();
+            let r =
+                validation::run_case(&case, &b, &reference, DType::F32, validation::case_seed(i));
+            assert!(r.passed(), "{label}: {op}: {:?}", r.outcome);
+        }
+        check_against_reference(&b, long_row_cases(), 11);
+        let wrong = special_values::mismatches(&b, &reference);
+        assert!(wrong.is_empty(), "{label}:\n{}", wrong.join("\n"));
+    }
+}
+
+#[test]
+fn row_widths_that_are_not_powers_of_two_are_refused() {
+    if raw().is_none() {
+        return;
+    }
+    for width in [0, 3, 512] {
+        let mut b = WebGpuBackend::new(WebGpuBackendConfig {
+            row_workgroup_size: Some(width),
+            ..Default::default()
+        });
+        assert!(
+            matches!(b.init(), Err(BackendError::InvalidArgument { .. })),
+            "width {width}"
+        );
+    }
 }
 
 #[test]
@@ -683,6 +748,10 @@ fn conv_and_attention_kernels_match_the_reference() {
             conv(1, 4, 17, 9, 5, 2, 3, 2, 1),
         ),
         ("conv grouped", conv(2, 6, 9, 9, 3, 1, 1, 1, 3)),
+        (
+            "conv 3x3 unpadded, grouped, stride 2",
+            conv(2, 6, 12, 10, 3, 2, 0, 1, 2),
+        ),
         ("conv depthwise", conv(1, 8, 11, 8, 3, 1, 1, 1, 8)),
         (
             "conv 1x1 over 4097 pixels",

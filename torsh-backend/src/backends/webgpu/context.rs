@@ -45,6 +45,8 @@ pub(crate) struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
+    /// Threads per row of the row kernels (`shaders/rows.wgsl`): see [`row_threads_for`].
+    pub row_threads: u32,
     /// Set by the device-lost callback: why the device was lost.
     lost: Arc<Mutex<Option<String>>>,
     /// Errors no scope caught (the handler records them instead of panicking).
@@ -56,17 +58,35 @@ pub(crate) struct Gpu {
 }
 
 /// The optional features the backend uses when the adapter has them.
-const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+pub(crate) const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::TIMESTAMP_QUERY);
 
+/// Threads per row of the row kernels on an adapter: 256 on GPUs; on a CPU implementation such as
+/// lavapipe, its SIMD width (the largest subgroup it reports, 8 when it reports none), because it
+/// runs a workgroup's SIMD groups one after another and switches between them at every barrier,
+/// which made 256 threads per row 5 to 18 times slower there than one SIMD group.
+pub(crate) fn row_threads_for(info: &wgpu::AdapterInfo) -> u32 {
+    if info.device_type == wgpu::DeviceType::Cpu {
+        let simd = if info.subgroup_max_size == 0 {
+            8
+        } else {
+            info.subgroup_max_size
+        };
+        simd.clamp(1, 256).next_power_of_two().min(256)
+    } else {
+        256
+    }
+}
+
 impl Gpu {
-    /// Opens `adapter` with its own limits (wgpu's defaults cap storage buffers at 128 MiB) and the
-    /// wanted features it has. `Unavailable` when the adapter refuses.
-    pub fn open(adapter: &wgpu::Adapter) -> Result<Gpu> {
+    /// Opens `adapter` with its own limits (wgpu's defaults cap storage buffers at 128 MiB) and
+    /// those of the `wanted` features it has (see [`OPTIONAL_FEATURES`]). `Unavailable` when the
+    /// adapter refuses.
+    pub fn open(adapter: &wgpu::Adapter, wanted: wgpu::Features) -> Result<Gpu> {
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let features = adapter.features() & WANTED_FEATURES;
+        let features = adapter.features() & wanted & OPTIONAL_FEATURES;
         let desc = wgpu::DeviceDescriptor {
             label: Some("torsh-backend"),
             required_features: features,
@@ -101,6 +121,7 @@ impl Gpu {
         Ok(Gpu {
             device,
             queue,
+            row_threads: row_threads_for(&info),
             info,
             limits,
             features,

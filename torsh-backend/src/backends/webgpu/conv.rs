@@ -98,7 +98,7 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
         Dispatch {
             module: CONV,
             entry: "conv2d",
-            constants: &[],
+            constants: &[("PADDED", u64::from(d.padding != [0, 0]))],
             buffers: &[input.0, weight.0, bias.map_or(input.0, |b| b.0), output.0],
             params: &words,
             groups: (groups.0 as u32, groups.1 as u32, groups.2 as u32),

@@ -83,6 +83,14 @@ pub struct WebGpuBackendConfig {
     /// [`crate::Backend::metal`] builds); `None` takes any. `init` answers `Unavailable` when wgpu
     /// found no adapter of the API, and `InvalidArgument` when `adapter_index` names one of another.
     pub api: Option<wgpu::Backend>,
+    /// The optional features the backend may use where the adapter has them: `SHADER_F16`,
+    /// `SUBGROUP` (the row kernels' subgroup combines), `TIMESTAMP_QUERY` (device timing of events);
+    /// default all three. Leave one out to run the paths that do without it; others are ignored.
+    pub optional_features: wgpu::Features,
+    /// Threads per row of the row kernels (reductions, softmax, log-softmax, layer norm): `None`
+    /// picks by adapter (256 on GPUs, the SIMD width on CPU implementations such as lavapipe);
+    /// otherwise a power of two from 1 to 256, and `init` answers `InvalidArgument` for any other.
+    pub row_workgroup_size: Option<u32>,
 }
 
 impl Default for WebGpuBackendConfig {
@@ -95,6 +103,8 @@ impl Default for WebGpuBackendConfig {
             enable_pipeline_cache: true,
             preferred_workgroup_size: (pipelines::WORKGROUP, 1, 1),
             api: None,
+            optional_features: context::OPTIONAL_FEATURES,
+            row_workgroup_size: None,
         }
     }
 }
@@ -119,6 +129,11 @@ impl WebGpuDevice {
         adapter_index: usize,
         _device_id: usize,
     ) -> Result<WebGpuDevice> {
+        Self::open(adapter_index, context::OPTIONAL_FEATURES)
+    }
+
+    /// Opens adapter `adapter_index` using those of the `features` it has.
+    fn open(adapter_index: usize, features: wgpu::Features) -> Result<WebGpuDevice> {
         if let Some(reason) = unavailable_reason() {
             return Err(BackendError::Unavailable {
                 backend: BackendType::WebGpu,
@@ -127,7 +142,7 @@ impl WebGpuDevice {
         }
         let adapter = adapter::adapter_at(adapter_index)?;
         Ok(WebGpuDevice {
-            gpu: Gpu::open(&adapter)?,
+            gpu: Gpu::open(&adapter, features)?,
             index: adapter_index,
         })
     }
@@ -395,8 +410,19 @@ impl ComputeBackend for WebGpuBackend {
                     .into(),
             });
         }
+        if let Some(n) = self.config.row_workgroup_size {
+            if !n.is_power_of_two() || n > 256 {
+                return Err(BackendError::invalid(
+                    "webgpu",
+                    format!("row_workgroup_size {n} is not a power of two from 1 to 256"),
+                ));
+            }
+        }
         let index = self.chosen_adapter()?;
-        let device = context::block_on(WebGpuDevice::from_adapter_index(index, 0))?;
+        let mut device = WebGpuDevice::open(index, self.config.optional_features)?;
+        if let Some(n) = self.config.row_workgroup_size {
+            device.gpu.row_threads = n;
+        }
         let poison =
             cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
         self.state = Some(State {
@@ -434,6 +460,19 @@ impl ComputeBackend for WebGpuBackend {
         info.details.push((
             "WGSL kernels".into(),
             "every op in f32; f16 and bf16 through f32 copies on the device; casts, copies and fills in every dtype; f64 math Unsupported".into(),
+        ));
+        let gpu = &state.device.gpu;
+        info.details.push((
+            "row kernels".into(),
+            format!(
+                "{} threads per row, combining through {}",
+                gpu.row_threads,
+                if gpu.features.contains(wgpu::Features::SUBGROUP) {
+                    "subgroup operations"
+                } else {
+                    "a tree in workgroup memory"
+                }
+            ),
         ));
         info.details.push((
             "buffer pool".into(),

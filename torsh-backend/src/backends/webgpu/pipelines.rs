@@ -33,17 +33,35 @@ pub(crate) const ELEMENTWISE: Module = Module {
     data: 3,
 };
 
-/// `shaders/gemm.wgsl`: tiled GEMM and GEMV.
+/// `shaders/gemm.wgsl`: tiled GEMM and GEMV (with `shaders/block.wgsl`, the register block).
 pub(crate) const GEMM: Module = Module {
     name: "gemm.wgsl",
-    source: include_str!("shaders/gemm.wgsl"),
+    source: concat!(
+        include_str!("shaders/block.wgsl"),
+        include_str!("shaders/gemm.wgsl")
+    ),
     data: 3,
 };
 
-/// `shaders/rows.wgsl`: reductions, softmax, layer norm (input, weight, bias, output).
+/// `shaders/rows.wgsl`: reductions, softmax, layer norm (input, weight, bias, output), combining
+/// through a tree in workgroup memory (`shaders/rows_tree.wgsl`).
 pub(crate) const ROWS: Module = Module {
     name: "rows.wgsl",
-    source: include_str!("shaders/rows.wgsl"),
+    source: concat!(
+        include_str!("shaders/rows_tree.wgsl"),
+        include_str!("shaders/rows.wgsl")
+    ),
+    data: 4,
+};
+
+/// [`ROWS`] combining through subgroup operations (`shaders/rows_subgroup.wgsl`), for devices with
+/// `wgpu::Features::SUBGROUP`.
+pub(crate) const ROWS_SUBGROUP: Module = Module {
+    name: "rows.wgsl+subgroups",
+    source: concat!(
+        include_str!("shaders/rows_subgroup.wgsl"),
+        include_str!("shaders/rows.wgsl")
+    ),
     data: 4,
 };
 
@@ -61,10 +79,14 @@ pub(crate) const UNSCALE: Module = Module {
     data: 3,
 };
 
-/// `shaders/conv.wgsl`: implicit-GEMM conv2d (input, weight, bias, output).
+/// `shaders/conv.wgsl`: implicit-GEMM conv2d (input, weight, bias, output), with
+/// `shaders/block.wgsl`.
 pub(crate) const CONV: Module = Module {
     name: "conv.wgsl",
-    source: include_str!("shaders/conv.wgsl"),
+    source: concat!(
+        include_str!("shaders/block.wgsl"),
+        include_str!("shaders/conv.wgsl")
+    ),
     data: 4,
 };
 

@@ -1,10 +1,13 @@
 // 2-D convolution (cross-correlation, NCHW) in f32 as an implicit GEMM: for each group, the output
 // channels of the group are the rows, the output pixels of every image (n, y, x) the columns, and the
 // reduction runs over (input channel, r, s) of the group; the input patch is gathered on the fly
-// (no im2col buffer). Each workgroup computes a 64 x 64 tile with 16 x 16 threads, 4 x 4 outputs per
-// thread, over slices of 16 staged in workgroup memory. Taps that land on padding are skipped, as the
-// reference does (so an infinite weight there does not turn the output into NaN). The grid's z
-// dimension is the group. f32 accumulation, bias added last.
+// (no im2col buffer). The blocking is `gemm.wgsl`'s: each workgroup computes a 64 x 64 tile with
+// 8 x 8 threads, each thread an 8 x 8 block held in sixteen vec4 registers, stepping through the
+// reduction in slices of 16 staged in workgroup memory as vec4s. Taps that land on padding are
+// skipped, as the reference does (so an infinite weight there does not turn the output into NaN):
+// with the override constant PADDED (set when the convolution pads) a mask staged beside the input
+// patch keeps each accumulator unchanged for them; without padding every tap is real and the mask is
+// never built. The grid's z dimension is the group. f32 accumulation, bias added last.
 //
 // Parameter words (`p`): [0] n, [1] c, [2] h, [3] w, [4] k, [5] c per group, [6] r, [7] s, [8] oh,
 // [9] ow, [10] stride y, [11] stride x, [12] pad y, [13] pad x, [14] dilation y, [15] dilation x,
@@ -17,16 +20,17 @@
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
-const TM: u32 = 64u;
-const TN: u32 = 64u;
+override PADDED: bool = true;
+const TILE: u32 = 64u;
+const SIDE: u32 = 8u; // threads along each side of the workgroup
+const THREADS: u32 = 64u;
 const TK: u32 = 16u;
-const THREADS: u32 = 256u;
 
-var<workgroup> tile_a: array<f32, 1024>; // [TK][TM]
-var<workgroup> tile_b: array<f32, 1024>; // [TK][TN]
-var<workgroup> tile_real: array<u32, 1024>; // 1 where tile_b holds an input element, 0 for padding
+var<workgroup> tile_a: array<vec4<f32>, 256>; // [TK][TILE / 4]: weights
+var<workgroup> tile_b: array<vec4<f32>, 256>; // [TK][TILE / 4]: the input patch
+var<workgroup> tile_real: array<vec4<u32>, 256>; // 1 where tile_b holds an input element (PADDED only)
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(SIDE, SIDE)
 fn conv2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
     let c = p[1];
@@ -34,100 +38,118 @@ fn conv2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let w = p[3];
     let k = p[4];
     let cg = p[5];
-    let r = p[6];
     let s = p[7];
     let oh = p[8];
     let ow = p[9];
     let kg = p[16];
     let g = wid.z;
-    let taps = r * s;
-    let depth = cg * taps;
+    let depth = cg * p[6] * s;
     let pixels = oh * ow;
     let cols = p[0] * pixels;
-    let row0 = wid.x * TM;
-    let col0 = wid.y * TN;
+    let row0 = wid.x * TILE;
+    let col0 = wid.y * TILE;
 
-    var acc: array<f32, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = 0.0;
-    }
+    // The thread's 8 x 8 block (`block.wgsl`).
+    var acc = Block();
+
+    // Staging: thread `li` loads weight row `li` and input-patch column `li` of the tile at every step
+    // of the reduction (THREADS == TILE), so its output pixel is decomposed once, and the tap
+    // (channel ci, row ri, column si) of reduction index gk advances one step at a time with no
+    // division.
+    let gj_load = col0 + li;
+    let col_real = gj_load < cols;
+    let pixel_load = gj_load % pixels;
+    let iy0 = (pixel_load / ow) * p[10];
+    let ix0 = (pixel_load % ow) * p[11];
+    let in_base = p[17] + ((gj_load / pixels) * c + g * cg) * h * w;
+    let row_real = row0 + li < kg;
+    let w_base = p[18] + (g * kg + row0 + li) * depth;
+    var ci = 0u;
+    var ri = 0u;
+    var si = 0u;
 
     for (var k0 = 0u; k0 < depth; k0 += TK) {
-        for (var q = 0u; q < (TM * TK) / THREADS; q++) {
-            let e = li + q * THREADS;
-            let i = e % TM;
-            let kk = e / TM;
-            let gi = row0 + i;
+        for (var kk = 0u; kk < TK; kk++) {
             let gk = k0 + kk;
-            var v = 0.0;
-            if (gi < kg && gk < depth) {
-                v = weight[p[18] + (g * kg + gi) * depth + gk];
+            let at = kk * (TILE / 4u) + li / 4u;
+            var wv = 0.0;
+            if (row_real && gk < depth) {
+                wv = weight[w_base + gk];
             }
-            tile_a[kk * TM + i] = v;
-        }
-        for (var q = 0u; q < (TN * TK) / THREADS; q++) {
-            let e = li + q * THREADS;
-            let j = e % TN;
-            let kk = e / TN;
-            let gj = col0 + j;
-            let gk = k0 + kk;
+            tile_a[at][li % 4u] = wv;
             var v = 0.0;
             var real = 0u;
-            if (gj < cols && gk < depth) {
-                let ci = gk / taps;
-                let ri = (gk % taps) / s;
-                let si = gk % s;
-                let ni = gj / pixels;
-                let y = (gj % pixels) / ow;
-                let x = gj % ow;
+            if (col_real && gk < depth) {
                 // Padded coordinates: the tap is real when pad <= coordinate < pad + size.
-                let iy = y * p[10] + ri * p[14];
-                let ix = x * p[11] + si * p[15];
+                let iy = iy0 + ri * p[14];
+                let ix = ix0 + si * p[15];
                 if (iy >= p[12] && iy - p[12] < h && ix >= p[13] && ix - p[13] < w) {
-                    v = input[p[17] + ((ni * c + g * cg + ci) * h + iy - p[12]) * w + ix - p[13]];
+                    v = input[in_base + (ci * h + iy - p[12]) * w + ix - p[13]];
                     real = 1u;
                 }
             }
-            tile_b[kk * TN + j] = v;
-            tile_real[kk * TN + j] = real;
+            tile_b[at][li % 4u] = v;
+            if (PADDED) {
+                tile_real[at][li % 4u] = real;
+            }
+            si += 1u;
+            if (si == s) {
+                si = 0u;
+                ri += 1u;
+                if (ri == p[6]) {
+                    ri = 0u;
+                    ci += 1u;
+                }
+            }
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            var av: array<f32, 4>;
-            var bv: array<f32, 4>;
-            var ok: array<bool, 4>;
-            for (var x = 0u; x < 4u; x++) {
-                av[x] = tile_a[kk * TM + lid.x + x * 16u];
-                bv[x] = tile_b[kk * TN + lid.y + x * 16u];
-                ok[x] = tile_real[kk * TN + lid.y + x * 16u] != 0u;
-            }
-            for (var x = 0u; x < 4u; x++) {
-                for (var y = 0u; y < 4u; y++) {
-                    let at = x * 4u + y;
-                    acc[at] = select(acc[at], fma(av[x], bv[y], acc[at]), ok[y]);
-                }
+            let a_lo = tile_a[kk * (TILE / 4u) + lid.x * 2u];
+            let a_hi = tile_a[kk * (TILE / 4u) + lid.x * 2u + 1u];
+            let b_lo = tile_b[kk * (TILE / 4u) + lid.y * 2u];
+            let b_hi = tile_b[kk * (TILE / 4u) + lid.y * 2u + 1u];
+            if (PADDED) {
+                let lo = tile_real[kk * (TILE / 4u) + lid.y * 2u] != vec4<u32>(0u);
+                let hi = tile_real[kk * (TILE / 4u) + lid.y * 2u + 1u] != vec4<u32>(0u);
+                block_fma_masked(&acc, a_lo, a_hi, b_lo, b_hi, lo, hi);
+            } else {
+                block_fma(&acc, a_lo, a_hi, b_lo, b_hi);
             }
         }
         workgroupBarrier();
     }
 
-    for (var x = 0u; x < 4u; x++) {
-        let gi = row0 + lid.x + x * 16u;
-        if (gi >= kg) {
-            continue;
-        }
-        let channel = g * kg + gi;
-        var b = 0.0;
-        if (p[21] != 0u) {
-            b = bias[p[19] + channel];
-        }
-        for (var y = 0u; y < 4u; y++) {
-            let gj = col0 + lid.y + y * 16u;
-            if (gj < cols) {
-                let ni = gj / pixels;
-                let pixel = gj % pixels;
-                out[p[20] + (ni * k + channel) * pixels + pixel] = acc[x * 4u + y] + b;
-            }
+    let gi = row0 + lid.x * 8u;
+    let gj = col0 + lid.y * 8u;
+    store(g, gi, gj, acc.r0, acc.s0);
+    store(g, gi + 1u, gj, acc.r1, acc.s1);
+    store(g, gi + 2u, gj, acc.r2, acc.s2);
+    store(g, gi + 3u, gj, acc.r3, acc.s3);
+    store(g, gi + 4u, gj, acc.r4, acc.s4);
+    store(g, gi + 5u, gj, acc.r5, acc.s5);
+    store(g, gi + 6u, gj, acc.r6, acc.s6);
+    store(g, gi + 7u, gj, acc.r7, acc.s7);
+}
+
+// Writes (lo, hi) + bias to output channel gi of group g at output columns gj .. gj + 8, inside the
+// output.
+fn store(g: u32, gi: u32, gj: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    if (gi >= p[16]) {
+        return;
+    }
+    let channel = g * p[16] + gi;
+    var b = 0.0;
+    if (p[21] != 0u) {
+        b = bias[p[19] + channel];
+    }
+    let pixels = p[8] * p[9];
+    let cols = p[0] * pixels;
+    for (var y = 0u; y < 8u; y++) {
+        let col = gj + y;
+        if (col < cols) {
+            let ni = col / pixels;
+            let pixel = col % pixels;
+            out[p[20] + (ni * p[4] + channel) * pixels + pixel] = select(hi[y % 4u], lo[y % 4u], y < 4u) + b;
         }
     }
 }

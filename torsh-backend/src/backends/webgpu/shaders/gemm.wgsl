@@ -40,11 +40,8 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let col0 = wid.y * TILE;
     let threads = SIDE * SIDE;
 
-    // The thread's 8 x 8 block: row r in r<r> (columns 0..4) and s<r> (columns 4..8).
-    var r0 = vec4<f32>(0.0); var r1 = vec4<f32>(0.0); var r2 = vec4<f32>(0.0); var r3 = vec4<f32>(0.0);
-    var r4 = vec4<f32>(0.0); var r5 = vec4<f32>(0.0); var r6 = vec4<f32>(0.0); var r7 = vec4<f32>(0.0);
-    var s0 = vec4<f32>(0.0); var s1 = vec4<f32>(0.0); var s2 = vec4<f32>(0.0); var s3 = vec4<f32>(0.0);
-    var s4 = vec4<f32>(0.0); var s5 = vec4<f32>(0.0); var s6 = vec4<f32>(0.0); var s7 = vec4<f32>(0.0);
+    // The thread's 8 x 8 block (`block.wgsl`).
+    var acc = Block();
 
     for (var k0 = 0u; k0 < k; k0 += TK) {
         for (var q = 0u; q < (TILE * TK) / threads; q++) {
@@ -77,28 +74,21 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             let a_hi = tile_a[kk * (TILE / 4u) + lid.x * 2u + 1u];
             let b_lo = tile_b[kk * (TILE / 4u) + lid.y * 2u];
             let b_hi = tile_b[kk * (TILE / 4u) + lid.y * 2u + 1u];
-            r0 = fma(vec4<f32>(a_lo.x), b_lo, r0); s0 = fma(vec4<f32>(a_lo.x), b_hi, s0);
-            r1 = fma(vec4<f32>(a_lo.y), b_lo, r1); s1 = fma(vec4<f32>(a_lo.y), b_hi, s1);
-            r2 = fma(vec4<f32>(a_lo.z), b_lo, r2); s2 = fma(vec4<f32>(a_lo.z), b_hi, s2);
-            r3 = fma(vec4<f32>(a_lo.w), b_lo, r3); s3 = fma(vec4<f32>(a_lo.w), b_hi, s3);
-            r4 = fma(vec4<f32>(a_hi.x), b_lo, r4); s4 = fma(vec4<f32>(a_hi.x), b_hi, s4);
-            r5 = fma(vec4<f32>(a_hi.y), b_lo, r5); s5 = fma(vec4<f32>(a_hi.y), b_hi, s5);
-            r6 = fma(vec4<f32>(a_hi.z), b_lo, r6); s6 = fma(vec4<f32>(a_hi.z), b_hi, s6);
-            r7 = fma(vec4<f32>(a_hi.w), b_lo, r7); s7 = fma(vec4<f32>(a_hi.w), b_hi, s7);
+            block_fma(&acc, a_lo, a_hi, b_lo, b_hi);
         }
         workgroupBarrier();
     }
 
     let gi = row0 + lid.x * 8u;
     let gj = col0 + lid.y * 8u;
-    store(gi, gj, c0, r0, s0);
-    store(gi + 1u, gj, c0, r1, s1);
-    store(gi + 2u, gj, c0, r2, s2);
-    store(gi + 3u, gj, c0, r3, s3);
-    store(gi + 4u, gj, c0, r4, s4);
-    store(gi + 5u, gj, c0, r5, s5);
-    store(gi + 6u, gj, c0, r6, s6);
-    store(gi + 7u, gj, c0, r7, s7);
+    store(gi, gj, c0, acc.r0, acc.s0);
+    store(gi + 1u, gj, c0, acc.r1, acc.s1);
+    store(gi + 2u, gj, c0, acc.r2, acc.s2);
+    store(gi + 3u, gj, c0, acc.r3, acc.s3);
+    store(gi + 4u, gj, c0, acc.r4, acc.s4);
+    store(gi + 5u, gj, c0, acc.r5, acc.s5);
+    store(gi + 6u, gj, c0, acc.r6, acc.s6);
+    store(gi + 7u, gj, c0, acc.r7, acc.s7);
 }
 
 // Writes alpha * (lo, hi) (+ beta * C where beta != 0) to row gi, columns gj .. gj + 8, inside C.

@@ -1,9 +1,12 @@
 // Row kernels in f32 (binding x is the input, weight and bias serve layer norm and are bound to the
 // input elsewhere, out receives f32 bits or i64 indices as 32-bit words): reductions along an axis, softmax and log-softmax, layer norm. One workgroup
 // of 256 threads per row (an output element of a reduction, a softmax row, a layer-norm row), its
-// threads striding over the row and combining through a tree in workgroup memory; rows are indexed
-// over a 2-D grid of workgroups. Every thread reaches every barrier: the row index and all loop
-// bounds come from the workgroup id and the read-only parameter words, which are uniform.
+// threads striding over the row and combining through `wg_sum`, `wg_max` and `wg_best`, which one of
+// two preludes defines: `rows_tree.wgsl` (a tree in workgroup memory, a barrier per level) or, where
+// the device has subgroups, `rows_subgroup.wgsl` (subgroup reductions, two barriers). Rows are
+// indexed over a 2-D grid of workgroups. Every thread reaches every barrier and every subgroup
+// operation: the row index and all loop bounds come from the workgroup id and the read-only
+// parameter words, which are uniform.
 //
 // Parameter words (`p`), shared layout: [0] rows, [1] row length, [2] stride between a row's
 // elements, [3] op, [4] output offset (in 32-bit words), [5] input offset, then per kernel:
@@ -18,7 +21,7 @@
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
-const WG: u32 = 256u;
+override WG: u32 = 256u;
 
 var<workgroup> part_v: array<f32, 256>;
 var<workgroup> part_i: array<u32, 256>;
@@ -35,15 +38,10 @@ fn row_of(wid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return wid.x + wid.y * groups.x;
 }
 
-// Sums part_v[0..256) into part_v[0] (pairwise). Call with every thread.
-fn tree_sum(t: u32) {
-    for (var width = WG / 2u; width > 0u; width /= 2u) {
-        workgroupBarrier();
-        if (t < width) {
-            part_v[t] = part_v[t] + part_v[t + width];
-        }
-    }
-    workgroupBarrier();
+// A (value, index) candidate of a maximum or minimum.
+struct Best {
+    v: f32,
+    i: u32,
 }
 
 // The better of two (value, index) candidates for a maximum (`is_max`) or minimum: the first NaN wins
@@ -75,7 +73,7 @@ fn reduce_base(r: u32) -> u32 {
 }
 
 // Ops: 0 sum, 1 mean, 2 max, 3 min, 4 var, 5 argmax, 6 argmin. Index results are i64 (two words).
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
     let r = row_of(wid, groups);
@@ -97,22 +95,13 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
                 i = j;
             }
         }
-        part_v[t] = v;
-        part_i[t] = i;
-        for (var width = WG / 2u; width > 0u; width /= 2u) {
-            workgroupBarrier();
-            if (t < width && better(part_v[t], part_i[t], part_v[t + width], part_i[t + width], is_max)) {
-                part_v[t] = part_v[t + width];
-                part_i[t] = part_i[t + width];
-            }
-        }
-        workgroupBarrier();
+        let best = wg_best(v, i, t, is_max);
         if (t == 0u) {
             if (op >= 5u) {
-                out[p[4] + 2u * r] = part_i[0];
+                out[p[4] + 2u * r] = best.i;
                 out[p[4] + 2u * r + 1u] = 0u;
             } else {
-                out[p[4] + r] = bitcast<u32>(part_v[0]);
+                out[p[4] + r] = bitcast<u32>(best.v);
             }
         }
         return;
@@ -121,9 +110,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     for (var j = t; j < len; j += WG) {
         s += x[base + j * stride];
     }
-    part_v[t] = s;
-    tree_sum(t);
-    let total = part_v[0];
+    let total = wg_sum(s, t);
     if (op == 0u || op == 1u) {
         if (t == 0u) {
             var v = total;
@@ -136,17 +123,15 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     }
     // Variance: a second pass around the mean.
     let mean = total / f32(len);
-    workgroupBarrier();
     var q = 0.0;
     for (var j = t; j < len; j += WG) {
         let d = x[base + j * stride] - mean;
         q = fma(d, d, q);
     }
-    part_v[t] = q;
-    tree_sum(t);
+    let squares = wg_sum(q, t);
     if (t == 0u) {
         let denom = max(f32(len) - f32(p[6]), 0.0);
-        var v = part_v[0] / denom;
+        var v = squares / denom;
         if (len == 0u) {
             v = nan();
         }
@@ -154,7 +139,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
            @builtin(local_invocation_index) t: u32) {
     let r = row_of(wid, groups);
@@ -172,24 +157,12 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) group
         let v = x[at_in + j * inner];
         m = select(m, v, v > m);
     }
-    part_v[t] = m;
-    for (var width = WG / 2u; width > 0u; width /= 2u) {
-        workgroupBarrier();
-        if (t < width) {
-            let o = part_v[t + width];
-            part_v[t] = select(part_v[t], o, o > part_v[t]);
-        }
-    }
-    workgroupBarrier();
-    m = part_v[0];
-    workgroupBarrier();
+    m = wg_max(m, t);
     var s = 0.0;
     for (var j = t; j < len; j += WG) {
         s += exp(x[at_in + j * inner] - m);
     }
-    part_v[t] = s;
-    tree_sum(t);
-    let total = part_v[0];
+    let total = wg_sum(s, t);
     let log_total = log(total);
     for (var j = t; j < len; j += WG) {
         let v = x[at_in + j * inner] - m;
@@ -203,7 +176,7 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) group
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
               @builtin(local_invocation_index) t: u32) {
     let r = row_of(wid, groups);
@@ -217,18 +190,13 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     for (var j = t; j < len; j += WG) {
         s += x[at_in + j];
     }
-    part_v[t] = s;
-    tree_sum(t);
-    let mean = part_v[0] / f32(len);
-    workgroupBarrier();
+    let mean = wg_sum(s, t) / f32(len);
     var q = 0.0;
     for (var j = t; j < len; j += WG) {
         let d = x[at_in + j] - mean;
         q = fma(d, d, q);
     }
-    part_v[t] = q;
-    tree_sum(t);
-    let inv = 1.0 / sqrt(part_v[0] / f32(len) + bitcast<f32>(p[6]));
+    let inv = 1.0 / sqrt(wg_sum(q, t) / f32(len) + bitcast<f32>(p[6]));
     for (var j = t; j < len; j += WG) {
         var y = (x[at_in + j] - mean) * inv;
         if (p[7] != 0u) {
