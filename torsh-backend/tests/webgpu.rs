@@ -608,7 +608,7 @@ fn row_kernels_match_the_reference_on_long_and_strided_rows() {
 }
 
 #[test]
-fn row_kernels_agree_with_and_without_subgroups_at_every_width() {
+fn row_kernels_and_batch_norm_agree_with_and_without_subgroups_at_every_width() {
     if raw().is_none() {
         return;
     }
@@ -636,7 +636,10 @@ fn row_kernels_agree_with_and_without_subgroups_at_every_width() {
             features.contains(wgpu::Features::SUBGROUP)
         );
         let b = Backend::from_compute(Box::new(WebGpuBackend::new(config))).unwrap();
-        for (i, op) in ["reduce", "softmax", "layer_norm"].into_iter().enumerate() {
+        for (i, op) in ["reduce", "softmax", "layer_norm", "batch_norm"]
+            .into_iter()
+            .enumerate()
+        {
             let case = validation::cases::find(op).unwrap();
             let r =
                 validation::run_case(&case, &b, &reference, DType::F32, validation::case_seed(i));
@@ -760,6 +763,22 @@ fn conv_and_attention_kernels_match_the_reference() {
         (
             "attention over several key chunks",
             attention(3, 7, 300, 16, false),
+        ),
+        (
+            "attention tiled, head dim 128, causal, more queries than keys",
+            attention(2, 37, 20, 128, true),
+        ),
+        (
+            "attention tiled, head dim 64, a partial last row tile",
+            attention(1, 50, 70, 64, false),
+        ),
+        (
+            "attention tiled, head dim 3, causal",
+            attention(2, 17, 5, 3, true),
+        ),
+        (
+            "attention tiled, one of everything",
+            attention(1, 1, 1, 1, false),
         ),
         ("attention causal, square", attention(2, 260, 260, 8, true)),
         (

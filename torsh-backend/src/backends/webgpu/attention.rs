@@ -1,7 +1,9 @@
-//! Host side of `shaders/attention.wgsl`: f32 scaled dot-product attention, one workgroup per query
-//! row with an online softmax over chunks of keys (causal chunks past the row never visited). Other
-//! dtypes, head dims above 1024, misaligned operands and offsets beyond 32 bits answer
-//! [`Launch::Stage`].
+//! Host side of `shaders/attention.wgsl`: f32 scaled dot-product attention with an online softmax
+//! over chunks of keys (causal chunks past the rows never visited). Head dims up to 128 run the tiled
+//! kernel (16 query rows per workgroup sharing each staged key and value) where the device has the
+//! workgroup memory for it; larger head dims, or grids too large for it, run the row kernel (one
+//! workgroup per query row). Other dtypes, head dims above 1024, misaligned operands and offsets
+//! beyond 32 bits answer [`Launch::Stage`].
 
 use crate::compute::AttentionDesc;
 use crate::dtype::DType;
@@ -12,8 +14,18 @@ use super::elementwise::Launch;
 use super::memory::Memory;
 use super::pipelines::{grid_rows, Dispatch, Kernels, ATTENTION};
 
-/// Largest head dim the kernel's per-thread accumulators cover (128 threads × 8 dims).
+/// Largest head dim the row kernel's per-thread accumulators cover (128 threads × 8 dims).
 const MAX_HEAD_DIM: usize = 1024;
+
+/// Largest head dim of the tiled kernel (its tiles hold 32 vec4s per row).
+const TILED_MAX_HEAD_DIM: usize = 128;
+
+/// Query rows per workgroup of the tiled kernel.
+const TILED_ROWS: usize = 16;
+
+/// Workgroup memory of the tiled kernel: query, key and value tiles of 16 × 128 f32 and 16 × 16
+/// scores.
+const TILED_SHARED_BYTES: u32 = 3 * 16 * 128 * 4 + 16 * 16 * 4;
 
 /// f32 attention.
 pub(crate) fn attention(
@@ -40,8 +52,19 @@ pub(crate) fn attention(
     ) else {
         return Ok(Launch::Stage);
     };
-    let Some(groups) = grid_rows(rows, gpu.limits.max_compute_workgroups_per_dimension) else {
-        return Ok(Launch::Stage);
+    let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
+    let tiles = d.seq_q.div_ceil(TILED_ROWS);
+    let tiled = d.head_dim <= TILED_MAX_HEAD_DIM
+        && gpu.limits.max_compute_workgroup_storage_size >= TILED_SHARED_BYTES
+        && tiles <= limit
+        && bh <= limit;
+    let (entry, groups) = if tiled {
+        ("attention_tiled", (tiles as u32, bh as u32, 1))
+    } else {
+        let Some(groups) = grid_rows(rows, gpu.limits.max_compute_workgroups_per_dimension) else {
+            return Ok(Launch::Stage);
+        };
+        ("attention", groups)
     };
     let words = [
         rows as u32,
@@ -59,7 +82,7 @@ pub(crate) fn attention(
         gpu,
         Dispatch {
             module: ATTENTION,
-            entry: "attention",
+            entry,
             constants: &[],
             buffers: &[q.0, k.0, v.0, o.0],
             params: &words,

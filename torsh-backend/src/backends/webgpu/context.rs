@@ -45,7 +45,8 @@ pub(crate) struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
-    /// Threads per row of the row kernels (`shaders/rows.wgsl`): see [`row_threads_for`].
+    /// Threads per row of the row kernels and per channel of batch norm (the `WG` of
+    /// `shaders/combine.wgsl`): see [`row_threads_for`].
     pub row_threads: u32,
     /// Set by the device-lost callback: why the device was lost.
     lost: Arc<Mutex<Option<String>>>,

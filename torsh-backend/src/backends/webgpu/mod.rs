@@ -87,7 +87,8 @@ pub struct WebGpuBackendConfig {
     /// `SUBGROUP` (the row kernels' subgroup combines), `TIMESTAMP_QUERY` (device timing of events);
     /// default all three. Leave one out to run the paths that do without it; others are ignored.
     pub optional_features: wgpu::Features,
-    /// Threads per row of the row kernels (reductions, softmax, log-softmax, layer norm): `None`
+    /// Threads per row of the row kernels (reductions, softmax, log-softmax, layer norm; per
+    /// channel for batch norm): `None`
     /// picks by adapter (256 on GPUs, the SIMD width on CPU implementations such as lavapipe);
     /// otherwise a power of two from 1 to 256, and `init` answers `InvalidArgument` for any other.
     pub row_workgroup_size: Option<u32>,

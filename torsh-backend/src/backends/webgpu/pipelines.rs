@@ -44,22 +44,23 @@ pub(crate) const GEMM: Module = Module {
 };
 
 /// `shaders/rows.wgsl`: reductions, softmax, layer norm (input, weight, bias, output), combining
-/// through a tree in workgroup memory (`shaders/rows_tree.wgsl`).
+/// through a tree in workgroup memory (`shaders/combine_tree.wgsl`, `shaders/combine.wgsl`).
 pub(crate) const ROWS: Module = Module {
     name: "rows.wgsl",
     source: concat!(
-        include_str!("shaders/rows_tree.wgsl"),
+        include_str!("shaders/combine_tree.wgsl"),
+        include_str!("shaders/combine.wgsl"),
         include_str!("shaders/rows.wgsl")
     ),
     data: 4,
 };
 
-/// [`ROWS`] combining through subgroup operations (`shaders/rows_subgroup.wgsl`), for devices with
-/// `wgpu::Features::SUBGROUP`.
+/// [`ROWS`] combining through subgroup operations (`shaders/combine_subgroup.wgsl`).
 pub(crate) const ROWS_SUBGROUP: Module = Module {
     name: "rows.wgsl+subgroups",
     source: concat!(
-        include_str!("shaders/rows_subgroup.wgsl"),
+        include_str!("shaders/combine_subgroup.wgsl"),
+        include_str!("shaders/combine.wgsl"),
         include_str!("shaders/rows.wgsl")
     ),
     data: 4,
@@ -104,12 +105,38 @@ pub(crate) const POOL: Module = Module {
     data: 2,
 };
 
-/// `shaders/batch_norm.wgsl`: batch norm (input, output, weight, bias, running mean and variance).
+/// `shaders/batch_norm.wgsl`: batch norm (input, output, weight, bias, running mean and variance),
+/// combining through a tree in workgroup memory.
 pub(crate) const BATCH_NORM: Module = Module {
     name: "batch_norm.wgsl",
-    source: include_str!("shaders/batch_norm.wgsl"),
+    source: concat!(
+        include_str!("shaders/combine_tree.wgsl"),
+        include_str!("shaders/combine.wgsl"),
+        include_str!("shaders/batch_norm.wgsl")
+    ),
     data: 6,
 };
+
+/// [`BATCH_NORM`] combining through subgroup operations.
+pub(crate) const BATCH_NORM_SUBGROUP: Module = Module {
+    name: "batch_norm.wgsl+subgroups",
+    source: concat!(
+        include_str!("shaders/combine_subgroup.wgsl"),
+        include_str!("shaders/combine.wgsl"),
+        include_str!("shaders/batch_norm.wgsl")
+    ),
+    data: 6,
+};
+
+/// `plain`, or `with_subgroups` where the device has subgroups: the variants of a module that
+/// combines across a workgroup (`shaders/combine.wgsl`).
+pub(crate) fn combining(gpu: &Gpu, plain: Module, with_subgroups: Module) -> Module {
+    if gpu.features.contains(wgpu::Features::SUBGROUP) {
+        with_subgroups
+    } else {
+        plain
+    }
+}
 
 /// `shaders/cast.wgsl`: conversion and copy between any dtypes (source, destination).
 pub(crate) const CAST: Module = Module {

@@ -9,7 +9,9 @@ use crate::error::Result;
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, POOL};
+use super::pipelines::{
+    combining, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_SUBGROUP, POOL,
+};
 
 /// `values` as parameter words, or `None` when one does not fit in 32 bits.
 fn words(values: &[usize]) -> Option<Vec<u32>> {
@@ -153,9 +155,9 @@ pub(crate) fn batch_norm(
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: BATCH_NORM,
+            module: combining(gpu, BATCH_NORM, BATCH_NORM_SUBGROUP),
             entry: "batch_norm",
-            constants: &[],
+            constants: &[("WG", u64::from(gpu.row_threads))],
             buffers: &[input, out.0, w_buf, b_buf, mean_buf, var_buf],
             params: &p,
             groups,

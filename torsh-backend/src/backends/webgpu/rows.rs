@@ -10,7 +10,7 @@ use crate::shape::{coalesce, Layout};
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{grid_rows, Dispatch, Kernels, ROWS, ROWS_SUBGROUP};
+use super::pipelines::{combining, grid_rows, Dispatch, Kernels, ROWS, ROWS_SUBGROUP};
 
 /// Most dims of a reduction's row index.
 const MAX_RANK: usize = 8;
@@ -39,11 +39,7 @@ fn launch(
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: if gpu.features.contains(wgpu::Features::SUBGROUP) {
-                ROWS_SUBGROUP
-            } else {
-                ROWS
-            },
+            module: combining(gpu, ROWS, ROWS_SUBGROUP),
             entry,
             constants: &[("WG", u64::from(gpu.row_threads))],
             buffers: &buffers,

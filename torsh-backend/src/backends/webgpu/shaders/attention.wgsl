@@ -114,3 +114,166 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gro
         }
     }
 }
+
+// The tiled kernel, for head_dim <= 128: one workgroup per 16 query rows of one (batch, head), on the
+// grid's x (row tile) and y (batch * heads). Its 64 threads stage the 16 query rows once, then keys
+// and values 16 at a time, in workgroup memory as vec4s, so each key and value is read once per 16
+// query rows rather than once per row. Thread t serves query row t / 4: it computes that row's
+// scores for keys 4 (t % 4) .. 4 (t % 4) + 4 of the chunk, and after a barrier reads the row's 16
+// scores to update the running maximum and denominator and its 32 output dims 4 c .. 4 c + 4 for
+// the vec4 columns c = t % 4 + 4 u. Masking, NaN and -inf rules are the row kernel's. Parameter
+// words as above.
+
+const BR: u32 = 16u; // query rows per workgroup
+const BC: u32 = 16u; // keys per chunk
+const D4: u32 = 32u; // vec4 columns of a tile row (head_dim <= 128)
+
+var<workgroup> q_tile: array<vec4<f32>, 512>; // [BR][D4]
+var<workgroup> k_tile: array<vec4<f32>, 512>; // [BC][D4]
+var<workgroup> v_tile: array<vec4<f32>, 512>; // [BC][D4]
+var<workgroup> s_tile: array<f32, 256>; // [BR][BC]: the chunk's scores
+
+// Query row `row` (of `dim` elements, from element `base` of q) into `quarter`'s vec4 columns of
+// q_tile row `slot`: zeros past `dim`, and for the whole row when `real` is false.
+fn stage_q(base: u32, row: u32, dim: u32, d4: u32, quarter: u32, slot: u32, real: bool) {
+    for (var c = quarter; c < d4; c += 4u) {
+        q_tile[slot * D4 + c] = load4(0u, base + row * dim, c, dim, real);
+    }
+}
+
+// Key and value row `row` into k_tile and v_tile row `slot`, as `stage_q` does.
+fn stage_kv(k_base: u32, v_base: u32, row: u32, dim: u32, d4: u32, quarter: u32, slot: u32,
+            real: bool) {
+    for (var c = quarter; c < d4; c += 4u) {
+        k_tile[slot * D4 + c] = load4(1u, k_base + row * dim, c, dim, real);
+        v_tile[slot * D4 + c] = load4(2u, v_base + row * dim, c, dim, real);
+    }
+}
+
+// Elements 4 c .. 4 c + 4 of the row at `at` in q (which 0), k (1) or v (2), zero past `dim`.
+fn load4(which: u32, at: u32, c: u32, dim: u32, real: bool) -> vec4<f32> {
+    var out = vec4<f32>(0.0);
+    if (!real) {
+        return out;
+    }
+    for (var x = 0u; x < 4u; x++) {
+        let d = 4u * c + x;
+        if (d < dim) {
+            if (which == 0u) {
+                out[x] = q[at + d];
+            } else if (which == 1u) {
+                out[x] = k[at + d];
+            } else {
+                out[x] = v[at + d];
+            }
+        }
+    }
+    return out;
+}
+
+@compute @workgroup_size(64)
+fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let NEG_INF = bitcast<f32>(0xff800000u);
+    let sq = p[1];
+    let skv = p[2];
+    let dim = p[3];
+    let scale = bitcast<f32>(p[4]);
+    let causal = p[5] != 0u;
+    let head = wid.y;
+    let i0 = wid.x * BR;
+    let r = t / 4u;
+    let quarter = t % 4u;
+    let i = i0 + r;
+    let d4 = (dim + 3u) / 4u;
+    let k_base = p[7] + head * skv * dim;
+    let v_base = p[8] + head * skv * dim;
+    stage_q(p[6] + head * sq * dim, i, dim, d4, quarter, r, i < sq);
+    var kv_end = skv;
+    if (causal) {
+        kv_end = min(skv, i0 + BR);
+    }
+    var a0 = vec4<f32>(0.0); var a1 = vec4<f32>(0.0); var a2 = vec4<f32>(0.0); var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0); var a5 = vec4<f32>(0.0); var a6 = vec4<f32>(0.0); var a7 = vec4<f32>(0.0);
+    var m = NEG_INF;
+    var l = 0.0;
+    for (var j0 = 0u; j0 < kv_end; j0 += BC) {
+        stage_kv(k_base, v_base, j0 + r, dim, d4, quarter, r, j0 + r < skv);
+        workgroupBarrier();
+        // Scores of keys j0 + 4 quarter + x for this row.
+        var dots = vec4<f32>(0.0);
+        let key0 = quarter * 4u;
+        for (var c = 0u; c < d4; c++) {
+            let qv = q_tile[r * D4 + c];
+            dots.x += dot(qv, k_tile[key0 * D4 + c]);
+            dots.y += dot(qv, k_tile[(key0 + 1u) * D4 + c]);
+            dots.z += dot(qv, k_tile[(key0 + 2u) * D4 + c]);
+            dots.w += dot(qv, k_tile[(key0 + 3u) * D4 + c]);
+        }
+        for (var x = 0u; x < 4u; x++) {
+            let key = j0 + key0 + x;
+            let visible = key < skv && (!causal || key <= i);
+            s_tile[r * BC + key0 + x] = select(NEG_INF, scale * dots[x], visible);
+        }
+        workgroupBarrier();
+        // The chunk's maximum, NaN ignored (a NaN score still makes the row NaN through the sums).
+        var chunk_max = NEG_INF;
+        for (var jj = 0u; jj < BC; jj++) {
+            let s = s_tile[r * BC + jj];
+            chunk_max = select(chunk_max, s, s > chunk_max);
+        }
+        let m_new = select(m, chunk_max, chunk_max > m);
+        let alpha = select(exp(m - m_new), 1.0, m == m_new);
+        l *= alpha;
+        a0 *= alpha; a1 *= alpha; a2 *= alpha; a3 *= alpha;
+        a4 *= alpha; a5 *= alpha; a6 *= alpha; a7 *= alpha;
+        for (var jj = 0u; jj < BC; jj++) {
+            let s = s_tile[r * BC + jj];
+            // While every score so far is -inf, nothing is accumulated (and no -inf - -inf appears).
+            var prob = 0.0;
+            if (!(s == NEG_INF && m_new == NEG_INF)) {
+                prob = exp(s - m_new);
+            }
+            l += prob;
+            let pv = vec4<f32>(prob);
+            let row = jj * D4 + quarter;
+            a0 = fma(pv, v_tile[row], a0);
+            a1 = fma(pv, v_tile[row + 4u], a1);
+            if (d4 > 8u) {
+                a2 = fma(pv, v_tile[row + 8u], a2);
+                a3 = fma(pv, v_tile[row + 12u], a3);
+            }
+            if (d4 > 16u) {
+                a4 = fma(pv, v_tile[row + 16u], a4);
+                a5 = fma(pv, v_tile[row + 20u], a5);
+                a6 = fma(pv, v_tile[row + 24u], a6);
+                a7 = fma(pv, v_tile[row + 28u], a7);
+            }
+        }
+        m = m_new;
+        workgroupBarrier();
+    }
+    if (i >= sq) {
+        return;
+    }
+    let o_at = p[9] + (head * sq + i) * dim;
+    let empty = skv == 0u;
+    store4(o_at, quarter, dim, a0, l, empty);
+    store4(o_at, quarter + 4u, dim, a1, l, empty);
+    store4(o_at, quarter + 8u, dim, a2, l, empty);
+    store4(o_at, quarter + 12u, dim, a3, l, empty);
+    store4(o_at, quarter + 16u, dim, a4, l, empty);
+    store4(o_at, quarter + 20u, dim, a5, l, empty);
+    store4(o_at, quarter + 24u, dim, a6, l, empty);
+    store4(o_at, quarter + 28u, dim, a7, l, empty);
+}
+
+// Writes acc / l (zero for a row with no keys) to dims 4 c .. 4 c + 4 of the output row at `at`,
+// inside `dim`.
+fn store4(at: u32, c: u32, dim: u32, acc: vec4<f32>, l: f32, empty: bool) {
+    for (var x = 0u; x < 4u; x++) {
+        let d = 4u * c + x;
+        if (d < dim) {
+            o[at + d] = select(acc[x] / l, 0.0, empty);
+        }
+    }
+}

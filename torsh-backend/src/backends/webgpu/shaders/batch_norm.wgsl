@@ -1,7 +1,8 @@
-// Batch normalisation in f32 over contiguous [batch, channels, spatial] tensors, one workgroup of
-// 256 threads per channel. Training: the channel's mean and biased variance by two passes and a tree
-// in workgroup memory, the output normalised with them, and the running statistics updated with the
-// unbiased variance (torch.nn.BatchNorm semantics); inference: the running statistics.
+// Batch normalisation in f32 over contiguous [batch, channels, spatial] tensors, one workgroup of WG
+// threads per channel (`combine.wgsl`). Training: the channel's mean and biased variance by two
+// passes combined with `wg_sum`, the output normalised with them, and the running statistics updated
+// with the unbiased variance (torch.nn.BatchNorm semantics); inference: the running statistics.
+// A thread walks the channel's (image, position) pairs WG apart, advancing both without division.
 //
 // Parameter words (`p`): [0] batch, [1] channels, [2] spatial, [3] training, [4] has weight,
 // [5] has bias, [6] has running stats, [7] momentum and [8] eps as f32 bits, then element offsets:
@@ -15,22 +16,22 @@
 @group(0) @binding(5) var<storage, read_write> running_var: array<f32>;
 @group(0) @binding(6) var<storage, read> p: array<u32>;
 
-const WG: u32 = 256u;
-
-var<workgroup> part: array<f32, 256>;
-
-// Sums part[0..256) into part[0]. Call with every thread.
-fn tree_sum(t: u32) {
-    for (var width = WG / 2u; width > 0u; width /= 2u) {
-        workgroupBarrier();
-        if (t < width) {
-            part[t] = part[t] + part[t + width];
-        }
-    }
-    workgroupBarrier();
+// The offset, within the input, of the channel's element `j` of `count` (j = image * s + position):
+// `walk.x` is the image, `walk.y` the position; `step` advances it by WG elements.
+fn channel_at(walk: vec2<u32>, ch: u32, c: u32, s: u32) -> u32 {
+    return (walk.x * c + ch) * s + walk.y;
 }
 
-@compute @workgroup_size(256)
+// `walk` advanced by WG elements, given WG = step.x images and step.y positions (step.y < s).
+fn advance(walk: vec2<u32>, step: vec2<u32>, s: u32) -> vec2<u32> {
+    var next = walk + step;
+    if (next.y >= s) {
+        next = vec2<u32>(next.x + 1u, next.y - s);
+    }
+    return next;
+}
+
+@compute @workgroup_size(WG)
 fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
               @builtin(local_invocation_index) t: u32) {
     let ch = wid.x + wid.y * groups.x;
@@ -40,28 +41,30 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     }
     let s = p[2];
     let count = p[0] * s;
+    let start = vec2<u32>(t / s, t % s);
+    let step = vec2<u32>(WG / s, WG % s);
     var mean: f32;
     var variance: f32;
     if (p[3] != 0u) {
         var acc = 0.0;
+        var walk = start;
         for (var j = t; j < count; j += WG) {
-            acc += x[p[9] + ((j / s) * c + ch) * s + j % s];
+            acc += x[p[9] + channel_at(walk, ch, c, s)];
+            walk = advance(walk, step, s);
         }
-        part[t] = acc;
-        tree_sum(t);
-        mean = part[0] / f32(count);
-        workgroupBarrier();
+        mean = wg_sum(acc, t) / f32(count);
         var q = 0.0;
+        walk = start;
         for (var j = t; j < count; j += WG) {
-            let d = x[p[9] + ((j / s) * c + ch) * s + j % s] - mean;
+            let d = x[p[9] + channel_at(walk, ch, c, s)] - mean;
             q = fma(d, d, q);
+            walk = advance(walk, step, s);
         }
-        part[t] = q;
-        tree_sum(t);
-        variance = part[0] / f32(count);
+        let squares = wg_sum(q, t);
+        variance = squares / f32(count);
         if (t == 0u && p[6] != 0u) {
             let momentum = bitcast<f32>(p[7]);
-            let unbiased = part[0] / (f32(count) - 1.0);
+            let unbiased = squares / (f32(count) - 1.0);
             running_mean[p[13] + ch] = fma(momentum, mean, (1.0 - momentum) * running_mean[p[13] + ch]);
             running_var[p[14] + ch] = fma(momentum, unbiased, (1.0 - momentum) * running_var[p[14] + ch]);
         }
@@ -81,8 +84,10 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     if (p[5] != 0u) {
         shift = bias[p[12] + ch];
     }
+    var walk = start;
     for (var j = t; j < count; j += WG) {
-        let at = ((j / s) * c + ch) * s + j % s;
+        let at = channel_at(walk, ch, c, s);
         out[p[10] + at] = (x[p[9] + at] - mean) * inv * scale + shift;
+        walk = advance(walk, step, s);
     }
 }

@@ -1,9 +1,8 @@
 // Row kernels in f32 (binding x is the input, weight and bias serve layer norm and are bound to the
 // input elsewhere, out receives f32 bits or i64 indices as 32-bit words): reductions along an axis, softmax and log-softmax, layer norm. One workgroup
-// of 256 threads per row (an output element of a reduction, a softmax row, a layer-norm row), its
-// threads striding over the row and combining through `wg_sum`, `wg_max` and `wg_best`, which one of
-// two preludes defines: `rows_tree.wgsl` (a tree in workgroup memory, a barrier per level) or, where
-// the device has subgroups, `rows_subgroup.wgsl` (subgroup reductions, two barriers). Rows are
+// of WG threads per row (an output element of a reduction, a softmax row, a layer-norm row), its
+// threads striding over the row and combining through `combine.wgsl` (`wg_sum`, `wg_max`,
+// `wg_best`). Rows are
 // indexed over a 2-D grid of workgroups. Every thread reaches every barrier and every subgroup
 // operation: the row index and all loop bounds come from the workgroup id and the read-only
 // parameter words, which are uniform.
@@ -21,43 +20,12 @@
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
-override WG: u32 = 256u;
-
-var<workgroup> part_v: array<f32, 256>;
-var<workgroup> part_i: array<u32, 256>;
-
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
 fn nan() -> f32 {
     return bitcast<f32>(0x7fc00000u);
 }
 
 fn row_of(wid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return wid.x + wid.y * groups.x;
-}
-
-// A (value, index) candidate of a maximum or minimum.
-struct Best {
-    v: f32,
-    i: u32,
-}
-
-// The better of two (value, index) candidates for a maximum (`is_max`) or minimum: the first NaN wins
-// outright, then the strictly better value, and on a tie (including -0 against +0) the lower index.
-fn better(a: f32, ia: u32, b: f32, ib: u32, is_max: bool) -> bool {
-    // True when b beats a.
-    if (is_nan(a) || is_nan(b)) {
-        if (is_nan(a) && is_nan(b)) {
-            return ib < ia;
-        }
-        return is_nan(b);
-    }
-    if (b == a) {
-        return ib < ia;
-    }
-    return select((b < a), (b > a), is_max);
 }
 
 // The input offset of reduction row `r`: r split over the row-index shape, dotted with its strides.

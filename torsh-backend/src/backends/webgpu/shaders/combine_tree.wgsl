@@ -1,4 +1,4 @@
-// Workgroup combines of `rows.wgsl` for devices without subgroups: a pairwise tree over the 256
+// Workgroup combines (`combine.wgsl`) for devices without subgroups: a pairwise tree over the
 // threads' values in workgroup memory, one barrier per level. Each returns the result to every thread
 // and leaves the workgroup memory free for the next combine. Call with every thread.
 

@@ -1,4 +1,4 @@
-// Workgroup combines of `rows.wgsl` for devices with subgroups: each subgroup combines its lanes'
+// Workgroup combines (`combine.wgsl`) for devices with subgroups: each subgroup combines its lanes'
 // values with one subgroup operation, its first lane posts the result in workgroup memory, and after
 // one barrier every subgroup combines the posted results (its lanes striding over the 256 slots) and
 // then its lanes' partial results, so every thread holds the answer; a second barrier frees the
