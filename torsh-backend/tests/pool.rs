@@ -244,3 +244,46 @@ fn reused_blocks_are_poisoned_in_debug_builds() {
         );
     }
 }
+
+#[test]
+fn blocks_freed_while_another_stream_may_use_them_wait_for_it() {
+    let reference = Backend::reference().unwrap();
+    for plain in backends() {
+        let kind = plain.backend_type();
+        let b = pooled(kind, MemoryPoolConfig::default());
+        let side = b.create_stream().unwrap();
+        b.manual_seed(5);
+        let x = b.randn(&[256, 256], DType::F32).unwrap();
+        let y = side.run(|| x.matmul(&x)).unwrap();
+        let fences = b.compute().memory_fence().unwrap().is_some();
+        // Freed while the side stream's product may still read it.
+        drop(x);
+        let stats = b.memory_stats();
+        if fences {
+            assert!(stats.fenced_bytes >= 256 * 256 * 4, "{kind}: {stats:?}");
+        } else {
+            assert_eq!(stats.fenced_bytes, 0, "{kind}");
+        }
+        if kind == BackendType::Cuda {
+            assert!(fences, "CUDA fences frees once a second stream exists");
+        }
+        // A new tensor written at once on the default stream must not land in x's block while the
+        // product reads it: the product's answer is the reference's.
+        let scribble = b.full(&[256, 256], f64::NAN, DType::F32).unwrap();
+        reference.manual_seed(5);
+        let xr = reference.randn(&[256, 256], DType::F32).unwrap();
+        let want = xr.matmul(&xr).unwrap().to_vec_f64().unwrap();
+        let got = y.to_vec_f64().unwrap();
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+            .fold(0.0, f64::max);
+        assert!(err < 1e-3, "{kind}: error {err}");
+        drop((y, scribble));
+        b.synchronize().unwrap();
+        drop(b.zeros(&[1], DType::F32).unwrap());
+        assert_eq!(b.memory_stats().fenced_bytes, 0, "{kind}: all reclaimed");
+        assert_eq!(b.memory_stats().allocated_bytes, 0, "{kind}");
+    }
+}

@@ -21,7 +21,7 @@ use std::fmt::Debug;
 pub use access::{Access, Accesses, InPlace, Region};
 pub use allocations::AllocationTable;
 pub use desc::*;
-pub use stream::{EventId, HostBuffer, PageableBuffer, StreamId};
+pub use stream::{EventId, HostBuffer, MemoryFence, PageableBuffer, StreamId};
 pub use tunable::{TunableOp, TuneKey};
 
 use crate::device::{BackendType, DeviceInfo};
@@ -374,6 +374,16 @@ pub trait ComputeBackend: Send + Sync + Debug {
                 self.name()
             ),
         })
+    }
+
+    /// A fence after the work enqueued so far on every stream, for memory that a caching allocator
+    /// above the backend (the runtime pool) is taking back: it hands the memory out again only once
+    /// the fence is complete, so an op on one stream never gets memory another stream's queued work
+    /// still reads or writes. `None` when reuse needs no fence: the provided body, for backends
+    /// whose ops complete before they return or that have one queue; CUDA while all work has gone
+    /// to the default stream. The backend's error when a fence cannot be recorded.
+    fn memory_fence(&self) -> Result<Option<Box<dyn MemoryFence>>> {
+        Ok(None)
     }
 
     /// Releases an event. Backends with real events answer `InvalidArgument` for an unknown id; the

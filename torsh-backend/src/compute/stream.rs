@@ -55,3 +55,13 @@ impl HostBuffer for PageableBuffer {
         false
     }
 }
+
+/// Work that may still use memory being freed: a caching allocator above the backend (the runtime
+/// pool) hands a freed block out again only once its fence is complete. See
+/// [`ComputeBackend::memory_fence`](crate::compute::ComputeBackend::memory_fence).
+pub trait MemoryFence: Send + Debug {
+    /// Whether the work has completed. The backend's error when the device cannot tell.
+    fn is_complete(&self) -> crate::error::Result<bool>;
+    /// Blocks until the work has completed. The backend's error when the device fails.
+    fn wait(&self) -> crate::error::Result<()>;
+}

@@ -17,13 +17,16 @@
 //! - `initial_size` is reserved up front as one segment that serves requests of both kinds before
 //!   new segments are taken (and, like any idle segment, goes back on `empty_cache`).
 //!
-//! The pool is not stream-aware yet: a block freed while a kernel of another stream still uses it
-//! could be handed out again. Backends whose ops complete before they return (reference, CPU) and
-//! single-queue WebGPU are unaffected; on CUDA, keep the pool for work on the default stream.
+//! - stream-aware: a freed block whose backend gives a fence ([`RawAllocator::reuse_fence`]; CUDA
+//!   once work has gone to more than one stream) waits, out of every free list, until the fence says
+//!   the work queued on every stream when it was freed has finished, so no stream gets memory that
+//!   another stream's queued kernels still use. Requests take back the blocks whose fences have
+//!   completed; a request that would otherwise fail waits for the rest first, as does `empty_cache`.
+//!   Backends whose ops complete before they return, and single-queue WebGPU, give no fences.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::compute::{ComputeBackend, DevicePtr};
+use crate::compute::{ComputeBackend, DevicePtr, MemoryFence};
 use crate::error::{BackendError, Result};
 
 /// Rounding of every request, in bytes.
@@ -93,6 +96,9 @@ pub struct MemoryStats {
     /// The share of free reserved bytes outside the largest free block: 0 when all free memory is one
     /// block (or there is none), near 1 when it is scattered in small pieces.
     pub fragmentation: f64,
+    /// Bytes freed but not reusable yet: blocks waiting for work on the device's other streams to
+    /// finish (see the module notes). Neither allocated nor free.
+    pub fenced_bytes: usize,
 }
 
 /// Where the pool gets and returns its segments.
@@ -101,6 +107,11 @@ pub trait RawAllocator {
     fn raw_alloc(&self, bytes: usize) -> Result<DevicePtr>;
     /// Returns memory `raw_alloc` gave.
     fn raw_free(&self, ptr: DevicePtr) -> Result<()>;
+    /// A fence for a block the pool takes back now: the block is handed out again only once it is
+    /// complete. `None` (the default) when reuse is safe at once.
+    fn reuse_fence(&self) -> Result<Option<Box<dyn MemoryFence>>> {
+        Ok(None)
+    }
 }
 
 impl<B: ComputeBackend + ?Sized> RawAllocator for B {
@@ -109,6 +120,9 @@ impl<B: ComputeBackend + ?Sized> RawAllocator for B {
     }
     fn raw_free(&self, ptr: DevicePtr) -> Result<()> {
         self.free(ptr)
+    }
+    fn reuse_fence(&self) -> Result<Option<Box<dyn MemoryFence>>> {
+        self.memory_fence()
     }
 }
 
@@ -151,6 +165,8 @@ pub struct MemoryPool {
     free_shared: BTreeSet<(usize, u64)>,
     /// Blocks handed out: address to segment base.
     live: HashMap<u64, u64>,
+    /// Blocks freed behind a fence: (address, segment base, fence), in order of freeing.
+    fenced: Vec<(u64, u64, Box<dyn MemoryFence>)>,
     stats: MemoryStats,
 }
 
@@ -178,6 +194,7 @@ impl MemoryPool {
             free_large: BTreeSet::new(),
             free_shared: BTreeSet::new(),
             live: HashMap::new(),
+            fenced: Vec::new(),
             stats: MemoryStats::default(),
         };
         if config.initial_size > 0 && config.strategy != AllocationStrategy::Exact {
@@ -201,6 +218,7 @@ impl MemoryPool {
         let rounded = round_up(bytes, ROUND)
             .ok_or_else(|| BackendError::overflow("alloc", format!("{bytes} bytes overflow")))?;
         let small = rounded <= SMALL_LIMIT && self.config.strategy != AllocationStrategy::Exact;
+        self.reclaim(false)?;
         let addr = match self.find_free(rounded, small) {
             Some(addr) => addr,
             None => {
@@ -236,34 +254,99 @@ impl MemoryPool {
     }
 
     /// Returns a block. `InvalidPointer` for a pointer this pool did not hand out (or already took
-    /// back). With `Exact`, the segment goes back to the backend at once.
+    /// back). With `Exact`, the segment goes back to the backend at once (whose own allocator orders
+    /// its reuse). Otherwise, where the backend gives a fence the block waits for it before it can be
+    /// handed out again; when the fence cannot be recorded, that error, and the block stays in use
+    /// (it is never reused unfenced).
     pub fn free(&mut self, raw: &(impl RawAllocator + ?Sized), ptr: DevicePtr) -> Result<()> {
-        let base = self
+        let base = *self
             .live
-            .remove(&ptr.0)
+            .get(&ptr.0)
             .ok_or_else(|| BackendError::InvalidPointer {
                 ptr: ptr.0,
                 reason: "not a block of this memory pool".into(),
             })?;
-        let segment = self.segments.get_mut(&base).ok_or_else(|| {
-            BackendError::invalid("free", "memory pool segment missing (internal error)")
-        })?;
-        let kind = segment.kind;
-        let block = segment.blocks.get_mut(&ptr.0).ok_or_else(|| {
-            BackendError::invalid("free", "memory pool block missing (internal error)")
-        })?;
-        block.free = true;
-        let size = block.size;
+        let size = self
+            .segments
+            .get(&base)
+            .and_then(|s| s.blocks.get(&ptr.0))
+            .ok_or_else(|| {
+                BackendError::invalid("free", "memory pool block missing (internal error)")
+            })?
+            .size;
+        let exact = self.config.strategy == AllocationStrategy::Exact;
+        let fence = if exact { None } else { raw.reuse_fence()? };
+        self.live.remove(&ptr.0);
         self.stats.allocated_bytes -= size;
         self.stats.free_count += 1;
-        if self.config.strategy == AllocationStrategy::Exact {
+        if exact {
+            self.mark_free(base, ptr.0);
             return self.release_segment(raw, base);
         }
-        let (mut addr, mut size) = (ptr.0, size);
+        match fence {
+            Some(fence) => {
+                self.stats.fenced_bytes += size;
+                self.fenced.push((ptr.0, base, fence));
+            }
+            None => self.make_reusable(base, ptr.0),
+        }
+        Ok(())
+    }
+
+    /// Marks block `addr` of segment `base` free, without putting it in a free set.
+    fn mark_free(&mut self, base: u64, addr: u64) -> usize {
+        match self
+            .segments
+            .get_mut(&base)
+            .and_then(|s| s.blocks.get_mut(&addr))
+        {
+            Some(block) => {
+                block.free = true;
+                block.size
+            }
+            None => 0,
+        }
+    }
+
+    /// Puts block `addr` of segment `base` in its free set (merged with its free neighbours when
+    /// `enable_defrag`).
+    fn make_reusable(&mut self, base: u64, addr: u64) {
+        let size = self.mark_free(base, addr);
+        let Some(kind) = self.segments.get(&base).map(|s| s.kind) else {
+            return;
+        };
+        let (mut addr, mut size) = (addr, size);
         if self.config.enable_defrag {
             (addr, size) = self.coalesce(base, addr, size);
         }
         self.free_set(kind).insert((size, addr));
+    }
+
+    /// Makes the fenced blocks whose fences have completed reusable; with `wait`, waits for every
+    /// fence first. The backend's error when a fence cannot be queried or waited for (the blocks
+    /// not known to be done stay fenced).
+    fn reclaim(&mut self, wait: bool) -> Result<()> {
+        let mut i = 0;
+        while i < self.fenced.len() {
+            let fence = &self.fenced[i].2;
+            let done = if wait {
+                fence.wait().map(|()| true)
+            } else {
+                fence.is_complete()
+            }?;
+            if done {
+                let (addr, base, _) = self.fenced.swap_remove(i);
+                let size = self
+                    .segments
+                    .get(&base)
+                    .and_then(|s| s.blocks.get(&addr))
+                    .map_or(0, |b| b.size);
+                self.stats.fenced_bytes -= size;
+                self.make_reusable(base, addr);
+            } else {
+                i += 1;
+            }
+        }
         Ok(())
     }
 
@@ -272,8 +355,10 @@ impl MemoryPool {
         self.live.contains_key(&ptr.0)
     }
 
-    /// Returns every segment with no block in use to the backend.
+    /// Returns every segment with no block in use to the backend, after waiting for the fences of
+    /// fenced blocks. The backend's error when a fence or a free fails.
     pub fn empty_cache(&mut self, raw: &(impl RawAllocator + ?Sized)) -> Result<()> {
+        self.reclaim(true)?;
         let idle: Vec<u64> = self
             .segments
             .iter()
@@ -286,8 +371,13 @@ impl MemoryPool {
         Ok(())
     }
 
-    /// Returns every segment, in use or not (the pool's owner is going away).
+    /// Returns every segment, in use or not (the pool's owner is going away), after waiting for the
+    /// fences of fenced blocks as far as the device answers.
     pub fn release_all(&mut self, raw: &(impl RawAllocator + ?Sized)) {
+        for (_, _, fence) in std::mem::take(&mut self.fenced) {
+            let _ = fence.wait();
+        }
+        self.stats.fenced_bytes = 0;
         for (base, _) in std::mem::take(&mut self.segments) {
             let _ = raw.raw_free(DevicePtr(base));
         }
@@ -529,13 +619,38 @@ impl MemoryPool {
 mod tests {
     use super::*;
     use std::cell::RefCell;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
 
-    /// A backend allocator that hands out addresses 1 GiB apart and records what is live.
+    /// A backend allocator that hands out addresses 1 GiB apart and records what is live. With
+    /// `fences` set, every free gets a fence that completes when the shared flag is set (or when it
+    /// is waited for, which counts in `waits`); with `fence_error`, recording one fails.
     #[derive(Default)]
     struct Fake {
         next: RefCell<u64>,
         live: RefCell<HashMap<u64, usize>>,
         limit: Option<usize>,
+        fences: Option<Arc<AtomicBool>>,
+        fence_error: bool,
+        waits: Arc<AtomicUsize>,
+    }
+
+    /// A fence of [`Fake`].
+    #[derive(Debug)]
+    struct FakeFence {
+        done: Arc<AtomicBool>,
+        waits: Arc<AtomicUsize>,
+    }
+
+    impl MemoryFence for FakeFence {
+        fn is_complete(&self) -> Result<bool> {
+            Ok(self.done.load(Ordering::SeqCst))
+        }
+        fn wait(&self) -> Result<()> {
+            self.waits.fetch_add(1, Ordering::SeqCst);
+            self.done.store(true, Ordering::SeqCst);
+            Ok(())
+        }
     }
 
     impl RawAllocator for Fake {
@@ -562,6 +677,138 @@ mod tests {
                     reason: "unknown".into(),
                 })
         }
+        fn reuse_fence(&self) -> Result<Option<Box<dyn MemoryFence>>> {
+            if self.fence_error {
+                return Err(BackendError::invalid("fence", "no event could be recorded"));
+            }
+            Ok(self.fences.as_ref().map(|done| {
+                Box::new(FakeFence {
+                    done: Arc::clone(done),
+                    waits: Arc::clone(&self.waits),
+                }) as Box<dyn MemoryFence>
+            }))
+        }
+    }
+
+    /// A fake whose frees are fenced, with the fences' shared flag (unset: not complete).
+    fn fenced() -> (Fake, Arc<AtomicBool>) {
+        let done = Arc::new(AtomicBool::new(false));
+        let raw = Fake {
+            fences: Some(Arc::clone(&done)),
+            ..Fake::default()
+        };
+        (raw, done)
+    }
+
+    #[test]
+    fn a_fenced_block_is_reused_only_after_its_fence_completes() {
+        let (raw, done) = fenced();
+        let mut p = pool(MemoryPoolConfig::default(), &raw);
+        let a = p.alloc(&raw, 4096).unwrap();
+        p.free(&raw, a).unwrap();
+        assert!(!p.owns(a));
+        assert_eq!(p.stats().allocated_bytes, 0);
+        assert_eq!(p.stats().fenced_bytes, 4096);
+        let b = p.alloc(&raw, 4096).unwrap();
+        assert_ne!(b, a, "a block behind an incomplete fence is not handed out");
+        done.store(true, Ordering::SeqCst);
+        let c = p.alloc(&raw, 4096).unwrap();
+        assert_eq!(c, a, "the block is reused once its fence completes");
+        assert_eq!(p.stats().fenced_bytes, 0);
+        assert_eq!(raw.waits.load(Ordering::SeqCst), 0, "nothing waited");
+        for ptr in [b, c] {
+            p.free(&raw, ptr).unwrap();
+        }
+        p.empty_cache(&raw).unwrap();
+        let stats = p.stats();
+        assert_eq!(
+            (
+                stats.allocated_bytes,
+                stats.reserved_bytes,
+                stats.fenced_bytes
+            ),
+            (0, 0, 0)
+        );
+        assert!(raw.live.borrow().is_empty(), "every segment went back");
+    }
+
+    #[test]
+    fn fenced_blocks_merge_with_free_neighbours_when_released() {
+        let (raw, done) = fenced();
+        let mut p = pool(MemoryPoolConfig::default(), &raw);
+        let a = p.alloc(&raw, 512).unwrap();
+        let b = p.alloc(&raw, 512).unwrap();
+        p.free(&raw, a).unwrap();
+        p.free(&raw, b).unwrap();
+        done.store(true, Ordering::SeqCst);
+        // Both come back and merge with the segment's free tail: one block covers the segment, so a
+        // request for both their bytes starts at the first (unmerged, it would go to the tail).
+        let both = p.alloc(&raw, 1024).unwrap();
+        assert_eq!(both, a);
+        assert_eq!(p.stats().segments, 1);
+        assert_eq!(p.stats().fragmentation, 0.0);
+    }
+
+    #[test]
+    fn a_request_that_would_fail_waits_for_fenced_blocks_first() {
+        let (mut raw, _done) = fenced();
+        raw.limit = Some(4 << 20);
+        let config = MemoryPoolConfig {
+            max_size: 4 << 20,
+            ..MemoryPoolConfig::default()
+        };
+        let mut p = pool(config, &raw);
+        let a = p.alloc(&raw, 3 << 20).unwrap();
+        p.free(&raw, a).unwrap();
+        // No room for a second segment and the only block is fenced: the pool waits for the fence,
+        // releases the segment, and takes a new one.
+        let b = p.alloc(&raw, 3 << 20).unwrap();
+        assert_eq!(raw.waits.load(Ordering::SeqCst), 1);
+        assert_eq!(p.stats().retries, 1);
+        assert_eq!(p.stats().fenced_bytes, 0);
+        assert_eq!(p.stats().reserved_bytes, 4 << 20);
+        p.free(&raw, b).unwrap();
+        // empty_cache waits for the fence of the block just freed, then returns its segment.
+        p.empty_cache(&raw).unwrap();
+        assert_eq!(raw.waits.load(Ordering::SeqCst), 2);
+        assert_eq!(p.stats().reserved_bytes, 0);
+        assert!(raw.live.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_free_whose_fence_cannot_be_recorded_keeps_the_block_in_use() {
+        let raw = Fake::default();
+        let mut p = pool(MemoryPoolConfig::default(), &raw);
+        let a = p.alloc(&raw, 1000).unwrap();
+        let failing = Fake {
+            fence_error: true,
+            ..Fake::default()
+        };
+        assert!(matches!(
+            p.free(&failing, a),
+            Err(BackendError::InvalidArgument { .. })
+        ));
+        assert!(p.owns(a), "never reused unfenced");
+        assert_eq!(p.stats().allocated_bytes, 1024);
+        p.free(&raw, a).unwrap();
+        assert_eq!(p.stats().allocated_bytes, 0);
+    }
+
+    #[test]
+    fn exact_blocks_go_back_to_the_backend_without_a_pool_fence() {
+        let (raw, _done) = fenced();
+        let config = MemoryPoolConfig {
+            strategy: AllocationStrategy::Exact,
+            ..MemoryPoolConfig::default()
+        };
+        let mut p = pool(config, &raw);
+        let a = p.alloc(&raw, 1000).unwrap();
+        p.free(&raw, a).unwrap();
+        assert!(
+            raw.live.borrow().is_empty(),
+            "the backend's own free orders reuse"
+        );
+        assert_eq!(p.stats().fenced_bytes, 0);
     }
 
     fn pool(config: MemoryPoolConfig, raw: &Fake) -> MemoryPool {

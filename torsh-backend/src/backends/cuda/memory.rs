@@ -4,9 +4,11 @@
 //! Blocks are rounded up to 512 bytes. A freed block goes to a cache keyed by its rounded size instead
 //! of back to the driver; a later request takes the smallest cached block that fits and wastes at most a
 //! quarter of it. When the driver is out of memory the cache is released and the request retried once.
-//! All work runs on the backend's one stream, so a block freed after the ops that use it were enqueued
-//! can be handed to the next op without waiting: the stream orders them. The runtime issue's shared
-//! pool (stats, limits, stream-aware reuse across streams) may replace this.
+//! While all work runs on the default stream, a block freed after the ops that use it were enqueued
+//! can be handed to the next op without waiting: the stream orders them. Once other streams exist, a
+//! freed block carries fences (events on every stream, [`super::streams::Streams::fences`]) and is
+//! reused only when they have completed. The runtime pool above (`Backend::memory_pool`) fences its
+//! own blocks the same way through `ComputeBackend::memory_fence`.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -593,6 +593,10 @@ impl ComputeBackend for CudaBackend {
         self.gpu()?.streams.destroy_event(event)
     }
 
+    fn memory_fence(&self) -> Result<Option<Box<dyn MemoryFence>>> {
+        self.gpu()?.streams.memory_fence()
+    }
+
     fn alloc_host(&self, bytes: usize) -> Result<Box<dyn HostBuffer>> {
         let gpu = self.gpu()?;
         Ok(Box::new(pinned::PinnedHost::new(gpu.ctx.clone(), bytes)?))

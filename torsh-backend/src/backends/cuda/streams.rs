@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 
 use super::driver_error;
-use crate::compute::{EventId, StreamId};
+use crate::compute::{EventId, MemoryFence, StreamId};
 use crate::error::{BackendError, Result};
 
 /// Streams in each instance's pool.
@@ -196,11 +196,44 @@ impl Streams {
             .collect()
     }
 
+    /// [`Streams::fences`] as a fence for the runtime pool, `None` when there are none.
+    pub(crate) fn memory_fence(&self) -> Result<Option<Box<dyn MemoryFence>>> {
+        let events = self.fences()?;
+        Ok((!events.is_empty()).then(|| Box::new(StreamsFence(events)) as Box<dyn MemoryFence>))
+    }
+
     /// Blocks until every stream of this instance is idle.
     pub(crate) fn synchronize_all(&self) -> Result<()> {
         for s in std::iter::once(&self.default).chain(self.pool.iter().filter_map(OnceLock::get)) {
             s.synchronize()
                 .map_err(|e| driver_error("cuStreamSynchronize", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Events recorded on every stream of an instance ([`Streams::fences`]): complete when all are.
+#[derive(Debug)]
+struct StreamsFence(Vec<CudaEvent>);
+
+impl MemoryFence for StreamsFence {
+    fn is_complete(&self) -> Result<bool> {
+        for event in &self.0 {
+            if !event
+                .try_is_complete()
+                .map_err(|e| driver_error("cuEventQuery", e))?
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn wait(&self) -> Result<()> {
+        for event in &self.0 {
+            event
+                .synchronize()
+                .map_err(|e| driver_error("cuEventSynchronize", e))?;
         }
         Ok(())
     }

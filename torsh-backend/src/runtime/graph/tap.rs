@@ -13,8 +13,8 @@ use super::node::Node;
 use crate::compute::{
     AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, ComputeBackend,
     Conv2dDesc, CopyDesc, DevicePtr, EventId, FillDesc, GemmDesc, GemvDesc, HostBuffer,
-    LayerNormDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxDesc, StreamId, TunableOp, UnaryDesc,
-    UnscaleDesc,
+    LayerNormDesc, MemoryFence, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxDesc, StreamId,
+    TunableOp, UnaryDesc, UnscaleDesc,
 };
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
@@ -345,6 +345,10 @@ impl ComputeBackend for Tap {
 
     fn destroy_event(&self, event: EventId) -> Result<()> {
         self.device.destroy_event(event)
+    }
+
+    fn memory_fence(&self) -> Result<Option<Box<dyn MemoryFence>>> {
+        self.device.memory_fence()
     }
 
     fn alloc_host(&self, bytes: usize) -> Result<Box<dyn HostBuffer>> {
