@@ -1455,3 +1455,126 @@ fn events_mark_the_queue_and_time_it_with_timestamps() {
     raw.destroy_event(e).unwrap();
     assert!(raw.destroy_event(e).is_err());
 }
+
+/// f16 values covering the rounding cases: random normals across f16's range, both zeros, the
+/// largest finite, the smallest normal and subnormal, infinities, NaN, and values whose results
+/// overflow, underflow or sit near rounding ties.
+fn f16_inputs() -> Vec<f32> {
+    let mut xs: Vec<f32> = (0..600)
+        .map(|i| {
+            let t = i as f32 * 0.618_034;
+            (t.sin() * 4.0) * 2f32.powi(i % 9 - 4)
+        })
+        .collect();
+    xs.extend([
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        65504.0,
+        -65504.0,
+        6.103_515_6e-5,
+        5.960_464_5e-8,
+        -5.960_464_5e-8,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        11.5,
+        -17.0,
+        250.0,
+        1.000_488_3,
+        2049.0,
+        3.140_625,
+    ]);
+    xs
+}
+
+/// The f16 bits of a tensor, every NaN as one pattern (payloads are the device's).
+fn f16_bits(t: &torsh_backend::Tensor) -> Vec<u16> {
+    t.to_vec::<half::f16>()
+        .unwrap()
+        .iter()
+        .map(|h| if h.is_nan() { u16::MAX } else { h.to_bits() })
+        .collect()
+}
+
+#[test]
+fn f16_math_runs_natively_and_matches_the_staged_path_bit_for_bit() {
+    let Some(probe) = raw() else { return };
+    let device = webgpu::block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
+    if !device.features().contains(wgpu::Features::SHADER_F16) {
+        eprintln!("webgpu: the adapter has no shader-f16; f16 math is staged (tested elsewhere)");
+        return;
+    }
+    // Native: an f16 unary op allocates nothing on the device (the staged path makes f32 copies).
+    let n = 64;
+    let x = probe.alloc(n * 2).unwrap();
+    let y = probe.alloc(n * 2).unwrap();
+    probe
+        .copy_htod(x, bytemuck::cast_slice(&vec![half::f16::ONE; n]))
+        .unwrap();
+    let before = probe.pool_stats().unwrap();
+    probe
+        .unary(&UnaryDesc {
+            op: UnaryOp::Exp,
+            dtype: DType::F16,
+            input: StridedBuf::contiguous(x, &[n]),
+            output: y,
+        })
+        .unwrap();
+    let after = probe.pool_stats().unwrap();
+    assert_eq!(
+        (after.hits, after.misses),
+        (before.hits, before.misses),
+        "an f16 op with shader-f16 must not stage"
+    );
+
+    let all = WebGpuBackendConfig::default().optional_features;
+    let make = |features: wgpu::Features| {
+        Backend::from_compute(Box::new(WebGpuBackend::new(WebGpuBackendConfig {
+            optional_features: features,
+            ..Default::default()
+        })))
+        .unwrap()
+    };
+    let native = make(all);
+    let staged = make(all - wgpu::Features::SHADER_F16);
+    let xs = f16_inputs();
+    let ys: Vec<f32> = xs.iter().rev().map(|v| v * 0.75 + 0.5).collect();
+    let inputs = |b: &Backend| {
+        let x = b
+            .from_slice(&xs, &[xs.len()])
+            .unwrap()
+            .cast(DType::F16)
+            .unwrap();
+        let y = b
+            .from_slice(&ys, &[ys.len()])
+            .unwrap()
+            .cast(DType::F16)
+            .unwrap();
+        (x, y)
+    };
+    let (xn, yn) = inputs(&native);
+    let (xs16, ys16) = inputs(&staged);
+    for &op in UnaryOp::ALL {
+        let got = f16_bits(&native.unary(op, &xn).unwrap());
+        let want = f16_bits(&staged.unary(op, &xs16).unwrap());
+        assert_eq!(got, want, "{op:?}");
+    }
+    for &op in torsh_backend::BinaryOp::ALL {
+        let got = f16_bits(&native.binary(op, &xn, &yn).unwrap());
+        let want = f16_bits(&staged.binary(op, &xs16, &ys16).unwrap());
+        assert_eq!(got, want, "{op:?}");
+        // A view at an odd element offset (not 4-byte aligned) against one element broadcast.
+        let pair = |x: &torsh_backend::Tensor, y: &torsh_backend::Tensor| {
+            let at_odd = x.narrow(0, 1, 7).unwrap();
+            let one = y.narrow(0, 3, 1).unwrap().broadcast_to(&[7]).unwrap();
+            (at_odd, one)
+        };
+        let (a, b) = pair(&xn, &yn);
+        let got = f16_bits(&native.binary(op, &a, &b).unwrap());
+        let (a, b) = pair(&xs16, &ys16);
+        let want = f16_bits(&staged.binary(op, &a, &b).unwrap());
+        assert_eq!(got, want, "{op:?} at an odd offset, broadcast");
+    }
+}

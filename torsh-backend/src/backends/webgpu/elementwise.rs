@@ -1,10 +1,11 @@
-//! Host side of `shaders/elementwise.wgsl`: f32 fill, unary and binary ops and strided copies.
+//! Host side of `shaders/elementwise.wgsl`: f32 fill, unary and binary ops and strided copies, and
+//! f16 unary and binary ops on devices with `SHADER_F16` (f16 storage, f32 math, one rounding).
 //!
 //! Operands are coalesced (unit dims dropped, dims contiguous in every operand merged), then passed
 //! as parameter words: shape, and each view's element offset and strides. Every word is a `u32`, so a
 //! view whose offsets or extent do not fit in 32 bits, or whose rank stays above 8 after coalescing,
-//! answers [`Launch::Stage`], as do misaligned operands and other dtypes; fills and copies of those go
-//! to `cast.wgsl`, and math ops are staged (`staging.rs`).
+//! answers [`Launch::Stage`], as do misaligned operands and other dtypes (f16 without `SHADER_F16`);
+//! fills and copies of those go to `cast.wgsl`, and math ops are staged (`staging.rs`).
 
 use crate::compute::{BinaryDesc, BinaryOp, CopyDesc, FillDesc, StridedBuf, UnaryDesc, UnaryOp};
 use crate::dtype::DType;
@@ -14,7 +15,7 @@ use crate::shape::{coalesce, Layout};
 use super::cast;
 use super::context::Gpu;
 use super::memory::Memory;
-use super::pipelines::{grid_1d, Dispatch, Kernels, ELEMENTWISE};
+use super::pipelines::{grid_1d, Dispatch, Kernels, Module, ELEMENTWISE, ELEMENTWISE_F16};
 
 /// Most dims the kernels index.
 const MAX_RANK: usize = 8;
@@ -71,11 +72,12 @@ fn params(n: usize, shape: &[usize], views: &[&View<'_>], scalar: u32) -> Option
     Some(p)
 }
 
-/// Launches `entry` over `n` elements with the output view and up to two input views.
+/// Launches `kernel` (a module and its entry point) over `n` elements with the output view and up
+/// to two input views.
 fn launch(
     gpu: &Gpu,
     kernels: &Kernels,
-    entry: &'static str,
+    (module, entry): (Module, &'static str),
     op: u64,
     shape: &[usize],
     views: [Option<&View<'_>>; 3],
@@ -94,7 +96,7 @@ fn launch(
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: ELEMENTWISE,
+            module,
             entry,
             constants: &[("OP", op), ("DENSE", u64::from(dense))],
             buffers: &[a, b, out],
@@ -105,17 +107,19 @@ fn launch(
     Ok(Launch::Done)
 }
 
-/// Views of `bufs` over their common coalesced shape; `None` when one is misaligned.
+/// Views of `bufs` (elements of `size` bytes) over their common coalesced shape; `None` when one is
+/// misaligned.
 fn views<'a, const K: usize>(
     mem: &'a Memory,
     op: &'static str,
+    size: usize,
     bufs: [&StridedBuf; K],
 ) -> Result<Option<(Vec<usize>, Vec<View<'a>>)>> {
     let layouts: [&Layout; K] = std::array::from_fn(|i| &bufs[i].layout);
     let (shape, strides) = coalesce(op, layouts)?;
     let mut out = Vec::with_capacity(K);
     for (buf, strides) in bufs.iter().zip(strides) {
-        let Some((buffer, base)) = mem.words(buf.ptr)? else {
+        let Some((buffer, base)) = mem.elements(buf.ptr, size)? else {
             return Ok(None);
         };
         let Some(offset) = base.checked_add(buf.layout.offset()) else {
@@ -144,11 +148,11 @@ fn binary_code(op: BinaryOp) -> u64 {
 pub(crate) fn fill(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &FillDesc) -> Result<()> {
     if d.dtype == DType::F32 {
         let out = StridedBuf::contiguous(d.ptr, &[d.len]);
-        if let Some((shape, v)) = views(mem, "fill", [&out])? {
+        if let Some((shape, v)) = views(mem, "fill", 4, [&out])? {
             let launched = launch(
                 gpu,
                 kernels,
-                "fill",
+                (ELEMENTWISE, "fill"),
                 0,
                 &shape,
                 [Some(&v[0]), None, None],
@@ -162,19 +166,31 @@ pub(crate) fn fill(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &FillDesc) -> 
     cast::fill(gpu, kernels, mem, d)
 }
 
-/// f32 unary op.
-pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
-        return Ok(Launch::Stage);
+/// The module serving math ops on `dtype` elements, with their size; `None` when the dtype must be
+/// staged.
+fn math_module(gpu: &Gpu, dtype: DType) -> Option<(Module, usize)> {
+    match dtype {
+        DType::F32 => Some((ELEMENTWISE, 4)),
+        DType::F16 if gpu.features.contains(wgpu::Features::SHADER_F16) => {
+            Some((ELEMENTWISE_F16, 2))
+        }
+        _ => None,
     }
+}
+
+/// f32 unary op (and f16 where the device has `SHADER_F16`).
+pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -> Result<Launch> {
+    let Some((module, size)) = math_module(gpu, d.dtype) else {
+        return Ok(Launch::Stage);
+    };
     let out = StridedBuf::contiguous(d.output, d.input.layout.shape());
-    let Some((shape, v)) = views(mem, "unary", [&out, &d.input])? else {
+    let Some((shape, v)) = views(mem, "unary", size, [&out, &d.input])? else {
         return Ok(Launch::Stage);
     };
     launch(
         gpu,
         kernels,
-        "unary",
+        (module, "unary"),
         unary_code(d.op),
         &shape,
         [Some(&v[0]), Some(&v[1]), None],
@@ -182,19 +198,19 @@ pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -
     )
 }
 
-/// f32 binary op with broadcasting by strides.
+/// f32 binary op with broadcasting by strides (and f16 where the device has `SHADER_F16`).
 pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = math_module(gpu, d.dtype) else {
         return Ok(Launch::Stage);
-    }
+    };
     let out = StridedBuf::contiguous(d.output, d.lhs.layout.shape());
-    let Some((shape, v)) = views(mem, "binary", [&out, &d.lhs, &d.rhs])? else {
+    let Some((shape, v)) = views(mem, "binary", size, [&out, &d.lhs, &d.rhs])? else {
         return Ok(Launch::Stage);
     };
     launch(
         gpu,
         kernels,
-        "binary",
+        (module, "binary"),
         binary_code(d.op),
         &shape,
         [Some(&v[0]), Some(&v[1]), Some(&v[2])],
@@ -206,11 +222,11 @@ pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc)
 /// integers, so patterns that read as f32 subnormals or NaNs stay as they are).
 pub(crate) fn copy(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CopyDesc) -> Result<()> {
     if d.dtype == DType::F32 {
-        if let Some((shape, v)) = views(mem, "copy_strided", [&d.dst, &d.src])? {
+        if let Some((shape, v)) = views(mem, "copy_strided", 4, [&d.dst, &d.src])? {
             let launched = launch(
                 gpu,
                 kernels,
-                "copy",
+                (ELEMENTWISE, "copy"),
                 0,
                 &shape,
                 [Some(&v[0]), Some(&v[1]), None],

@@ -233,11 +233,17 @@ impl Memory {
     /// 4-byte aligned; `None` when it is not (the kernels index 4-byte elements, so such an operand
     /// is staged, `staging.rs`). `InvalidPointer` as [`Memory::place`].
     pub fn words(&self, ptr: DevicePtr) -> Result<Option<(&wgpu::Buffer, usize)>> {
+        self.elements(ptr, 4)
+    }
+
+    /// [`Memory::words`] for elements of `size` bytes: the offset of `ptr` in its buffer in
+    /// elements, when it is a multiple of `size`.
+    pub fn elements(&self, ptr: DevicePtr, size: usize) -> Result<Option<(&wgpu::Buffer, usize)>> {
         let at = self.place(ptr, 0)?;
         Ok(at
             .offset
-            .is_multiple_of(4)
-            .then_some((at.buffer, (at.offset / 4) as usize)))
+            .is_multiple_of(size as u64)
+            .then_some((at.buffer, (at.offset / size as u64) as usize)))
     }
 
     /// [`Memory::words`] for an operand of `elements` 4-byte elements, with the word offset as a

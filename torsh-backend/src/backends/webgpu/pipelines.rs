@@ -26,10 +26,24 @@ pub(crate) struct Module {
     pub data: u32,
 }
 
-/// `shaders/elementwise.wgsl`: fill, copy, unary, binary.
+/// `shaders/elementwise.wgsl`: fill, copy, unary, binary, on f32 elements (`shaders/elem_f32.wgsl`).
 pub(crate) const ELEMENTWISE: Module = Module {
     name: "elementwise.wgsl",
-    source: include_str!("shaders/elementwise.wgsl"),
+    source: concat!(
+        include_str!("shaders/elem_f32.wgsl"),
+        include_str!("shaders/elementwise.wgsl")
+    ),
+    data: 3,
+};
+
+/// [`ELEMENTWISE`] on f16 elements (`shaders/elem_f16.wgsl`), for devices with
+/// `wgpu::Features::SHADER_F16`.
+pub(crate) const ELEMENTWISE_F16: Module = Module {
+    name: "elementwise.wgsl+f16",
+    source: concat!(
+        include_str!("shaders/elem_f16.wgsl"),
+        include_str!("shaders/elementwise.wgsl")
+    ),
     data: 3,
 };
 

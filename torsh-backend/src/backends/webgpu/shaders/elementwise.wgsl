@@ -1,4 +1,6 @@
-// Elementwise kernels in f32: fill, strided copy, unary and binary ops over strided operands.
+// Elementwise kernels: fill, strided copy, unary and binary ops over strided operands, with f32 math
+// on elements of type `elem`, which a prelude defines with its `load_elem` and `store_elem`:
+// `elem_f32.wgsl` (f32) or, on devices with `shader-f16`, `elem_f16.wgsl` (f16 storage).
 //
 // Every entry point computes `n` elements, one per invocation, indexed over a 2-D grid of 256-wide
 // workgroups (so more than 65 535 workgroups fit). Operands, the output included, are strided views:
@@ -14,9 +16,9 @@ override OP: u32 = 0u;
 // index arithmetic (integer division is slow on many devices, software Vulkan above all).
 override DENSE: bool = false;
 
-@group(0) @binding(0) var<storage, read_write> a: array<f32>;
-@group(0) @binding(1) var<storage, read_write> b: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read_write> a: array<elem>;
+@group(0) @binding(1) var<storage, read_write> b: array<elem>;
+@group(0) @binding(2) var<storage, read_write> out: array<elem>;
 @group(0) @binding(3) var<storage, read> p: array<u32>;
 
 const WG: u32 = 256u;
@@ -185,7 +187,7 @@ fn fill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         @builtin(local_invocation_index) lid: u32) {
     let i = index_of(wid, groups, lid);
     if (i < p[0]) {
-        out[strided(i, OUT_VIEW)] = bitcast<f32>(p[SCALAR]);
+        out[strided(i, OUT_VIEW)] = store_elem(bitcast<f32>(p[SCALAR]));
     }
 }
 
@@ -203,7 +205,7 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
          @builtin(local_invocation_index) lid: u32) {
     let i = index_of(wid, groups, lid);
     if (i < p[0]) {
-        out[strided(i, OUT_VIEW)] = unary_op(a[strided(i, A_VIEW)]);
+        out[strided(i, OUT_VIEW)] = store_elem(unary_op(load_elem(a[strided(i, A_VIEW)])));
     }
 }
 
@@ -212,6 +214,7 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
           @builtin(local_invocation_index) lid: u32) {
     let i = index_of(wid, groups, lid);
     if (i < p[0]) {
-        out[strided(i, OUT_VIEW)] = binary_op(a[strided(i, A_VIEW)], b[strided(i, B_VIEW)]);
+        let x = load_elem(a[strided(i, A_VIEW)]);
+        out[strided(i, OUT_VIEW)] = store_elem(binary_op(x, load_elem(b[strided(i, B_VIEW)])));
     }
 }
