@@ -1499,7 +1499,7 @@ fn f16_bits(t: &torsh_backend::Tensor) -> Vec<u16> {
 }
 
 #[test]
-fn f16_math_runs_natively_and_matches_the_staged_path_bit_for_bit() {
+fn f16_elementwise_and_products_run_natively_and_match_the_staged_path_bit_for_bit() {
     let Some(probe) = raw() else { return };
     let device = webgpu::block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
     if !device.features().contains(wgpu::Features::SHADER_F16) {
@@ -1576,5 +1576,55 @@ fn f16_math_runs_natively_and_matches_the_staged_path_bit_for_bit() {
         let (a, b) = pair(&xs16, &ys16);
         let want = f16_bits(&staged.binary(op, &a, &b).unwrap());
         assert_eq!(got, want, "{op:?} at an odd offset, broadcast");
+    }
+    // Products: f32 accumulation on f16 storage, one rounding, as the staged path (GEMM with a
+    // transposed operand and beta, batched GEMM, GEMV with beta, conv2d padded and strided with bias,
+    // attention on the tiled and the row kernel), at sizes off every tile.
+    let products = |b: &Backend| -> Vec<torsh_backend::Tensor> {
+        b.manual_seed(17);
+        let h = |shape: &[usize]| {
+            b.randn(shape, DType::F32)
+                .unwrap()
+                .cast(DType::F16)
+                .unwrap()
+        };
+        let (a, w, c) = (h(&[37, 29]), h(&[13, 29]), h(&[37, 13]));
+        let (batch_a, batch_b) = (h(&[3, 9, 70]), h(&[3, 70, 5]));
+        let (v, y) = (h(&[29]), h(&[37]));
+        let (image, kernel, bias) = (h(&[2, 5, 11, 9]), h(&[7, 5, 3, 3]), h(&[7]));
+        let conv = |padding: usize, stride: usize| {
+            b.conv2d_with_bias(
+                &image,
+                &kernel,
+                Some(&bias),
+                torsh_backend::ConvConfig {
+                    stride: [stride, stride],
+                    padding: [padding, padding],
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        let attention = |dim: usize, causal: bool| {
+            let (q, k, v) = (
+                h(&[1, 2, 19, dim]),
+                h(&[1, 2, 23, dim]),
+                h(&[1, 2, 23, dim]),
+            );
+            b.attention(&q, &k, &v, causal).unwrap()
+        };
+        vec![
+            a.matmul(&w.t().unwrap()).unwrap(),
+            a.gemm(&w.t().unwrap(), 0.5, &c, -1.25).unwrap(),
+            batch_a.matmul(&batch_b).unwrap(),
+            a.gemv(&v, 2.0, &y, 0.75).unwrap(),
+            conv(1, 1),
+            conv(0, 2),
+            attention(40, true),
+            attention(136, false),
+        ]
+    };
+    for (i, (got, want)) in products(&native).iter().zip(products(&staged)).enumerate() {
+        assert_eq!(f16_bits(got), f16_bits(&want), "product {i}");
     }
 }

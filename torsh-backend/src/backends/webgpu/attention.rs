@@ -1,4 +1,5 @@
-//! Host side of `shaders/attention.wgsl`: f32 scaled dot-product attention with an online softmax
+//! Host side of `shaders/attention.wgsl`: scaled dot-product attention in f32 (and f16 with f32 math
+//! where the device has `SHADER_F16`) with an online softmax
 //! over chunks of keys (causal chunks past the rows never visited). Head dims up to 128 run the tiled
 //! kernel (16 query rows per workgroup sharing each staged key and value) where the device has the
 //! workgroup memory for it; larger head dims, or grids too large for it, run the row kernel (one
@@ -6,13 +7,12 @@
 //! beyond 32 bits answer [`Launch::Stage`].
 
 use crate::compute::AttentionDesc;
-use crate::dtype::DType;
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{grid_rows, Dispatch, Kernels, ATTENTION};
+use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, ATTENTION, ATTENTION_F16};
 
 /// Largest head dim the row kernel's per-thread accumulators cover (128 threads × 8 dims).
 const MAX_HEAD_DIM: usize = 1024;
@@ -34,7 +34,10 @@ pub(crate) fn attention(
     mem: &Memory,
     d: &AttentionDesc,
 ) -> Result<Launch> {
-    if d.dtype != DType::F32 || d.head_dim > MAX_HEAD_DIM {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, ATTENTION, ATTENTION_F16) else {
+        return Ok(Launch::Stage);
+    };
+    if d.head_dim > MAX_HEAD_DIM {
         return Ok(Launch::Stage);
     }
     let bh = d.batch * d.heads;
@@ -45,10 +48,10 @@ pub(crate) fn attention(
     let kv = bh * d.seq_kv * d.head_dim;
     let qo = rows * d.head_dim;
     let (Some(q), Some(k), Some(v), Some(o)) = (
-        mem.words_u32(d.q, qo)?,
-        mem.words_u32(d.k, kv)?,
-        mem.words_u32(d.v, kv)?,
-        mem.words_u32(d.o, qo)?,
+        mem.elements_u32(d.q, qo, size)?,
+        mem.elements_u32(d.k, kv, size)?,
+        mem.elements_u32(d.v, kv, size)?,
+        mem.elements_u32(d.o, qo, size)?,
     ) else {
         return Ok(Launch::Stage);
     };
@@ -81,7 +84,7 @@ pub(crate) fn attention(
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: ATTENTION,
+            module,
             entry,
             constants: &[],
             buffers: &[q.0, k.0, v.0, o.0],

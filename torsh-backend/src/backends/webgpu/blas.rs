@@ -1,4 +1,5 @@
-//! Host side of `shaders/gemm.wgsl`: GEMM, strided batched GEMM and GEMV in f32.
+//! Host side of `shaders/gemm.wgsl`: GEMM, strided batched GEMM and GEMV in f32, and in f16 (f32
+//! accumulation) on devices with `SHADER_F16`; other dtypes are staged.
 //!
 //! The descriptors are column-major with leading dimensions; each operand becomes (element offset,
 //! row stride, column stride) of `op(X)`, so transposes cost nothing and GEMV is the same kernel with
@@ -6,13 +7,12 @@
 //! operands that do not, misaligned ones and other dtypes answer [`Launch::Stage`].
 
 use crate::compute::{BatchedGemmDesc, DevicePtr, GemmDesc, GemvDesc, Transpose};
-use crate::dtype::DType;
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{Dispatch, Kernels, GEMM};
+use super::pipelines::{for_dtype, Dispatch, Kernels, Module, GEMM, GEMM_F16};
 
 /// Rows and columns of C per workgroup (the shader's `TILE` override): the autotuner's GEMM variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,14 +53,16 @@ struct Operand<'a> {
     batch: usize,
 }
 
-/// The operand at `ptr` with `(row, column)` strides in elements; `None` when misaligned.
+/// The operand at `ptr` (elements of `size` bytes) with `(row, column)` strides in elements; `None`
+/// when misaligned.
 fn operand<'a>(
     mem: &'a Memory,
     ptr: DevicePtr,
+    size: usize,
     strides: (usize, usize),
     batch: usize,
 ) -> Result<Option<Operand<'a>>> {
-    Ok(mem.words(ptr)?.map(|(buffer, offset)| Operand {
+    Ok(mem.elements(ptr, size)?.map(|(buffer, offset)| Operand {
         buffer,
         offset,
         rows: strides.0,
@@ -79,6 +81,8 @@ fn strides(t: Transpose, ld: usize) -> (usize, usize) {
 
 /// One (batched) product as the kernel takes it.
 struct Product<'a> {
+    /// The module for the operands' dtype.
+    module: Module,
     m: usize,
     n: usize,
     k: usize,
@@ -148,7 +152,7 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>, tile: Tile) -> Result<Launc
         kernels.dispatch(
             gpu,
             Dispatch {
-                module: GEMM,
+                module: p.module,
                 entry: "gemm",
                 constants: &[("TILE", tile.side() as u64)],
                 buffers: &[p.a.buffer, p.b.buffer, p.c.buffer],
@@ -161,20 +165,26 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>, tile: Tile) -> Result<Launc
     Ok(Launch::Done)
 }
 
-/// The operands of `d` with the given batch strides; `None` when one is misaligned.
+/// The operands of `d` with the given batch strides; `None` when one is misaligned or the dtype is
+/// staged.
 fn gemm_product<'a>(
+    gpu: &Gpu,
     mem: &'a Memory,
     d: &GemmDesc,
     batch: (usize, usize, usize),
     batch_count: usize,
 ) -> Result<Option<Product<'a>>> {
-    let a = operand(mem, d.a, strides(d.trans_a, d.lda), batch.0)?;
-    let b = operand(mem, d.b, strides(d.trans_b, d.ldb), batch.1)?;
-    let c = operand(mem, d.c, (1, d.ldc), batch.2)?;
+    let Some((module, size)) = for_dtype(gpu, d.dtype, GEMM, GEMM_F16) else {
+        return Ok(None);
+    };
+    let a = operand(mem, d.a, size, strides(d.trans_a, d.lda), batch.0)?;
+    let b = operand(mem, d.b, size, strides(d.trans_b, d.ldb), batch.1)?;
+    let c = operand(mem, d.c, size, (1, d.ldc), batch.2)?;
     let (Some(a), Some(b), Some(c)) = (a, b, c) else {
         return Ok(None);
     };
     Ok(Some(Product {
+        module,
         m: d.m,
         n: d.n,
         k: d.k,
@@ -187,12 +197,12 @@ fn gemm_product<'a>(
     }))
 }
 
-/// f32 GEMM with the default tile.
+/// GEMM with the default tile.
 pub(crate) fn gemm(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemmDesc) -> Result<Launch> {
     gemm_tiled(gpu, kernels, mem, d, Tile::Large)
 }
 
-/// f32 GEMM with `tile`.
+/// GEMM with `tile`.
 pub(crate) fn gemm_tiled(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -200,49 +210,43 @@ pub(crate) fn gemm_tiled(
     d: &GemmDesc,
     tile: Tile,
 ) -> Result<Launch> {
-    if d.dtype != DType::F32 {
-        return Ok(Launch::Stage);
-    }
-    match gemm_product(mem, d, (0, 0, 0), 1)? {
+    match gemm_product(gpu, mem, d, (0, 0, 0), 1)? {
         Some(p) => run(gpu, kernels, p, tile),
         None => Ok(Launch::Stage),
     }
 }
 
-/// f32 strided batched GEMM, one launch (or one per 65 535 matrices).
+/// Strided batched GEMM, one launch (or one per 65 535 matrices).
 pub(crate) fn batched_gemm(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &Memory,
     d: &BatchedGemmDesc,
 ) -> Result<Launch> {
-    if d.gemm.dtype != DType::F32 {
-        return Ok(Launch::Stage);
-    }
     // With k = 0, A and B are never read (their pointers may be zero-byte allocations).
     let (sa, sb) = if d.gemm.k == 0 {
         (0, 0)
     } else {
         (d.stride_a, d.stride_b)
     };
-    match gemm_product(mem, &d.gemm, (sa, sb, d.stride_c), d.batch_count)? {
+    match gemm_product(gpu, mem, &d.gemm, (sa, sb, d.stride_c), d.batch_count)? {
         Some(p) => run(gpu, kernels, p, Tile::Large),
         None => Ok(Launch::Stage),
     }
 }
 
-/// f32 GEMV: `y = alpha·op(A)·x + beta·y` as a product with one column.
+/// GEMV: `y = alpha·op(A)·x + beta·y` as a product with one column.
 pub(crate) fn gemv(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemvDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, GEMM, GEMM_F16) else {
         return Ok(Launch::Stage);
-    }
+    };
     let (rows, cols) = match d.trans {
         Transpose::No => (d.m, d.n),
         Transpose::Yes => (d.n, d.m),
     };
-    let a = operand(mem, d.a, strides(d.trans, d.lda), 0)?;
-    let x = operand(mem, d.x, (d.incx, 0), 0)?;
-    let y = operand(mem, d.y, (d.incy, 0), 0)?;
+    let a = operand(mem, d.a, size, strides(d.trans, d.lda), 0)?;
+    let x = operand(mem, d.x, size, (d.incx, 0), 0)?;
+    let y = operand(mem, d.y, size, (d.incy, 0), 0)?;
     let (Some(a), Some(b), Some(c)) = (a, x, y) else {
         return Ok(Launch::Stage);
     };
@@ -250,6 +254,7 @@ pub(crate) fn gemv(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemvDesc) -> 
         gpu,
         kernels,
         Product {
+            module,
             m: rows,
             n: 1,
             k: cols,

@@ -1,37 +1,37 @@
-//! Host side of `shaders/conv.wgsl`: f32 conv2d (NCHW, any stride, padding, dilation and groups,
+//! Host side of `shaders/conv.wgsl`: f32 conv2d (and f16 with f32 accumulation where the device has
+//! `SHADER_F16`) (NCHW, any stride, padding, dilation and groups,
 //! optional bias) as an implicit GEMM per group. Other dtypes, misaligned operands, more groups than
 //! one grid dimension holds, and sizes whose indices do not fit the kernel's 32-bit words answer
 //! [`Launch::Stage`].
 
 use crate::compute::Conv2dDesc;
-use crate::dtype::DType;
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{Dispatch, Kernels, CONV};
+use super::pipelines::{for_dtype, Dispatch, Kernels, CONV, CONV_F16};
 
 /// Rows (output channels) and columns (output pixels) of a workgroup's tile.
 const TILE: usize = 64;
 
-/// An f32 convolution.
+/// An f32 convolution, or f16 (f32 accumulation) where the device has `SHADER_F16`.
 pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, CONV, CONV_F16) else {
         return Ok(Launch::Stage);
-    }
+    };
     if d.output_shape.contains(&0) {
         return Ok(Launch::Done);
     }
     let (Some(input), Some(weight), Some(output)) = (
-        mem.words(d.input)?,
-        mem.words(d.weight)?,
-        mem.words(d.output)?,
+        mem.elements(d.input, size)?,
+        mem.elements(d.weight, size)?,
+        mem.elements(d.output, size)?,
     ) else {
         return Ok(Launch::Stage);
     };
     let bias = match d.bias {
-        Some(b) => match mem.words(b)? {
+        Some(b) => match mem.elements(b, size)? {
             Some(found) => Some(found),
             None => return Ok(Launch::Stage),
         },
@@ -96,7 +96,7 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: CONV,
+            module,
             entry: "conv2d",
             constants: &[("PADDED", u64::from(d.padding != [0, 0]))],
             buffers: &[input.0, weight.0, bias.map_or(input.0, |b| b.0), output.0],

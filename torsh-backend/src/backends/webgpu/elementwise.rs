@@ -15,7 +15,9 @@ use crate::shape::{coalesce, Layout};
 use super::cast;
 use super::context::Gpu;
 use super::memory::Memory;
-use super::pipelines::{grid_1d, Dispatch, Kernels, Module, ELEMENTWISE, ELEMENTWISE_F16};
+use super::pipelines::{
+    for_dtype, grid_1d, Dispatch, Kernels, Module, ELEMENTWISE, ELEMENTWISE_F16,
+};
 
 /// Most dims the kernels index.
 const MAX_RANK: usize = 8;
@@ -166,21 +168,9 @@ pub(crate) fn fill(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &FillDesc) -> 
     cast::fill(gpu, kernels, mem, d)
 }
 
-/// The module serving math ops on `dtype` elements, with their size; `None` when the dtype must be
-/// staged.
-fn math_module(gpu: &Gpu, dtype: DType) -> Option<(Module, usize)> {
-    match dtype {
-        DType::F32 => Some((ELEMENTWISE, 4)),
-        DType::F16 if gpu.features.contains(wgpu::Features::SHADER_F16) => {
-            Some((ELEMENTWISE_F16, 2))
-        }
-        _ => None,
-    }
-}
-
 /// f32 unary op (and f16 where the device has `SHADER_F16`).
 pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -> Result<Launch> {
-    let Some((module, size)) = math_module(gpu, d.dtype) else {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, ELEMENTWISE, ELEMENTWISE_F16) else {
         return Ok(Launch::Stage);
     };
     let out = StridedBuf::contiguous(d.output, d.input.layout.shape());
@@ -200,7 +190,7 @@ pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -
 
 /// f32 binary op with broadcasting by strides (and f16 where the device has `SHADER_F16`).
 pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc) -> Result<Launch> {
-    let Some((module, size)) = math_module(gpu, d.dtype) else {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, ELEMENTWISE, ELEMENTWISE_F16) else {
         return Ok(Launch::Stage);
     };
     let out = StridedBuf::contiguous(d.output, d.lhs.layout.shape());

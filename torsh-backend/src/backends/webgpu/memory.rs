@@ -253,10 +253,20 @@ impl Memory {
         ptr: DevicePtr,
         elements: usize,
     ) -> Result<Option<(&wgpu::Buffer, u32)>> {
-        Ok(self.words(ptr)?.and_then(|(buffer, words)| {
-            let end = words.checked_add(elements)?;
+        self.elements_u32(ptr, elements, 4)
+    }
+
+    /// [`Memory::words_u32`] for elements of `size` bytes.
+    pub fn elements_u32(
+        &self,
+        ptr: DevicePtr,
+        elements: usize,
+        size: usize,
+    ) -> Result<Option<(&wgpu::Buffer, u32)>> {
+        Ok(self.elements(ptr, size)?.and_then(|(buffer, first)| {
+            let end = first.checked_add(elements)?;
             u32::try_from(end).ok()?;
-            Some((buffer, words as u32))
+            Some((buffer, first as u32))
         }))
     }
 

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 use super::context::Gpu;
@@ -47,10 +48,23 @@ pub(crate) const ELEMENTWISE_F16: Module = Module {
     data: 3,
 };
 
-/// `shaders/gemm.wgsl`: tiled GEMM and GEMV (with `shaders/block.wgsl`, the register block).
+/// `shaders/gemm.wgsl`: tiled GEMM and GEMV (with `shaders/block.wgsl`, the register block), on f32
+/// elements.
 pub(crate) const GEMM: Module = Module {
     name: "gemm.wgsl",
     source: concat!(
+        include_str!("shaders/elem_f32.wgsl"),
+        include_str!("shaders/block.wgsl"),
+        include_str!("shaders/gemm.wgsl")
+    ),
+    data: 3,
+};
+
+/// [`GEMM`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const GEMM_F16: Module = Module {
+    name: "gemm.wgsl+f16",
+    source: concat!(
+        include_str!("shaders/elem_f16.wgsl"),
         include_str!("shaders/block.wgsl"),
         include_str!("shaders/gemm.wgsl")
     ),
@@ -95,20 +109,45 @@ pub(crate) const UNSCALE: Module = Module {
 };
 
 /// `shaders/conv.wgsl`: implicit-GEMM conv2d (input, weight, bias, output), with
-/// `shaders/block.wgsl`.
+/// `shaders/block.wgsl`, on f32 elements.
 pub(crate) const CONV: Module = Module {
     name: "conv.wgsl",
     source: concat!(
+        include_str!("shaders/elem_f32.wgsl"),
         include_str!("shaders/block.wgsl"),
         include_str!("shaders/conv.wgsl")
     ),
     data: 4,
 };
 
-/// `shaders/attention.wgsl`: flash-style attention (q, k, v, o).
+/// [`CONV`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const CONV_F16: Module = Module {
+    name: "conv.wgsl+f16",
+    source: concat!(
+        include_str!("shaders/elem_f16.wgsl"),
+        include_str!("shaders/block.wgsl"),
+        include_str!("shaders/conv.wgsl")
+    ),
+    data: 4,
+};
+
+/// `shaders/attention.wgsl`: flash-style attention (q, k, v, o), on f32 elements.
 pub(crate) const ATTENTION: Module = Module {
     name: "attention.wgsl",
-    source: include_str!("shaders/attention.wgsl"),
+    source: concat!(
+        include_str!("shaders/elem_f32.wgsl"),
+        include_str!("shaders/attention.wgsl")
+    ),
+    data: 4,
+};
+
+/// [`ATTENTION`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const ATTENTION_F16: Module = Module {
+    name: "attention.wgsl+f16",
+    source: concat!(
+        include_str!("shaders/elem_f16.wgsl"),
+        include_str!("shaders/attention.wgsl")
+    ),
     data: 4,
 };
 
@@ -141,6 +180,22 @@ pub(crate) const BATCH_NORM_SUBGROUP: Module = Module {
     ),
     data: 6,
 };
+
+/// The module of a kernel with f32 math that serves `dtype` elements, with their size in bytes:
+/// `f32` for f32, `f16` for f16 where the device has `SHADER_F16`; `None` for other dtypes (staged
+/// through f32 copies, `staging.rs`).
+pub(crate) fn for_dtype(
+    gpu: &Gpu,
+    dtype: DType,
+    f32: Module,
+    f16: Module,
+) -> Option<(Module, usize)> {
+    match dtype {
+        DType::F32 => Some((f32, 4)),
+        DType::F16 if gpu.features.contains(wgpu::Features::SHADER_F16) => Some((f16, 2)),
+        _ => None,
+    }
+}
 
 /// `plain`, or `with_subgroups` where the device has subgroups: the variants of a module that
 /// combines across a workgroup (`shaders/combine.wgsl`).

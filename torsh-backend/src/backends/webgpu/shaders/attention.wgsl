@@ -1,4 +1,5 @@
-// Scaled dot-product attention in f32, flash style: one workgroup per query row, keys and values
+// Scaled dot-product attention with f32 math on `elem` elements (`elem_f32.wgsl`, or `elem_f16.wgsl`
+// for f16 storage), flash style: one workgroup per query row, keys and values
 // streamed in chunks of 128 with an online softmax (running maximum and denominator, accumulators
 // rescaled as the maximum grows), so no score matrix is ever stored. With a causal mask (aligned top
 // left, as PyTorch's is_causal) row i reads only keys 0..=i: the chunks past it are never visited.
@@ -7,10 +8,10 @@
 // Parameter words (`p`): [0] rows (batch * heads * seq_q), [1] seq_q, [2] seq_kv, [3] head_dim,
 // [4] scale as f32 bits, [5] causal, [6..10) element offsets of q, k, v, o.
 
-@group(0) @binding(0) var<storage, read_write> q: array<f32>;
-@group(0) @binding(1) var<storage, read_write> k: array<f32>;
-@group(0) @binding(2) var<storage, read_write> v: array<f32>;
-@group(0) @binding(3) var<storage, read_write> o: array<f32>;
+@group(0) @binding(0) var<storage, read_write> q: array<elem>;
+@group(0) @binding(1) var<storage, read_write> k: array<elem>;
+@group(0) @binding(2) var<storage, read_write> v: array<elem>;
+@group(0) @binding(3) var<storage, read_write> o: array<elem>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 const WG: u32 = 128u;
@@ -44,7 +45,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gro
     let v_at = p[8] + head * skv * dim;
     let o_at = p[9] + row * dim;
     for (var d = t; d < dim; d += WG) {
-        q_row[d] = q[q_at + d];
+        q_row[d] = load_elem(q[q_at + d]);
     }
     var acc: array<f32, 8>;
     for (var u = 0u; u < DIMS_PER_THREAD; u++) {
@@ -60,7 +61,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gro
         if (real) {
             var dot = 0.0;
             for (var d = 0u; d < dim; d++) {
-                dot = fma(q_row[d], k[k_at + j * dim + d], dot);
+                dot = fma(q_row[d], load_elem(k[k_at + j * dim + d]), dot);
             }
             score = scale * dot;
         }
@@ -99,7 +100,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gro
             if (d < dim) {
                 var sum = acc[u] * alpha;
                 for (var jj = 0u; jj < count; jj++) {
-                    sum = fma(probs[jj], v[v_at + (j0 + jj) * dim + d], sum);
+                    sum = fma(probs[jj], load_elem(v[v_at + (j0 + jj) * dim + d]), sum);
                 }
                 acc[u] = sum;
             }
@@ -110,7 +111,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gro
     for (var u = 0u; u < DIMS_PER_THREAD; u++) {
         let d = t + u * WG;
         if (d < dim) {
-            o[o_at + d] = select(acc[u] / l, 0.0, visible == 0u);
+            o[o_at + d] = store_elem(select(acc[u] / l, 0.0, visible == 0u));
         }
     }
 }
@@ -160,11 +161,11 @@ fn load4(which: u32, at: u32, c: u32, dim: u32, real: bool) -> vec4<f32> {
         let d = 4u * c + x;
         if (d < dim) {
             if (which == 0u) {
-                out[x] = q[at + d];
+                out[x] = load_elem(q[at + d]);
             } else if (which == 1u) {
-                out[x] = k[at + d];
+                out[x] = load_elem(k[at + d]);
             } else {
-                out[x] = v[at + d];
+                out[x] = load_elem(v[at + d]);
             }
         }
     }
@@ -273,7 +274,7 @@ fn store4(at: u32, c: u32, dim: u32, acc: vec4<f32>, l: f32, empty: bool) {
     for (var x = 0u; x < 4u; x++) {
         let d = 4u * c + x;
         if (d < dim) {
-            o[at + d] = select(acc[x] / l, 0.0, empty);
+            o[at + d] = store_elem(select(acc[x] / l, 0.0, empty));
         }
     }
 }

@@ -1,4 +1,5 @@
-// 2-D convolution (cross-correlation, NCHW) in f32 as an implicit GEMM: for each group, the output
+// 2-D convolution (cross-correlation, NCHW) as an implicit GEMM, with f32 math on `elem` elements
+// (`elem_f32.wgsl`, or `elem_f16.wgsl` for f16 storage): for each group, the output
 // channels of the group are the rows, the output pixels of every image (n, y, x) the columns, and the
 // reduction runs over (input channel, r, s) of the group; the input patch is gathered on the fly
 // (no im2col buffer). The blocking is `gemm.wgsl`'s: each workgroup computes a 64 x 64 tile with
@@ -14,10 +15,10 @@
 // [16] k per group, [17] input offset, [18] weight offset, [19] bias offset, [20] output offset,
 // [21] bias present.
 
-@group(0) @binding(0) var<storage, read_write> input: array<f32>;
-@group(0) @binding(1) var<storage, read_write> weight: array<f32>;
-@group(0) @binding(2) var<storage, read_write> bias: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read_write> input: array<elem>;
+@group(0) @binding(1) var<storage, read_write> weight: array<elem>;
+@group(0) @binding(2) var<storage, read_write> bias: array<elem>;
+@group(0) @binding(3) var<storage, read_write> out: array<elem>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 override PADDED: bool = true;
@@ -74,7 +75,7 @@ fn conv2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             let at = kk * (TILE / 4u) + li / 4u;
             var wv = 0.0;
             if (row_real && gk < depth) {
-                wv = weight[w_base + gk];
+                wv = load_elem(weight[w_base + gk]);
             }
             tile_a[at][li % 4u] = wv;
             var v = 0.0;
@@ -84,7 +85,7 @@ fn conv2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
                 let iy = iy0 + ri * p[14];
                 let ix = ix0 + si * p[15];
                 if (iy >= p[12] && iy - p[12] < h && ix >= p[13] && ix - p[13] < w) {
-                    v = input[in_base + (ci * h + iy - p[12]) * w + ix - p[13]];
+                    v = load_elem(input[in_base + (ci * h + iy - p[12]) * w + ix - p[13]]);
                     real = 1u;
                 }
             }
@@ -140,7 +141,7 @@ fn store(g: u32, gi: u32, gj: u32, lo: vec4<f32>, hi: vec4<f32>) {
     let channel = g * p[16] + gi;
     var b = 0.0;
     if (p[21] != 0u) {
-        b = bias[p[19] + channel];
+        b = load_elem(bias[p[19] + channel]);
     }
     let pixels = p[8] * p[9];
     let cols = p[0] * pixels;
@@ -149,7 +150,8 @@ fn store(g: u32, gi: u32, gj: u32, lo: vec4<f32>, hi: vec4<f32>) {
         if (col < cols) {
             let ni = col / pixels;
             let pixel = col % pixels;
-            out[p[20] + (ni * p[4] + channel) * pixels + pixel] = select(hi[y % 4u], lo[y % 4u], y < 4u) + b;
+            let value = select(hi[y % 4u], lo[y % 4u], y < 4u) + b;
+            out[p[20] + (ni * p[4] + channel) * pixels + pixel] = store_elem(value);
         }
     }
 }

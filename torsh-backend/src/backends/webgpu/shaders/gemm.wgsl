@@ -1,4 +1,5 @@
-// Tiled f32 GEMM over strided operands: C = alpha * op(A) * op(B) + beta * C, C being m x n.
+// Tiled GEMM over strided operands: C = alpha * op(A) * op(B) + beta * C, C being m x n, on elements
+// of type `elem` (`elem_f32.wgsl`, or `elem_f16.wgsl` for f16 storage) with f32 math.
 //
 // Each workgroup computes a TILE x TILE tile of C (TILE = 64 by default, or 32: an override constant, so
 // the autotuner can pick the smaller tile where it gives more workgroups) with (TILE / 8)² threads, each
@@ -14,9 +15,9 @@
 // [4..7) A offset, row stride, column stride, [7..10) B's, [10..13) C's,
 // [13..16) batch strides of A, B, C, [16] alpha and [17] beta as f32 bits.
 
-@group(0) @binding(0) var<storage, read_write> a: array<f32>;
-@group(0) @binding(1) var<storage, read_write> b: array<f32>;
-@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+@group(0) @binding(0) var<storage, read_write> a: array<elem>;
+@group(0) @binding(1) var<storage, read_write> b: array<elem>;
+@group(0) @binding(2) var<storage, read_write> c: array<elem>;
 @group(0) @binding(3) var<storage, read> p: array<u32>;
 
 override TILE: u32 = 64u;
@@ -52,7 +53,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             let gk = k0 + kk;
             var v = 0.0;
             if (gi < m && gk < k) {
-                v = a[a0 + gi * p[5] + gk * p[6]];
+                v = load_elem(a[a0 + gi * p[5] + gk * p[6]]);
             }
             tile_a[kk * (TILE / 4u) + i / 4u][i % 4u] = v;
         }
@@ -64,7 +65,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             let gk = k0 + kk;
             var v = 0.0;
             if (gj < n && gk < k) {
-                v = b[b0 + gk * p[8] + gj * p[9]];
+                v = load_elem(b[b0 + gk * p[8] + gj * p[9]]);
             }
             tile_b[kk * (TILE / 4u) + j / 4u][j % 4u] = v;
         }
@@ -104,9 +105,9 @@ fn store(gi: u32, gj: u32, c0: u32, lo: vec4<f32>, hi: vec4<f32>) {
             let at = c0 + gi * p[11] + col * p[12];
             var v = alpha * select(hi[y % 4u], lo[y % 4u], y < 4u);
             if (beta != 0.0) {
-                v = fma(beta, c[at], v);
+                v = fma(beta, load_elem(c[at]), v);
             }
-            c[at] = v;
+            c[at] = store_elem(v);
         }
     }
 }
