@@ -561,3 +561,156 @@ fn webgpu_gemm_tiles_are_tuned() {
         );
     }
 }
+
+/// A convolution of `x` (`[n, c, hw, hw + 2]`) with `k` output channels, `r`×`r` windows, padding 1
+/// and a bias, from fixed seeds.
+fn convolution(b: &Backend, n: usize, c: usize, hw: usize, k: usize, r: usize) -> Tensor {
+    b.manual_seed((n * 131 + c * 17 + hw * 5 + k + r) as u64);
+    let x = b.randn(&[n, c, hw, hw + 2], DType::F32).unwrap();
+    let w = b.randn(&[k, c, r, r], DType::F32).unwrap();
+    let bias = b.randn(&[k], DType::F32).unwrap();
+    let config = ConvConfig {
+        padding: [1, 1],
+        ..ConvConfig::default()
+    };
+    b.conv2d_with_bias(&x, &w, Some(&bias), config).unwrap()
+}
+
+#[test]
+fn cpu_conv_threading_is_tuned_checked_hit_and_cached() {
+    let dir = scratch_dir("conv");
+    let cache = dir.join("tuning_cache.json");
+    let reference = Backend::reference().unwrap();
+    let b = cpu()
+        .enable_autotuning(true)
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    let shapes = [(1, 3, 9, 5, 3), (2, 16, 20, 24, 3), (1, 64, 28, 32, 1)];
+    for (n, c, hw, k, r) in shapes {
+        let got = convolution(&b, n, c, hw, k, r).to_vec_f64().unwrap();
+        let want = convolution(&reference, n, c, hw, k, r)
+            .to_vec_f64()
+            .unwrap();
+        let cmp = compare(&got, &want);
+        assert!(cmp.within(1e-5), "{n}x{c}x{hw} -> {k} ({r}x{r}): {cmp}");
+    }
+    let stats = b.autotuning_stats();
+    assert_eq!((stats.tuned, stats.rejected), (3, 0), "{stats:?}");
+    // The same layers again: served by the stored choices.
+    for (n, c, hw, k, r) in shapes {
+        let _ = convolution(&b, n, c, hw, k, r);
+    }
+    assert_eq!(b.autotuning_stats().hits, 3);
+    let choices = b.autotuning_choices();
+    let conv_keys: Vec<&String> = choices
+        .iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("conv2d/f32/"))
+        .collect();
+    assert_eq!(conv_keys.len(), 3, "{choices:?}");
+    assert!(
+        choices
+            .iter()
+            .any(|(k, _)| k == "conv2d/f32/m24n896k160/--+B"),
+        "{choices:?}"
+    );
+    // A new process (a new backend) loads them from the file and tunes nothing.
+    let again = cpu()
+        .enable_autotuning(true)
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    for (n, c, hw, k, r) in shapes {
+        let _ = convolution(&again, n, c, hw, k, r);
+    }
+    let stats = again.autotuning_stats();
+    assert_eq!((stats.tuned, stats.hits), (0, 3), "{stats:?}");
+}
+
+/// Both conv variants of the CPU backend compute the reference's convolution into poisoned
+/// outputs: grouped, strided, dilated and depthwise layers included.
+#[test]
+fn every_offered_conv_variant_matches_the_reference() {
+    let b = cpu();
+    let reference = Backend::reference().unwrap();
+    let layers = [
+        (2, 6, 11, 9, 3, [2, 1], [1, 1], [1, 2], 3),
+        (1, 8, 13, 8, 3, [1, 1], [1, 1], [1, 1], 8),
+        (1, 5, 7, 7, 1, [1, 1], [0, 0], [1, 1], 1),
+        (3, 4, 33, 10, 5, [1, 1], [2, 2], [1, 1], 1),
+    ];
+    for (n, c, hw, k, r, stride, padding, dilation, groups) in layers {
+        let make = |be: &Backend| {
+            be.manual_seed(9);
+            let x = be.randn(&[n, c, hw, hw + 1], DType::F32).unwrap();
+            let w = be.randn(&[k, c / groups, r, r], DType::F32).unwrap();
+            let bias = be.randn(&[k], DType::F32).unwrap();
+            (x, w, bias)
+        };
+        let (x, w, bias) = make(&b);
+        let (xr, wr, br) = make(&reference);
+        let config = ConvConfig {
+            stride,
+            padding,
+            dilation,
+            groups,
+        };
+        let want = reference
+            .conv2d_with_bias(&xr, &wr, Some(&br), config)
+            .unwrap();
+        let desc = |out: &Tensor| Conv2dDesc {
+            dtype: DType::F32,
+            input: x.data_ptr(),
+            input_shape: [n, c, hw, hw + 1],
+            weight: w.data_ptr(),
+            weight_shape: [k, c / groups, r, r],
+            bias: Some(bias.data_ptr()),
+            output: out.data_ptr(),
+            output_shape: want.shape().try_into().unwrap(),
+            stride,
+            padding,
+            dilation,
+            groups,
+        };
+        let probe = b.empty(want.shape(), DType::F32).unwrap();
+        let op = TunableOp::Conv2d(desc(&probe));
+        let variants = b.compute().variants(&op);
+        assert_eq!(variants.len(), 2, "{variants:?}");
+        for &variant in variants {
+            let out = b.full(want.shape(), f64::NAN, DType::F32).unwrap();
+            b.compute()
+                .run_variant(&TunableOp::Conv2d(desc(&out)), variant)
+                .unwrap();
+            let cmp = compare(&out.to_vec_f64().unwrap(), &want.to_vec_f64().unwrap());
+            assert!(
+                cmp.within(1e-5),
+                "{variant} on {n}x{c}x{hw} g{groups}: {cmp}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_captured_tuned_conv_replays_on_new_inputs_as_eager() {
+    let b = cpu().enable_autotuning(true);
+    let config = ConvConfig {
+        padding: [1, 1],
+        ..ConvConfig::default()
+    };
+    let x = b.randn(&[1, 8, 12, 12], DType::F32).unwrap();
+    let w = b.randn(&[16, 8, 3, 3], DType::F32).unwrap();
+    let bias = b.randn(&[16], DType::F32).unwrap();
+    let graph = b
+        .capture_graph(|| b.conv2d_with_bias(&x, &w, Some(&bias), config))
+        .unwrap();
+    assert_eq!(b.autotuning_stats().tuned, 1, "tuned inside the capture");
+    let (x2, w2, bias2) = (
+        b.randn(&[1, 8, 12, 12], DType::F32).unwrap(),
+        b.randn(&[16, 8, 3, 3], DType::F32).unwrap(),
+        b.randn(&[16], DType::F32).unwrap(),
+    );
+    let out = b
+        .launch_graph(&graph, &[x2.clone(), w2.clone(), bias2.clone()])
+        .unwrap();
+    let eager = b.conv2d_with_bias(&x2, &w2, Some(&bias2), config).unwrap();
+    assert_eq!(out[0].to_bytes().unwrap(), eager.to_bytes().unwrap());
+}

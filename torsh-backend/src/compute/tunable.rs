@@ -1,49 +1,67 @@
 //! Ops whose kernel or launch configuration a backend may choose among, for the autotuner
 //! (`runtime/autotune.rs`): [`TunableOp`] and the key its choice is stored under.
 
-use super::{Accesses, ComputeBackend, DevicePtr, GemmDesc, Transpose};
+use super::{Accesses, ComputeBackend, Conv2dDesc, DevicePtr, GemmDesc, Transpose};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 /// An op a backend may run with one of several named variants ([`ComputeBackend::variants`]). More
-/// ops will join (conv2d algorithms next), so matches need a wildcard arm.
+/// ops may join, so matches need a wildcard arm.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum TunableOp {
     /// A GEMM; see [`GemmDesc`].
     Gemm(GemmDesc),
+    /// A 2-D convolution; see [`Conv2dDesc`].
+    Conv2d(Conv2dDesc),
 }
 
 /// Which tuned choice serves an op: see [`TunableOp::key`]. Its text form (`Display`), such as
-/// `gemm/f32/m64n64k64/NT+C`, names it in the cache file.
+/// `gemm/f32/m64n64k64/NT+C` or `conv2d/f32/m64n3136k576/-S+B`, names it in the cache file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TuneKey {
     /// The op's name.
     pub op: &'static str,
     /// The element type.
     pub dtype: DType,
-    /// The dims' buckets (GEMM: m, n, k).
+    /// The dims' buckets (GEMM: m, n, k; conv2d: those of its implicit GEMM, output channels per
+    /// group, output positions of the batch, and input channels per group times the window).
     pub dims: [usize; 3],
-    /// Whether each input is transposed.
+    /// GEMM: whether each input is transposed. conv2d: whether it is grouped, and whether it is
+    /// strided or dilated.
     pub transposed: [bool; 2],
-    /// Whether the op reads its output (GEMM with beta ≠ 0).
+    /// GEMM: whether the op reads its output (beta ≠ 0). conv2d: whether it adds a bias.
     pub reads_output: bool,
 }
 
 impl std::fmt::Display for TuneKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let t = |yes: bool| if yes { 'T' } else { 'N' };
+        let conv = self.op == "conv2d";
+        let flag = |yes: bool, on: char, off: char| if yes { on } else { off };
+        let (first, second) = if conv {
+            (
+                flag(self.transposed[0], 'G', '-'),
+                flag(self.transposed[1], 'S', '-'),
+            )
+        } else {
+            (
+                flag(self.transposed[0], 'T', 'N'),
+                flag(self.transposed[1], 'T', 'N'),
+            )
+        };
+        let extra = match (self.reads_output, conv) {
+            (false, _) => "",
+            (true, false) => "+C",
+            (true, true) => "+B",
+        };
         write!(
             f,
-            "{}/{}/m{}n{}k{}/{}{}{}",
+            "{}/{}/m{}n{}k{}/{first}{second}{extra}",
             self.op,
             self.dtype.name(),
             self.dims[0],
             self.dims[1],
             self.dims[2],
-            t(self.transposed[0]),
-            t(self.transposed[1]),
-            if self.reads_output { "+C" } else { "" }
         )
     }
 }
@@ -61,10 +79,11 @@ fn bucket(n: usize) -> usize {
 }
 
 impl TunableOp {
-    /// The op's name ("gemm").
+    /// The op's name ("gemm", "conv2d").
     pub fn name(&self) -> &'static str {
         match self {
             TunableOp::Gemm(_) => "gemm",
+            TunableOp::Conv2d(_) => "conv2d",
         }
     }
 
@@ -72,6 +91,7 @@ impl TunableOp {
     pub fn dtype(&self) -> DType {
         match self {
             TunableOp::Gemm(d) => d.dtype,
+            TunableOp::Conv2d(d) => d.dtype,
         }
     }
 
@@ -79,6 +99,7 @@ impl TunableOp {
     pub fn accesses(&self) -> Result<Accesses> {
         match self {
             TunableOp::Gemm(d) => d.accesses(),
+            TunableOp::Conv2d(d) => d.accesses(),
         }
     }
 
@@ -86,6 +107,7 @@ impl TunableOp {
     pub fn run_default(&self, device: &dyn ComputeBackend) -> Result<()> {
         match self {
             TunableOp::Gemm(d) => device.gemm(d),
+            TunableOp::Conv2d(d) => device.conv2d_forward(d),
         }
     }
 
@@ -101,6 +123,24 @@ impl TunableOp {
                 transposed: [d.trans_a == Transpose::Yes, d.trans_b == Transpose::Yes],
                 reads_output: d.beta != 0.0,
             },
+            TunableOp::Conv2d(d) => {
+                let [n, _, _, _] = d.input_shape;
+                let [k, cg, r, s] = d.weight_shape;
+                let [_, _, oh, ow] = d.output_shape;
+                let positions = n.saturating_mul(oh).saturating_mul(ow);
+                let depth = cg.saturating_mul(r).saturating_mul(s);
+                TuneKey {
+                    op: "conv2d",
+                    dtype: d.dtype,
+                    dims: [
+                        bucket(k / d.groups.max(1)),
+                        bucket(positions),
+                        bucket(depth),
+                    ],
+                    transposed: [d.groups > 1, d.stride != [1, 1] || d.dilation != [1, 1]],
+                    reads_output: d.bias.is_some(),
+                }
+            }
         }
     }
 
@@ -121,6 +161,10 @@ impl TunableOp {
                 c: ptr,
                 ..d.clone()
             }),
+            TunableOp::Conv2d(d) => TunableOp::Conv2d(Conv2dDesc {
+                output: ptr,
+                ..d.clone()
+            }),
         }
     }
 
@@ -128,6 +172,13 @@ impl TunableOp {
     pub(crate) fn pointers_mut(&mut self) -> Vec<&mut DevicePtr> {
         match self {
             TunableOp::Gemm(d) => vec![&mut d.a, &mut d.b, &mut d.c],
+            TunableOp::Conv2d(d) => {
+                let mut ptrs = vec![&mut d.input, &mut d.weight, &mut d.output];
+                if let Some(b) = d.bias.as_mut() {
+                    ptrs.push(b);
+                }
+                ptrs
+            }
         }
     }
 }

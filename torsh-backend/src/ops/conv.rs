@@ -1,7 +1,7 @@
 //! `conv2d` over NCHW tensors with stride, padding, dilation, groups and an optional bias.
 
 use crate::backend::Backend;
-use crate::compute::Conv2dDesc;
+use crate::compute::{Conv2dDesc, TunableOp};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -93,7 +93,8 @@ impl Backend {
         }
         let (x, w) = (input.contiguous()?, weight.contiguous()?);
         let b = bias.map(|b| b.contiguous()).transpose()?;
-        self.compute().conv2d_forward(&Conv2dDesc {
+        // The autotuner may choose among the backend's ways of running it.
+        self.run_tunable(&TunableOp::Conv2d(Conv2dDesc {
             dtype,
             input: x.data_ptr(),
             input_shape,
@@ -106,7 +107,7 @@ impl Backend {
             padding: config.padding,
             dilation: config.dilation,
             groups: config.groups,
-        })?;
+        }))?;
         Ok(out)
     }
 }

@@ -115,12 +115,18 @@ impl CpuBackend {
         acc: Accesses,
         kernel: impl FnOnce(&mut HostMemory, Ctx) -> Result<()> + Send,
     ) -> Result<()> {
-        // Saturating: `run` rejects regions whose sizes overflow, with a typed error.
-        let bytes = acc
-            .regions
-            .iter()
-            .fold(0usize, |sum, r| sum.saturating_add(r.bytes));
-        self.on_pool(bytes >= INLINE_BYTES, |threads| {
+        let parallel = kernel_is_parallel(&acc);
+        self.kernel_on(acc, parallel, kernel)
+    }
+
+    /// [`CpuBackend::kernel`] on the pool when `parallel`, else on the calling thread.
+    fn kernel_on(
+        &self,
+        acc: Accesses,
+        parallel: bool,
+        kernel: impl FnOnce(&mut HostMemory, Ctx) -> Result<()> + Send,
+    ) -> Result<()> {
+        self.on_pool(parallel, |threads| {
             let ctx = Ctx {
                 threads,
                 simd: self.simd,
@@ -182,7 +188,18 @@ impl CpuBackend {
     }
 }
 
-/// The autotuner's names for a GEMM on the thread pool and on the calling thread.
+/// Whether a kernel over `acc` runs on the pool by default: when it touches at least
+/// [`INLINE_BYTES`].
+fn kernel_is_parallel(acc: &Accesses) -> bool {
+    // Saturating: `run` rejects regions whose sizes overflow, with a typed error.
+    let bytes = acc
+        .regions
+        .iter()
+        .fold(0usize, |sum, r| sum.saturating_add(r.bytes));
+    bytes >= INLINE_BYTES
+}
+
+/// The autotuner's names for a GEMM or a convolution on the thread pool and on the calling thread.
 const GEMM_POOL: &str = "threads:pool";
 const GEMM_INLINE: &str = "threads:1";
 
@@ -318,6 +335,11 @@ impl ComputeBackend for CpuBackend {
                     &[GEMM_INLINE, GEMM_POOL]
                 }
             }
+            TunableOp::Conv2d(d) if self.threads > 1 => match self.takes(d.dtype, d.accesses()) {
+                Some(acc) if kernel_is_parallel(&acc) => &[GEMM_POOL, GEMM_INLINE],
+                Some(_) => &[GEMM_INLINE, GEMM_POOL],
+                None => &[],
+            },
             _ => &[],
         }
     }
@@ -329,6 +351,16 @@ impl ComputeBackend for CpuBackend {
             }
             (TunableOp::Gemm(d), GEMM_INLINE) if self.variants(op).contains(&GEMM_INLINE) => {
                 self.gemm_threaded(d, Some(false))
+            }
+            (TunableOp::Conv2d(d), GEMM_POOL | GEMM_INLINE)
+                if self.variants(op).contains(&variant) =>
+            {
+                let acc = self.takes(d.dtype, d.accesses()).ok_or_else(|| {
+                    BackendError::invalid("conv2d", "internal: a tuned conv left the SIMD path")
+                })?;
+                self.kernel_on(acc, variant == GEMM_POOL, |mem, ctx| {
+                    conv::conv2d(mem, d, ctx)
+                })
             }
             _ => Err(BackendError::invalid(
                 op.name(),
