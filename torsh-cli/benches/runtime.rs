@@ -3,15 +3,15 @@
 //! backend's own allocator, and a host buffer from the system allocator, at 4 KiB and 4 MiB, on the CPU
 //! backend and (where an adapter exists) on WebGPU; and a chain of 50 small elementwise ops run
 //! eagerly against the same chain captured once and replayed with `launch_graph`, on the reference,
-//! CPU and WebGPU backends; and GEMMs of sizes where the default kernel choice is in doubt, with the
-//! autotuner off and on (CPU: calling thread or pool; WebGPU: 64- or 32-wide tiles). After the runs,
-//! the medians and the ratios are printed.
+//! CPU and WebGPU backends; and GEMMs and convolutions of sizes where the default kernel choice is in
+//! doubt, with the autotuner off and on (CPU: calling thread or pool; WebGPU GEMM: 64- or 32-wide
+//! tiles). After the runs, the medians and the ratios are printed.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
-use torsh_backend::{Backend, BackendType, DType, MemoryPoolConfig, Tensor};
+use torsh_backend::{Backend, BackendType, ConvConfig, DType, MemoryPoolConfig, Tensor};
 
 /// Median seconds per call of `f` over `rounds` rounds of `k` calls.
 fn median_per_call(mut f: impl FnMut(), k: usize, rounds: usize) -> f64 {
@@ -127,50 +127,101 @@ fn graph_replay(c: &mut Criterion, kind: BackendType, len: usize) {
     );
 }
 
-/// f32 GEMMs of `shapes` with the backend's default kernels against the autotuner's choices, on one
-/// backend instance with tuning switched off and on (two CPU backends would have two thread pools
-/// competing for the cores).
-fn autotuned_gemm(c: &mut Criterion, kind: BackendType, shapes: &[(usize, usize, usize)]) {
-    let Ok(b) = Backend::new(kind) else {
-        eprintln!("runtime bench: {kind} unavailable, skipped");
-        return;
-    };
+/// A run of one op on a backend, on inputs made once; `None` when it fails.
+type Run = Box<dyn Fn(&Backend) -> Option<Tensor>>;
+
+/// One op of the autotune benchmark on a backend: its label, its flops, a piece of its tuning key
+/// (to report the choice), and a run of it on inputs made once.
+struct TunedCase {
+    label: String,
+    flops: f64,
+    key: String,
+    run: Run,
+}
+
+/// f32 GEMMs of `shapes` (m, k, n) on `b`.
+fn gemm_cases(b: &Backend, shapes: &[(usize, usize, usize)]) -> Vec<TunedCase> {
+    shapes
+        .iter()
+        .filter_map(|&(m, k, n)| {
+            let (x, w) = (
+                b.randn(&[m, k], DType::F32).ok()?,
+                b.randn(&[k, n], DType::F32).ok()?,
+            );
+            Some(TunedCase {
+                label: format!("GEMM {m}x{k}x{n}"),
+                flops: 2.0 * (m * k * n) as f64,
+                // The column-major problem is n x m: its key starts with m = n.
+                key: format!("gemm/f32/m{n}"),
+                run: Box::new(move |be: &Backend| be.matmul(&x, &w).ok()),
+            })
+        })
+        .collect()
+}
+
+/// f32 convolutions of `layers` (n, c, hw, k, r; padding r / 2, bias) on `b`.
+fn conv_cases(b: &Backend, layers: &[(usize, usize, usize, usize, usize)]) -> Vec<TunedCase> {
+    layers
+        .iter()
+        .filter_map(|&(n, c, hw, k, r)| {
+            let x = b.randn(&[n, c, hw, hw], DType::F32).ok()?;
+            let w = b.randn(&[k, c, r, r], DType::F32).ok()?;
+            let bias = b.randn(&[k], DType::F32).ok()?;
+            let config = ConvConfig {
+                padding: [r / 2, r / 2],
+                ..ConvConfig::default()
+            };
+            Some(TunedCase {
+                label: format!("conv2d N{n} C{c} {hw}x{hw} K{k} {r}x{r}"),
+                flops: 2.0 * (n * k * hw * hw * c * r * r) as f64,
+                key: "conv2d/f32/".into(),
+                run: Box::new(move |be: &Backend| {
+                    be.conv2d_with_bias(&x, &w, Some(&bias), config).ok()
+                }),
+            })
+        })
+        .collect()
+}
+
+/// Each case with the backend's default kernels against the autotuner's choices, on one backend
+/// instance with tuning switched off and on (two CPU backends would have two thread pools competing
+/// for the cores).
+fn autotuned(c: &mut Criterion, b: &Backend, name: &str, cases: Vec<TunedCase>) {
+    let kind = b.backend_type();
     let (plain, tuned) = (b.clone(), b.clone());
-    let mut group = c.benchmark_group(format!("gemm_autotune_{kind}"));
+    let mut group = c.benchmark_group(format!("{name}_autotune_{kind}"));
     group.sample_size(20);
     group.measurement_time(Duration::from_secs(2));
-    for &(m, k, n) in shapes {
-        let (Ok(x), Ok(w)) = (b.randn(&[m, k], DType::F32), b.randn(&[k, n], DType::F32)) else {
-            return;
-        };
-        // The first tuned product tunes the key.
-        if b.clone().enable_autotuning(true).matmul(&x, &w).is_err() {
+    for case in cases {
+        // The first tuned run tunes the key.
+        let before: Vec<String> = b.autotuning_choices().into_iter().map(|(k, _)| k).collect();
+        if (case.run)(&b.clone().enable_autotuning(true)).is_none() {
             return;
         }
         let mut plain_run = || {
             let b = plain.clone().enable_autotuning(false);
-            black_box(b.matmul(&x, &w).ok());
+            black_box((case.run)(&b));
             let _ = b.synchronize();
         };
         let mut tuned_run = || {
             let b = tuned.clone().enable_autotuning(true);
-            black_box(b.matmul(&x, &w).ok());
+            black_box((case.run)(&b));
             let _ = b.synchronize();
         };
-        let id = format!("{m}x{k}x{n}");
-        group.bench_function(BenchmarkId::new("default", &id), |t| t.iter(&mut plain_run));
-        group.bench_function(BenchmarkId::new("autotuned", &id), |t| {
+        group.bench_function(BenchmarkId::new("default", &case.label), |t| {
+            t.iter(&mut plain_run)
+        });
+        group.bench_function(BenchmarkId::new("autotuned", &case.label), |t| {
             t.iter(&mut tuned_run)
         });
         let (p, t) = (
             median_per_call(&mut plain_run, 10, 9),
             median_per_call(&mut tuned_run, 10, 9),
         );
-        let key = format!("m{}", n); // the column-major problem is n x m: its key starts with m = n
         let chosen = b
             .autotuning_choices()
             .into_iter()
-            .filter(|(k, _)| k.contains(&key))
+            .filter(|(k, _)| k.starts_with(&case.key) && !before.contains(k))
             .map(|(key, choice)| {
                 format!(
                     "{key} → {} (tuning saw {:.1} µs; default {:.1} µs)",
@@ -179,17 +230,34 @@ fn autotuned_gemm(c: &mut Criterion, kind: BackendType, shapes: &[(usize, usize,
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let flops = 2.0 * (m * k * n) as f64;
         println!(
-            "f32 GEMM {id} on {kind}: default {:.1} µs ({:.2} GFLOP/s), autotuned {:.1} µs ({:.2} GFLOP/s), {:.2}x; {chosen}",
+            "f32 {} on {kind}: default {:.1} µs ({:.2} GFLOP/s), autotuned {:.1} µs ({:.2} GFLOP/s), {:.2}x; {chosen}",
+            case.label,
             p * 1e6,
-            flops / p / 1e9,
+            case.flops / p / 1e9,
             t * 1e6,
-            flops / t / 1e9,
+            case.flops / t / 1e9,
             p / t
         );
     }
     group.finish();
+}
+
+/// The autotune benchmark on `kind`: `gemms` and `convs` (skipped when the backend is unavailable).
+fn autotuned_on(
+    c: &mut Criterion,
+    kind: BackendType,
+    gemms: &[(usize, usize, usize)],
+    convs: &[(usize, usize, usize, usize, usize)],
+) {
+    let Ok(b) = Backend::new(kind) else {
+        eprintln!("runtime bench: {kind} unavailable, skipped");
+        return;
+    };
+    let cases = gemm_cases(&b, gemms);
+    autotuned(c, &b, "gemm", cases);
+    let cases = conv_cases(&b, convs);
+    autotuned(c, &b, "conv2d", cases);
 }
 
 fn main() {
@@ -208,11 +276,24 @@ fn main() {
     }
     let around_the_threading_threshold =
         [(48, 48, 48), (96, 96, 96), (128, 128, 128), (256, 16, 256)];
-    autotuned_gemm(&mut c, BackendType::Cpu, &around_the_threading_threshold);
-    autotuned_gemm(
+    // Convolutions around the CPU's pool threshold: a small early layer, mid-size 3x3 and 1x1.
+    let layers = [
+        (1, 16, 28, 16, 3),
+        (1, 32, 14, 32, 3),
+        (1, 64, 14, 64, 1),
+        (1, 64, 28, 64, 3),
+    ];
+    autotuned_on(
+        &mut c,
+        BackendType::Cpu,
+        &around_the_threading_threshold,
+        &layers,
+    );
+    autotuned_on(
         &mut c,
         BackendType::WebGpu,
         &[(64, 64, 64), (128, 128, 128), (96, 512, 96)],
+        &[],
     );
     c.final_summary();
 }
