@@ -24,7 +24,7 @@
 //!   completed; a request that would otherwise fail waits for the rest first, as does `empty_cache`.
 //!   Backends whose ops complete before they return, and single-queue WebGPU, give no fences.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::compute::{ComputeBackend, DevicePtr, MemoryFence};
 use crate::error::{BackendError, Result};
@@ -166,7 +166,7 @@ pub struct MemoryPool {
     /// Blocks handed out: address to segment base.
     live: HashMap<u64, u64>,
     /// Blocks freed behind a fence: (address, segment base, fence), in order of freeing.
-    fenced: Vec<(u64, u64, Box<dyn MemoryFence>)>,
+    fenced: VecDeque<(u64, u64, Box<dyn MemoryFence>)>,
     stats: MemoryStats,
 }
 
@@ -194,7 +194,7 @@ impl MemoryPool {
             free_large: BTreeSet::new(),
             free_shared: BTreeSet::new(),
             live: HashMap::new(),
-            fenced: Vec::new(),
+            fenced: VecDeque::new(),
             stats: MemoryStats::default(),
         };
         if config.initial_size > 0 && config.strategy != AllocationStrategy::Exact {
@@ -286,7 +286,7 @@ impl MemoryPool {
         match fence {
             Some(fence) => {
                 self.stats.fenced_bytes += size;
-                self.fenced.push((ptr.0, base, fence));
+                self.fenced.push_back((ptr.0, base, fence));
             }
             None => self.make_reusable(base, ptr.0),
         }
@@ -322,30 +322,30 @@ impl MemoryPool {
         self.free_set(kind).insert((size, addr));
     }
 
-    /// Makes the fenced blocks whose fences have completed reusable; with `wait`, waits for every
-    /// fence first. The backend's error when a fence cannot be queried or waited for (the blocks
-    /// not known to be done stay fenced).
+    /// Makes fenced blocks reusable, oldest first, up to the first whose fence has not completed
+    /// (fences are recorded in order, so later ones are rarely done before it, and a request then
+    /// queries one fence, not every one); with `wait`, waits for every fence. The backend's error
+    /// when a fence cannot be queried or waited for (the blocks not known to be done stay fenced).
     fn reclaim(&mut self, wait: bool) -> Result<()> {
-        let mut i = 0;
-        while i < self.fenced.len() {
-            let fence = &self.fenced[i].2;
+        while let Some((_, _, fence)) = self.fenced.front() {
             let done = if wait {
                 fence.wait().map(|()| true)
             } else {
                 fence.is_complete()
             }?;
-            if done {
-                let (addr, base, _) = self.fenced.swap_remove(i);
-                let size = self
-                    .segments
-                    .get(&base)
-                    .and_then(|s| s.blocks.get(&addr))
-                    .map_or(0, |b| b.size);
-                self.stats.fenced_bytes -= size;
-                self.make_reusable(base, addr);
-            } else {
-                i += 1;
+            if !done {
+                break;
             }
+            let Some((addr, base, _)) = self.fenced.pop_front() else {
+                break;
+            };
+            let size = self
+                .segments
+                .get(&base)
+                .and_then(|s| s.blocks.get(&addr))
+                .map_or(0, |b| b.size);
+            self.stats.fenced_bytes -= size;
+            self.make_reusable(base, addr);
         }
         Ok(())
     }
