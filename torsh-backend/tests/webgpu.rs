@@ -1579,7 +1579,7 @@ fn f16_elementwise_and_products_run_natively_and_match_the_staged_path_bit_for_b
     }
     // Products: f32 accumulation on f16 storage, one rounding, as the staged path (GEMM with a
     // transposed operand and beta, batched GEMM, GEMV with beta, conv2d padded and strided with bias,
-    // attention on the tiled and the row kernel), at sizes off every tile.
+    // attention on the tiled and the row kernel), and pooling, at sizes off every tile.
     let products = |b: &Backend| -> Vec<torsh_backend::Tensor> {
         b.manual_seed(17);
         let h = |shape: &[usize]| {
@@ -1605,6 +1605,12 @@ fn f16_elementwise_and_products_run_natively_and_match_the_staged_path_bit_for_b
             )
             .unwrap()
         };
+        let pooling = |count_include_pad: bool| torsh_backend::Pool2dConfig {
+            kernel: [3, 2],
+            stride: [2, 1],
+            padding: [1, 1],
+            count_include_pad,
+        };
         let attention = |dim: usize, causal: bool| {
             let (q, k, v) = (
                 h(&[1, 2, 19, dim]),
@@ -1622,6 +1628,9 @@ fn f16_elementwise_and_products_run_natively_and_match_the_staged_path_bit_for_b
             conv(0, 2),
             attention(40, true),
             attention(136, false),
+            b.max_pool2d(&image, pooling(true)).unwrap(),
+            b.avg_pool2d(&image, pooling(true)).unwrap(),
+            b.avg_pool2d(&image, pooling(false)).unwrap(),
         ]
     };
     for (i, (got, want)) in products(&native).iter().zip(products(&staged)).enumerate() {

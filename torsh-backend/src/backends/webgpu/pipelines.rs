@@ -151,10 +151,23 @@ pub(crate) const ATTENTION_F16: Module = Module {
     data: 4,
 };
 
-/// `shaders/pool.wgsl`: max and average pooling (input, output).
+/// `shaders/pool.wgsl`: max and average pooling (input, output), on f32 elements.
 pub(crate) const POOL: Module = Module {
     name: "pool.wgsl",
-    source: include_str!("shaders/pool.wgsl"),
+    source: concat!(
+        include_str!("shaders/elem_f32.wgsl"),
+        include_str!("shaders/pool.wgsl")
+    ),
+    data: 2,
+};
+
+/// [`POOL`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const POOL_F16: Module = Module {
+    name: "pool.wgsl+f16",
+    source: concat!(
+        include_str!("shaders/elem_f16.wgsl"),
+        include_str!("shaders/pool.wgsl")
+    ),
     data: 2,
 };
 

@@ -1,5 +1,6 @@
-//! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: f32 2-D pooling (one invocation
-//! per output) and batch normalisation (one workgroup per channel). Other dtypes, misaligned operands
+//! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: 2-D pooling in f32, and in f16 where
+//! the device has `SHADER_F16` (one invocation per output), and f32 batch normalisation (one workgroup
+//! per channel). Other dtypes, misaligned operands
 //! and sizes beyond the kernels' 32-bit words answer [`Launch::Stage`].
 
 use crate::compute::{BatchNormDesc, DevicePtr, Pool2dDesc, PoolKind};
@@ -10,7 +11,8 @@ use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
 use super::pipelines::{
-    combining, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_SUBGROUP, POOL,
+    combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_SUBGROUP,
+    POOL, POOL_F16,
 };
 
 /// `values` as parameter words, or `None` when one does not fit in 32 bits.
@@ -18,11 +20,11 @@ fn words(values: &[usize]) -> Option<Vec<u32>> {
     values.iter().map(|&v| u32::try_from(v).ok()).collect()
 }
 
-/// f32 max or average pooling.
+/// Max or average pooling in f32, or f16 (f32 math) where the device has `SHADER_F16`.
 pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, POOL, POOL_F16) else {
         return Ok(Launch::Stage);
-    }
+    };
     if d.output_shape.contains(&0) {
         return Ok(Launch::Done);
     }
@@ -30,8 +32,8 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
     let [_, _, oh, ow] = d.output_shape;
     let outputs = n * c * oh * ow;
     let (Some(x), Some(out)) = (
-        mem.words_u32(d.input, n * c * h * w)?,
-        mem.words_u32(d.output, outputs)?,
+        mem.elements_u32(d.input, n * c * h * w, size)?,
+        mem.elements_u32(d.output, outputs, size)?,
     ) else {
         return Ok(Launch::Stage);
     };
@@ -81,7 +83,7 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: POOL,
+            module,
             entry: "pool2d",
             constants: &[],
             buffers: &[x.0, out.0],

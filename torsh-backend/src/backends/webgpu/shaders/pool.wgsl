@@ -1,4 +1,5 @@
-// 2-D max and average pooling in f32 over contiguous NCHW tensors: one invocation per output
+// 2-D max and average pooling with f32 math on `elem` elements (`elem_f32.wgsl`, or `elem_f16.wgsl`
+// for f16 storage) over contiguous NCHW tensors: one invocation per output
 // element, looping over its window; taps on padding are skipped. Max: NaN propagates, the first of
 // equal values is kept, a window of padding only gives -inf (as the reference). Average: divided by
 // the full window (count_include_pad) or by the real elements.
@@ -7,8 +8,8 @@
 // [6] kernel x, [7] stride y, [8] stride x, [9] pad y, [10] pad x, [11] kind (0 max, 1 average
 // counting padding, 2 average over real elements), [12] input offset, [13] output offset.
 
-@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read_write> x: array<elem>;
+@group(0) @binding(1) var<storage, read_write> out: array<elem>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 fn is_nan(v: f32) -> bool {
@@ -43,7 +44,7 @@ fn pool2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
             if (ix < p[10] || ix - p[10] >= w) {
                 continue;
             }
-            let v = x[base + (iy - p[9]) * w + ix - p[10]];
+            let v = load_elem(x[base + (iy - p[9]) * w + ix - p[10]]);
             if (is_nan(v) || is_nan(best)) {
                 best = bitcast<f32>(0x7fc00000u);
             } else if (v > best) {
@@ -59,5 +60,5 @@ fn pool2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     } else if (p[11] == 2u) {
         result = sum / f32(count);
     }
-    out[p[13] + o] = result;
+    out[p[13] + o] = store_elem(result);
 }
