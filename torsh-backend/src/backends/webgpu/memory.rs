@@ -256,6 +256,24 @@ impl Memory {
         self.elements_u32(ptr, elements, 4)
     }
 
+    /// [`Memory::words_u32`] for each `(ptr, elements)` in turn: their buffers and word offsets, or
+    /// `None` when any one is misaligned or out of 32-bit reach.
+    pub fn words_u32_each(
+        &self,
+        operands: &[(DevicePtr, usize)],
+    ) -> Result<Option<(Vec<&wgpu::Buffer>, Vec<u32>)>> {
+        let mut buffers = Vec::with_capacity(operands.len());
+        let mut offsets = Vec::with_capacity(operands.len());
+        for &(ptr, elements) in operands {
+            let Some((buffer, words)) = self.words_u32(ptr, elements)? else {
+                return Ok(None);
+            };
+            buffers.push(buffer);
+            offsets.push(words);
+        }
+        Ok(Some((buffers, offsets)))
+    }
+
     /// [`Memory::words_u32`] for elements of `size` bytes.
     pub fn elements_u32(
         &self,

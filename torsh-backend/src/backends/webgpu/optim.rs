@@ -21,15 +21,10 @@ pub(crate) fn adam_step(
     if d.dtype != DType::F32 {
         return Ok(Launch::Stage);
     }
-    let mut buffers = Vec::with_capacity(4);
-    let mut offsets = Vec::with_capacity(4);
-    for ptr in [d.params, d.grads, d.exp_avg, d.exp_avg_sq] {
-        let Some((buffer, words)) = mem.words_u32(ptr, d.len)? else {
-            return Ok(Launch::Stage);
-        };
-        buffers.push(buffer);
-        offsets.push(words);
-    }
+    let operands = [d.params, d.grads, d.exp_avg, d.exp_avg_sq].map(|ptr| (ptr, d.len));
+    let Some((buffers, offsets)) = mem.words_u32_each(&operands)? else {
+        return Ok(Launch::Stage);
+    };
     let Ok(n) = u32::try_from(d.len) else {
         return Ok(Launch::Stage);
     };
@@ -82,19 +77,14 @@ pub(crate) fn unscale_and_check(
         return Ok(Launch::Stage);
     }
     let operands = [(d.input, d.len), (d.output, d.len), (d.found_inf, 1)];
-    let mut buffers = Vec::with_capacity(3);
-    let mut p = Vec::with_capacity(5);
     let Ok(n) = u32::try_from(d.len) else {
         return Ok(Launch::Stage);
     };
-    p.push(n);
-    for (ptr, len) in operands {
-        let Some((buffer, words)) = mem.words_u32(ptr, len)? else {
-            return Ok(Launch::Stage);
-        };
-        buffers.push(buffer);
-        p.push(words);
-    }
+    let Some((buffers, offsets)) = mem.words_u32_each(&operands)? else {
+        return Ok(Launch::Stage);
+    };
+    let mut p = vec![n];
+    p.extend(offsets);
     // The scale rounded to f32 once, as `mul` by a scalar rounds it.
     p.push((d.inv_scale as f32).to_bits());
     kernels.dispatch(
