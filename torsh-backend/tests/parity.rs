@@ -85,6 +85,7 @@ parity_tests!(
     reduce,
     pool2d,
     adam,
+    unscale,
     cast_copy,
     random,
 );

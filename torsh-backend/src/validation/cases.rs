@@ -88,6 +88,11 @@ pub fn all() -> Vec<ParityCase> {
             body: adam,
         },
         ParityCase {
+            op: "unscale",
+            dtypes: FLOATS,
+            body: unscale,
+        },
+        ParityCase {
             op: "cast_copy",
             dtypes: FLOATS,
             body: cast_copy,
@@ -387,6 +392,23 @@ fn adam(i: &mut Inputs) -> Result<Vec<Tensor>> {
         out.extend(state.exp_avg().iter().cloned());
         out.extend(state.exp_avg_sq().iter().cloned());
     }
+    Ok(out)
+}
+
+/// The loss scaler's fused unscale and inf/NaN check: finite gradients (one a strided view) at a
+/// power-of-two and an odd scale, then a set holding an infinity; the flag becomes a 0/1 tensor.
+fn unscale(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let mut out = Vec::new();
+    let grads = vec![i.normal(&[7, 3])?, i.normal(&[4, 5])?.t()?, i.normal(&[1])?];
+    for inv_scale in [1.0 / 1024.0, 0.37] {
+        let (unscaled, found) = b.unscale_and_check(&grads, inv_scale)?;
+        out.extend(unscaled);
+        out.push(b.full(&[1], f64::from(u8::from(found)), DType::F64)?);
+    }
+    let poisoned = b.from_f64(&[1.0, f64::INFINITY, -2.0], &[3], i.dtype())?;
+    let (_, found) = b.unscale_and_check(&[grads[0].clone(), poisoned], 0.5)?;
+    out.push(b.full(&[1], f64::from(u8::from(found)), DType::F64)?);
     Ok(out)
 }
 
