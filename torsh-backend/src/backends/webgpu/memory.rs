@@ -229,15 +229,9 @@ impl Memory {
         })
     }
 
-    /// The buffer holding `ptr` and the offset of `ptr` in it in 32-bit words, when that offset is
-    /// 4-byte aligned; `None` when it is not (the kernels index 4-byte elements, so such an operand
-    /// is staged, `staging.rs`). `InvalidPointer` as [`Memory::place`].
-    pub fn words(&self, ptr: DevicePtr) -> Result<Option<(&wgpu::Buffer, usize)>> {
-        self.elements(ptr, 4)
-    }
-
-    /// [`Memory::words`] for elements of `size` bytes: the offset of `ptr` in its buffer in
-    /// elements, when it is a multiple of `size`.
+    /// The buffer holding `ptr` and the offset of `ptr` in it in elements of `size` bytes, when that
+    /// offset is a multiple of `size`; `None` when it is not (the kernels index whole elements, so
+    /// such an operand is staged, `staging.rs`). `InvalidPointer` as [`Memory::place`].
     pub fn elements(&self, ptr: DevicePtr, size: usize) -> Result<Option<(&wgpu::Buffer, usize)>> {
         let at = self.place(ptr, 0)?;
         Ok(at
@@ -246,26 +240,18 @@ impl Memory {
             .then_some((at.buffer, (at.offset / size as u64) as usize)))
     }
 
-    /// [`Memory::words`] for an operand of `elements` 4-byte elements, with the word offset as a
-    /// `u32`: `None` also when the operand's last word is past what 32-bit indices reach.
-    pub fn words_u32(
-        &self,
-        ptr: DevicePtr,
-        elements: usize,
-    ) -> Result<Option<(&wgpu::Buffer, u32)>> {
-        self.elements_u32(ptr, elements, 4)
-    }
-
-    /// [`Memory::words_u32`] for each `(ptr, elements)` in turn: their buffers and word offsets, or
-    /// `None` when any one is misaligned or out of 32-bit reach.
-    pub fn words_u32_each(
+    /// [`Memory::elements_u32`] for each `(ptr, elements)` in turn, of elements of `size` bytes:
+    /// their buffers and element offsets, or `None` when any one is misaligned or out of 32-bit
+    /// reach.
+    pub fn elements_u32_each(
         &self,
         operands: &[(DevicePtr, usize)],
+        size: usize,
     ) -> Result<Option<(Vec<&wgpu::Buffer>, Vec<u32>)>> {
         let mut buffers = Vec::with_capacity(operands.len());
         let mut offsets = Vec::with_capacity(operands.len());
         for &(ptr, elements) in operands {
-            let Some((buffer, words)) = self.words_u32(ptr, elements)? else {
+            let Some((buffer, words)) = self.elements_u32(ptr, elements, size)? else {
                 return Ok(None);
             };
             buffers.push(buffer);
@@ -274,7 +260,9 @@ impl Memory {
         Ok(Some((buffers, offsets)))
     }
 
-    /// [`Memory::words_u32`] for elements of `size` bytes.
+    /// [`Memory::elements`] for an operand of `elements` elements of `size` bytes, with the element
+    /// offset as a `u32`: `None` also when the operand's last element is past what 32-bit indices
+    /// reach.
     pub fn elements_u32(
         &self,
         ptr: DevicePtr,

@@ -1,28 +1,31 @@
-//! Host side of `shaders/optim.wgsl`: one fused Adam/AdamW step in f32. Bias corrections, `1 - β`
+//! Host side of `shaders/optim.wgsl`: one fused Adam/AdamW step, in f32, and in f16 (f32 math) where
+//! the device has `SHADER_F16`. Bias corrections, `1 - β`
 //! and the AdamW decay factor are computed here in f64 and passed rounded to f32. And of
-//! `shaders/unscale.wgsl`: the loss scaler's fused unscale and inf/NaN check.
+//! `shaders/unscale.wgsl`: the loss scaler's fused unscale and inf/NaN check, in the same dtypes.
 
 use crate::compute::{AdamDesc, UnscaleDesc};
-use crate::dtype::DType;
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{grid_1d, Dispatch, Kernels, OPTIM, UNSCALE};
+use super::pipelines::{
+    for_dtype, grid_1d, Dispatch, Kernels, OPTIM, OPTIM_F16, UNSCALE, UNSCALE_F16,
+};
 
-/// An f32 Adam or AdamW step; `Stage` for other dtypes, misaligned operands or offsets beyond 32 bits.
+/// An Adam or AdamW step in f32 or (with `SHADER_F16`) f16; `Stage` for other dtypes, misaligned
+/// operands or offsets beyond 32 bits.
 pub(crate) fn adam_step(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &Memory,
     d: &AdamDesc,
 ) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, OPTIM, OPTIM_F16) else {
         return Ok(Launch::Stage);
-    }
+    };
     let operands = [d.params, d.grads, d.exp_avg, d.exp_avg_sq].map(|ptr| (ptr, d.len));
-    let Some((buffers, offsets)) = mem.words_u32_each(&operands)? else {
+    let Some((buffers, offsets)) = mem.elements_u32_each(&operands, size)? else {
         return Ok(Launch::Stage);
     };
     let Ok(n) = u32::try_from(d.len) else {
@@ -54,7 +57,7 @@ pub(crate) fn adam_step(
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: OPTIM,
+            module,
             entry: "adam",
             constants: &[],
             buffers: &buffers,
@@ -65,32 +68,37 @@ pub(crate) fn adam_step(
     Ok(Launch::Done)
 }
 
-/// The f32 unscale and check; `Stage` for other dtypes, misaligned operands or offsets beyond 32
-/// bits.
+/// The unscale and check in f32 or (with `SHADER_F16`) f16; `Stage` for other dtypes, misaligned
+/// operands or offsets beyond 32 bits.
 pub(crate) fn unscale_and_check(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &Memory,
     d: &UnscaleDesc,
 ) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, UNSCALE, UNSCALE_F16) else {
         return Ok(Launch::Stage);
-    }
-    let operands = [(d.input, d.len), (d.output, d.len), (d.found_inf, 1)];
+    };
+    let operands = [(d.input, d.len), (d.output, d.len)];
     let Ok(n) = u32::try_from(d.len) else {
         return Ok(Launch::Stage);
     };
-    let Some((buffers, offsets)) = mem.words_u32_each(&operands)? else {
+    let (Some((mut buffers, offsets)), Some(flag)) = (
+        mem.elements_u32_each(&operands, size)?,
+        mem.elements_u32(d.found_inf, 1, 4)?,
+    ) else {
         return Ok(Launch::Stage);
     };
+    buffers.push(flag.0);
     let mut p = vec![n];
     p.extend(offsets);
+    p.push(flag.1);
     // The scale rounded to f32 once, as `mul` by a scalar rounds it.
     p.push((d.inv_scale as f32).to_bits());
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: UNSCALE,
+            module,
             entry: "unscale",
             constants: &[],
             buffers: &buffers,

@@ -27,172 +27,187 @@ pub(crate) struct Module {
     pub data: u32,
 }
 
+/// A [`Module`] named `name` with `data` data bindings, whose source is the given files of
+/// `shaders/` joined in order (preludes first).
+macro_rules! wgsl {
+    ($name:literal, $data:literal, [$($file:literal),+ $(,)?]) => {
+        Module {
+            name: $name,
+            source: concat!($(include_str!(concat!("shaders/", $file))),+),
+            data: $data,
+        }
+    };
+}
+
 /// `shaders/elementwise.wgsl`: fill, copy, unary, binary, on f32 elements (`shaders/elem_f32.wgsl`).
-pub(crate) const ELEMENTWISE: Module = Module {
-    name: "elementwise.wgsl",
-    source: concat!(
-        include_str!("shaders/elem_f32.wgsl"),
-        include_str!("shaders/elementwise.wgsl")
-    ),
-    data: 3,
-};
+pub(crate) const ELEMENTWISE: Module =
+    wgsl!("elementwise.wgsl", 3, ["elem_f32.wgsl", "elementwise.wgsl"]);
 
 /// [`ELEMENTWISE`] on f16 elements (`shaders/elem_f16.wgsl`), for devices with
 /// `wgpu::Features::SHADER_F16`.
-pub(crate) const ELEMENTWISE_F16: Module = Module {
-    name: "elementwise.wgsl+f16",
-    source: concat!(
-        include_str!("shaders/elem_f16.wgsl"),
-        include_str!("shaders/elementwise.wgsl")
-    ),
-    data: 3,
-};
+pub(crate) const ELEMENTWISE_F16: Module = wgsl!(
+    "elementwise.wgsl+f16",
+    3,
+    ["elem_f16.wgsl", "elementwise.wgsl"]
+);
 
 /// `shaders/gemm.wgsl`: tiled GEMM and GEMV (with `shaders/block.wgsl`, the register block), on f32
 /// elements.
-pub(crate) const GEMM: Module = Module {
-    name: "gemm.wgsl",
-    source: concat!(
-        include_str!("shaders/elem_f32.wgsl"),
-        include_str!("shaders/block.wgsl"),
-        include_str!("shaders/gemm.wgsl")
-    ),
-    data: 3,
-};
+pub(crate) const GEMM: Module = wgsl!("gemm.wgsl", 3, ["elem_f32.wgsl", "block.wgsl", "gemm.wgsl"]);
 
 /// [`GEMM`] on f16 elements, for devices with `SHADER_F16`.
-pub(crate) const GEMM_F16: Module = Module {
-    name: "gemm.wgsl+f16",
-    source: concat!(
-        include_str!("shaders/elem_f16.wgsl"),
-        include_str!("shaders/block.wgsl"),
-        include_str!("shaders/gemm.wgsl")
-    ),
-    data: 3,
-};
+pub(crate) const GEMM_F16: Module = wgsl!(
+    "gemm.wgsl+f16",
+    3,
+    ["elem_f16.wgsl", "block.wgsl", "gemm.wgsl"]
+);
 
-/// `shaders/rows.wgsl`: reductions, softmax, layer norm (input, weight, bias, output), combining
-/// through a tree in workgroup memory (`shaders/combine_tree.wgsl`, `shaders/combine.wgsl`).
-pub(crate) const ROWS: Module = Module {
-    name: "rows.wgsl",
-    source: concat!(
-        include_str!("shaders/combine_tree.wgsl"),
-        include_str!("shaders/combine.wgsl"),
-        include_str!("shaders/rows.wgsl")
-    ),
-    data: 4,
-};
+/// `shaders/rows.wgsl`: reductions, softmax, layer norm (input, weight, bias, output values, output
+/// indices) on f32 elements, combining through a tree in workgroup memory
+/// (`shaders/combine_tree.wgsl`, `shaders/combine.wgsl`).
+pub(crate) const ROWS: Module = wgsl!(
+    "rows.wgsl",
+    5,
+    [
+        "elem_f32.wgsl",
+        "combine_tree.wgsl",
+        "combine.wgsl",
+        "rows.wgsl"
+    ]
+);
 
 /// [`ROWS`] combining through subgroup operations (`shaders/combine_subgroup.wgsl`).
-pub(crate) const ROWS_SUBGROUP: Module = Module {
-    name: "rows.wgsl+subgroups",
-    source: concat!(
-        include_str!("shaders/combine_subgroup.wgsl"),
-        include_str!("shaders/combine.wgsl"),
-        include_str!("shaders/rows.wgsl")
-    ),
-    data: 4,
-};
+pub(crate) const ROWS_SUBGROUP: Module = wgsl!(
+    "rows.wgsl+subgroups",
+    5,
+    [
+        "elem_f32.wgsl",
+        "combine_subgroup.wgsl",
+        "combine.wgsl",
+        "rows.wgsl"
+    ]
+);
 
-/// `shaders/optim.wgsl`: fused Adam/AdamW (params, grads, both moments).
-pub(crate) const OPTIM: Module = Module {
-    name: "optim.wgsl",
-    source: include_str!("shaders/optim.wgsl"),
-    data: 4,
-};
+/// [`ROWS`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const ROWS_F16: Module = wgsl!(
+    "rows.wgsl+f16",
+    5,
+    [
+        "elem_f16.wgsl",
+        "combine_tree.wgsl",
+        "combine.wgsl",
+        "rows.wgsl"
+    ]
+);
 
-/// `shaders/unscale.wgsl`: a loss scaler's fused unscale and inf/NaN check (input, output, flag).
-pub(crate) const UNSCALE: Module = Module {
-    name: "unscale.wgsl",
-    source: include_str!("shaders/unscale.wgsl"),
-    data: 3,
-};
+/// [`ROWS_SUBGROUP`] on f16 elements.
+pub(crate) const ROWS_F16_SUBGROUP: Module = wgsl!(
+    "rows.wgsl+f16+subgroups",
+    5,
+    [
+        "elem_f16.wgsl",
+        "combine_subgroup.wgsl",
+        "combine.wgsl",
+        "rows.wgsl"
+    ]
+);
+
+/// `shaders/optim.wgsl`: fused Adam/AdamW (params, grads, both moments) on f32 elements.
+pub(crate) const OPTIM: Module = wgsl!("optim.wgsl", 4, ["elem_f32.wgsl", "optim.wgsl"]);
+
+/// [`OPTIM`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const OPTIM_F16: Module = wgsl!("optim.wgsl+f16", 4, ["elem_f16.wgsl", "optim.wgsl"]);
+
+/// `shaders/unscale.wgsl`: a loss scaler's fused unscale and inf/NaN check (input, output, flag) on
+/// f32 elements.
+pub(crate) const UNSCALE: Module = wgsl!("unscale.wgsl", 3, ["elem_f32.wgsl", "unscale.wgsl"]);
+
+/// [`UNSCALE`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const UNSCALE_F16: Module =
+    wgsl!("unscale.wgsl+f16", 3, ["elem_f16.wgsl", "unscale.wgsl"]);
 
 /// `shaders/conv.wgsl`: implicit-GEMM conv2d (input, weight, bias, output), with
 /// `shaders/block.wgsl`, on f32 elements.
-pub(crate) const CONV: Module = Module {
-    name: "conv.wgsl",
-    source: concat!(
-        include_str!("shaders/elem_f32.wgsl"),
-        include_str!("shaders/block.wgsl"),
-        include_str!("shaders/conv.wgsl")
-    ),
-    data: 4,
-};
+pub(crate) const CONV: Module = wgsl!("conv.wgsl", 4, ["elem_f32.wgsl", "block.wgsl", "conv.wgsl"]);
 
 /// [`CONV`] on f16 elements, for devices with `SHADER_F16`.
-pub(crate) const CONV_F16: Module = Module {
-    name: "conv.wgsl+f16",
-    source: concat!(
-        include_str!("shaders/elem_f16.wgsl"),
-        include_str!("shaders/block.wgsl"),
-        include_str!("shaders/conv.wgsl")
-    ),
-    data: 4,
-};
+pub(crate) const CONV_F16: Module = wgsl!(
+    "conv.wgsl+f16",
+    4,
+    ["elem_f16.wgsl", "block.wgsl", "conv.wgsl"]
+);
 
 /// `shaders/attention.wgsl`: flash-style attention (q, k, v, o), on f32 elements.
-pub(crate) const ATTENTION: Module = Module {
-    name: "attention.wgsl",
-    source: concat!(
-        include_str!("shaders/elem_f32.wgsl"),
-        include_str!("shaders/attention.wgsl")
-    ),
-    data: 4,
-};
+pub(crate) const ATTENTION: Module =
+    wgsl!("attention.wgsl", 4, ["elem_f32.wgsl", "attention.wgsl"]);
 
 /// [`ATTENTION`] on f16 elements, for devices with `SHADER_F16`.
-pub(crate) const ATTENTION_F16: Module = Module {
-    name: "attention.wgsl+f16",
-    source: concat!(
-        include_str!("shaders/elem_f16.wgsl"),
-        include_str!("shaders/attention.wgsl")
-    ),
-    data: 4,
-};
+pub(crate) const ATTENTION_F16: Module =
+    wgsl!("attention.wgsl+f16", 4, ["elem_f16.wgsl", "attention.wgsl"]);
 
 /// `shaders/pool.wgsl`: max and average pooling (input, output), on f32 elements.
-pub(crate) const POOL: Module = Module {
-    name: "pool.wgsl",
-    source: concat!(
-        include_str!("shaders/elem_f32.wgsl"),
-        include_str!("shaders/pool.wgsl")
-    ),
-    data: 2,
-};
+pub(crate) const POOL: Module = wgsl!("pool.wgsl", 2, ["elem_f32.wgsl", "pool.wgsl"]);
 
 /// [`POOL`] on f16 elements, for devices with `SHADER_F16`.
-pub(crate) const POOL_F16: Module = Module {
-    name: "pool.wgsl+f16",
-    source: concat!(
-        include_str!("shaders/elem_f16.wgsl"),
-        include_str!("shaders/pool.wgsl")
-    ),
-    data: 2,
-};
+pub(crate) const POOL_F16: Module = wgsl!("pool.wgsl+f16", 2, ["elem_f16.wgsl", "pool.wgsl"]);
 
-/// `shaders/batch_norm.wgsl`: batch norm (input, output, weight, bias, running mean and variance),
-/// combining through a tree in workgroup memory.
-pub(crate) const BATCH_NORM: Module = Module {
-    name: "batch_norm.wgsl",
-    source: concat!(
-        include_str!("shaders/combine_tree.wgsl"),
-        include_str!("shaders/combine.wgsl"),
-        include_str!("shaders/batch_norm.wgsl")
-    ),
-    data: 6,
-};
+/// `shaders/batch_norm.wgsl`: batch norm (input, output, weight, bias, running mean and variance) on
+/// f32 elements, combining through a tree in workgroup memory.
+pub(crate) const BATCH_NORM: Module = wgsl!(
+    "batch_norm.wgsl",
+    6,
+    [
+        "elem_f32.wgsl",
+        "combine_tree.wgsl",
+        "combine.wgsl",
+        "batch_norm.wgsl"
+    ]
+);
 
 /// [`BATCH_NORM`] combining through subgroup operations.
-pub(crate) const BATCH_NORM_SUBGROUP: Module = Module {
-    name: "batch_norm.wgsl+subgroups",
-    source: concat!(
-        include_str!("shaders/combine_subgroup.wgsl"),
-        include_str!("shaders/combine.wgsl"),
-        include_str!("shaders/batch_norm.wgsl")
-    ),
-    data: 6,
-};
+pub(crate) const BATCH_NORM_SUBGROUP: Module = wgsl!(
+    "batch_norm.wgsl+subgroups",
+    6,
+    [
+        "elem_f32.wgsl",
+        "combine_subgroup.wgsl",
+        "combine.wgsl",
+        "batch_norm.wgsl"
+    ]
+);
+
+/// [`BATCH_NORM`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const BATCH_NORM_F16: Module = wgsl!(
+    "batch_norm.wgsl+f16",
+    6,
+    [
+        "elem_f16.wgsl",
+        "combine_tree.wgsl",
+        "combine.wgsl",
+        "batch_norm.wgsl"
+    ]
+);
+
+/// [`BATCH_NORM_SUBGROUP`] on f16 elements.
+pub(crate) const BATCH_NORM_F16_SUBGROUP: Module = wgsl!(
+    "batch_norm.wgsl+f16+subgroups",
+    6,
+    [
+        "elem_f16.wgsl",
+        "combine_subgroup.wgsl",
+        "combine.wgsl",
+        "batch_norm.wgsl"
+    ]
+);
+
+/// `shaders/cast.wgsl`: conversion and copy between any dtypes (source, destination).
+pub(crate) const CAST: Module = wgsl!("cast.wgsl", 2, ["cast.wgsl"]);
+
+/// `shaders/random.wgsl`: uniform and normal fills (output) of f32 elements.
+pub(crate) const RANDOM: Module = wgsl!("random.wgsl", 1, ["elem_f32.wgsl", "random.wgsl"]);
+
+/// [`RANDOM`] of f16 elements, for devices with `SHADER_F16`.
+pub(crate) const RANDOM_F16: Module = wgsl!("random.wgsl+f16", 1, ["elem_f16.wgsl", "random.wgsl"]);
 
 /// The module of a kernel with f32 math that serves `dtype` elements, with their size in bytes:
 /// `f32` for f32, `f16` for f16 where the device has `SHADER_F16`; `None` for other dtypes (staged
@@ -219,20 +234,6 @@ pub(crate) fn combining(gpu: &Gpu, plain: Module, with_subgroups: Module) -> Mod
         plain
     }
 }
-
-/// `shaders/cast.wgsl`: conversion and copy between any dtypes (source, destination).
-pub(crate) const CAST: Module = Module {
-    name: "cast.wgsl",
-    source: include_str!("shaders/cast.wgsl"),
-    data: 2,
-};
-
-/// `shaders/random.wgsl`: uniform and normal fills (output).
-pub(crate) const RANDOM: Module = Module {
-    name: "random.wgsl",
-    source: include_str!("shaders/random.wgsl"),
-    data: 1,
-};
 
 /// Threads per workgroup of the 1-D kernels.
 pub(crate) const WORKGROUP: u32 = 256;

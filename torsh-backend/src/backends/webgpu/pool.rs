@@ -1,18 +1,17 @@
-//! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: 2-D pooling in f32, and in f16 where
-//! the device has `SHADER_F16` (one invocation per output), and f32 batch normalisation (one workgroup
-//! per channel). Other dtypes, misaligned operands
-//! and sizes beyond the kernels' 32-bit words answer [`Launch::Stage`].
+//! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: 2-D pooling (one invocation per
+//! output) and batch normalisation (one workgroup per channel), in f32, and in f16 where the device
+//! has `SHADER_F16`. Other dtypes, misaligned operands and sizes beyond the kernels' 32-bit words
+//! answer [`Launch::Stage`].
 
 use crate::compute::{BatchNormDesc, DevicePtr, Pool2dDesc, PoolKind};
-use crate::dtype::DType;
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
 use super::pipelines::{
-    combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_SUBGROUP,
-    POOL, POOL_F16,
+    combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_F16,
+    BATCH_NORM_F16_SUBGROUP, BATCH_NORM_SUBGROUP, POOL, POOL_F16,
 };
 
 /// `values` as parameter words, or `None` when one does not fit in 32 bits.
@@ -94,27 +93,36 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
     Ok(Launch::Done)
 }
 
-/// f32 batch normalisation, training or inference.
+/// Batch normalisation, training or inference, in f32, or f16 (f32 math) where the device has
+/// `SHADER_F16`.
 pub(crate) fn batch_norm(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &Memory,
     d: &BatchNormDesc,
 ) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = for_dtype(
+        gpu,
+        d.dtype,
+        combining(gpu, BATCH_NORM, BATCH_NORM_SUBGROUP),
+        combining(gpu, BATCH_NORM_F16, BATCH_NORM_F16_SUBGROUP),
+    ) else {
         return Ok(Launch::Stage);
-    }
+    };
     let n = d.batch * d.channels * d.spatial;
     if n == 0 {
         return Ok(Launch::Stage);
     }
-    let (Some(x), Some(out)) = (mem.words_u32(d.input, n)?, mem.words_u32(d.output, n)?) else {
+    let (Some(x), Some(out)) = (
+        mem.elements_u32(d.input, n, size)?,
+        mem.elements_u32(d.output, n, size)?,
+    ) else {
         return Ok(Launch::Stage);
     };
     let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, u32)>>> {
         match ptr {
             None => Ok(Some(None)),
-            Some(p) => Ok(mem.words_u32(p, d.channels)?.map(Some)),
+            Some(p) => Ok(mem.elements_u32(p, d.channels, size)?.map(Some)),
         }
     };
     let (Some(weight), Some(bias), Some(mean), Some(var)) = (
@@ -157,7 +165,7 @@ pub(crate) fn batch_norm(
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: combining(gpu, BATCH_NORM, BATCH_NORM_SUBGROUP),
+            module,
             entry: "batch_norm",
             constants: &[("WG", u64::from(gpu.row_threads))],
             buffers: &[input, out.0, w_buf, b_buf, mean_buf, var_buf],

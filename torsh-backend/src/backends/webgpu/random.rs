@@ -1,23 +1,23 @@
 //! Host side of `shaders/random.wgsl`: uniform and normal fills from the crate's counter-based stream.
 //! The stream's key `mix64(seed ^ GOLDEN)` is computed here once; every element's 64 bits are then the
-//! reference's, and the values are formed in f32 (see the shader).
+//! reference's, and the values are formed in f32 (see the shader) and stored as f32 or f16.
 
 use crate::compute::{Distribution, RandomDesc};
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::rng::{mix64, GOLDEN};
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{grid_1d, Dispatch, Kernels, RANDOM};
+use super::pipelines::{for_dtype, grid_1d, Dispatch, Kernels, RANDOM, RANDOM_F16};
 
-/// An f32 random fill; `Stage` for other dtypes, a misaligned output or more than 2^32 elements.
+/// A random fill of f32, or (with `SHADER_F16`) of f16 rounded once from the f32 values; `Stage` for
+/// other dtypes, a misaligned output or more than 2^32 elements.
 pub(crate) fn random(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &RandomDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, RANDOM, RANDOM_F16) else {
         return Ok(Launch::Stage);
-    }
-    let Some((buffer, offset)) = mem.words_u32(d.ptr, d.len)? else {
+    };
+    let Some((buffer, offset)) = mem.elements_u32(d.ptr, d.len, size)? else {
         return Ok(Launch::Stage);
     };
     let Ok(n) = u32::try_from(d.len) else {
@@ -39,7 +39,7 @@ pub(crate) fn random(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &RandomDesc)
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: RANDOM,
+            module,
             entry: "random",
             constants: &[("NORMAL", u64::from(normal))],
             buffers: &[buffer],

@@ -1,6 +1,7 @@
 //! Host side of `shaders/rows.wgsl`: reductions along an axis, softmax and log-softmax, and layer
-//! norm in f32, one workgroup per row. Other dtypes, misaligned operands and views whose offsets do
-//! not fit the kernels' 32-bit words answer [`Launch::Stage`].
+//! norm in f32, and in f16 where the device has `SHADER_F16` (f32 math, one rounding per stored
+//! value), one workgroup per row. Other dtypes, misaligned operands and views whose offsets do not
+//! fit the kernels' 32-bit words answer [`Launch::Stage`].
 
 use crate::compute::{DevicePtr, LayerNormDesc, ReduceDesc, ReduceOp, SoftmaxDesc};
 use crate::dtype::DType;
@@ -10,7 +11,10 @@ use crate::shape::{coalesce, Layout};
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{combining, grid_rows, Dispatch, Kernels, ROWS, ROWS_SUBGROUP};
+use super::pipelines::{
+    combining, for_dtype, grid_rows, Dispatch, Kernels, Module, ROWS, ROWS_F16, ROWS_F16_SUBGROUP,
+    ROWS_SUBGROUP,
+};
 
 /// Most dims of a reduction's row index.
 const MAX_RANK: usize = 8;
@@ -20,14 +24,26 @@ fn word(v: usize) -> Option<u32> {
     u32::try_from(v).ok()
 }
 
-/// Launches `entry` over `rows` rows with the input, layer norm's weight and bias (the input where
-/// absent) and the output bound, and `params` as parameter words.
+/// The row module that serves `dtype` on this device with its element size; `None` for dtypes that
+/// are staged.
+fn module(gpu: &Gpu, dtype: DType) -> Option<(Module, usize)> {
+    for_dtype(
+        gpu,
+        dtype,
+        combining(gpu, ROWS, ROWS_SUBGROUP),
+        combining(gpu, ROWS_F16, ROWS_F16_SUBGROUP),
+    )
+}
+
+/// Launches `entry` of `module` over `rows` rows with the input, layer norm's weight and bias (the
+/// input where absent) and the output bound (twice: as values and as index words), and `params` as
+/// parameter words.
 fn launch(
     gpu: &Gpu,
     kernels: &Kernels,
-    entry: &'static str,
+    (module, entry): (Module, &'static str),
     rows: usize,
-    buffers: [&wgpu::Buffer; 4],
+    [input, weight, bias, output]: [&wgpu::Buffer; 4],
     params: &[u32],
 ) -> Result<Launch> {
     if rows == 0 {
@@ -39,10 +55,10 @@ fn launch(
     kernels.dispatch(
         gpu,
         Dispatch {
-            module: combining(gpu, ROWS, ROWS_SUBGROUP),
+            module,
             entry,
             constants: &[("WG", u64::from(gpu.row_threads))],
-            buffers: &buffers,
+            buffers: &[input, weight, bias, output, output],
             params,
             groups,
         },
@@ -63,11 +79,12 @@ fn reduce_code(op: ReduceOp) -> (u32, u32) {
     }
 }
 
-/// An f32 reduction along `d.axis`.
+/// A reduction along `d.axis`.
 pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = module(gpu, d.dtype) else {
         return Ok(Launch::Stage);
-    }
+    };
+    let indices = matches!(d.op, ReduceOp::ArgMax | ReduceOp::ArgMin);
     let layout = &d.input.layout;
     let (len, stride) = (layout.shape()[d.axis], layout.strides()[d.axis]);
     let mut shape = layout.shape().to_vec();
@@ -76,9 +93,12 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
     strides.remove(d.axis);
     let rows_layout = Layout::new(shape, strides, 0)?;
     let (shape, [strides]) = coalesce("reduce", [&rows_layout])?;
-    let (Some((input, in_off)), Some((output, out_off))) =
-        (mem.words(d.input.ptr)?, mem.words(d.output)?)
-    else {
+    // Indices are i64, written as pairs of 32-bit words.
+    let out_size = if indices { 4 } else { size };
+    let (Some((input, in_off)), Some((output, out_off))) = (
+        mem.elements(d.input.ptr, size)?,
+        mem.elements(d.output, out_size)?,
+    ) else {
         return Ok(Launch::Stage);
     };
     let rows: usize = shape.iter().product();
@@ -94,15 +114,11 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
             acc.checked_add((e - 1).checked_mul(s)?)
         })
         .and_then(|a| a.checked_add(len.saturating_sub(1).checked_mul(stride)?));
-    let out_words = if matches!(d.op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
-        2
-    } else {
-        1
-    };
+    let out_units = if indices { 2 } else { 1 };
     if shape.len() > MAX_RANK
         || last.and_then(word).is_none()
         || rows
-            .checked_mul(out_words)
+            .checked_mul(out_units)
             .and_then(|w| w.checked_add(out_off))
             .and_then(word)
             .is_none()
@@ -129,25 +145,25 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
     launch(
         gpu,
         kernels,
-        "reduce",
+        (module, "reduce"),
         rows,
         [input, input, input, output],
         &p,
     )
 }
 
-/// f32 softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim.
+/// Softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim.
 pub(crate) fn softmax(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &Memory,
     d: &SoftmaxDesc,
 ) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = module(gpu, d.dtype) else {
         return Ok(Launch::Stage);
-    }
+    };
     let (Some((input, in_off)), Some((output, out_off))) =
-        (mem.words(d.input)?, mem.words(d.output)?)
+        (mem.elements(d.input, size)?, mem.elements(d.output, size)?)
     else {
         return Ok(Launch::Stage);
     };
@@ -169,32 +185,32 @@ pub(crate) fn softmax(
     launch(
         gpu,
         kernels,
-        "softmax",
+        (module, "softmax"),
         rows,
         [input, input, input, output],
         &p,
     )
 }
 
-/// f32 layer norm over the last `cols` elements of each of `rows` rows.
+/// Layer norm over the last `cols` elements of each of `rows` rows.
 pub(crate) fn layer_norm(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &Memory,
     d: &LayerNormDesc,
 ) -> Result<Launch> {
-    if d.dtype != DType::F32 {
+    let Some((module, size)) = module(gpu, d.dtype) else {
         return Ok(Launch::Stage);
-    }
+    };
     let (Some((input, in_off)), Some((output, out_off))) =
-        (mem.words(d.input)?, mem.words(d.output)?)
+        (mem.elements(d.input, size)?, mem.elements(d.output, size)?)
     else {
         return Ok(Launch::Stage);
     };
     let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, usize)>>> {
         match ptr {
             None => Ok(Some(None)),
-            Some(p) => Ok(mem.words(p)?.map(Some)),
+            Some(p) => Ok(mem.elements(p, size)?.map(Some)),
         }
     };
     let (Some(weight), Some(bias)) = (optional(d.weight)?, optional(d.bias)?) else {
@@ -223,7 +239,7 @@ pub(crate) fn layer_norm(
     launch(
         gpu,
         kernels,
-        "layer_norm",
+        (module, "layer_norm"),
         d.rows,
         [input, w, b, output],
         &p,

@@ -1,5 +1,6 @@
-// Batch normalisation in f32 over contiguous [batch, channels, spatial] tensors, one workgroup of WG
-// threads per channel (`combine.wgsl`). Training: the channel's mean and biased variance by two
+// Batch normalisation over contiguous [batch, channels, spatial] tensors of `elem` (f32, or f16 on
+// devices with shader-f16: `elem_f32.wgsl` / `elem_f16.wgsl`; f32 math, each stored value rounded
+// once), one workgroup of WG threads per channel (`combine.wgsl`). Training: the channel's mean and biased variance by two
 // passes combined with `wg_sum`, the output normalised with them, and the running statistics updated
 // with the unbiased variance (torch.nn.BatchNorm semantics); inference: the running statistics.
 // A thread walks the channel's (image, position) pairs WG apart, advancing both without division.
@@ -8,12 +9,12 @@
 // [5] has bias, [6] has running stats, [7] momentum and [8] eps as f32 bits, then element offsets:
 // [9] input, [10] output, [11] weight, [12] bias, [13] running mean, [14] running var.
 
-@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
-@group(0) @binding(2) var<storage, read_write> weight: array<f32>;
-@group(0) @binding(3) var<storage, read_write> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> running_mean: array<f32>;
-@group(0) @binding(5) var<storage, read_write> running_var: array<f32>;
+@group(0) @binding(0) var<storage, read_write> x: array<elem>;
+@group(0) @binding(1) var<storage, read_write> out: array<elem>;
+@group(0) @binding(2) var<storage, read_write> weight: array<elem>;
+@group(0) @binding(3) var<storage, read_write> bias: array<elem>;
+@group(0) @binding(4) var<storage, read_write> running_mean: array<elem>;
+@group(0) @binding(5) var<storage, read_write> running_var: array<elem>;
 @group(0) @binding(6) var<storage, read> p: array<u32>;
 
 // The offset, within the input, of the channel's element `j` of `count` (j = image * s + position):
@@ -49,14 +50,14 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
         var acc = 0.0;
         var walk = start;
         for (var j = t; j < count; j += WG) {
-            acc += x[p[9] + channel_at(walk, ch, c, s)];
+            acc += load_elem(x[p[9] + channel_at(walk, ch, c, s)]);
             walk = advance(walk, step, s);
         }
         mean = wg_sum(acc, t) / f32(count);
         var q = 0.0;
         walk = start;
         for (var j = t; j < count; j += WG) {
-            let d = x[p[9] + channel_at(walk, ch, c, s)] - mean;
+            let d = load_elem(x[p[9] + channel_at(walk, ch, c, s)]) - mean;
             q = fma(d, d, q);
             walk = advance(walk, step, s);
         }
@@ -65,12 +66,14 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
         if (t == 0u && p[6] != 0u) {
             let momentum = bitcast<f32>(p[7]);
             let unbiased = squares / (f32(count) - 1.0);
-            running_mean[p[13] + ch] = fma(momentum, mean, (1.0 - momentum) * running_mean[p[13] + ch]);
-            running_var[p[14] + ch] = fma(momentum, unbiased, (1.0 - momentum) * running_var[p[14] + ch]);
+            let old_mean = load_elem(running_mean[p[13] + ch]);
+            let old_var = load_elem(running_var[p[14] + ch]);
+            running_mean[p[13] + ch] = store_elem(fma(momentum, mean, (1.0 - momentum) * old_mean));
+            running_var[p[14] + ch] = store_elem(fma(momentum, unbiased, (1.0 - momentum) * old_var));
         }
     } else if (p[6] != 0u) {
-        mean = running_mean[p[13] + ch];
-        variance = running_var[p[14] + ch];
+        mean = load_elem(running_mean[p[13] + ch]);
+        variance = load_elem(running_var[p[14] + ch]);
     } else {
         mean = 0.0;
         variance = 1.0;
@@ -79,15 +82,15 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     var scale = 1.0;
     var shift = 0.0;
     if (p[4] != 0u) {
-        scale = weight[p[11] + ch];
+        scale = load_elem(weight[p[11] + ch]);
     }
     if (p[5] != 0u) {
-        shift = bias[p[12] + ch];
+        shift = load_elem(bias[p[12] + ch]);
     }
     var walk = start;
     for (var j = t; j < count; j += WG) {
         let at = channel_at(walk, ch, c, s);
-        out[p[10] + at] = (x[p[9] + at] - mean) * inv * scale + shift;
+        out[p[10] + at] = store_elem((load_elem(x[p[9] + at]) - mean) * inv * scale + shift);
         walk = advance(walk, step, s);
     }
 }

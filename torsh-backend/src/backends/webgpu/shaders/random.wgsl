@@ -1,15 +1,17 @@
 // Random fills from the crate's counter-based stream (`rng.rs`): SplitMix64 of (seed, index) in
 // 32-bit integer arithmetic, so every element's 64 bits are the reference's bit for bit; uniform and
 // normal (Box–Muller, cosine branch) values are then computed in f32 (WGSL has no f64), which is within
-// a few f32 ulps of the reference's f64 values rounded to f32.
+// a few f32 ulps of the reference's f64 values rounded to f32, and stored as `elem` (f32, or f16 on
+// devices with shader-f16, rounded once from the f32 value as a cast would: `elem_f32.wgsl` /
+// `elem_f16.wgsl`).
 //
-// Parameter words (`p`): [0] n, [1] output word offset, [2], [3] the stream key
+// Parameter words (`p`): [0] n, [1] output element offset, [2], [3] the stream key
 // mix64(seed ^ GOLDEN) (low, high), [4] a, [5] b as f32 bits: uniform values are a + b·u (a = low,
 // b = high − low), normal values a + b·z (a = mean, b = std).
 
 override NORMAL: bool = false;
 
-@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read_write> out: array<elem>;
 @group(0) @binding(1) var<storage, read> p: array<u32>;
 
 const WG: u32 = 256u;
@@ -120,5 +122,5 @@ fn random(
     } else {
         value = fma(b, uniform(bits(vec2<u32>(i, 0u))), a);
     }
-    out[p[1] + i] = value;
+    out[p[1] + i] = store_elem(value);
 }

@@ -1,24 +1,32 @@
-// Row kernels in f32 (binding x is the input, weight and bias serve layer norm and are bound to the
-// input elsewhere, out receives f32 bits or i64 indices as 32-bit words): reductions along an axis, softmax and log-softmax, layer norm. One workgroup
-// of WG threads per row (an output element of a reduction, a softmax row, a layer-norm row), its
-// threads striding over the row and combining through `combine.wgsl` (`wg_sum`, `wg_max`,
-// `wg_best`). Rows are
-// indexed over a 2-D grid of workgroups. Every thread reaches every barrier and every subgroup
-// operation: the row index and all loop bounds come from the workgroup id and the read-only
-// parameter words, which are uniform.
+// Row kernels (binding x is the input; weight and bias serve layer norm and are bound to the input
+// elsewhere; out receives values, idx the i64 indices of argmax and argmin as pairs of 32-bit words,
+// bound to the output buffer too): reductions along an axis, softmax and log-softmax, layer norm.
+// Elements are `elem` (f32, or f16 on devices with shader-f16: `elem_f32.wgsl` / `elem_f16.wgsl`),
+// loaded to f32 for the math and rounded once on the store. One workgroup of WG threads per row (an
+// output element of a reduction, a softmax row, a layer-norm row), its threads striding over the row
+// and combining through `combine.wgsl` (`wg_sum`, `wg_max`, `wg_best`). Rows are indexed over a 2-D
+// grid of workgroups. Every thread reaches every barrier and every subgroup operation: the row index
+// and all loop bounds come from the workgroup id and the read-only parameter words, which are uniform.
 //
 // Parameter words (`p`), shared layout: [0] rows, [1] row length, [2] stride between a row's
-// elements, [3] op, [4] output offset (in 32-bit words), [5] input offset, then per kernel:
+// elements, [3] op, [4] output offset (in elements; in 32-bit words for indices), [5] input offset,
+// then per kernel:
 // reduce: [6] correction, [7] rank of the row index, [8..16) its shape, [16..24) its input strides;
 // softmax: [6] inner (rows are `outer x inner`, row r = (r / inner, r % inner)), [7] log-softmax;
 // layer norm: [6] eps as f32 bits, [7] weight present, [8] bias present, [9] weight offset,
 // [10] bias offset.
 
-@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> weight: array<f32>;
-@group(0) @binding(2) var<storage, read_write> bias: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<u32>;
-@group(0) @binding(4) var<storage, read> p: array<u32>;
+@group(0) @binding(0) var<storage, read_write> x: array<elem>;
+@group(0) @binding(1) var<storage, read_write> weight: array<elem>;
+@group(0) @binding(2) var<storage, read_write> bias: array<elem>;
+@group(0) @binding(3) var<storage, read_write> out: array<elem>;
+@group(0) @binding(4) var<storage, read_write> idx: array<u32>;
+@group(0) @binding(5) var<storage, read> p: array<u32>;
+
+// Element `i` of the input, as f32.
+fn xv(i: u32) -> f32 {
+    return load_elem(x[i]);
+}
 
 fn nan() -> f32 {
     return bitcast<f32>(0x7fc00000u);
@@ -54,10 +62,10 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     let base = reduce_base(r);
     if (op == 2u || op == 3u || op == 5u || op == 6u) {
         let is_max = op == 2u || op == 5u;
-        var v = x[base];
+        var v = xv(base);
         var i = 0u;
         for (var j = t; j < len; j += WG) {
-            let c = x[base + j * stride];
+            let c = xv(base + j * stride);
             if (better(v, i, c, j, is_max)) {
                 v = c;
                 i = j;
@@ -66,17 +74,17 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
         let best = wg_best(v, i, t, is_max);
         if (t == 0u) {
             if (op >= 5u) {
-                out[p[4] + 2u * r] = best.i;
-                out[p[4] + 2u * r + 1u] = 0u;
+                idx[p[4] + 2u * r] = best.i;
+                idx[p[4] + 2u * r + 1u] = 0u;
             } else {
-                out[p[4] + r] = bitcast<u32>(best.v);
+                out[p[4] + r] = store_elem(best.v);
             }
         }
         return;
     }
     var s = 0.0;
     for (var j = t; j < len; j += WG) {
-        s += x[base + j * stride];
+        s += xv(base + j * stride);
     }
     let total = wg_sum(s, t);
     if (op == 0u || op == 1u) {
@@ -85,7 +93,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
             if (op == 1u) {
                 v = select(nan(), total / f32(len), len > 0u);
             }
-            out[p[4] + r] = bitcast<u32>(v);
+            out[p[4] + r] = store_elem(v);
         }
         return;
     }
@@ -93,7 +101,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     let mean = total / f32(len);
     var q = 0.0;
     for (var j = t; j < len; j += WG) {
-        let d = x[base + j * stride] - mean;
+        let d = xv(base + j * stride) - mean;
         q = fma(d, d, q);
     }
     let squares = wg_sum(q, t);
@@ -103,7 +111,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
         if (len == 0u) {
             v = nan();
         }
-        out[p[4] + r] = bitcast<u32>(v);
+        out[p[4] + r] = store_elem(v);
     }
 }
 
@@ -122,25 +130,25 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) group
     // The maximum, NaN ignored (a NaN row still ends NaN through the sum).
     var m = bitcast<f32>(0xff800000u);
     for (var j = t; j < len; j += WG) {
-        let v = x[at_in + j * inner];
+        let v = xv(at_in + j * inner);
         m = select(m, v, v > m);
     }
     m = wg_max(m, t);
     var s = 0.0;
     for (var j = t; j < len; j += WG) {
-        s += exp(x[at_in + j * inner] - m);
+        s += exp(xv(at_in + j * inner) - m);
     }
     let total = wg_sum(s, t);
     let log_total = log(total);
     for (var j = t; j < len; j += WG) {
-        let v = x[at_in + j * inner] - m;
+        let v = xv(at_in + j * inner) - m;
         var y: f32;
         if (p[7] != 0u) {
             y = v - log_total;
         } else {
             y = exp(v) / total;
         }
-        out[at_out + j * inner] = bitcast<u32>(y);
+        out[at_out + j * inner] = store_elem(y);
     }
 }
 
@@ -156,23 +164,23 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     let at_out = p[4] + r * len;
     var s = 0.0;
     for (var j = t; j < len; j += WG) {
-        s += x[at_in + j];
+        s += xv(at_in + j);
     }
     let mean = wg_sum(s, t) / f32(len);
     var q = 0.0;
     for (var j = t; j < len; j += WG) {
-        let d = x[at_in + j] - mean;
+        let d = xv(at_in + j) - mean;
         q = fma(d, d, q);
     }
     let inv = 1.0 / sqrt(wg_sum(q, t) / f32(len) + bitcast<f32>(p[6]));
     for (var j = t; j < len; j += WG) {
-        var y = (x[at_in + j] - mean) * inv;
+        var y = (xv(at_in + j) - mean) * inv;
         if (p[7] != 0u) {
-            y *= weight[p[9] + j];
+            y *= load_elem(weight[p[9] + j]);
         }
         if (p[8] != 0u) {
-            y += bias[p[10] + j];
+            y += load_elem(bias[p[10] + j]);
         }
-        out[at_out + j] = bitcast<u32>(y);
+        out[at_out + j] = store_elem(y);
     }
 }
