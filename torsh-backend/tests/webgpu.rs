@@ -1805,3 +1805,132 @@ fn f16_rows_norms_optimizer_and_random_fills_run_natively_and_match_the_staged_p
         assert_eq!(exact_bits(got), exact_bits(want), "result {i}");
     }
 }
+
+#[test]
+fn tensors_larger_than_one_binding_run_ops_on_views_through_windows() {
+    let Some(probe) = raw() else { return };
+    let device = webgpu::block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
+    let limits = device.limits();
+    let binding = limits.max_storage_buffer_binding_size;
+    // Past the binding by 12 MiB, within lavapipe's 128 MiB binding and 2 GiB buffer.
+    let bytes = binding + (12 << 20);
+    if limits.max_buffer_size < bytes || binding > 1 << 30 {
+        eprintln!("webgpu: the adapter's binding limit ({binding} bytes) leaves no room to test");
+        return;
+    }
+    drop(probe);
+    let Some(b) = backend() else { return };
+    let reference = Backend::reference().unwrap();
+    let n = (bytes / 4) as usize;
+    let host: Vec<f32> = (0..n)
+        .map(|i| ((i as f32) * 0.618_034).sin() * 2.0)
+        .collect();
+    let big = b.from_slice(&host, &[n]).unwrap();
+    // Views of the host data on the reference backend, to compare with.
+    let on_ref = |start: usize, shape: &[usize]| {
+        let len = shape.iter().product::<usize>();
+        reference
+            .from_slice(&host[start..start + len], shape)
+            .unwrap()
+    };
+    let values = |t: &torsh_backend::Tensor| t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap();
+    let check = |name: &str, got: &torsh_backend::Tensor, want: &torsh_backend::Tensor| {
+        let e = rel_error(&values(got), &values(want));
+        assert!(e <= 1e-5, "{name}: relative error {e}");
+    };
+
+    // An op over the whole tensor spans more than a binding: a typed error, and the backend goes on.
+    let whole = b.unary(UnaryOp::Exp, &big);
+    assert!(
+        matches!(whole, Err(BackendError::FeatureUnavailable { .. })),
+        "{whole:?}"
+    );
+
+    // Views past the first binding's reach, at an odd element (not on a binding-offset boundary).
+    let (rows, cols) = (37, 61);
+    let start = n - rows * cols - 5;
+    let view = big.narrow(0, start, rows * cols).unwrap();
+    let matrix = view.reshape(&[rows, cols]).unwrap();
+    let want_matrix = on_ref(start, &[rows, cols]);
+    check(
+        "exp",
+        &b.unary(UnaryOp::Exp, &matrix).unwrap(),
+        &reference.unary(UnaryOp::Exp, &want_matrix).unwrap(),
+    );
+    let other = b.randn(&[rows, cols], DType::F32).unwrap();
+    let other_ref = reference
+        .from_slice(&other.to_vec::<f32>().unwrap(), &[rows, cols])
+        .unwrap();
+    check(
+        "mul",
+        &b.binary(torsh_backend::BinaryOp::Mul, &matrix, &other)
+            .unwrap(),
+        &reference
+            .binary(torsh_backend::BinaryOp::Mul, &want_matrix, &other_ref)
+            .unwrap(),
+    );
+    check(
+        "matmul",
+        &matrix.matmul(&other.t().unwrap()).unwrap(),
+        &want_matrix.matmul(&other_ref.t().unwrap()).unwrap(),
+    );
+    check(
+        "sum",
+        &matrix.sum(0, false).unwrap(),
+        &want_matrix.sum(0, false).unwrap(),
+    );
+    check(
+        "softmax",
+        &matrix.softmax(1).unwrap(),
+        &want_matrix.softmax(1).unwrap(),
+    );
+    check(
+        "layer_norm",
+        &matrix.layer_norm(&[cols], None, None, 1e-5).unwrap(),
+        &want_matrix.layer_norm(&[cols], None, None, 1e-5).unwrap(),
+    );
+    // A transposed copy and a cast (the strided copy and cast kernels).
+    check(
+        "contiguous",
+        &matrix.t().unwrap().contiguous().unwrap(),
+        &want_matrix.t().unwrap().contiguous().unwrap(),
+    );
+    check(
+        "cast",
+        &matrix.cast(DType::F16).unwrap(),
+        &want_matrix.cast(DType::F16).unwrap(),
+    );
+    // A view at the very start and one at the very end of the buffer in one op: more than a
+    // binding apart, so refused with the typed error.
+    let head = big.narrow(0, 0, 7).unwrap();
+    let tail = big.narrow(0, n - 7, 7).unwrap();
+    let far = b.binary(torsh_backend::BinaryOp::Add, &head, &tail);
+    assert!(
+        matches!(far, Err(BackendError::FeatureUnavailable { .. })),
+        "{far:?}"
+    );
+
+    // Writes into the large buffer through a window land where they should and nowhere else.
+    let raw = b.compute();
+    let len = 1000;
+    let at = n - len - 3;
+    let src = b.from_slice(&host[..len], &[len]).unwrap();
+    let dst = big.data_ptr().offset(at * 4).unwrap();
+    raw.unary(&UnaryDesc {
+        op: UnaryOp::Neg,
+        dtype: DType::F32,
+        input: StridedBuf::contiguous(src.data_ptr(), &[len]),
+        output: dst,
+    })
+    .unwrap();
+    let after = big
+        .narrow(0, at - 5, len + 8)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let mut want = host[at - 5..at + len + 3].to_vec();
+    for (w, x) in want[5..5 + len].iter_mut().zip(&host[..len]) {
+        *w = -x;
+    }
+    assert_eq!(after, want);
+}

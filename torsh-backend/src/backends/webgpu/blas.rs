@@ -11,7 +11,7 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
-use super::memory::Memory;
+use super::memory::{Binding, Memory};
 use super::pipelines::{for_dtype, Dispatch, Kernels, Module, GEMM, GEMM_F16};
 
 /// Rows and columns of C per workgroup (the shader's `TILE` override): the autotuner's GEMM variants.
@@ -46,7 +46,7 @@ impl Tile {
 
 /// An operand as the kernel sees it: buffer, element offset, row and column strides, batch stride.
 struct Operand<'a> {
-    buffer: &'a wgpu::Buffer,
+    buffer: Binding<'a>,
     offset: usize,
     rows: usize,
     cols: usize,

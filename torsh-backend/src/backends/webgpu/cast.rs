@@ -9,7 +9,7 @@ use crate::error::{BackendError, Result};
 use crate::shape::{coalesce, Layout};
 
 use super::context::Gpu;
-use super::memory::Memory;
+use super::memory::{Binding, Memory};
 use super::pipelines::{grid_1d, Dispatch, Kernels, CAST};
 
 /// Most dims the kernel indexes after coalescing.
@@ -32,7 +32,7 @@ pub(crate) enum Source<'a> {
 
 /// A view placed in its buffer: the buffer, the byte address of its first element, its strides.
 struct Placed<'a> {
-    buffer: &'a wgpu::Buffer,
+    buffer: Binding<'a>,
     byte_offset: usize,
     strides: Vec<usize>,
 }
@@ -59,12 +59,16 @@ fn view_words(v: &Placed<'_>, shape: &[usize], size: usize) -> Option<Vec<u32>> 
     Some(words)
 }
 
-fn place<'m>(mem: &'m Memory, buf: &StridedBuf, dtype: DType) -> Result<(&'m wgpu::Buffer, usize)> {
-    let at = mem.place(buf.ptr, 0)?;
-    let byte_offset = (at.offset as usize)
-        .checked_add(buf.layout.offset().saturating_mul(dtype.size_in_bytes()))
+/// What the kernel binds to reach the view `buf` of `dtype`, and the view's first byte in it.
+fn place<'m>(mem: &'m Memory, buf: &StridedBuf, dtype: DType) -> Result<(Binding<'m>, usize)> {
+    let first = buf
+        .layout
+        .offset()
+        .checked_mul(dtype.size_in_bytes())
+        .and_then(|bytes| buf.ptr.offset(bytes))
         .ok_or_else(|| BackendError::overflow("cast", "view offset overflows"))?;
-    Ok((at.buffer, byte_offset))
+    let (binding, offset) = mem.bound(first)?;
+    Ok((binding, offset as usize))
 }
 
 /// Converts `src` into the view `dst` of `dst_dtype` (same shape as the source view). `InvalidArgument`

@@ -14,7 +14,7 @@ use crate::shape::{coalesce, Layout};
 
 use super::cast;
 use super::context::Gpu;
-use super::memory::Memory;
+use super::memory::{Binding, Memory};
 use super::pipelines::{
     for_dtype, grid_1d, Dispatch, Kernels, Module, ELEMENTWISE, ELEMENTWISE_F16,
 };
@@ -37,7 +37,7 @@ pub(crate) enum Launch {
 
 /// A view's place: its wgpu buffer and element offset there, and its strides (after coalescing).
 struct View<'a> {
-    buffer: &'a wgpu::Buffer,
+    buffer: Binding<'a>,
     offset: usize,
     strides: Vec<usize>,
 }
@@ -121,10 +121,7 @@ fn views<'a, const K: usize>(
     let (shape, strides) = coalesce(op, layouts)?;
     let mut out = Vec::with_capacity(K);
     for (buf, strides) in bufs.iter().zip(strides) {
-        let Some((buffer, base)) = mem.elements(buf.ptr, size)? else {
-            return Ok(None);
-        };
-        let Some(offset) = base.checked_add(buf.layout.offset()) else {
+        let Some((buffer, offset)) = mem.view_elements(buf.ptr, buf.layout.offset(), size)? else {
             return Ok(None);
         };
         out.push(View {

@@ -2,14 +2,21 @@
 //! address (the [`AllocationTable`] checks every pointer and extent), freed buffers kept for reuse by
 //! size class ([`WebGpuBufferPool`]), and copies between host and device through staging buffers.
 //!
+//! A buffer may be larger than the adapter lets one binding see (`max_storage_buffer_binding_size`,
+//! 128 MiB on lavapipe): kernels then bind a window of it ([`Binding`]) covering what the op
+//! touches in that allocation ([`Memory::open`]), so views into a large tensor run as any other.
+//! An op whose accesses to one such allocation span more than a binding answers
+//! `FeatureUnavailable`.
+//!
 //! wgpu copies whole 4-byte words. A host-to-device copy whose ends are not word-aligned (a 16-bit
 //! dtype at an odd element) reads the edge words back and merges them, so no byte outside the
 //! destination range changes; a device-to-host copy reads the covering words and keeps the bytes
 //! asked for.
 
 use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU64;
 
-use crate::compute::{AllocationTable, DevicePtr};
+use crate::compute::{Accesses, AllocationTable, DevicePtr};
 use crate::error::{BackendError, Result};
 
 use super::context::{driver, Gpu};
@@ -132,12 +139,68 @@ struct Allocation {
     class: u64,
 }
 
+/// What a storage binding may see: at most `bytes`, starting on a multiple of `align`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BindingLimit {
+    /// `max_storage_buffer_binding_size`, rounded down to whole 4-byte words.
+    pub bytes: u64,
+    /// `min_storage_buffer_offset_alignment`.
+    pub align: u64,
+}
+
+impl BindingLimit {
+    /// The limits of `limits`.
+    pub fn of(limits: &wgpu::Limits) -> BindingLimit {
+        BindingLimit {
+            bytes: limits.max_storage_buffer_binding_size / WORD * WORD,
+            align: u64::from(limits.min_storage_buffer_offset_alignment).max(WORD),
+        }
+    }
+}
+
+/// What a kernel binds of an allocation: the whole buffer, or a window of it (a buffer larger than
+/// one binding may see).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Binding<'a> {
+    /// The buffer.
+    pub buffer: &'a wgpu::Buffer,
+    /// The window's first byte and length; `None` for the whole buffer.
+    window: Option<(u64, NonZeroU64)>,
+}
+
+impl<'a> Binding<'a> {
+    /// The whole of `buffer` (which must fit one binding).
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Self {
+        Binding {
+            buffer,
+            window: None,
+        }
+    }
+
+    /// The bind group resource.
+    pub fn resource(&self) -> wgpu::BindingResource<'a> {
+        match self.window {
+            None => self.buffer.as_entire_binding(),
+            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: self.buffer,
+                offset,
+                size: Some(size),
+            }),
+        }
+    }
+}
+
 /// The live allocations and the pool.
 #[derive(Debug)]
 pub(crate) struct Memory {
     pub table: AllocationTable,
     /// Largest allocation allowed by the backend's configuration.
     max_bytes: u64,
+    /// What one binding may see.
+    binding: BindingLimit,
+    /// The op being launched: per allocation larger than a binding (by base), the byte range of it
+    /// that the op's accesses touch ([`Memory::open`]).
+    spans: HashMap<u64, (u64, u64)>,
     live: HashMap<u64, Allocation>,
     pub pool: WebGpuBufferPool,
 }
@@ -150,25 +213,24 @@ pub(crate) struct Place<'a> {
 }
 
 impl Memory {
-    /// Memory whose allocations are at most `max_bytes` and whose pool caches at most `cache_limit`
-    /// bytes of freed buffers.
-    pub fn new(max_bytes: u64, cache_limit: u64) -> Memory {
+    /// Memory whose allocations are at most `max_bytes`, bound within `binding`, and whose pool
+    /// caches at most `cache_limit` bytes of freed buffers.
+    pub fn new(max_bytes: u64, binding: BindingLimit, cache_limit: u64) -> Memory {
         Memory {
             table: AllocationTable::new(),
             max_bytes,
+            binding,
+            spans: HashMap::new(),
             live: HashMap::new(),
             pool: WebGpuBufferPool::new(cache_limit),
         }
     }
 
-    /// Allocates `bytes`. `OutOfMemory` when the size exceeds what one buffer may bind
-    /// (`max_storage_buffer_binding_size`) or the device cannot provide it.
+    /// Allocates `bytes`. `OutOfMemory` when the size exceeds the largest buffer
+    /// (`max_buffer_size`, or the configured `max_buffer_size` when smaller) or the device cannot
+    /// provide it.
     pub fn alloc(&mut self, gpu: &Gpu, bytes: usize) -> Result<DevicePtr> {
-        let limit = gpu
-            .limits
-            .max_buffer_size
-            .min(gpu.limits.max_storage_buffer_binding_size)
-            .min(self.max_bytes);
+        let limit = gpu.limits.max_buffer_size.min(self.max_bytes);
         let class = WebGpuBufferPool::class(bytes as u64).unwrap_or(u64::MAX);
         if class > limit {
             return Err(BackendError::OutOfMemory {
@@ -213,8 +275,9 @@ impl Memory {
         Ok(())
     }
 
-    /// The buffer and offset of `bytes` at `ptr`, after the bounds check.
-    pub fn place(&self, ptr: DevicePtr, bytes: usize) -> Result<Place<'_>> {
+    /// The allocation holding `bytes` at `ptr`, its base and the offset of `ptr` in it, after the
+    /// bounds check. `InvalidPointer` or `OutOfBounds` from the allocation table.
+    fn allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<(u64, &Allocation, u64)> {
         let (base, offset) = self.table.check(ptr, bytes)?;
         let a = self
             .live
@@ -223,39 +286,132 @@ impl Memory {
                 ptr: ptr.0,
                 reason: "allocation table and buffers disagree (internal error)".into(),
             })?;
+        Ok((base.0, a, offset as u64))
+    }
+
+    /// The buffer and offset of `bytes` at `ptr`, after the bounds check.
+    pub fn place(&self, ptr: DevicePtr, bytes: usize) -> Result<Place<'_>> {
+        let (_, a, offset) = self.allocation(ptr, bytes)?;
         Ok(Place {
             buffer: &a.buffer,
-            offset: offset as u64,
+            offset,
         })
     }
 
-    /// The buffer holding `ptr` and the offset of `ptr` in it in elements of `size` bytes, when that
-    /// offset is a multiple of `size`; `None` when it is not (the kernels index whole elements, so
-    /// such an operand is staged, `staging.rs`). `InvalidPointer` as [`Memory::place`].
-    pub fn elements(&self, ptr: DevicePtr, size: usize) -> Result<Option<(&wgpu::Buffer, usize)>> {
-        let at = self.place(ptr, 0)?;
-        Ok(at
-            .offset
+    /// Records the byte ranges the op of `acc` touches in each allocation larger than one binding,
+    /// so that [`Memory::bound`] can give its kernels a window covering them. `FeatureUnavailable`
+    /// when they span more than one binding may see.
+    pub fn open(&mut self, acc: &Accesses) -> Result<()> {
+        self.spans.clear();
+        for r in acc.regions.iter().filter(|r| r.bytes > 0) {
+            self.cover(acc.op, r.ptr, r.bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Adds `bytes` at `ptr` to what the op being launched touches (see [`Memory::open`]): a
+    /// staged copy, for instance. `FeatureUnavailable` when the op's accesses to that allocation
+    /// then span more than one binding.
+    pub fn cover(&mut self, op: &'static str, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        let (base, a, start) = self.allocation(ptr, bytes)?;
+        if a.class <= self.binding.bytes {
+            return Ok(());
+        }
+        let end = start + bytes as u64;
+        let span = self.spans.entry(base).or_insert((start, end));
+        *span = (span.0.min(start), span.1.max(end));
+        let (start, end) = *span;
+        self.window(op, start, end).map(|_| ())
+    }
+
+    /// The window of an allocation larger than a binding that covers bytes `start..end`: its first
+    /// byte aligned down, its length rounded up to whole words. `FeatureUnavailable` when longer
+    /// than a binding.
+    fn window(&self, op: &'static str, start: u64, end: u64) -> Result<(u64, NonZeroU64)> {
+        let first = start / self.binding.align * self.binding.align;
+        let bytes = end.saturating_sub(first).next_multiple_of(WORD).max(WORD);
+        if bytes > self.binding.bytes {
+            return Err(BackendError::FeatureUnavailable {
+                feature: "ops spanning more than one storage binding",
+                reason: format!(
+                    "{op} touches {bytes} bytes of one allocation, more than this adapter's \
+                     storage binding of {} bytes (max_storage_buffer_binding_size) lets a kernel \
+                     see at once; run it on views that each span less",
+                    self.binding.bytes
+                ),
+            });
+        }
+        Ok((first, NonZeroU64::new(bytes).unwrap_or(NonZeroU64::MIN)))
+    }
+
+    /// What a kernel binds to reach `ptr`, and the byte offset of `ptr` within it: the whole
+    /// buffer for allocations that fit one binding; for a larger one, the window covering `ptr` and
+    /// what the op being launched touches there ([`Memory::open`]). `InvalidPointer` as
+    /// [`Memory::place`]; `FeatureUnavailable` when the window would exceed a binding (or the
+    /// allocation is not among the op's accesses).
+    pub fn bound(&self, ptr: DevicePtr) -> Result<(Binding<'_>, u64)> {
+        let (base, a, offset) = self.allocation(ptr, 0)?;
+        if a.class <= self.binding.bytes {
+            return Ok((Binding::whole(&a.buffer), offset));
+        }
+        let (start, end) = self
+            .spans
+            .get(&base)
+            .map_or((offset, a.class), |&(s, e)| (s.min(offset), e));
+        let window = self.window("a kernel", start, end.max(offset))?;
+        Ok((
+            Binding {
+                buffer: &a.buffer,
+                window: Some(window),
+            },
+            offset - window.0,
+        ))
+    }
+
+    /// [`Memory::bound`] in elements of `size` bytes: the binding and the offset of `ptr` in it in
+    /// elements, when that offset is a multiple of `size`; `None` when it is not (the kernels index
+    /// whole elements, so such an operand is staged, `staging.rs`).
+    pub fn elements(&self, ptr: DevicePtr, size: usize) -> Result<Option<(Binding<'_>, usize)>> {
+        let (binding, offset) = self.bound(ptr)?;
+        Ok(offset
             .is_multiple_of(size as u64)
-            .then_some((at.buffer, (at.offset / size as u64) as usize)))
+            .then_some((binding, (offset / size as u64) as usize)))
+    }
+
+    /// [`Memory::elements`] for the first element of a view at element `first` past `ptr`: kernels
+    /// index views from there, so that a window of a large allocation starts at the view.
+    /// `SizeOverflow` when the view's address overflows.
+    pub fn view_elements(
+        &self,
+        ptr: DevicePtr,
+        first: usize,
+        size: usize,
+    ) -> Result<Option<(Binding<'_>, usize)>> {
+        let at = first
+            .checked_mul(size)
+            .and_then(|bytes| ptr.offset(bytes))
+            .ok_or_else(|| {
+                BackendError::overflow("webgpu view", "pointer + view offset overflows")
+            })?;
+        self.elements(at, size)
     }
 
     /// [`Memory::elements_u32`] for each `(ptr, elements)` in turn, of elements of `size` bytes:
-    /// their buffers and element offsets, or `None` when any one is misaligned or out of 32-bit
+    /// their bindings and element offsets, or `None` when any one is misaligned or out of 32-bit
     /// reach.
     pub fn elements_u32_each(
         &self,
         operands: &[(DevicePtr, usize)],
         size: usize,
-    ) -> Result<Option<(Vec<&wgpu::Buffer>, Vec<u32>)>> {
+    ) -> Result<Option<(Vec<Binding<'_>>, Vec<u32>)>> {
         let mut buffers = Vec::with_capacity(operands.len());
         let mut offsets = Vec::with_capacity(operands.len());
         for &(ptr, elements) in operands {
-            let Some((buffer, words)) = self.elements_u32(ptr, elements, size)? else {
+            let Some((buffer, first)) = self.elements_u32(ptr, elements, size)? else {
                 return Ok(None);
             };
             buffers.push(buffer);
-            offsets.push(words);
+            offsets.push(first);
         }
         Ok(Some((buffers, offsets)))
     }
@@ -268,7 +424,7 @@ impl Memory {
         ptr: DevicePtr,
         elements: usize,
         size: usize,
-    ) -> Result<Option<(&wgpu::Buffer, u32)>> {
+    ) -> Result<Option<(Binding<'_>, u32)>> {
         Ok(self.elements(ptr, size)?.and_then(|(buffer, first)| {
             let end = first.checked_add(elements)?;
             u32::try_from(end).ok()?;

@@ -71,7 +71,9 @@ pub struct WebGpuBackendConfig {
     /// cannot be chosen per backend: `true` makes `init` answer `FeatureUnavailable` saying to set
     /// `WGPU_VALIDATION=1` (and `WGPU_DEBUG=1`) in the environment instead, which wgpu reads.
     pub debug_mode: bool,
-    /// Largest allocation the backend makes, in bytes; capped by the adapter's own limits.
+    /// Largest allocation the backend makes, in bytes; capped by the adapter's `max_buffer_size`.
+    /// Buffers beyond the adapter's storage binding size are bound in windows (see the
+    /// `memory` module), so an op must touch at most a binding's worth of each.
     pub max_buffer_size: u64,
     /// Keep built pipelines for reuse (`false` builds each kernel's pipeline anew at every launch,
     /// which costs far more than the kernel on small tensors; for measuring that cost).
@@ -313,6 +315,7 @@ impl WebGpuBackend {
         {
             return Ok(());
         }
+        mem.open(&acc)?;
         let gpu = &state.device.gpu;
         match kernel(gpu, &state.kernels, &mem, desc)? {
             Launch::Done => Ok(()),
@@ -335,8 +338,9 @@ impl WebGpuBackend {
         kernel: impl FnOnce(&Gpu, &Kernels, &Memory) -> Result<()>,
     ) -> Result<()> {
         let state = self.state()?;
-        let mem = state.memory();
+        let mut mem = state.memory();
         mem.table.check_accesses(&acc)?;
+        mem.open(&acc)?;
         kernel(&state.device.gpu, &state.kernels, &mem)
     }
 }
@@ -426,11 +430,13 @@ impl ComputeBackend for WebGpuBackend {
         }
         let poison =
             cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
+        let binding = memory::BindingLimit::of(&device.gpu.limits);
         self.state = Some(State {
             device,
             kernels: Kernels::new(self.config.enable_pipeline_cache),
             memory: Mutex::new(Memory::new(
                 self.config.max_buffer_size,
+                binding,
                 DEFAULT_CACHE_BYTES,
             )),
             events: Mutex::new(events::Events::default()),
@@ -458,11 +464,18 @@ impl ComputeBackend for WebGpuBackend {
         };
         let mut info = state.device.info();
         let stats = state.memory().pool.stats();
+        let gpu = &state.device.gpu;
+        let narrow = if gpu.features.contains(wgpu::Features::SHADER_F16) {
+            "f16 natively (shader-f16), bf16 through f32 copies on the device"
+        } else {
+            "f16 and bf16 through f32 copies on the device"
+        };
         info.details.push((
             "WGSL kernels".into(),
-            "every op in f32; f16 and bf16 through f32 copies on the device; casts, copies and fills in every dtype; f64 math Unsupported".into(),
+            format!(
+                "every op in f32; {narrow}; casts, copies and fills in every dtype; f64 math Unsupported"
+            ),
         ));
-        let gpu = &state.device.gpu;
         info.details.push((
             "row kernels".into(),
             format!(

@@ -15,6 +15,7 @@ use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 use super::context::Gpu;
+use super::memory::Binding;
 
 /// A WGSL source file of this backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -427,7 +428,7 @@ impl Kernels {
                 .enumerate()
                 .map(|(i, b)| wgpu::BindGroupEntry {
                     binding: i as u32,
-                    resource: b.as_entire_binding(),
+                    resource: b.resource(),
                 })
                 .chain(std::iter::once(wgpu::BindGroupEntry {
                     binding: module.data,
@@ -462,8 +463,8 @@ pub(crate) struct Dispatch<'a> {
     pub entry: &'static str,
     /// Override constants and their values.
     pub constants: &'a [(&'static str, u64)],
-    /// The data buffers, in binding order (`module.data` of them).
-    pub buffers: &'a [&'a wgpu::Buffer],
+    /// The data buffers (whole or windows of them), in binding order (`module.data` of them).
+    pub buffers: &'a [Binding<'a>],
     /// The parameter words.
     pub params: &'a [u32],
     /// Workgroups in x, y, z.

@@ -8,7 +8,7 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
-use super::memory::Memory;
+use super::memory::{Binding, Memory};
 use super::pipelines::{
     combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_F16,
     BATCH_NORM_F16_SUBGROUP, BATCH_NORM_SUBGROUP, POOL, POOL_F16,
@@ -119,7 +119,7 @@ pub(crate) fn batch_norm(
     ) else {
         return Ok(Launch::Stage);
     };
-    let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, u32)>>> {
+    let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(Binding<'_>, u32)>>> {
         match ptr {
             None => Ok(Some(None)),
             Some(p) => Ok(mem.elements_u32(p, d.channels, size)?.map(Some)),
@@ -137,7 +137,7 @@ pub(crate) fn batch_norm(
     else {
         return Ok(Launch::Stage);
     };
-    let offset = |o: Option<(&wgpu::Buffer, u32)>| o.map_or(0, |o| o.1 as usize);
+    let offset = |o: Option<(Binding<'_>, u32)>| o.map_or(0, |o| o.1 as usize);
     let Some(mut p) = words(&[
         d.batch,
         d.channels,

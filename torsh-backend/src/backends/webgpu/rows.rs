@@ -10,7 +10,7 @@ use crate::shape::{coalesce, Layout};
 
 use super::context::Gpu;
 use super::elementwise::Launch;
-use super::memory::Memory;
+use super::memory::{Binding, Memory};
 use super::pipelines::{
     combining, for_dtype, grid_rows, Dispatch, Kernels, Module, ROWS, ROWS_F16, ROWS_F16_SUBGROUP,
     ROWS_SUBGROUP,
@@ -43,7 +43,7 @@ fn launch(
     kernels: &Kernels,
     (module, entry): (Module, &'static str),
     rows: usize,
-    [input, weight, bias, output]: [&wgpu::Buffer; 4],
+    [input, weight, bias, output]: [Binding<'_>; 4],
     params: &[u32],
 ) -> Result<Launch> {
     if rows == 0 {
@@ -96,7 +96,7 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
     // Indices are i64, written as pairs of 32-bit words.
     let out_size = if indices { 4 } else { size };
     let (Some((input, in_off)), Some((output, out_off))) = (
-        mem.elements(d.input.ptr, size)?,
+        mem.view_elements(d.input.ptr, layout.offset(), size)?,
         mem.elements(d.output, out_size)?,
     ) else {
         return Ok(Launch::Stage);
@@ -105,7 +105,6 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
     if rows == 0 {
         return Ok(Launch::Done);
     }
-    let in_off = in_off + layout.offset();
     // The last element the kernel reads must be addressable.
     let last = shape
         .iter()
@@ -207,7 +206,7 @@ pub(crate) fn layer_norm(
     else {
         return Ok(Launch::Stage);
     };
-    let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(&wgpu::Buffer, usize)>>> {
+    let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(Binding<'_>, usize)>>> {
         match ptr {
             None => Ok(Some(None)),
             Some(p) => Ok(mem.elements(p, size)?.map(Some)),

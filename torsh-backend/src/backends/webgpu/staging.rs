@@ -328,6 +328,7 @@ impl Staging<'_> {
         let copy_dtype = if dtype.is_float() { DType::F32 } else { dtype };
         let bytes = elements.max(1) * copy_dtype.size_in_bytes();
         let copy = mem.alloc(self.gpu, bytes)?;
+        // Registered before anything can fail, so the copy is freed whatever happens next.
         self.copies.push(Copy {
             region,
             dtype,
@@ -335,6 +336,8 @@ impl Staging<'_> {
             copy,
             writes: region.access.writes(),
         });
+        // The kernels bind the copy whole (a copy larger than one binding is refused here).
+        mem.cover("staging", copy, bytes)?;
         let whole = |ptr| StridedBuf::contiguous(ptr, &[elements]);
         if region.access == Access::Write && region.dense {
             if self.poison && copy_dtype == DType::F32 {
