@@ -1807,7 +1807,7 @@ fn f16_rows_norms_optimizer_and_random_fills_run_natively_and_match_the_staged_p
 }
 
 #[test]
-fn tensors_larger_than_one_binding_run_ops_on_views_through_windows() {
+fn tensors_larger_than_one_binding_run_in_pieces_and_through_windows() {
     let Some(probe) = raw() else { return };
     let device = webgpu::block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
     let limits = device.limits();
@@ -1839,12 +1839,27 @@ fn tensors_larger_than_one_binding_run_ops_on_views_through_windows() {
         assert!(e <= 1e-5, "{name}: relative error {e}");
     };
 
-    // An op over the whole tensor spans more than a binding: a typed error, and the backend goes on.
-    let whole = b.unary(UnaryOp::Exp, &big);
-    assert!(
-        matches!(whole, Err(BackendError::FeatureUnavailable { .. })),
-        "{whole:?}"
-    );
+    // Dense elementwise ops over the whole tensor run in pieces that each fit a binding; fresh
+    // outputs are poisoned, so a piece left unwritten shows.
+    let exp = b
+        .unary(UnaryOp::Exp, &big)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let want: Vec<f64> = host.iter().map(|&x| f64::from(x).exp()).collect();
+    let got: Vec<f64> = exp.iter().map(|&x| f64::from(x)).collect();
+    assert!(rel_error(&got, &want) <= 1e-6);
+    let twice = b.binary(torsh_backend::BinaryOp::Add, &big, &big).unwrap();
+    let twice = twice.to_vec::<f32>().unwrap();
+    assert!(twice.iter().zip(&host).all(|(t, x)| *t == x + x));
+    let halves = big.cast(DType::F16).unwrap().to_vec::<half::f16>().unwrap();
+    assert!(halves
+        .iter()
+        .zip(&host)
+        .all(|(h, x)| *h == half::f16::from_f32(*x)));
+    let zeros = b.zeros(&[n], DType::F32).unwrap().to_vec::<f32>().unwrap();
+    assert!(zeros.iter().all(|&z| z == 0.0));
+    drop((exp, twice, halves, zeros));
 
     // Views past the first binding's reach, at an odd element (not on a binding-offset boundary).
     let (rows, cols) = (37, 61);

@@ -5,8 +5,8 @@
 //! A buffer may be larger than the adapter lets one binding see (`max_storage_buffer_binding_size`,
 //! 128 MiB on lavapipe): kernels then bind a window of it ([`Binding`]) covering what the op
 //! touches in that allocation ([`Memory::open`]), so views into a large tensor run as any other.
-//! An op whose accesses to one such allocation span more than a binding answers
-//! `FeatureUnavailable`.
+//! Dense elementwise ops over all of one run in pieces (`pieces.rs`); any other op whose accesses
+//! to one such allocation span more than a binding answers `FeatureUnavailable`.
 //!
 //! wgpu copies whole 4-byte words. A host-to-device copy whose ends are not word-aligned (a 16-bit
 //! dtype at an odd element) reads the edge words back and merges them, so no byte outside the
@@ -296,6 +296,11 @@ impl Memory {
             buffer: &a.buffer,
             offset,
         })
+    }
+
+    /// What one binding may see.
+    pub fn binding_limit(&self) -> BindingLimit {
+        self.binding
     }
 
     /// Records the byte ranges the op of `acc` touches in each allocation larger than one binding,

@@ -29,6 +29,7 @@ mod elementwise;
 mod events;
 mod memory;
 mod optim;
+mod pieces;
 mod pipelines;
 mod pool;
 mod random;
@@ -328,6 +329,27 @@ impl WebGpuBackend {
                 state.poison,
                 kernel,
             ),
+        }
+    }
+
+    /// Checks `acc` (the accesses of `desc`), then runs `desc` with `run`: whole, or as the pieces
+    /// `split` cuts it into when an operand is larger than one binding (`pieces.rs`), each piece an
+    /// op of its own.
+    fn whole_or_pieces<D>(
+        &self,
+        desc: &D,
+        acc: Accesses,
+        split: impl Fn(memory::BindingLimit, &D) -> Result<Option<Vec<D>>>,
+        run: impl Fn(&D) -> Result<()>,
+    ) -> Result<()> {
+        let limit = {
+            let mem = self.state()?.memory();
+            mem.table.check_accesses(&acc)?;
+            mem.binding_limit()
+        };
+        match split(limit, desc)? {
+            None => run(desc),
+            Some(parts) => parts.iter().try_for_each(run),
         }
     }
 
@@ -703,12 +725,16 @@ impl ComputeBackend for WebGpuBackend {
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
         math_dtype("unary", desc.dtype)?;
-        self.run(desc, elementwise::unary)
+        self.whole_or_pieces(desc, desc.accesses()?, pieces::unary, |d| {
+            self.run(d, elementwise::unary)
+        })
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
         math_dtype("binary", desc.dtype)?;
-        self.run(desc, elementwise::binary)
+        self.whole_or_pieces(desc, desc.accesses()?, pieces::binary, |d| {
+            self.run(d, elementwise::binary)
+        })
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
@@ -752,20 +778,24 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {
-        self.run_direct(desc.accesses()?, |gpu, k, mem| {
-            elementwise::fill(gpu, k, mem, desc)
+        self.whole_or_pieces(desc, desc.accesses()?, pieces::fill, |d| {
+            self.run_direct(d.accesses()?, |gpu, k, mem| {
+                elementwise::fill(gpu, k, mem, d)
+            })
         })
     }
 
     fn cast(&self, desc: &CastDesc) -> Result<()> {
-        self.run_direct(desc.accesses()?, |gpu, k, mem| {
-            cast::cast(gpu, k, mem, desc)
+        self.whole_or_pieces(desc, desc.accesses()?, pieces::cast, |d| {
+            self.run_direct(d.accesses()?, |gpu, k, mem| cast::cast(gpu, k, mem, d))
         })
     }
 
     fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        self.run_direct(desc.accesses()?, |gpu, k, mem| {
-            elementwise::copy(gpu, k, mem, desc)
+        self.whole_or_pieces(desc, desc.accesses()?, pieces::copy, |d| {
+            self.run_direct(d.accesses()?, |gpu, k, mem| {
+                elementwise::copy(gpu, k, mem, d)
+            })
         })
     }
 }
