@@ -1860,6 +1860,66 @@ fn tensors_larger_than_one_binding_run_in_pieces_and_through_windows() {
     let zeros = b.zeros(&[n], DType::F32).unwrap().to_vec::<f32>().unwrap();
     assert!(zeros.iter().all(|&z| z == 0.0));
     drop((exp, twice, halves, zeros));
+    // Ops made of independent rows split along them: softmax, layer norm and a sum by rows, a GEMM
+    // by blocks, Adam by elements; against the reference on all of the tensor.
+    let (rows_all, cols_all) = (n / 1024, 1024);
+    assert_eq!(rows_all * cols_all, n);
+    let all = big.reshape(&[rows_all, cols_all]).unwrap();
+    let all_ref = reference.from_slice(&host, &[rows_all, cols_all]).unwrap();
+    check(
+        "softmax of all",
+        &all.softmax(1).unwrap(),
+        &all_ref.softmax(1).unwrap(),
+    );
+    check(
+        "layer_norm of all",
+        &all.layer_norm(&[cols_all], None, None, 1e-5).unwrap(),
+        &all_ref.layer_norm(&[cols_all], None, None, 1e-5).unwrap(),
+    );
+    check(
+        "sum of all rows",
+        &all.sum(1, false).unwrap(),
+        &all_ref.sum(1, false).unwrap(),
+    );
+    let w = b.randn(&[cols_all, 3], DType::F32).unwrap();
+    let w_ref = reference
+        .from_slice(&w.to_vec::<f32>().unwrap(), &[cols_all, 3])
+        .unwrap();
+    check(
+        "matmul of all",
+        &all.matmul(&w).unwrap(),
+        &all_ref.matmul(&w_ref).unwrap(),
+    );
+    // A column sum reads the whole tensor for every output: refused with the typed error.
+    let columns = all.sum(0, false);
+    assert!(
+        matches!(columns, Err(BackendError::FeatureUnavailable { .. })),
+        "{columns:?}"
+    );
+    // Adam updates its parameters in place: on a fresh copy, so `big` keeps the host's values.
+    let step = |be: &Backend| {
+        let mut params = vec![be.from_slice(&host, &[n]).unwrap()];
+        let grads = [be
+            .binary_scalar(torsh_backend::BinaryOp::Mul, &params[0], 0.01)
+            .unwrap()];
+        let mut state = torsh_backend::AdamState::adamw(0.1);
+        be.fused_adam_step(&mut params, &grads, &mut state, 1e-3, (0.9, 0.999))
+            .unwrap();
+        params.pop().unwrap()
+    };
+    check("adam over all", &step(&b), &step(&reference));
+
+    // Random fills in pieces continue the stream: element i is the reference's element i (values
+    // formed in f32 here, in f64 there), across the piece boundaries.
+    for dtype in [DType::F32, DType::F16] {
+        b.manual_seed(41);
+        reference.manual_seed(41);
+        let got = values(&b.randn(&[n], dtype).unwrap());
+        let want = values(&reference.randn(&[n], dtype).unwrap());
+        let e = rel_error(&got, &want);
+        let bound = if dtype == DType::F32 { 1e-5 } else { 1e-3 };
+        assert!(e <= bound, "randn {dtype}: relative error {e}");
+    }
 
     // Views past the first binding's reach, at an odd element (not on a binding-offset boundary).
     let (rows, cols) = (37, 61);

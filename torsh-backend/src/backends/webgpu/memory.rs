@@ -5,8 +5,8 @@
 //! A buffer may be larger than the adapter lets one binding see (`max_storage_buffer_binding_size`,
 //! 128 MiB on lavapipe): kernels then bind a window of it ([`Binding`]) covering what the op
 //! touches in that allocation ([`Memory::open`]), so views into a large tensor run as any other.
-//! Dense elementwise ops over all of one run in pieces (`pieces.rs`); any other op whose accesses
-//! to one such allocation span more than a binding answers `FeatureUnavailable`.
+//! Ops over all of one run in pieces where they can be cut (`pieces.rs`); any other op whose
+//! accesses to one such allocation span more than a binding answers `FeatureUnavailable`.
 //!
 //! wgpu copies whole 4-byte words. A host-to-device copy whose ends are not word-aligned (a 16-bit
 //! dtype at an odd element) reads the edge words back and merges them, so no byte outside the
@@ -301,6 +301,32 @@ impl Memory {
     /// What one binding may see.
     pub fn binding_limit(&self) -> BindingLimit {
         self.binding
+    }
+
+    /// Whether an op of `acc` can be launched whole: for each allocation larger than one binding,
+    /// its accesses span at most a binding, and each accessed region stays within a binding once
+    /// widened `widen` times (the f32 copies of 16-bit operands that are staged, `staging.rs`).
+    /// Pointers the allocation table rejects count as fitting: the launch reports them.
+    pub fn fits(&self, acc: &Accesses, widen: usize) -> bool {
+        let mut spans: HashMap<u64, (u64, u64)> = HashMap::new();
+        for r in acc.regions.iter().filter(|r| r.bytes > 0) {
+            let Ok((base, a, start)) = self.allocation(r.ptr, r.bytes) else {
+                continue;
+            };
+            let widened = (r.bytes as u64).saturating_mul(widen as u64);
+            if widened.saturating_add(2 * self.binding.align) > self.binding.bytes {
+                return false;
+            }
+            if a.class <= self.binding.bytes {
+                continue;
+            }
+            let end = start + r.bytes as u64;
+            let span = spans.entry(base).or_insert((start, end));
+            *span = (span.0.min(start), span.1.max(end));
+        }
+        spans
+            .values()
+            .all(|&(start, end)| self.window("fits", start, end).is_ok())
     }
 
     /// Records the byte ranges the op of `acc` touches in each allocation larger than one binding,

@@ -73,8 +73,9 @@ pub struct WebGpuBackendConfig {
     /// `WGPU_VALIDATION=1` (and `WGPU_DEBUG=1`) in the environment instead, which wgpu reads.
     pub debug_mode: bool,
     /// Largest allocation the backend makes, in bytes; capped by the adapter's `max_buffer_size`.
-    /// Buffers beyond the adapter's storage binding size are bound in windows (see the
-    /// `memory` module), so an op must touch at most a binding's worth of each.
+    /// Buffers beyond the adapter's storage binding size are bound in windows covering what each
+    /// op touches; ops over all of such a buffer run in pieces where they can be cut, and answer
+    /// `FeatureUnavailable` where they cannot (see the crate README).
     pub max_buffer_size: u64,
     /// Keep built pipelines for reuse (`false` builds each kernel's pipeline anew at every launch,
     /// which costs far more than the kernel on small tensors; for measuring that cost).
@@ -335,22 +336,34 @@ impl WebGpuBackend {
     /// Checks `acc` (the accesses of `desc`), then runs `desc` with `run`: whole, or as the pieces
     /// `split` cuts it into when an operand is larger than one binding (`pieces.rs`), each piece an
     /// op of its own.
-    fn whole_or_pieces<D>(
+    fn whole_or_pieces<D, P>(
         &self,
         desc: &D,
         acc: Accesses,
-        split: impl Fn(memory::BindingLimit, &D) -> Result<Option<Vec<D>>>,
-        run: impl Fn(&D) -> Result<()>,
+        split: impl Fn(&Memory, &D) -> Result<Option<Vec<P>>>,
+        whole: impl FnOnce(&D) -> Result<()>,
+        piece: impl Fn(&P) -> Result<()>,
     ) -> Result<()> {
-        let limit = {
+        let parts = {
             let mem = self.state()?.memory();
             mem.table.check_accesses(&acc)?;
-            mem.binding_limit()
+            split(&mem, desc)?
         };
-        match split(limit, desc)? {
-            None => run(desc),
-            Some(parts) => parts.iter().try_for_each(run),
+        match parts {
+            None => whole(desc),
+            Some(parts) => parts.iter().try_for_each(piece),
         }
+    }
+
+    /// [`WebGpuBackend::whole_or_pieces`] where the whole and each piece run alike, with `run`.
+    fn in_pieces<D>(
+        &self,
+        desc: &D,
+        acc: Accesses,
+        split: impl Fn(&Memory, &D) -> Result<Option<Vec<D>>>,
+        run: impl Fn(&D) -> Result<()>,
+    ) -> Result<()> {
+        self.whole_or_pieces(desc, acc, split, &run, &run)
     }
 
     /// Checks `acc`, then runs `kernel` (which covers every operand it is given).
@@ -657,7 +670,9 @@ impl ComputeBackend for WebGpuBackend {
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
         math_dtype("gemm", desc.dtype)?;
-        self.run(desc, blas::gemm)
+        self.in_pieces(desc, desc.accesses()?, pieces::gemm, |d| {
+            self.run(d, blas::gemm)
+        })
     }
 
     fn fingerprint(&self) -> String {
@@ -687,8 +702,10 @@ impl ComputeBackend for WebGpuBackend {
         match (op, tile) {
             (TunableOp::Gemm(d), Some(tile)) => {
                 math_dtype("gemm", d.dtype)?;
-                self.run(d, |gpu, kernels, mem, d: &GemmDesc| {
-                    blas::gemm_tiled(gpu, kernels, mem, d, tile)
+                self.in_pieces(d, d.accesses()?, pieces::gemm, |d| {
+                    self.run(d, |gpu, kernels, mem, d: &GemmDesc| {
+                        blas::gemm_tiled(gpu, kernels, mem, d, tile)
+                    })
                 })
             }
             _ => Err(BackendError::invalid(
@@ -720,31 +737,37 @@ impl ComputeBackend for WebGpuBackend {
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
         math_dtype("reduce", desc.dtype)?;
-        self.run(desc, rows::reduce)
+        self.in_pieces(desc, desc.accesses()?, pieces::reduce, |d| {
+            self.run(d, rows::reduce)
+        })
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
         math_dtype("unary", desc.dtype)?;
-        self.whole_or_pieces(desc, desc.accesses()?, pieces::unary, |d| {
+        self.in_pieces(desc, desc.accesses()?, pieces::unary, |d| {
             self.run(d, elementwise::unary)
         })
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
         math_dtype("binary", desc.dtype)?;
-        self.whole_or_pieces(desc, desc.accesses()?, pieces::binary, |d| {
+        self.in_pieces(desc, desc.accesses()?, pieces::binary, |d| {
             self.run(d, elementwise::binary)
         })
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
         math_dtype("softmax", desc.dtype)?;
-        self.run(desc, rows::softmax)
+        self.in_pieces(desc, desc.accesses()?, pieces::softmax, |d| {
+            self.run(d, rows::softmax)
+        })
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
         math_dtype("layer_norm", desc.dtype)?;
-        self.run(desc, rows::layer_norm)
+        self.in_pieces(desc, desc.accesses()?, pieces::layer_norm, |d| {
+            self.run(d, rows::layer_norm)
+        })
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
@@ -759,7 +782,9 @@ impl ComputeBackend for WebGpuBackend {
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
         math_dtype("adam_step", desc.dtype)?;
-        self.run(desc, optim::adam_step)
+        self.in_pieces(desc, desc.accesses()?, pieces::adam, |d| {
+            self.run(d, optim::adam_step)
+        })
     }
 
     fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
@@ -769,16 +794,28 @@ impl ComputeBackend for WebGpuBackend {
             // on staged copies would not see: judge the stored values instead.
             return unscale_by_parts(self, desc);
         }
-        self.run(desc, optim::unscale_and_check)
+        self.in_pieces(desc, desc.accesses()?, pieces::unscale, |d| {
+            self.run(d, optim::unscale_and_check)
+        })
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {
         math_dtype("random", desc.dtype)?;
-        self.run(desc, random::random)
+        self.whole_or_pieces(
+            desc,
+            desc.accesses()?,
+            pieces::random,
+            |d| self.run(d, random::random),
+            |(first, d)| {
+                self.run(d, |gpu, k, mem, d| {
+                    random::random_from(gpu, k, mem, d, *first)
+                })
+            },
+        )
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {
-        self.whole_or_pieces(desc, desc.accesses()?, pieces::fill, |d| {
+        self.in_pieces(desc, desc.accesses()?, pieces::fill, |d| {
             self.run_direct(d.accesses()?, |gpu, k, mem| {
                 elementwise::fill(gpu, k, mem, d)
             })
@@ -786,13 +823,13 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn cast(&self, desc: &CastDesc) -> Result<()> {
-        self.whole_or_pieces(desc, desc.accesses()?, pieces::cast, |d| {
+        self.in_pieces(desc, desc.accesses()?, pieces::cast, |d| {
             self.run_direct(d.accesses()?, |gpu, k, mem| cast::cast(gpu, k, mem, d))
         })
     }
 
     fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        self.whole_or_pieces(desc, desc.accesses()?, pieces::copy, |d| {
+        self.in_pieces(desc, desc.accesses()?, pieces::copy, |d| {
             self.run_direct(d.accesses()?, |gpu, k, mem| {
                 elementwise::copy(gpu, k, mem, d)
             })

@@ -2,14 +2,27 @@
 //!
 //! A kernel sees at most a binding's worth of each allocation ([`super::memory`]). Fill, cast,
 //! copy, unary and binary ops whose operands are all dense views of the same element count (no
-//! broadcasting) are the same op on any contiguous range of elements, so when an operand is larger
-//! than a piece they run as consecutive ops over ranges that each fit. Other ops on such operands
-//! answer `FeatureUnavailable` from the window check.
+//! broadcasting) are the same op on any contiguous range of elements, and a random fill is too once
+//! each piece starts at its place in the stream, so when an operand is larger than a piece they run
+//! as consecutive ops over ranges that each fit.
+//!
+//! Ops made of independent parts split along the dim of those parts instead ([`split`]): softmax
+//! by outer slices, layer norm by rows, a reduction by its leading dim (when it reduces another),
+//! Adam and the loss scaler's unscale by elements, and a GEMM by column blocks of C, else row
+//! blocks; each into the fewest equal parts whose accesses fit. Other ops on such operands (batch
+//! norm, conv2d, attention, pooling, a reduction of the leading dim) answer `FeatureUnavailable`
+//! from the window check.
 
-use crate::compute::{BinaryDesc, CastDesc, CopyDesc, DevicePtr, FillDesc, StridedBuf, UnaryDesc};
+use crate::compute::{
+    Accesses, AdamDesc, BinaryDesc, CastDesc, CopyDesc, DevicePtr, FillDesc, GemmDesc,
+    LayerNormDesc, RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf, Transpose, UnaryDesc,
+    UnscaleDesc,
+};
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
+use crate::shape::Layout;
 
-use super::memory::BindingLimit;
+use super::memory::{BindingLimit, Memory};
 
 /// Elements of `widest` bytes per piece: a binding's worth, less room for a window that starts up
 /// to one alignment before its piece and ends on a whole word, in multiples of 1024 elements.
@@ -69,8 +82,218 @@ fn each<D>(
         .transpose()
 }
 
+/// How many times larger than its operands an op of `dtype` stages them: 16-bit floats may run on
+/// f32 copies (`staging.rs`), which must fit a binding too.
+fn widen(dtype: DType) -> usize {
+    (4 / dtype.size_in_bytes()).max(1)
+}
+
+/// `whole` split along a dim of `total` independent parts into the fewest equal pieces (2, 4, 8,
+/// ... of them) whose accesses all fit one binding per allocation ([`Memory::fits`]), `piece(start,
+/// len)` making each; `None` when `whole` fits as it is, or no split along this dim fits (the
+/// launch then reports it).
+fn split<D>(
+    mem: &Memory,
+    whole: &D,
+    dtype: DType,
+    total: usize,
+    accesses: impl Fn(&D) -> Result<Accesses>,
+    piece: impl Fn(usize, usize) -> Result<D>,
+) -> Result<Option<Vec<D>>> {
+    let widen = widen(dtype);
+    if mem.fits(&accesses(whole)?, widen) {
+        return Ok(None);
+    }
+    let mut parts = 2;
+    while parts <= total {
+        let step = total.div_ceil(parts);
+        let pieces = (0..total)
+            .step_by(step)
+            .map(|start| piece(start, step.min(total - start)))
+            .collect::<Result<Vec<D>>>()?;
+        let mut fit = true;
+        for p in &pieces {
+            fit &= mem.fits(&accesses(p)?, widen);
+        }
+        if fit {
+            return Ok(Some(pieces));
+        }
+        parts *= 2;
+    }
+    Ok(None)
+}
+
+/// `desc` by outer slices.
+pub(crate) fn softmax(mem: &Memory, desc: &SoftmaxDesc) -> Result<Option<Vec<SoftmaxDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let slice = desc.axis_len * desc.inner;
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.outer,
+        SoftmaxDesc::accesses,
+        |start, len| {
+            Ok(SoftmaxDesc {
+                input: advance(desc.input, start * slice, size)?,
+                output: advance(desc.output, start * slice, size)?,
+                outer: len,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by rows.
+pub(crate) fn layer_norm(mem: &Memory, desc: &LayerNormDesc) -> Result<Option<Vec<LayerNormDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.rows,
+        LayerNormDesc::accesses,
+        |start, len| {
+            Ok(LayerNormDesc {
+                input: advance(desc.input, start * desc.cols, size)?,
+                output: advance(desc.output, start * desc.cols, size)?,
+                rows: len,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by its input's leading dim, when it reduces another.
+pub(crate) fn reduce(mem: &Memory, desc: &ReduceDesc) -> Result<Option<Vec<ReduceDesc>>> {
+    let layout = &desc.input.layout;
+    let (shape, strides) = (layout.shape(), layout.strides());
+    if desc.axis == 0 || shape.is_empty() {
+        return Ok(None);
+    }
+    let out_size = desc.op.output_dtype(desc.dtype).size_in_bytes();
+    // Output elements per index of the leading dim: the output is dense in the other dims.
+    let per_lead: usize = shape[1..]
+        .iter()
+        .enumerate()
+        .filter(|&(d, _)| d + 1 != desc.axis)
+        .map(|(_, &e)| e)
+        .product();
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        shape[0],
+        ReduceDesc::accesses,
+        |start, len| {
+            let mut part_shape = shape.to_vec();
+            part_shape[0] = len;
+            let offset = layout.offset() + start * strides[0];
+            Ok(ReduceDesc {
+                input: StridedBuf {
+                    ptr: desc.input.ptr,
+                    layout: Layout::new(part_shape, strides.to_vec(), offset)?,
+                },
+                output: advance(desc.output, start * per_lead, out_size)?,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by elements.
+pub(crate) fn adam(mem: &Memory, desc: &AdamDesc) -> Result<Option<Vec<AdamDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.len,
+        AdamDesc::accesses,
+        |start, len| {
+            Ok(AdamDesc {
+                params: advance(desc.params, start, size)?,
+                grads: advance(desc.grads, start, size)?,
+                exp_avg: advance(desc.exp_avg, start, size)?,
+                exp_avg_sq: advance(desc.exp_avg_sq, start, size)?,
+                len,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by elements, every piece setting the one flag.
+pub(crate) fn unscale(mem: &Memory, desc: &UnscaleDesc) -> Result<Option<Vec<UnscaleDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.len,
+        UnscaleDesc::accesses,
+        |start, len| {
+            Ok(UnscaleDesc {
+                input: advance(desc.input, start, size)?,
+                output: advance(desc.output, start, size)?,
+                len,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` (column-major) by column blocks of C, or else by row blocks.
+pub(crate) fn gemm(mem: &Memory, desc: &GemmDesc) -> Result<Option<Vec<GemmDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let by_columns = split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.n,
+        GemmDesc::accesses,
+        |start, len| {
+            // Column j of op(B): stored column j, or stored row j when B is transposed.
+            let b_step = match desc.trans_b {
+                Transpose::No => desc.ldb,
+                Transpose::Yes => 1,
+            };
+            Ok(GemmDesc {
+                b: advance(desc.b, start * b_step, size)?,
+                c: advance(desc.c, start * desc.ldc, size)?,
+                n: len,
+                ..desc.clone()
+            })
+        },
+    )?;
+    if by_columns.is_some() || mem.fits(&desc.accesses()?, widen(desc.dtype)) {
+        return Ok(by_columns);
+    }
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.m,
+        GemmDesc::accesses,
+        |start, len| {
+            // Row i of op(A): stored row i, or stored column i when A is transposed.
+            let a_step = match desc.trans_a {
+                Transpose::No => 1,
+                Transpose::Yes => desc.lda,
+            };
+            Ok(GemmDesc {
+                a: advance(desc.a, start * a_step, size)?,
+                c: advance(desc.c, start, size)?,
+                m: len,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
 /// `desc` as fills of pieces, when its output is larger than a piece.
-pub(crate) fn fill(limit: BindingLimit, desc: &FillDesc) -> Result<Option<Vec<FillDesc>>> {
+pub(crate) fn fill(mem: &Memory, desc: &FillDesc) -> Result<Option<Vec<FillDesc>>> {
+    let limit = mem.binding_limit();
     let size = desc.dtype.size_in_bytes();
     each(ranges(limit, desc.len, size), |start, len| {
         Ok(FillDesc {
@@ -81,8 +304,20 @@ pub(crate) fn fill(limit: BindingLimit, desc: &FillDesc) -> Result<Option<Vec<Fi
     })
 }
 
+/// `desc` as random fills of pieces, each with the stream element it starts at, when its output is
+/// larger than a piece.
+pub(crate) fn random(mem: &Memory, desc: &RandomDesc) -> Result<Option<Vec<(u64, RandomDesc)>>> {
+    let limit = mem.binding_limit();
+    let size = desc.dtype.size_in_bytes();
+    each(ranges(limit, desc.len, math_size(size)), |start, len| {
+        let ptr = advance(desc.ptr, start, size)?;
+        Ok((start as u64, RandomDesc { ptr, len, ..*desc }))
+    })
+}
+
 /// `desc` as casts of pieces, when its input is dense and an operand is larger than a piece.
-pub(crate) fn cast(limit: BindingLimit, desc: &CastDesc) -> Result<Option<Vec<CastDesc>>> {
+pub(crate) fn cast(mem: &Memory, desc: &CastDesc) -> Result<Option<Vec<CastDesc>>> {
+    let limit = mem.binding_limit();
     let n = desc.input.layout.numel();
     let (from, to) = (
         desc.src_dtype.size_in_bytes(),
@@ -99,7 +334,8 @@ pub(crate) fn cast(limit: BindingLimit, desc: &CastDesc) -> Result<Option<Vec<Ca
 }
 
 /// `desc` as copies of pieces, when both views are dense and larger than a piece.
-pub(crate) fn copy(limit: BindingLimit, desc: &CopyDesc) -> Result<Option<Vec<CopyDesc>>> {
+pub(crate) fn copy(mem: &Memory, desc: &CopyDesc) -> Result<Option<Vec<CopyDesc>>> {
+    let limit = mem.binding_limit();
     let n = desc.src.layout.numel();
     let size = desc.dtype.size_in_bytes();
     let ranges = ranges(limit, n, size).filter(|_| dense(&desc.src, n) && dense(&desc.dst, n));
@@ -112,34 +348,88 @@ pub(crate) fn copy(limit: BindingLimit, desc: &CopyDesc) -> Result<Option<Vec<Co
     })
 }
 
-/// `desc` as unary ops on pieces, when its input is dense and larger than a piece.
-pub(crate) fn unary(limit: BindingLimit, desc: &UnaryDesc) -> Result<Option<Vec<UnaryDesc>>> {
+/// `desc` as unary ops on pieces: by elements when its input is dense, else by the leading dim.
+pub(crate) fn unary(mem: &Memory, desc: &UnaryDesc) -> Result<Option<Vec<UnaryDesc>>> {
+    let limit = mem.binding_limit();
     let n = desc.input.layout.numel();
     let size = desc.dtype.size_in_bytes();
-    let ranges = ranges(limit, n, math_size(size)).filter(|_| dense(&desc.input, n));
-    each(ranges, |start, len| {
-        Ok(UnaryDesc {
-            input: part(&desc.input, size, start, len)?,
-            output: advance(desc.output, start, size)?,
-            ..desc.clone()
-        })
-    })
+    if dense(&desc.input, n) {
+        return each(ranges(limit, n, math_size(size)), |start, len| {
+            Ok(UnaryDesc {
+                input: part(&desc.input, size, start, len)?,
+                output: advance(desc.output, start, size)?,
+                ..desc.clone()
+            })
+        });
+    }
+    let shape = desc.input.layout.shape();
+    let Some((&lead, rest)) = shape.split_first() else {
+        return Ok(None);
+    };
+    let per_lead: usize = rest.iter().product();
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        lead,
+        UnaryDesc::accesses,
+        |start, len| {
+            Ok(UnaryDesc {
+                input: leading(&desc.input, start, len)?,
+                output: advance(desc.output, start * per_lead, size)?,
+                ..desc.clone()
+            })
+        },
+    )
 }
 
-/// `desc` as binary ops on pieces, when both inputs are dense views of the output's element count
-/// (no broadcasting) and larger than a piece.
-pub(crate) fn binary(limit: BindingLimit, desc: &BinaryDesc) -> Result<Option<Vec<BinaryDesc>>> {
+/// `desc` as binary ops on pieces: by elements when both inputs are dense views of the output's
+/// element count, else by the output's leading dim (a broadcast operand keeps its place).
+pub(crate) fn binary(mem: &Memory, desc: &BinaryDesc) -> Result<Option<Vec<BinaryDesc>>> {
+    let limit = mem.binding_limit();
     let n = desc.lhs.layout.numel();
     let size = desc.dtype.size_in_bytes();
-    let ranges =
-        ranges(limit, n, math_size(size)).filter(|_| dense(&desc.lhs, n) && dense(&desc.rhs, n));
-    each(ranges, |start, len| {
-        Ok(BinaryDesc {
-            lhs: part(&desc.lhs, size, start, len)?,
-            rhs: part(&desc.rhs, size, start, len)?,
-            output: advance(desc.output, start, size)?,
-            ..desc.clone()
-        })
+    if dense(&desc.lhs, n) && dense(&desc.rhs, n) {
+        return each(ranges(limit, n, math_size(size)), |start, len| {
+            Ok(BinaryDesc {
+                lhs: part(&desc.lhs, size, start, len)?,
+                rhs: part(&desc.rhs, size, start, len)?,
+                output: advance(desc.output, start, size)?,
+                ..desc.clone()
+            })
+        });
+    }
+    let shape = desc.lhs.layout.shape();
+    let Some((&lead, rest)) = shape.split_first() else {
+        return Ok(None);
+    };
+    let per_lead: usize = rest.iter().product();
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        lead,
+        BinaryDesc::accesses,
+        |start, len| {
+            Ok(BinaryDesc {
+                lhs: leading(&desc.lhs, start, len)?,
+                rhs: leading(&desc.rhs, start, len)?,
+                output: advance(desc.output, start * per_lead, size)?,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// The view `buf` narrowed to indices `start..start + len` of its leading dim.
+fn leading(buf: &StridedBuf, start: usize, len: usize) -> Result<StridedBuf> {
+    let layout = &buf.layout;
+    let mut shape = layout.shape().to_vec();
+    shape[0] = len;
+    let offset = layout.offset() + start * layout.strides()[0];
+    Ok(StridedBuf {
+        ptr: buf.ptr,
+        layout: Layout::new(shape, layout.strides().to_vec(), offset)?,
     })
 }
 

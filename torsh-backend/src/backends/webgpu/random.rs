@@ -14,6 +14,18 @@ use super::pipelines::{for_dtype, grid_1d, Dispatch, Kernels, RANDOM, RANDOM_F16
 /// A random fill of f32, or (with `SHADER_F16`) of f16 rounded once from the f32 values; `Stage` for
 /// other dtypes, a misaligned output or more than 2^32 elements.
 pub(crate) fn random(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &RandomDesc) -> Result<Launch> {
+    random_from(gpu, kernels, mem, d, 0)
+}
+
+/// [`random`] for the piece of a fill that starts at element `first` of the stream (`pieces.rs`):
+/// its elements are the stream's `first`, `first + 1`, ..., as if the whole fill ran at once.
+pub(crate) fn random_from(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &RandomDesc,
+    first: u64,
+) -> Result<Launch> {
     let Some((module, size)) = for_dtype(gpu, d.dtype, RANDOM, RANDOM_F16) else {
         return Ok(Launch::Stage);
     };
@@ -27,7 +39,12 @@ pub(crate) fn random(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &RandomDesc)
         Distribution::Uniform { low, high } => (false, low, high - low),
         Distribution::Normal { mean, std } => (true, mean, std),
     };
-    let key = mix64(d.seed ^ GOLDEN);
+    // Element i of the stream draws from index i (uniform) or 2i and 2i + 1 (normal), and index j's
+    // bits are mix64(key + j·GOLDEN): starting `first` elements in is starting from a key advanced
+    // by that many indices.
+    let per_element = if normal { 2 } else { 1 };
+    let skipped = first.wrapping_mul(per_element).wrapping_mul(GOLDEN);
+    let key = mix64(d.seed ^ GOLDEN).wrapping_add(skipped);
     let params = [
         n,
         offset,
