@@ -1806,9 +1806,10 @@ fn f16_rows_norms_optimizer_and_random_fills_run_natively_and_match_the_staged_p
     }
 }
 
-#[test]
-fn tensors_larger_than_one_binding_run_in_pieces_and_through_windows() {
-    let Some(probe) = raw() else { return };
+/// A backend, host values and a tensor of them one binding plus 12 MiB long (f32), or `None` (after
+/// saying why) when the adapter's limits leave no room for one.
+fn larger_than_a_binding() -> Option<(Backend, Vec<f32>, torsh_backend::Tensor)> {
+    let probe = raw()?;
     let device = webgpu::block_on(webgpu::WebGpuDevice::from_best_adapter(0)).unwrap();
     let limits = device.limits();
     let binding = limits.max_storage_buffer_binding_size;
@@ -1816,16 +1817,36 @@ fn tensors_larger_than_one_binding_run_in_pieces_and_through_windows() {
     let bytes = binding + (12 << 20);
     if limits.max_buffer_size < bytes || binding > 1 << 30 {
         eprintln!("webgpu: the adapter's binding limit ({binding} bytes) leaves no room to test");
-        return;
+        return None;
     }
     drop(probe);
-    let Some(b) = backend() else { return };
-    let reference = Backend::reference().unwrap();
+    let b = backend()?;
     let n = (bytes / 4) as usize;
     let host: Vec<f32> = (0..n)
         .map(|i| ((i as f32) * 0.618_034).sin() * 2.0)
         .collect();
     let big = b.from_slice(&host, &[n]).unwrap();
+    Some((b, host, big))
+}
+
+/// The values of a tensor, as f64.
+fn values(t: &torsh_backend::Tensor) -> Vec<f64> {
+    t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap()
+}
+
+/// Asserts `got` is within 1e-5 of `want` in relative error.
+fn check_close(name: &str, got: &torsh_backend::Tensor, want: &torsh_backend::Tensor) {
+    let e = rel_error(&values(got), &values(want));
+    assert!(e <= 1e-5, "{name}: relative error {e}");
+}
+
+#[test]
+fn tensors_larger_than_one_binding_run_elementwise_ops_in_pieces_and_views_through_windows() {
+    let Some((b, host, big)) = larger_than_a_binding() else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    let n = host.len();
     // Views of the host data on the reference backend, to compare with.
     let on_ref = |start: usize, shape: &[usize]| {
         let len = shape.iter().product::<usize>();
@@ -1833,12 +1854,7 @@ fn tensors_larger_than_one_binding_run_in_pieces_and_through_windows() {
             .from_slice(&host[start..start + len], shape)
             .unwrap()
     };
-    let values = |t: &torsh_backend::Tensor| t.cast(DType::F64).unwrap().to_vec::<f64>().unwrap();
-    let check = |name: &str, got: &torsh_backend::Tensor, want: &torsh_backend::Tensor| {
-        let e = rel_error(&values(got), &values(want));
-        assert!(e <= 1e-5, "{name}: relative error {e}");
-    };
-
+    let check = check_close;
     // Dense elementwise ops over the whole tensor run in pieces that each fit a binding; fresh
     // outputs are poisoned, so a piece left unwritten shows.
     let exp = b
@@ -1860,66 +1876,15 @@ fn tensors_larger_than_one_binding_run_in_pieces_and_through_windows() {
     let zeros = b.zeros(&[n], DType::F32).unwrap().to_vec::<f32>().unwrap();
     assert!(zeros.iter().all(|&z| z == 0.0));
     drop((exp, twice, halves, zeros));
-    // Ops made of independent rows split along them: softmax, layer norm and a sum by rows, a GEMM
-    // by blocks, Adam by elements; against the reference on all of the tensor.
-    let (rows_all, cols_all) = (n / 1024, 1024);
-    assert_eq!(rows_all * cols_all, n);
-    let all = big.reshape(&[rows_all, cols_all]).unwrap();
-    let all_ref = reference.from_slice(&host, &[rows_all, cols_all]).unwrap();
-    check(
-        "softmax of all",
-        &all.softmax(1).unwrap(),
-        &all_ref.softmax(1).unwrap(),
-    );
-    check(
-        "layer_norm of all",
-        &all.layer_norm(&[cols_all], None, None, 1e-5).unwrap(),
-        &all_ref.layer_norm(&[cols_all], None, None, 1e-5).unwrap(),
-    );
-    check(
-        "sum of all rows",
-        &all.sum(1, false).unwrap(),
-        &all_ref.sum(1, false).unwrap(),
-    );
-    let w = b.randn(&[cols_all, 3], DType::F32).unwrap();
-    let w_ref = reference
-        .from_slice(&w.to_vec::<f32>().unwrap(), &[cols_all, 3])
-        .unwrap();
-    check(
-        "matmul of all",
-        &all.matmul(&w).unwrap(),
-        &all_ref.matmul(&w_ref).unwrap(),
-    );
-    // A column sum reads the whole tensor for every output: refused with the typed error.
-    let columns = all.sum(0, false);
-    assert!(
-        matches!(columns, Err(BackendError::FeatureUnavailable { .. })),
-        "{columns:?}"
-    );
-    // Adam updates its parameters in place: on a fresh copy, so `big` keeps the host's values.
-    let step = |be: &Backend| {
-        let mut params = vec![be.from_slice(&host, &[n]).unwrap()];
-        let grads = [be
-            .binary_scalar(torsh_backend::BinaryOp::Mul, &params[0], 0.01)
-            .unwrap()];
-        let mut state = torsh_backend::AdamState::adamw(0.1);
-        be.fused_adam_step(&mut params, &grads, &mut state, 1e-3, (0.9, 0.999))
-            .unwrap();
-        params.pop().unwrap()
-    };
-    check("adam over all", &step(&b), &step(&reference));
-
     // Random fills in pieces continue the stream: element i is the reference's element i (values
     // formed in f32 here, in f64 there), across the piece boundaries.
-    for dtype in [DType::F32, DType::F16] {
-        b.manual_seed(41);
-        reference.manual_seed(41);
-        let got = values(&b.randn(&[n], dtype).unwrap());
-        let want = values(&reference.randn(&[n], dtype).unwrap());
-        let e = rel_error(&got, &want);
-        let bound = if dtype == DType::F32 { 1e-5 } else { 1e-3 };
-        assert!(e <= bound, "randn {dtype}: relative error {e}");
-    }
+    b.manual_seed(41);
+    reference.manual_seed(41);
+    check_close(
+        "randn",
+        &b.randn(&[n], DType::F32).unwrap(),
+        &reference.randn(&[n], DType::F32).unwrap(),
+    );
 
     // Views past the first binding's reach, at an odd element (not on a binding-offset boundary).
     let (rows, cols) = (37, 61);
@@ -2008,4 +1973,133 @@ fn tensors_larger_than_one_binding_run_in_pieces_and_through_windows() {
         *w = -x;
     }
     assert_eq!(after, want);
+}
+
+#[test]
+fn ops_over_all_of_a_tensor_larger_than_one_binding_split_into_pieces_that_fit() {
+    let Some((b, host, big)) = larger_than_a_binding() else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    let n = host.len();
+    let check = check_close;
+    // Ops made of independent rows split along them: softmax, layer norm and a sum by rows, a GEMM
+    // by blocks, Adam by elements; against the reference on all of the tensor.
+    let (rows_all, cols_all) = (n / 1024, 1024);
+    assert_eq!(rows_all * cols_all, n);
+    let all = big.reshape(&[rows_all, cols_all]).unwrap();
+    let all_ref = reference.from_slice(&host, &[rows_all, cols_all]).unwrap();
+    check(
+        "softmax of all",
+        &all.softmax(1).unwrap(),
+        &all_ref.softmax(1).unwrap(),
+    );
+    check(
+        "layer_norm of all",
+        &all.layer_norm(&[cols_all], None, None, 1e-5).unwrap(),
+        &all_ref.layer_norm(&[cols_all], None, None, 1e-5).unwrap(),
+    );
+    check(
+        "sum of all rows",
+        &all.sum(1, false).unwrap(),
+        &all_ref.sum(1, false).unwrap(),
+    );
+    let w = b.randn(&[cols_all, 3], DType::F32).unwrap();
+    let w_ref = reference
+        .from_slice(&w.to_vec::<f32>().unwrap(), &[cols_all, 3])
+        .unwrap();
+    check(
+        "matmul of all",
+        &all.matmul(&w).unwrap(),
+        &all_ref.matmul(&w_ref).unwrap(),
+    );
+    // A column sum reads the whole tensor for every output: refused with the typed error.
+    let columns = all.sum(0, false);
+    assert!(
+        matches!(columns, Err(BackendError::FeatureUnavailable { .. })),
+        "{columns:?}"
+    );
+    // Adam updates its parameters in place: on a fresh copy, so `big` keeps the host's values.
+    let step = |be: &Backend| {
+        let mut params = vec![be.from_slice(&host, &[n]).unwrap()];
+        let grads = [be
+            .binary_scalar(torsh_backend::BinaryOp::Mul, &params[0], 0.01)
+            .unwrap()];
+        let mut state = torsh_backend::AdamState::adamw(0.1);
+        be.fused_adam_step(&mut params, &grads, &mut state, 1e-3, (0.9, 0.999))
+            .unwrap();
+        params.pop().unwrap()
+    };
+    check("adam over all", &step(&b), &step(&reference));
+
+    // Batched and per-image ops split by batch, image, head or channel: a GEMV and a batched GEMM
+    // against the reference on all of it; conv2d, attention and pooling (costly on the reference)
+    // on their first and last items.
+    let v = b.randn(&[cols_all], DType::F32).unwrap();
+    let v_ref = reference
+        .from_slice(&v.to_vec::<f32>().unwrap(), &[cols_all])
+        .unwrap();
+    let y = b.zeros(&[rows_all], DType::F32).unwrap();
+    let y_ref = reference.zeros(&[rows_all], DType::F32).unwrap();
+    check(
+        "gemv of all",
+        &all.gemv(&v, 1.0, &y, 0.0).unwrap(),
+        &all_ref.gemv(&v_ref, 1.0, &y_ref, 0.0).unwrap(),
+    );
+    let (batch, side) = (rows_all, 32);
+    let cube = big.reshape(&[batch, side, side]).unwrap();
+    let cube_ref = reference.from_slice(&host, &[batch, side, side]).unwrap();
+    let right = b.randn(&[batch, side, 2], DType::F32).unwrap();
+    let right_ref = reference
+        .from_slice(&right.to_vec::<f32>().unwrap(), &[batch, side, 2])
+        .unwrap();
+    check(
+        "batched matmul of all",
+        &cube.matmul(&right).unwrap(),
+        &cube_ref.matmul(&right_ref).unwrap(),
+    );
+    let ends = |t: &torsh_backend::Tensor| {
+        let last = t.shape()[0] - 1;
+        [t.narrow(0, 0, 1).unwrap(), t.narrow(0, last, 1).unwrap()]
+    };
+    let images = big.reshape(&[batch, 1, side, side]).unwrap();
+    let images_ref = reference
+        .from_slice(&host, &[batch, 1, side, side])
+        .unwrap();
+    let kernel = b.randn(&[2, 1, 3, 3], DType::F32).unwrap();
+    let kernel_ref = reference
+        .from_slice(&kernel.to_vec::<f32>().unwrap(), &[2, 1, 3, 3])
+        .unwrap();
+    let conv = b
+        .conv2d(&images, &kernel, torsh_backend::ConvConfig::default())
+        .unwrap();
+    let pool = torsh_backend::Pool2dConfig {
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [0, 0],
+        count_include_pad: true,
+    };
+    let pooled = b.max_pool2d(&images, pool).unwrap();
+    let heads = big.reshape(&[batch / 2, 2, 16, 64]).unwrap();
+    let heads_ref = reference
+        .from_slice(&host, &[batch / 2, 2, 16, 64])
+        .unwrap();
+    let attended = b.attention(&heads, &heads, &heads, true).unwrap();
+    for (end, (image, head)) in ends(&images_ref).iter().zip(ends(&heads_ref)).enumerate() {
+        let conv_want = reference
+            .conv2d(image, &kernel_ref, torsh_backend::ConvConfig::default())
+            .unwrap();
+        check("conv2d of all", &ends(&conv)[end], &conv_want);
+        check(
+            "max_pool2d of all",
+            &ends(&pooled)[end],
+            &reference.max_pool2d(image, pool).unwrap(),
+        );
+        check(
+            "attention of all",
+            &ends(&attended)[end],
+            &reference.attention(&head, &head, &head, true).unwrap(),
+        );
+    }
+    drop((conv, pooled, attended));
 }

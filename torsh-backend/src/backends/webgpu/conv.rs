@@ -13,7 +13,7 @@ use super::memory::Memory;
 use super::pipelines::{for_dtype, Dispatch, Kernels, CONV, CONV_F16};
 
 /// Rows (output channels) and columns (output pixels) of a workgroup's tile.
-const TILE: usize = 64;
+pub(crate) const TILE: usize = 64;
 
 /// An f32 convolution, or f16 (f32 accumulation) where the device has `SHADER_F16`.
 pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc) -> Result<Launch> {

@@ -717,22 +717,35 @@ impl ComputeBackend for WebGpuBackend {
 
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
         math_dtype("batched_gemm", desc.gemm.dtype)?;
-        self.run(desc, blas::batched_gemm)
+        self.in_pieces(desc, desc.accesses()?, pieces::batched_gemm, |d| {
+            self.run(d, blas::batched_gemm)
+        })
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
         math_dtype("gemv", desc.dtype)?;
-        self.run(desc, blas::gemv)
+        self.in_pieces(desc, desc.accesses()?, pieces::gemv, |d| {
+            self.run(d, blas::gemv)
+        })
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
         math_dtype("conv2d", desc.dtype)?;
-        self.run(desc, conv::conv2d)
+        let max_groups = self
+            .state()?
+            .device
+            .gpu
+            .limits
+            .max_compute_workgroups_per_dimension;
+        let split = |mem: &Memory, d: &Conv2dDesc| pieces::conv2d(mem, d, max_groups);
+        self.in_pieces(desc, desc.accesses()?, split, |d| self.run(d, conv::conv2d))
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
         math_dtype("attention", desc.dtype)?;
-        self.run(desc, attention::attention)
+        self.in_pieces(desc, desc.accesses()?, pieces::attention, |d| {
+            self.run(d, attention::attention)
+        })
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
@@ -777,7 +790,9 @@ impl ComputeBackend for WebGpuBackend {
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
         math_dtype("pool2d", desc.dtype)?;
-        self.run(desc, pool::pool2d)
+        self.in_pieces(desc, desc.accesses()?, pieces::pool2d, |d| {
+            self.run(d, pool::pool2d)
+        })
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {

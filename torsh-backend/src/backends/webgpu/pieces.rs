@@ -8,15 +8,17 @@
 //!
 //! Ops made of independent parts split along the dim of those parts instead ([`split`]): softmax
 //! by outer slices, layer norm by rows, a reduction by its leading dim (when it reduces another),
-//! Adam and the loss scaler's unscale by elements, and a GEMM by column blocks of C, else row
-//! blocks; each into the fewest equal parts whose accesses fit. Other ops on such operands (batch
-//! norm, conv2d, attention, pooling, a reduction of the leading dim) answer `FeatureUnavailable`
-//! from the window check.
+//! Adam and the loss scaler's unscale by elements, a GEMM by column blocks of C, else row blocks, a
+//! GEMV by rows, a batched GEMM by batch, conv2d by image (also to keep its grid within the
+//! device's), attention by (batch, head) and pooling by
+//! (image, channel); each into the fewest equal parts whose accesses fit. Other ops on such operands
+//! (batch norm, a reduction of the leading dim, a single image, head or row larger than a binding)
+//! answer `FeatureUnavailable` from the window check.
 
 use crate::compute::{
-    Accesses, AdamDesc, BinaryDesc, CastDesc, CopyDesc, DevicePtr, FillDesc, GemmDesc,
-    LayerNormDesc, RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf, Transpose, UnaryDesc,
-    UnscaleDesc,
+    Accesses, AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc, CopyDesc,
+    DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dDesc, RandomDesc, ReduceDesc,
+    SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -100,8 +102,22 @@ fn split<D>(
     accesses: impl Fn(&D) -> Result<Accesses>,
     piece: impl Fn(usize, usize) -> Result<D>,
 ) -> Result<Option<Vec<D>>> {
+    split_until(mem, whole, dtype, total, accesses, |_| true, piece)
+}
+
+/// [`split`], where a piece must also pass `launchable` (a grid that fits the device's, say).
+fn split_until<D>(
+    mem: &Memory,
+    whole: &D,
+    dtype: DType,
+    total: usize,
+    accesses: impl Fn(&D) -> Result<Accesses>,
+    launchable: impl Fn(&D) -> bool,
+    piece: impl Fn(usize, usize) -> Result<D>,
+) -> Result<Option<Vec<D>>> {
     let widen = widen(dtype);
-    if mem.fits(&accesses(whole)?, widen) {
+    let fits = |d: &D| -> Result<bool> { Ok(launchable(d) && mem.fits(&accesses(d)?, widen)) };
+    if fits(whole)? {
         return Ok(None);
     }
     let mut parts = 2;
@@ -113,7 +129,7 @@ fn split<D>(
             .collect::<Result<Vec<D>>>()?;
         let mut fit = true;
         for p in &pieces {
-            fit &= mem.fits(&accesses(p)?, widen);
+            fit &= fits(p)?;
         }
         if fit {
             return Ok(Some(pieces));
@@ -285,6 +301,139 @@ pub(crate) fn gemm(mem: &Memory, desc: &GemmDesc) -> Result<Option<Vec<GemmDesc>
                 a: advance(desc.a, start * a_step, size)?,
                 c: advance(desc.c, start, size)?,
                 m: len,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by rows of op(A) and y.
+pub(crate) fn gemv(mem: &Memory, desc: &GemvDesc) -> Result<Option<Vec<GemvDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    // Rows of op(A): m when A is not transposed, else n.
+    let (rows, a_step) = match desc.trans {
+        Transpose::No => (desc.m, 1),
+        Transpose::Yes => (desc.n, desc.lda),
+    };
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        rows,
+        GemvDesc::accesses,
+        |start, len| {
+            let (m, n) = match desc.trans {
+                Transpose::No => (len, desc.n),
+                Transpose::Yes => (desc.m, len),
+            };
+            Ok(GemvDesc {
+                a: advance(desc.a, start * a_step, size)?,
+                y: advance(desc.y, start * desc.incy, size)?,
+                m,
+                n,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by batch.
+pub(crate) fn batched_gemm(
+    mem: &Memory,
+    desc: &BatchedGemmDesc,
+) -> Result<Option<Vec<BatchedGemmDesc>>> {
+    let g = &desc.gemm;
+    let size = g.dtype.size_in_bytes();
+    split(
+        mem,
+        desc,
+        g.dtype,
+        desc.batch_count,
+        BatchedGemmDesc::accesses,
+        |start, len| {
+            Ok(BatchedGemmDesc {
+                gemm: GemmDesc {
+                    a: advance(g.a, start * desc.stride_a, size)?,
+                    b: advance(g.b, start * desc.stride_b, size)?,
+                    c: advance(g.c, start * desc.stride_c, size)?,
+                    ..g.clone()
+                },
+                batch_count: len,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by image (weight and bias shared), also when its output positions need more workgroups
+/// than one grid dimension of `max_groups` holds.
+pub(crate) fn conv2d(
+    mem: &Memory,
+    desc: &Conv2dDesc,
+    max_groups: u32,
+) -> Result<Option<Vec<Conv2dDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let [n, c, h, w] = desc.input_shape;
+    let [_, k, oh, ow] = desc.output_shape;
+    let launchable = |d: &Conv2dDesc| {
+        let positions = d.output_shape[0] * oh * ow;
+        positions.div_ceil(super::conv::TILE) <= max_groups as usize
+    };
+    let piece = |start: usize, len: usize| {
+        Ok(Conv2dDesc {
+            input: advance(desc.input, start * c * h * w, size)?,
+            input_shape: [len, c, h, w],
+            output: advance(desc.output, start * k * oh * ow, size)?,
+            output_shape: [len, k, oh, ow],
+            ..desc.clone()
+        })
+    };
+    let accesses = Conv2dDesc::accesses;
+    split_until(mem, desc, desc.dtype, n, accesses, launchable, piece)
+}
+
+/// `desc` by (batch, head), as a batch of one-head problems.
+pub(crate) fn attention(mem: &Memory, desc: &AttentionDesc) -> Result<Option<Vec<AttentionDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let (q_each, kv_each) = (desc.seq_q * desc.head_dim, desc.seq_kv * desc.head_dim);
+    let problems = desc.batch * desc.heads;
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        problems,
+        AttentionDesc::accesses,
+        |start, len| {
+            Ok(AttentionDesc {
+                q: advance(desc.q, start * q_each, size)?,
+                k: advance(desc.k, start * kv_each, size)?,
+                v: advance(desc.v, start * kv_each, size)?,
+                o: advance(desc.o, start * q_each, size)?,
+                batch: len,
+                heads: 1,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by (image, channel), as a batch of one-channel images.
+pub(crate) fn pool2d(mem: &Memory, desc: &Pool2dDesc) -> Result<Option<Vec<Pool2dDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let [n, c, h, w] = desc.input_shape;
+    let [_, _, oh, ow] = desc.output_shape;
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        n * c,
+        Pool2dDesc::accesses,
+        |start, len| {
+            Ok(Pool2dDesc {
+                input: advance(desc.input, start * h * w, size)?,
+                input_shape: [len, 1, h, w],
+                output: advance(desc.output, start * oh * ow, size)?,
+                output_shape: [len, 1, oh, ow],
                 ..desc.clone()
             })
         },
