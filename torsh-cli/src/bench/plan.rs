@@ -244,12 +244,20 @@ fn conv_cases(scale: Scale) -> Vec<Case> {
 
 /// Every case for a backend of `kind`, section by section; the memcpy ceiling comes first among the
 /// memory-bound ops. TF32 GEMM cases only on CUDA.
-/// WebGPU has no f64 math (WGSL has no f64), so its cases leave f64 out; its f16 and bf16 cases
-/// measure the staging through f32 copies.
+/// WebGPU has no f64 math (WGSL has no f64), so its cases leave f64 out; it adds f16 beside the f32
+/// memory-bound cases, which run natively where the adapter has `shader-f16` (bf16 measures the
+/// staging through f32 copies).
 pub fn plan(kind: BackendType, scale: Scale) -> Vec<Case> {
     let mut cases = all_cases(kind, scale);
     if kind == BackendType::WebGpu {
         cases.retain(|c| c.dtype != DType::F64);
+        let halves: Vec<Case> = cases
+            .iter()
+            .filter(|c| matches!(c.op, Op::Memory { .. }) && c.dtype == DType::F32)
+            .filter(|c| !cases.iter().any(|h| h.op == c.op && h.dtype == DType::F16))
+            .map(|c| Case::new(c.op, DType::F16))
+            .collect();
+        cases.extend(halves);
     }
     cases
 }
@@ -376,5 +384,24 @@ mod tests {
             },
             DType::F32
         ));
+    }
+
+    #[test]
+    fn webgpu_plans_f16_beside_each_f32_memory_case_and_no_f64() {
+        for scale in [Scale::Quick, Scale::Host, Scale::Gpu] {
+            let cases = plan(BackendType::WebGpu, scale);
+            assert!(cases.iter().all(|c| c.dtype != DType::F64));
+            let memory: Vec<&Case> = cases
+                .iter()
+                .filter(|c| matches!(c.op, Op::Memory { .. }))
+                .collect();
+            for c in memory.iter().filter(|c| c.dtype == DType::F32) {
+                let halves = memory
+                    .iter()
+                    .filter(|h| h.op == c.op && h.dtype == DType::F16)
+                    .count();
+                assert_eq!(halves, 1, "{c:?}");
+            }
+        }
     }
 }
