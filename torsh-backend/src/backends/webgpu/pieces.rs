@@ -1,4 +1,4 @@
-//! Dense elementwise ops over operands larger than one storage binding, run in pieces.
+//! Ops over operands larger than one storage binding, run in pieces that each fit one.
 //!
 //! A kernel sees at most a binding's worth of each allocation ([`super::memory`]). Fill, cast,
 //! copy, unary and binary ops whose operands are all dense views of the same element count (no
@@ -10,10 +10,11 @@
 //! by outer slices, layer norm by rows, a reduction by its leading dim (when it reduces another),
 //! Adam and the loss scaler's unscale by elements, a GEMM by column blocks of C, else row blocks, a
 //! GEMV by rows, a batched GEMM by batch, conv2d by image (also to keep its grid within the
-//! device's), attention by (batch, head) and pooling by
-//! (image, channel); each into the fewest equal parts whose accesses fit. Other ops on such operands
-//! (batch norm, a reduction of the leading dim, a single image, head or row larger than a binding)
-//! answer `FeatureUnavailable` from the window check.
+//! device's), attention by (batch, head) and pooling by (image, channel); each into the fewest equal
+//! parts whose accesses fit, trying 2, 4, 8, ... parts (so an op no split can fit costs a search
+//! over its dim before it is refused). Other ops on such operands (batch norm, a reduction of the
+//! leading dim, a single image, head or row larger than a binding) answer `FeatureUnavailable` from
+//! the window check.
 
 use crate::compute::{
     Accesses, AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc, CopyDesc,
