@@ -2020,11 +2020,11 @@ fn ops_over_all_of_a_tensor_larger_than_one_binding_split_into_pieces_that_fit()
         &all.matmul(&w).unwrap(),
         &all_ref.matmul(&w_ref).unwrap(),
     );
-    // A column sum reads the whole tensor for every output: refused with the typed error.
-    let columns = all.sum(0, false);
-    assert!(
-        matches!(columns, Err(BackendError::FeatureUnavailable { .. })),
-        "{columns:?}"
+    // A column sum reads the whole tensor for every output: two passes over blocks of rows.
+    check(
+        "sum of all columns",
+        &all.sum(0, false).unwrap(),
+        &all_ref.sum(0, false).unwrap(),
     );
     // Adam updates its parameters in place: on a fresh copy, so `big` keeps the host's values.
     let step = |be: &Backend| {
@@ -2103,4 +2103,204 @@ fn ops_over_all_of_a_tensor_larger_than_one_binding_split_into_pieces_that_fit()
         );
     }
     drop((conv, pooled, attended));
+}
+
+/// A tensor-level backend whose kernels bind at most `bytes` (`max_binding_size`), so that small
+/// tensors take the paths of tensors larger than a binding (windows, pieces, two passes); `None`
+/// when there is no adapter.
+fn with_binding(bytes: u64) -> Option<Backend> {
+    raw()?;
+    let config = WebGpuBackendConfig {
+        max_binding_size: bytes,
+        ..Default::default()
+    };
+    Some(Backend::from_compute(Box::new(WebGpuBackend::new(config))).unwrap())
+}
+
+/// `host` as an f32 tensor of `shape` on `be`, cast to `dtype`.
+fn dtype_tensor(
+    be: &Backend,
+    host: &[f32],
+    shape: &[usize],
+    dtype: DType,
+) -> torsh_backend::Tensor {
+    be.from_slice(host, shape).unwrap().cast(dtype).unwrap()
+}
+
+/// Asserts `got` matches `want` within `dtype`'s parity bound, NaN for NaN.
+fn check_dtype(
+    name: &str,
+    dtype: DType,
+    got: &torsh_backend::Tensor,
+    want: &torsh_backend::Tensor,
+) {
+    let cmp = validation::compare(&values(got), &values(want));
+    let bound = validation::tolerance(if got.dtype() == DType::I64 {
+        DType::I64
+    } else {
+        dtype
+    });
+    assert!(cmp.within(bound), "{name} ({dtype:?}): {cmp}");
+}
+
+#[test]
+fn max_binding_size_below_the_smallest_supported_is_an_invalid_argument() {
+    if raw().is_none() {
+        return;
+    }
+    let mut b = WebGpuBackend::new(WebGpuBackendConfig {
+        max_binding_size: webgpu::MIN_BINDING_SIZE - 4,
+        ..Default::default()
+    });
+    let err = b.init().unwrap_err();
+    assert!(
+        matches!(err, BackendError::InvalidArgument { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn leading_dim_reductions_larger_than_a_binding_combine_partials_of_blocks() {
+    let binding = 256 << 10;
+    let Some(b) = with_binding(binding) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    // 131 × 1031: 270 KB even in f16, past the 256 KiB binding. Column 5 holds a NaN late (it must
+    // win max, min and both arg-reductions), column 7 a tied maximum and minimum in two blocks (the
+    // first must win).
+    let (rows, cols) = (131, 1031);
+    let mut host: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i as f32) * 0.754_877_7).sin() * 3.0 + 0.25)
+        .collect();
+    host[100 * cols + 5] = f32::NAN;
+    for r in [3, 90] {
+        host[r * cols + 7] = 9.0;
+    }
+    for r in [11, 120] {
+        host[r * cols + 7] = -9.0;
+    }
+    type Reduction = fn(&torsh_backend::Tensor) -> torsh_backend::Result<torsh_backend::Tensor>;
+    let reductions: [(&str, Reduction); 7] = [
+        ("sum", |t| t.sum(0, false)),
+        ("mean", |t| t.mean(0, false)),
+        ("max", |t| t.max(0, false)),
+        ("min", |t| t.min(0, false)),
+        ("var", |t| t.var(0, 1, false)),
+        ("argmax", |t| t.argmax(0, false)),
+        ("argmin", |t| t.argmin(0, false)),
+    ];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let x = dtype_tensor(&b, &host, &[rows, cols], dtype);
+        let x_ref = dtype_tensor(&reference, &host, &[rows, cols], dtype);
+        // The whole matrix, a view with strided rows, and a 3-D view reduced along its leading dim.
+        let views = |t: &torsh_backend::Tensor| {
+            [
+                t.clone(),
+                t.narrow(1, 3, cols - 4).unwrap(),
+                t.narrow(1, 0, 1030)
+                    .unwrap()
+                    .reshape(&[rows, 10, 103])
+                    .unwrap(),
+            ]
+        };
+        for (view, (v, v_ref)) in views(&x).iter().zip(views(&x_ref)).enumerate() {
+            for (name, reduce) in reductions {
+                let name = format!("{name} of view {view}");
+                check_dtype(&name, dtype, &reduce(v).unwrap(), &reduce(&v_ref).unwrap());
+            }
+        }
+        // All of a 1-D tensor: its one output from every block.
+        let flat = x.reshape(&[rows * cols]).unwrap();
+        let flat_ref = x_ref.reshape(&[rows * cols]).unwrap();
+        let no_nan = |t: &torsh_backend::Tensor| t.narrow(0, 101 * cols, 30 * cols).unwrap();
+        check_dtype(
+            "sum of all",
+            dtype,
+            &no_nan(&flat).sum(0, false).unwrap(),
+            &no_nan(&flat_ref).sum(0, false).unwrap(),
+        );
+    }
+    // One index of the leading dim larger than a binding: the typed error, naming the limit.
+    let wide = b.randn(&[2, 70_000], DType::F32).unwrap();
+    let err = wide.sum(0, false).unwrap_err();
+    assert!(
+        matches!(err, BackendError::FeatureUnavailable { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn batch_norm_larger_than_a_binding_normalises_with_statistics_of_every_image() {
+    let binding = 256 << 10;
+    let Some(b) = with_binding(binding) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    // 37 images of 3 channels of 11 × 97: 474 KB in f32, 237 KB in f16 (past the binding once
+    // staged or cast to f32). Channel means far from zero, and images whose means differ, test
+    // the combination of moments.
+    let (n, c, h, w) = (37, 3, 11, 97);
+    let host: Vec<f32> = (0..n * c * h * w)
+        .map(|i| {
+            let (image, ch) = (i / (c * h * w), (i / (h * w)) % c);
+            let offset = 4.0 * ch as f32 - 2.0 + 0.5 * (image % 5) as f32;
+            ((i as f32) * 0.381_966).sin() * (1.0 + ch as f32) + offset
+        })
+        .collect();
+    let params: Vec<f32> = vec![
+        1.5, -0.5, 0.75, 0.1, 0.2, -0.3, 0.5, 1.0, -1.0, 2.0, 0.5, 1.5,
+    ];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for training in [true, false] {
+            let run = |be: &Backend| {
+                let x = dtype_tensor(be, &host, &[n, c, h, w], dtype);
+                let p = |k: usize| dtype_tensor(be, &params[3 * k..3 * k + 3], &[c], dtype);
+                let (weight, bias, mean, var) = (p(0), p(1), p(2), p(3));
+                let y = x
+                    .batch_norm(torsh_backend::BatchNormConfig {
+                        weight: Some(&weight),
+                        bias: Some(&bias),
+                        running_mean: Some(&mean),
+                        running_var: Some(&var),
+                        training,
+                        momentum: Some(0.3),
+                        eps: None,
+                    })
+                    .unwrap();
+                (y, mean, var)
+            };
+            let (got, want) = (run(&b), run(&reference));
+            let name = format!("batch_norm (training {training})");
+            check_dtype(&name, dtype, &got.0, &want.0);
+            check_dtype(&format!("{name} running mean"), dtype, &got.1, &want.1);
+            check_dtype(&format!("{name} running var"), dtype, &got.2, &want.2);
+        }
+    }
+}
+
+#[test]
+fn native_f16_ops_are_budgeted_without_f32_copies_so_a_tensor_that_fits_runs_whole() {
+    if !has_shader_f16() {
+        return;
+    }
+    let binding = 256 << 10;
+    let Some(b) = with_binding(binding) else {
+        return;
+    };
+    let exec = webgpu::WebGpuKernelExecutor::new(&b).unwrap();
+    let launches = || exec.pipeline_stats().kernel_launches;
+    // 0.75 of a binding in f16: whole with shader-f16, where f32 copies would take 1.5 bindings.
+    let elements = (binding as usize * 3 / 4) / 2;
+    let x = b.randn(&[elements / 1024, 1024], DType::F16).unwrap();
+    let before = launches();
+    let y = x.softmax(1).unwrap();
+    let e = x.exp().unwrap();
+    assert_eq!(launches() - before, 2, "softmax and exp, one launch each");
+    let reference = Backend::reference().unwrap();
+    let x_ref = reference
+        .from_slice(&x.to_vec::<half::f16>().unwrap(), x.shape())
+        .unwrap();
+    check_dtype("softmax", DType::F16, &y, &x_ref.softmax(1).unwrap());
+    check_dtype("exp", DType::F16, &e, &x_ref.exp().unwrap());
 }

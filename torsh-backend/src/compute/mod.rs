@@ -97,21 +97,24 @@ pub(crate) fn unscale_by_parts<B: ComputeBackend + ?Sized>(
     Ok(())
 }
 
-/// Device allocations freed when dropped (the scratch of provided method bodies).
-struct Temporaries<'a, B: ComputeBackend + ?Sized> {
+/// Device allocations freed when dropped (the scratch of provided method bodies and of ops composed
+/// from others).
+pub(crate) struct Temporaries<'a, B: ComputeBackend + ?Sized> {
     device: &'a B,
     held: std::cell::RefCell<Vec<DevicePtr>>,
 }
 
 impl<'a, B: ComputeBackend + ?Sized> Temporaries<'a, B> {
-    fn new(device: &'a B) -> Self {
+    /// No allocations yet, on `device`.
+    pub(crate) fn new(device: &'a B) -> Self {
         Temporaries {
             device,
             held: std::cell::RefCell::new(Vec::new()),
         }
     }
 
-    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+    /// Allocates `bytes`, freed when `self` drops; the errors of [`ComputeBackend::alloc`].
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         let ptr = self.device.alloc(bytes)?;
         self.held.borrow_mut().push(ptr);
         Ok(ptr)

@@ -56,6 +56,8 @@ pub(crate) struct Gpu {
     pending: Mutex<Option<Vec<wgpu::CommandBuffer>>>,
     /// Queue submissions so far.
     submissions: AtomicU64,
+    /// Kernel dispatches so far.
+    launches: AtomicU64,
 }
 
 /// The optional features the backend uses when the adapter has them.
@@ -130,6 +132,7 @@ impl Gpu {
             uncaptured,
             pending: Mutex::new(None),
             submissions: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
         })
     }
 
@@ -194,6 +197,16 @@ impl Gpu {
     /// Queue submissions made so far on this device.
     pub fn submissions(&self) -> u64 {
         self.submissions.load(Ordering::Relaxed)
+    }
+
+    /// Counts one kernel dispatch (the backend's own or a caller's).
+    pub fn count_launch(&self) {
+        self.launches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Kernel dispatches recorded so far on this device.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
     }
 
     /// `DeviceLost` once the device has been lost.

@@ -27,6 +27,8 @@ use super::WebGpuBackend;
 pub struct PipelineStats {
     /// Pipelines built and kept: the backend's own kernels and custom ones.
     pub pipeline_count: usize,
+    /// Kernel launches recorded so far on the backend's device, its own and custom ones.
+    pub kernel_launches: u64,
 }
 
 /// Runs WGSL compute shaders of the caller's on the tensors of one WebGPU backend.
@@ -116,10 +118,12 @@ impl WebGpuKernelExecutor {
         self.backend.synchronize()
     }
 
-    /// How many pipelines the backend has built.
+    /// How many pipelines the backend has built, and how many kernels it has launched.
     pub fn pipeline_stats(&self) -> PipelineStats {
+        let backend = webgpu_of(&self.backend).ok();
         PipelineStats {
-            pipeline_count: webgpu_of(&self.backend).map_or(0, |b| b.pipeline_count()),
+            pipeline_count: backend.map_or(0, |b| b.pipeline_count()),
+            kernel_launches: backend.and_then(|b| b.kernel_launches().ok()).unwrap_or(0),
         }
     }
 }
@@ -294,6 +298,7 @@ impl WebGpuBackend {
                     pass.set_bind_group(0, g, &[]);
                 }
                 pass.dispatch_workgroups(cx, cy, cz);
+                gpu.count_launch();
             }
             gpu.submit(encoder.finish());
         })

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU64;
 
 use crate::compute::{Accesses, AllocationTable, DevicePtr};
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 use super::context::{driver, Gpu};
@@ -142,17 +143,18 @@ struct Allocation {
 /// What a storage binding may see: at most `bytes`, starting on a multiple of `align`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BindingLimit {
-    /// `max_storage_buffer_binding_size`, rounded down to whole 4-byte words.
+    /// `max_storage_buffer_binding_size` (or the backend's `max_binding_size` when lower),
+    /// rounded down to whole 4-byte words.
     pub bytes: u64,
     /// `min_storage_buffer_offset_alignment`.
     pub align: u64,
 }
 
 impl BindingLimit {
-    /// The limits of `limits`.
-    pub fn of(limits: &wgpu::Limits) -> BindingLimit {
+    /// The limits of `limits`, with bindings of at most `cap` bytes.
+    pub fn of(limits: &wgpu::Limits, cap: u64) -> BindingLimit {
         BindingLimit {
-            bytes: limits.max_storage_buffer_binding_size / WORD * WORD,
+            bytes: limits.max_storage_buffer_binding_size.min(cap) / WORD * WORD,
             align: u64::from(limits.min_storage_buffer_offset_alignment).max(WORD),
         }
     }
@@ -198,6 +200,8 @@ pub(crate) struct Memory {
     max_bytes: u64,
     /// What one binding may see.
     binding: BindingLimit,
+    /// Whether the math kernels take f16 as it is (the device has `SHADER_F16`).
+    native_f16: bool,
     /// The op being launched: per allocation larger than a binding (by base), the byte range of it
     /// that the op's accesses touch ([`Memory::open`]).
     spans: HashMap<u64, (u64, u64)>,
@@ -214,12 +218,19 @@ pub(crate) struct Place<'a> {
 
 impl Memory {
     /// Memory whose allocations are at most `max_bytes`, bound within `binding`, and whose pool
-    /// caches at most `cache_limit` bytes of freed buffers.
-    pub fn new(max_bytes: u64, binding: BindingLimit, cache_limit: u64) -> Memory {
+    /// caches at most `cache_limit` bytes of freed buffers; `native_f16` when the math kernels take
+    /// f16 as it is (the device has `SHADER_F16`), which [`Memory::widening`] needs.
+    pub fn new(
+        max_bytes: u64,
+        binding: BindingLimit,
+        cache_limit: u64,
+        native_f16: bool,
+    ) -> Memory {
         Memory {
             table: AllocationTable::new(),
             max_bytes,
             binding,
+            native_f16,
             spans: HashMap::new(),
             live: HashMap::new(),
             pool: WebGpuBufferPool::new(cache_limit),
@@ -303,6 +314,21 @@ impl Memory {
         self.binding
     }
 
+    /// How many times larger than its operands the copies are that a math op of `dtype` over `acc`
+    /// runs on: 1 where the kernels take `dtype` as it is (f32, and f16 on devices with
+    /// `SHADER_F16`, when every operand is at a whole element), 2 where the 16-bit operands are
+    /// staged through f32 copies (`staging.rs`). The budget [`Memory::fits`] allows for.
+    pub fn widening(&self, dtype: DType, acc: &Accesses) -> usize {
+        let size = dtype.size_in_bytes();
+        let aligned = acc.regions.iter().all(|r| r.ptr.0 % size as u64 == 0);
+        let native = dtype == DType::F32 || (dtype == DType::F16 && self.native_f16);
+        if native && aligned {
+            1
+        } else {
+            (4 / size).max(1)
+        }
+    }
+
     /// Whether an op of `acc` can be launched whole: for each allocation larger than one binding,
     /// its accesses span at most a binding, and each accessed region stays within a binding once
     /// widened `widen` times (the f32 copies of 16-bit operands that are staged, `staging.rs`).
@@ -365,9 +391,10 @@ impl Memory {
             return Err(BackendError::FeatureUnavailable {
                 feature: "ops spanning more than one storage binding",
                 reason: format!(
-                    "{op} touches {bytes} bytes of one allocation, more than this adapter's \
-                     storage binding of {} bytes (max_storage_buffer_binding_size) lets a kernel \
-                     see at once; run it on views that each span less",
+                    "{op} touches {bytes} bytes of one allocation, more than the storage binding \
+                     of {} bytes (the adapter's max_storage_buffer_binding_size, or the backend's \
+                     max_binding_size when lower) lets a kernel see at once; run it on views that \
+                     each span less",
                     self.binding.bytes
                 ),
             });

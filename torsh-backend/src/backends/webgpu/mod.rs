@@ -35,6 +35,7 @@ mod pool;
 mod random;
 mod rows;
 mod staging;
+mod two_pass;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -96,7 +97,16 @@ pub struct WebGpuBackendConfig {
     /// picks by adapter (256 on GPUs, the SIMD width on CPU implementations such as lavapipe);
     /// otherwise a power of two from 1 to 256, and `init` answers `InvalidArgument` for any other.
     pub row_workgroup_size: Option<u32>,
+    /// Largest storage binding the kernels use, in bytes; capped by the adapter's
+    /// `max_storage_buffer_binding_size`. Allocations larger than a binding are bound in windows,
+    /// and ops over all of one run in pieces or two passes (see the crate README); lowering this
+    /// runs those paths on small tensors, as the tests do. At least [`MIN_BINDING_SIZE`]; `init`
+    /// answers `InvalidArgument` below that.
+    pub max_binding_size: u64,
 }
+
+/// The smallest [`WebGpuBackendConfig::max_binding_size`]: 64 KiB.
+pub const MIN_BINDING_SIZE: u64 = 64 << 10;
 
 impl Default for WebGpuBackendConfig {
     fn default() -> Self {
@@ -110,6 +120,7 @@ impl Default for WebGpuBackendConfig {
             api: None,
             optional_features: context::OPTIONAL_FEATURES,
             row_workgroup_size: None,
+            max_binding_size: u64::MAX,
         }
     }
 }
@@ -239,6 +250,14 @@ impl WebGpuBackend {
         Ok(self.state()?.device.gpu.submissions())
     }
 
+    /// Kernel launches (compute dispatches) recorded so far on this backend's device, the
+    /// backend's own and custom kernels alike: an op split into pieces (see the crate README) is
+    /// one per piece, an op staged through f32 copies adds the casts'; `NotInitialized` before
+    /// `init`.
+    pub fn kernel_launches(&self) -> Result<u64> {
+        Ok(self.state()?.device.gpu.launches())
+    }
+
     /// Releases the pool's cached free buffers; `NotInitialized` before `init`.
     pub fn empty_cache(&self) -> Result<()> {
         self.state()?.memory().pool.empty_cache();
@@ -366,6 +385,15 @@ impl WebGpuBackend {
         self.whole_or_pieces(desc, acc, split, &run, &run)
     }
 
+    /// Whether an op of `dtype` over `acc` runs whole: its accesses fit one binding per allocation,
+    /// allowing for copies `widen` times larger than its operands (or the op's own staging, when
+    /// more). The errors of the allocation table's checks of `acc`.
+    fn fits(&self, acc: &Accesses, dtype: crate::dtype::DType, widen: usize) -> Result<bool> {
+        let mem = self.state()?.memory();
+        mem.table.check_accesses(acc)?;
+        Ok(mem.fits(acc, mem.widening(dtype, acc).max(widen)))
+    }
+
     /// Checks `acc`, then runs `kernel` (which covers every operand it is given).
     fn run_direct(
         &self,
@@ -450,6 +478,15 @@ impl ComputeBackend for WebGpuBackend {
                     .into(),
             });
         }
+        if self.config.max_binding_size < MIN_BINDING_SIZE {
+            return Err(BackendError::invalid(
+                "webgpu",
+                format!(
+                    "max_binding_size {} is below the smallest supported, {MIN_BINDING_SIZE} bytes",
+                    self.config.max_binding_size
+                ),
+            ));
+        }
         if let Some(n) = self.config.row_workgroup_size {
             if !n.is_power_of_two() || n > 256 {
                 return Err(BackendError::invalid(
@@ -465,7 +502,8 @@ impl ComputeBackend for WebGpuBackend {
         }
         let poison =
             cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
-        let binding = memory::BindingLimit::of(&device.gpu.limits);
+        let binding = memory::BindingLimit::of(&device.gpu.limits, self.config.max_binding_size);
+        let native_f16 = device.gpu.features.contains(wgpu::Features::SHADER_F16);
         self.state = Some(State {
             device,
             kernels: Kernels::new(self.config.enable_pipeline_cache),
@@ -473,6 +511,7 @@ impl ComputeBackend for WebGpuBackend {
                 self.config.max_buffer_size,
                 binding,
                 DEFAULT_CACHE_BYTES,
+                native_f16,
             )),
             events: Mutex::new(events::Events::default()),
             poison,
@@ -750,9 +789,11 @@ impl ComputeBackend for WebGpuBackend {
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
         math_dtype("reduce", desc.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::reduce, |d| {
-            self.run(d, rows::reduce)
-        })
+        let acc = desc.accesses()?;
+        if desc.axis == 0 && !self.fits(&acc, desc.dtype, 1)? {
+            return two_pass::reduce(self, desc);
+        }
+        self.in_pieces(desc, acc, pieces::reduce, |d| self.run(d, rows::reduce))
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
@@ -785,7 +826,13 @@ impl ComputeBackend for WebGpuBackend {
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
         math_dtype("batch_norm", desc.dtype)?;
-        self.run(desc, pool::batch_norm)
+        let acc = desc.accesses()?;
+        if desc.training && !self.fits(&acc, desc.dtype, 1)? {
+            return two_pass::batch_norm(self, desc);
+        }
+        self.in_pieces(desc, acc, pieces::batch_norm, |d| {
+            self.run(d, pool::batch_norm)
+        })
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {

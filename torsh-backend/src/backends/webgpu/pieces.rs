@@ -10,16 +10,20 @@
 //! by outer slices, layer norm by rows, a reduction by its leading dim (when it reduces another),
 //! Adam and the loss scaler's unscale by elements, a GEMM by column blocks of C, else row blocks, a
 //! GEMV by rows, a batched GEMM by batch, conv2d by image (also to keep its grid within the
-//! device's), attention by (batch, head) and pooling by (image, channel); each into the fewest equal
-//! parts whose accesses fit, trying 2, 4, 8, ... parts (so an op no split can fit costs a search
-//! over its dim before it is refused). Other ops on such operands (batch norm, a reduction of the
-//! leading dim, a single image, head or row larger than a binding) answer `FeatureUnavailable` from
-//! the window check.
+//! device's), attention by (batch, head), pooling by (image, channel) and batch norm in inference by
+//! image; each into the fewest equal parts whose accesses fit, trying 2, 4, 8, ... parts (so an op
+//! no split can fit costs a search over its dim before it is refused). A reduction of the leading
+//! dim and batch norm in training run in two passes instead (`two_pass.rs`). Other ops on such
+//! operands (a single image, head or row larger than a binding) answer `FeatureUnavailable` from the
+//! window check.
+//!
+//! Pieces are budgeted for the copies their op runs on ([`Memory::widening`]): their own size where
+//! the kernels take the dtype natively, twice that for 16-bit operands staged through f32.
 
 use crate::compute::{
-    Accesses, AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc, CopyDesc,
-    DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dDesc, RandomDesc, ReduceDesc,
-    SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
+    Accesses, AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc,
+    Conv2dDesc, CopyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dDesc,
+    RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -34,14 +38,15 @@ fn piece_len(limit: BindingLimit, widest: usize) -> usize {
     ((room as usize) / 1024 * 1024).max(1024)
 }
 
-/// The element size a math op's pieces are counted in: at least 4 bytes, as 16-bit dtypes without a
-/// native kernel run on f32 copies of the piece (`staging.rs`), which must fit a binding too.
-fn math_size(size: usize) -> usize {
-    size.max(4)
+/// The element size a math op's pieces are counted in: `size` times the op's widening
+/// ([`Memory::widening`]), as 16-bit dtypes without a native kernel run on f32 copies of the piece
+/// (`staging.rs`), which must fit a binding too.
+fn math_size(mem: &Memory, dtype: DType, acc: &Accesses) -> usize {
+    dtype.size_in_bytes() * mem.widening(dtype, acc)
 }
 
 /// `ptr` advanced by `elements` of `size` bytes; `SizeOverflow` when that wraps.
-fn advance(ptr: DevicePtr, elements: usize, size: usize) -> Result<DevicePtr> {
+pub(crate) fn advance(ptr: DevicePtr, elements: usize, size: usize) -> Result<DevicePtr> {
     elements
         .checked_mul(size)
         .and_then(|bytes| ptr.offset(bytes))
@@ -85,12 +90,6 @@ fn each<D>(
         .transpose()
 }
 
-/// How many times larger than its operands an op of `dtype` stages them: 16-bit floats may run on
-/// f32 copies (`staging.rs`), which must fit a binding too.
-fn widen(dtype: DType) -> usize {
-    (4 / dtype.size_in_bytes()).max(1)
-}
-
 /// `whole` split along a dim of `total` independent parts into the fewest equal pieces (2, 4, 8,
 /// ... of them) whose accesses all fit one binding per allocation ([`Memory::fits`]), `piece(start,
 /// len)` making each; `None` when `whole` fits as it is, or no split along this dim fits (the
@@ -116,24 +115,42 @@ fn split_until<D>(
     launchable: impl Fn(&D) -> bool,
     piece: impl Fn(usize, usize) -> Result<D>,
 ) -> Result<Option<Vec<D>>> {
-    let widen = widen(dtype);
-    let fits = |d: &D| -> Result<bool> { Ok(launchable(d) && mem.fits(&accesses(d)?, widen)) };
+    let fits = |d: &D| -> Result<bool> {
+        let acc = accesses(d)?;
+        Ok(launchable(d) && mem.fits(&acc, mem.widening(dtype, &acc)))
+    };
     if fits(whole)? {
         return Ok(None);
     }
+    let Some(ranges) = blocks(total, |start, len| fits(&piece(start, len)?))? else {
+        return Ok(None);
+    };
+    ranges
+        .into_iter()
+        .map(|(start, len)| piece(start, len))
+        .collect::<Result<Vec<D>>>()
+        .map(Some)
+}
+
+/// The fewest equal ranges `(start, len)` (2, 4, 8, ... of them) covering `0..total` that each
+/// pass `fits`; `None` when even ranges of one pass not.
+pub(crate) fn blocks(
+    total: usize,
+    fits: impl Fn(usize, usize) -> Result<bool>,
+) -> Result<Option<Vec<(usize, usize)>>> {
     let mut parts = 2;
     while parts <= total {
         let step = total.div_ceil(parts);
-        let pieces = (0..total)
+        let ranges: Vec<(usize, usize)> = (0..total)
             .step_by(step)
-            .map(|start| piece(start, step.min(total - start)))
-            .collect::<Result<Vec<D>>>()?;
+            .map(|start| (start, step.min(total - start)))
+            .collect();
         let mut fit = true;
-        for p in &pieces {
-            fit &= fits(p)?;
+        for &(start, len) in &ranges {
+            fit = fit && fits(start, len)?;
         }
         if fit {
-            return Ok(Some(pieces));
+            return Ok(Some(ranges));
         }
         parts *= 2;
     }
@@ -218,6 +235,31 @@ pub(crate) fn reduce(mem: &Memory, desc: &ReduceDesc) -> Result<Option<Vec<Reduc
     )
 }
 
+/// `desc` by images, in inference (the running statistics are only read); `None` in training,
+/// whose statistics take every image (`two_pass.rs`).
+pub(crate) fn batch_norm(mem: &Memory, desc: &BatchNormDesc) -> Result<Option<Vec<BatchNormDesc>>> {
+    if desc.training {
+        return Ok(None);
+    }
+    let size = desc.dtype.size_in_bytes();
+    let image = desc.channels * desc.spatial;
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.batch,
+        BatchNormDesc::accesses,
+        |start, len| {
+            Ok(BatchNormDesc {
+                input: advance(desc.input, start * image, size)?,
+                output: advance(desc.output, start * image, size)?,
+                batch: len,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
 /// `desc` by elements.
 pub(crate) fn adam(mem: &Memory, desc: &AdamDesc) -> Result<Option<Vec<AdamDesc>>> {
     let size = desc.dtype.size_in_bytes();
@@ -283,7 +325,8 @@ pub(crate) fn gemm(mem: &Memory, desc: &GemmDesc) -> Result<Option<Vec<GemmDesc>
             })
         },
     )?;
-    if by_columns.is_some() || mem.fits(&desc.accesses()?, widen(desc.dtype)) {
+    let acc = desc.accesses()?;
+    if by_columns.is_some() || mem.fits(&acc, mem.widening(desc.dtype, &acc)) {
         return Ok(by_columns);
     }
     split(
@@ -459,7 +502,8 @@ pub(crate) fn fill(mem: &Memory, desc: &FillDesc) -> Result<Option<Vec<FillDesc>
 pub(crate) fn random(mem: &Memory, desc: &RandomDesc) -> Result<Option<Vec<(u64, RandomDesc)>>> {
     let limit = mem.binding_limit();
     let size = desc.dtype.size_in_bytes();
-    each(ranges(limit, desc.len, math_size(size)), |start, len| {
+    let widest = math_size(mem, desc.dtype, &desc.accesses()?);
+    each(ranges(limit, desc.len, widest), |start, len| {
         let ptr = advance(desc.ptr, start, size)?;
         Ok((start as u64, RandomDesc { ptr, len, ..*desc }))
     })
@@ -504,7 +548,8 @@ pub(crate) fn unary(mem: &Memory, desc: &UnaryDesc) -> Result<Option<Vec<UnaryDe
     let n = desc.input.layout.numel();
     let size = desc.dtype.size_in_bytes();
     if dense(&desc.input, n) {
-        return each(ranges(limit, n, math_size(size)), |start, len| {
+        let widest = math_size(mem, desc.dtype, &desc.accesses()?);
+        return each(ranges(limit, n, widest), |start, len| {
             Ok(UnaryDesc {
                 input: part(&desc.input, size, start, len)?,
                 output: advance(desc.output, start, size)?,
@@ -540,7 +585,8 @@ pub(crate) fn binary(mem: &Memory, desc: &BinaryDesc) -> Result<Option<Vec<Binar
     let n = desc.lhs.layout.numel();
     let size = desc.dtype.size_in_bytes();
     if dense(&desc.lhs, n) && dense(&desc.rhs, n) {
-        return each(ranges(limit, n, math_size(size)), |start, len| {
+        let widest = math_size(mem, desc.dtype, &desc.accesses()?);
+        return each(ranges(limit, n, widest), |start, len| {
             Ok(BinaryDesc {
                 lhs: part(&desc.lhs, size, start, len)?,
                 rhs: part(&desc.rhs, size, start, len)?,
@@ -572,7 +618,7 @@ pub(crate) fn binary(mem: &Memory, desc: &BinaryDesc) -> Result<Option<Vec<Binar
 }
 
 /// The view `buf` narrowed to indices `start..start + len` of its leading dim.
-fn leading(buf: &StridedBuf, start: usize, len: usize) -> Result<StridedBuf> {
+pub(crate) fn leading(buf: &StridedBuf, start: usize, len: usize) -> Result<StridedBuf> {
     let layout = &buf.layout;
     let mut shape = layout.shape().to_vec();
     shape[0] = len;

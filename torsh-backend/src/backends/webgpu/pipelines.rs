@@ -451,6 +451,7 @@ impl Kernels {
                 pass.set_pipeline(&pipeline);
                 pass.set_bind_group(0, &bind_group, &[]);
                 pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+                gpu.count_launch();
             }
             gpu.submit(encoder.finish());
         })

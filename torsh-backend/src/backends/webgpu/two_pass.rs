@@ -1,0 +1,390 @@
+//! Ops over all of a tensor larger than one storage binding that no split into independent parts
+//! fits (`pieces.rs`): a reduction along the leading dim, and batch norm in training, where each
+//! output depends on elements throughout the tensor.
+//!
+//! Both run in two passes. The leading dim (images, for batch norm) is cut into the fewest equal
+//! blocks whose accesses fit a binding ([`pieces::blocks`]); each block is reduced on the device
+//! into partial results, which the host reads back and combines in f64, rounding once into the
+//! output:
+//! - sums and means from partial f32 sums;
+//! - maxima and minima from partial extremes in the dtype (exact), a NaN anywhere giving NaN;
+//! - variances from partial f32 means and biased variances, by Chan's formula;
+//! - arg-reductions from each block's extreme and its index, the first block holding the overall
+//!   extreme (or a NaN) winning, as the first index does in one pass;
+//! - batch norm's per-channel mean and variance from per-(image, channel) means and variances,
+//!   after which the host updates the running statistics and the device normalises block by
+//!   block in inference mode with the batch's statistics (as f32).
+//!
+//! 16-bit operands of sums, means, variances and batch norm are cast to f32 block by block before
+//! they are reduced or normalised, so no partial is rounded to 16 bits; their blocks are budgeted
+//! for those f32 copies. The combine waits for the device and reads the partials back (one or two
+//! values per output element and block): costs that only ops too large for one binding pay.
+
+use crate::backends::reference::memory::{decode, decode_int, encode, encode_int};
+use crate::compute::{
+    Accesses, BatchNormDesc, CastDesc, ComputeBackend, DevicePtr, ReduceDesc, ReduceOp, StridedBuf,
+    Temporaries,
+};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+
+use super::pieces::{advance, blocks, leading};
+use super::WebGpuBackend;
+
+/// Whether `dtype` operands of a sum, mean, variance or batch norm are cast to f32 blocks first.
+fn cast_first(dtype: DType) -> bool {
+    dtype != DType::F32
+}
+
+/// How many times larger than its operands the f32 copies of a block of `dtype` are.
+fn widen(dtype: DType) -> usize {
+    if cast_first(dtype) {
+        4 / dtype.size_in_bytes()
+    } else {
+        1
+    }
+}
+
+/// The blocks `(start, len)` of `total` whose ops, of `accesses(start, len)`, each fit one binding
+/// with copies `widen` times larger; `FeatureUnavailable` when even one index is too large.
+fn fitting_blocks(
+    be: &WebGpuBackend,
+    op: &'static str,
+    dtype: DType,
+    total: usize,
+    widen: usize,
+    accesses: impl Fn(usize, usize) -> Result<Accesses>,
+) -> Result<Vec<(usize, usize)>> {
+    let fits = |start, len| be.fits(&accesses(start, len)?, dtype, widen);
+    blocks(total, fits)?.ok_or_else(|| BackendError::FeatureUnavailable {
+        feature: "ops spanning more than one storage binding",
+        reason: format!(
+            "{op}: one index of the leading dim of its input takes more than a storage binding; \
+             run it on smaller views"
+        ),
+    })
+}
+
+/// `view` of `dtype` cast into `f32_buf`, as a dense f32 view of the same shape.
+fn cast_to_f32(
+    be: &WebGpuBackend,
+    dtype: DType,
+    view: StridedBuf,
+    f32_buf: DevicePtr,
+) -> Result<StridedBuf> {
+    let shape = view.layout.shape().to_vec();
+    be.cast(&CastDesc {
+        src_dtype: dtype,
+        dst_dtype: DType::F32,
+        input: view,
+        output: f32_buf,
+    })?;
+    Ok(StridedBuf::contiguous(f32_buf, &shape))
+}
+
+/// `values` bytes of `dtype` at `ptr`, read back and decoded as f64 (indices for I64).
+fn read(be: &WebGpuBackend, ptr: DevicePtr, dtype: DType, values: usize) -> Result<Vec<f64>> {
+    let size = dtype.size_in_bytes();
+    let mut bytes = vec![0u8; values * size];
+    be.copy_dtoh(&mut bytes, ptr)?;
+    Ok(bytes
+        .chunks_exact(size)
+        .map(|b| match dtype {
+            DType::I64 => decode_int(dtype, b) as f64,
+            _ => decode(dtype, b),
+        })
+        .collect())
+}
+
+/// Writes `values` to `ptr` as `dtype`, each rounded once.
+fn write(be: &WebGpuBackend, ptr: DevicePtr, dtype: DType, values: &[f64]) -> Result<()> {
+    let size = dtype.size_in_bytes();
+    let mut bytes = vec![0u8; values.len() * size];
+    for (v, b) in values.iter().zip(bytes.chunks_exact_mut(size)) {
+        match dtype {
+            DType::I64 => encode_int(dtype, *v as i64, b),
+            _ => encode(dtype, *v, b),
+        }
+    }
+    be.copy_htod(ptr, &bytes)
+}
+
+/// The reductions each block runs for `op`: f32 partial sums for sums and means, the extreme for
+/// maxima and minima, mean and biased variance for variances, index and extreme for the
+/// arg-reductions.
+fn partial_ops(op: ReduceOp) -> &'static [ReduceOp] {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => &[ReduceOp::Sum],
+        ReduceOp::Max => &[ReduceOp::Max],
+        ReduceOp::Min => &[ReduceOp::Min],
+        ReduceOp::Var { .. } => &[ReduceOp::Mean, ReduceOp::Var { correction: 0 }],
+        ReduceOp::ArgMax => &[ReduceOp::ArgMax, ReduceOp::Max],
+        ReduceOp::ArgMin => &[ReduceOp::ArgMin, ReduceOp::Min],
+    }
+}
+
+/// `desc`, a reduction along the leading dim of an input larger than one binding, in two passes.
+pub(crate) fn reduce(be: &WebGpuBackend, desc: &ReduceDesc) -> Result<()> {
+    let shape = desc.input.layout.shape();
+    let lead = shape[0];
+    let rest: usize = shape[1..].iter().product();
+    let exact = matches!(
+        desc.op,
+        ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin
+    );
+    let cast = !exact && cast_first(desc.dtype);
+    let widen = if cast { widen(desc.dtype) } else { 1 };
+    let block_desc = |input: StridedBuf, op: ReduceOp, output: DevicePtr| ReduceDesc {
+        op,
+        dtype: if cast { DType::F32 } else { desc.dtype },
+        input,
+        axis: 0,
+        output,
+    };
+    let ranges = fitting_blocks(be, "reduce", desc.dtype, lead, widen, |start, len| {
+        ReduceDesc {
+            dtype: desc.dtype,
+            ..block_desc(leading(&desc.input, start, len)?, desc.op, desc.output)
+        }
+        .accesses()
+    })?;
+    let temps = Temporaries::new(be);
+    let src_dtype = if cast { DType::F32 } else { desc.dtype };
+    let ops = partial_ops(desc.op);
+    let partials = ops
+        .iter()
+        .map(|op| {
+            let dtype = op.output_dtype(src_dtype);
+            Ok((
+                dtype,
+                temps.alloc(ranges.len() * rest * dtype.size_in_bytes())?,
+            ))
+        })
+        .collect::<Result<Vec<(DType, DevicePtr)>>>()?;
+    let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let scratch = if cast {
+        Some(temps.alloc(longest * rest * 4)?)
+    } else {
+        None
+    };
+    for (b, &(start, len)) in ranges.iter().enumerate() {
+        let block = leading(&desc.input, start, len)?;
+        let input = match scratch {
+            Some(f32_block) => cast_to_f32(be, desc.dtype, block, f32_block)?,
+            None => block,
+        };
+        for (&op, &(dtype, ptr)) in ops.iter().zip(&partials) {
+            let row = advance(ptr, b * rest, dtype.size_in_bytes())?;
+            be.reduce(&block_desc(input.clone(), op, row))?;
+        }
+    }
+    let read_all = |i: usize| -> Result<Vec<f64>> {
+        let (dtype, ptr) = partials[i];
+        read(be, ptr, dtype, ranges.len() * rest)
+    };
+    let first = read_all(0)?;
+    let second = if ops.len() > 1 {
+        read_all(1)?
+    } else {
+        Vec::new()
+    };
+    let at = |values: &[f64], b: usize, j: usize| values[b * rest + j];
+    let out: Vec<f64> = (0..rest)
+        .map(|j| {
+            let blocks = ranges.iter().enumerate();
+            match desc.op {
+                ReduceOp::Sum => blocks.map(|(b, _)| at(&first, b, j)).sum(),
+                ReduceOp::Mean => blocks.map(|(b, _)| at(&first, b, j)).sum::<f64>() / lead as f64,
+                ReduceOp::Max | ReduceOp::Min => blocks
+                    .map(|(b, _)| at(&first, b, j))
+                    .reduce(|best, v| {
+                        let better = match desc.op {
+                            ReduceOp::Max => v > best,
+                            _ => v < best,
+                        };
+                        if best.is_nan() || v.is_nan() {
+                            f64::NAN
+                        } else if better {
+                            v
+                        } else {
+                            best
+                        }
+                    })
+                    .unwrap_or(f64::NAN),
+                ReduceOp::Var { correction } => {
+                    let n = lead as f64;
+                    let mean = blocks
+                        .clone()
+                        .map(|(b, r)| r.1 as f64 * at(&first, b, j))
+                        .sum::<f64>()
+                        / n;
+                    let squares: f64 = blocks
+                        .map(|(b, r)| {
+                            let d = at(&first, b, j) - mean;
+                            r.1 as f64 * (at(&second, b, j) + d * d)
+                        })
+                        .sum();
+                    squares / (n - f64::from(correction)).max(0.0)
+                }
+                ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                    let better = |v: f64, best: f64| match desc.op {
+                        ReduceOp::ArgMax => v > best,
+                        _ => v < best,
+                    };
+                    // (index, value) of the first block's extreme that no later block beats; a
+                    // block whose extreme is NaN wins outright, as the first NaN does in one pass.
+                    let mut best = (0.0, f64::NAN);
+                    for (b, r) in blocks {
+                        let (index, value) = (at(&first, b, j), at(&second, b, j));
+                        if b == 0 || (!best.1.is_nan() && (value.is_nan() || better(value, best.1)))
+                        {
+                            best = (r.0 as f64 + index, value);
+                        }
+                    }
+                    best.0
+                }
+            }
+        })
+        .collect();
+    write(be, desc.output, desc.op.output_dtype(desc.dtype), &out)
+}
+
+/// `desc`, batch norm in training over an input larger than one binding, in two passes: the
+/// statistics from per-(image, channel) moments of blocks of images, then inference-mode
+/// normalisation of each block with them.
+pub(crate) fn batch_norm(be: &WebGpuBackend, desc: &BatchNormDesc) -> Result<()> {
+    let (n, c, s) = (desc.batch, desc.channels, desc.spatial);
+    let size = desc.dtype.size_in_bytes();
+    let cast = cast_first(desc.dtype);
+    let image = c * s;
+    let images = |start: usize, len: usize| -> Result<StridedBuf> {
+        Ok(StridedBuf::contiguous(
+            advance(desc.input, start * image, size)?,
+            &[len, c, s],
+        ))
+    };
+    let ranges = fitting_blocks(
+        be,
+        "batch_norm",
+        desc.dtype,
+        n,
+        widen(desc.dtype),
+        |start, len| {
+            BatchNormDesc {
+                input: advance(desc.input, start * image, size)?,
+                output: advance(desc.output, start * image, size)?,
+                batch: len,
+                ..desc.clone()
+            }
+            .accesses()
+        },
+    )?;
+    let temps = Temporaries::new(be);
+    let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let scratch = if cast {
+        Some((
+            temps.alloc(longest * image * 4)?,
+            temps.alloc(longest * image * 4)?,
+        ))
+    } else {
+        None
+    };
+    // The block's input as f32: itself, or cast into the first scratch buffer.
+    let as_f32 = |start: usize, len: usize| -> Result<StridedBuf> {
+        let block = images(start, len)?;
+        match scratch {
+            Some((f32_block, _)) => cast_to_f32(be, desc.dtype, block, f32_block),
+            None => Ok(block),
+        }
+    };
+
+    // Pass one: the mean and biased variance of every (image, channel).
+    let means = temps.alloc(n * c * 4)?;
+    let variances = temps.alloc(n * c * 4)?;
+    for &(start, len) in &ranges {
+        let input = as_f32(start, len)?;
+        for (op, ptr) in [
+            (ReduceOp::Mean, means),
+            (ReduceOp::Var { correction: 0 }, variances),
+        ] {
+            be.reduce(&ReduceDesc {
+                op,
+                dtype: DType::F32,
+                input: input.clone(),
+                axis: 2,
+                output: advance(ptr, start * c, 4)?,
+            })?;
+        }
+    }
+    let (m, v) = (
+        read(be, means, DType::F32, n * c)?,
+        read(be, variances, DType::F32, n * c)?,
+    );
+    let count = (n * s) as f64;
+    let (mut mean, mut var, mut unbiased) = (vec![0.0; c], vec![0.0; c], vec![0.0; c]);
+    for ch in 0..c {
+        let mu = (0..n).map(|i| m[i * c + ch]).sum::<f64>() / n as f64;
+        let squares: f64 = (0..n)
+            .map(|i| {
+                let d = m[i * c + ch] - mu;
+                s as f64 * (v[i * c + ch] + d * d)
+            })
+            .sum();
+        mean[ch] = mu;
+        var[ch] = squares / count;
+        unbiased[ch] = squares / (count - 1.0);
+    }
+    if let (Some(rm), Some(rv)) = (desc.running_mean, desc.running_var) {
+        for (ptr, stat) in [(rm, &mean), (rv, &unbiased)] {
+            let old = read(be, ptr, desc.dtype, c)?;
+            let new: Vec<f64> = old
+                .iter()
+                .zip(stat.iter())
+                .map(|(o, x)| (1.0 - desc.momentum) * o + desc.momentum * x)
+                .collect();
+            write(be, ptr, desc.dtype, &new)?;
+        }
+    }
+
+    // Pass two: inference-mode normalisation of each block, in f32, with the batch's statistics.
+    let stats = temps.alloc(2 * c * 4)?;
+    write(be, stats, DType::F32, &[mean, var].concat())?;
+    let affine = |p: Option<DevicePtr>| -> Result<Option<DevicePtr>> {
+        match (p, cast) {
+            (Some(p), true) => {
+                let view = StridedBuf::contiguous(p, &[c]);
+                Ok(Some(
+                    cast_to_f32(be, desc.dtype, view, temps.alloc(c * 4)?)?.ptr,
+                ))
+            }
+            _ => Ok(p),
+        }
+    };
+    let (weight, bias) = (affine(desc.weight)?, affine(desc.bias)?);
+    for &(start, len) in &ranges {
+        let input = as_f32(start, len)?;
+        let output = advance(desc.output, start * image, size)?;
+        let normalised = scratch.map_or(output, |(_, f32_out)| f32_out);
+        be.batch_norm(&BatchNormDesc {
+            dtype: DType::F32,
+            input: input.ptr,
+            output: normalised,
+            batch: len,
+            weight,
+            bias,
+            running_mean: Some(stats),
+            running_var: Some(advance(stats, c, 4)?),
+            training: false,
+            ..desc.clone()
+        })?;
+        if cast {
+            be.cast(&CastDesc {
+                src_dtype: DType::F32,
+                dst_dtype: desc.dtype,
+                input: StridedBuf::contiguous(normalised, &[len * image]),
+                output,
+            })?;
+        }
+    }
+    Ok(())
+}
