@@ -6,8 +6,13 @@
 //! dtype, shape bucket, layout; see [`TunableOp::key`]) runs every variant on a scratch copy of its
 //! output: the default first, whose result is the yardstick, then each other variant, whose result
 //! must be within the dtype's parity bound of it before it may be timed (a variant that differs is
-//! counted as rejected and never chosen). The fastest by median wall time, waited for on the device,
-//! wins and serves every later op of that key. The op itself then runs once with the winner.
+//! counted as rejected and never chosen). Each variant that passes is timed in paired rounds
+//! against the default (a batch of each, back to back, in alternating order, waited for on the
+//! device), so that drift in the machine's speed cancels in each round's ratio; it wins when the
+//! median ratio is below 0.90 and it was faster in three quarters of its rounds. The best such
+//! variant is then timed against the default in fresh rounds and kept only when they confirm the
+//! win; otherwise the default stays. The choice serves every later op of that key. The op itself
+//! then runs once with the chosen variant.
 //!
 //! The table can live in a JSON file: the crate version, the device fingerprint and, per key, the
 //! winner with its and the default's time. A file written by another crate version or for another
@@ -39,14 +44,27 @@ const CACHE_FORMAT: u32 = 1;
 /// Wall time of one timed batch of runs of a candidate: enough runs to fill it, at least one.
 const BATCH_SECS: f64 = 2e-3;
 
-/// Timed batches per candidate, taken in turns with the other candidates; the median counts.
+/// Paired rounds per candidate: in each, one batch of the candidate and one of the default, back
+/// to back and in alternating order, whose ratio is the round's verdict. A drift in the machine's
+/// speed (a thread pool's cores clocking down, a neighbour on a shared host) moves both batches of
+/// a round alike and cancels in the ratio, where separate medians of each would absorb it.
 const TIMING_ROUNDS: usize = 7;
 
-/// How much faster than the default a variant must be to win: ties and noise keep the default. 10 %:
-/// on the shared 2-vCPU machine this was measured on, a thread pool's time drifts by more than 3 %
-/// between the tuning and later runs, and a 5 % win at tuning time became a 0.55× loss afterwards
-/// (a conv2d that the pool ran at 372 µs, timed at 709 µs while tuning against 670 µs inline).
+/// Paired rounds of the winner against the default once more, after every candidate's rounds: the
+/// winner is kept only when these confirm it, so a win that the conditions of its own rounds made
+/// does not stand.
+const CONFIRM_ROUNDS: usize = 5;
+
+/// How much faster than the default a variant must be to win, as the median of its rounds' time
+/// ratios: ties and noise keep the default. 10 %: on the shared 2-vCPU machine this was measured
+/// on, a thread pool's time drifts by more than 3 % between the tuning and later runs, and a 5 % win
+/// at tuning time became a 0.55× loss afterwards (a conv2d that the pool ran at 372 µs, timed at
+/// 709 µs while tuning against 670 µs inline).
 const WIN_MARGIN: f64 = 0.90;
+
+/// In how many of its rounds (as a fraction) a variant must be faster than the default to win,
+/// besides its median: a win carried by a few fast rounds is noise.
+const CONSISTENCY: f64 = 0.75;
 
 /// What the autotuner has done, for [`Backend::autotuning_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -303,9 +321,9 @@ fn tune(
             );
         }
     }
-    // Timing: each contender sized to a batch of about BATCH_SECS, then batches taken in turns, each
-    // after an untimed batch of the same contender (a pool's threads woken, caches filled), so drift
-    // affects all alike.
+    // Timing: each contender sized to a batch of about BATCH_SECS, then paired rounds against the
+    // default (see TIMING_ROUNDS), each batch after an untimed one of the same contender (a pool's
+    // threads woken, caches filled).
     let run = |variant: &str| device.run_variant(&on_scratch, variant);
     let batch = |variant: &str, reps: usize| -> Result<f64> {
         // As long untimed first: idle cores (and a virtual machine's idle vCPUs) take a while to
@@ -325,39 +343,81 @@ fn tune(
         each.sort_by(f64::total_cmp);
         Ok(each[reps / 2])
     };
-    let mut reps = Vec::with_capacity(contenders.len());
-    for &variant in &contenders {
+    let reps_for = |variant: &str| -> Result<usize> {
         let typical = batch(variant, 8)?;
-        reps.push((BATCH_SECS / typical.max(1e-9)).clamp(8.0, 1000.0) as usize);
-    }
-    let mut samples = vec![Vec::with_capacity(TIMING_ROUNDS); contenders.len()];
-    for _ in 0..TIMING_ROUNDS {
-        for (i, &variant) in contenders.iter().enumerate() {
-            samples[i].push(batch(variant, reps[i])?);
+        Ok((BATCH_SECS / typical.max(1e-9)).clamp(8.0, 1000.0) as usize)
+    };
+    let default_reps = reps_for(default)?;
+    // `rounds` paired rounds of `variant` against the default: (variant, default) seconds per op.
+    let paired = |variant: &str, reps: usize, rounds: usize| -> Result<Vec<(f64, f64)>> {
+        (0..rounds)
+            .map(|r| {
+                if r % 2 == 0 {
+                    let v = batch(variant, reps)?;
+                    Ok((v, batch(default, default_reps)?))
+                } else {
+                    let d = batch(default, default_reps)?;
+                    Ok((batch(variant, reps)?, d))
+                }
+            })
+            .collect()
+    };
+    // Every default time of every round, for the default's figure when it stays.
+    let mut default_times = Vec::new();
+    let mut best: Option<(&'static str, usize, f64)> = None;
+    for &variant in &contenders[1..] {
+        let reps = reps_for(variant)?;
+        let rounds = paired(variant, reps, TIMING_ROUNDS)?;
+        default_times.extend(rounds.iter().map(|r| r.1));
+        if let Some(ratio) = verdict(&rounds).filter(|&r| best.is_none_or(|b| r < b.2)) {
+            best = Some((variant, reps, ratio));
         }
     }
-    let medians: Vec<f64> = samples
-        .iter_mut()
-        .map(|s| {
-            s.sort_by(f64::total_cmp);
-            s[s.len() / 2] * 1e6
-        })
-        .collect();
-    let default_micros = medians[0];
-    let (mut best, mut best_micros) = (default, default_micros);
-    for (&variant, &micros) in contenders.iter().zip(&medians).skip(1) {
-        if micros < best_micros.min(default_micros * WIN_MARGIN) {
-            (best, best_micros) = (variant, micros);
+    let median_micros = |mut t: Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2] * 1e6
+    };
+    if let Some((variant, reps, _)) = best {
+        let rounds = paired(variant, reps, CONFIRM_ROUNDS)?;
+        if verdict(&rounds).is_some() {
+            let choice = TunedChoice {
+                variant: variant.into(),
+                micros: median_micros(rounds.iter().map(|r| r.0).collect()),
+                default_micros: median_micros(rounds.iter().map(|r| r.1).collect()),
+            };
+            return Ok((choice, rejected));
         }
+        default_times.extend(rounds.iter().map(|r| r.1));
     }
-    Ok((
-        TunedChoice {
-            variant: best.into(),
-            micros: best_micros,
-            default_micros,
-        },
-        rejected,
-    ))
+    if default_times.is_empty() {
+        default_times.push(batch(default, default_reps)?);
+    }
+    let micros = median_micros(default_times);
+    let choice = TunedChoice {
+        variant: default.into(),
+        micros,
+        default_micros: micros,
+    };
+    Ok((choice, rejected))
+}
+
+/// The median time ratio to the default of a variant timed in paired `rounds` of (variant,
+/// default) seconds, when it wins: a median below [`WIN_MARGIN`] and faster than the default in at
+/// least [`CONSISTENCY`] of the rounds. `None` when it does not, or when there are no rounds or a
+/// time is not a finite, positive number.
+fn verdict(rounds: &[(f64, f64)]) -> Option<f64> {
+    let timed = |&(variant, default): &(f64, f64)| {
+        variant.is_finite() && variant >= 0.0 && default.is_finite() && default > 0.0
+    };
+    if rounds.is_empty() || !rounds.iter().all(timed) {
+        return None;
+    }
+    let mut ratios: Vec<f64> = rounds.iter().map(|&(v, d)| v / d).collect();
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    let faster = ratios.iter().filter(|&&r| r < 1.0).count();
+    let consistent = faster as f64 >= CONSISTENCY * ratios.len() as f64;
+    (median < WIN_MARGIN && consistent).then_some(median)
 }
 
 impl Backend {
@@ -464,5 +524,40 @@ impl Backend {
             tuner.save(&fingerprint);
         }
         device.run_variant(op, winner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Paired rounds of a variant taking `ratios` of a default's 1 ms, the default drifting from
+    /// 1 ms to 3 ms over the rounds.
+    fn rounds(ratios: &[f64]) -> Vec<(f64, f64)> {
+        ratios
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let default = 1e-3 * (1.0 + 2.0 * i as f64 / ratios.len() as f64);
+                (r * default, default)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_variant_wins_only_by_a_consistent_median_margin_whatever_the_drift() {
+        // 20 % faster in every round, while the machine slows threefold: a win, at its ratio.
+        let steady = verdict(&rounds(&[0.8; 7])).unwrap();
+        assert!((steady - 0.8).abs() < 1e-9, "{steady}");
+        // 5 % faster throughout: within the margin, the default stays.
+        assert_eq!(verdict(&rounds(&[0.95; 7])), None);
+        // A median of 0.7 carried by four fast rounds, slower in the other three: noise.
+        assert_eq!(verdict(&rounds(&[0.5, 1.2, 0.6, 1.3, 0.7, 1.1, 0.7])), None);
+        // Faster in six of seven rounds, by 15 % in the median: a win.
+        assert!(verdict(&rounds(&[0.85, 0.8, 1.05, 0.85, 0.9, 0.8, 0.86])).is_some());
+        // No rounds, or a time that is not a finite, positive number: no verdict.
+        assert_eq!(verdict(&[]), None);
+        assert_eq!(verdict(&[(1e-3, f64::NAN)]), None);
+        assert_eq!(verdict(&[(1e-3, 0.0)]), None);
     }
 }
