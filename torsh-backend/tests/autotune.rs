@@ -250,8 +250,9 @@ fn concurrent_writers_keep_every_entry_and_a_whole_file() {
     assert_eq!(reader.autotuning_stats().loaded, 8);
 }
 
-/// The reference backend offering three GEMM variants: the default (slow: it sleeps), one that is
-/// fast but wrong (alpha off by 1 %), and one that is fast and right.
+/// The reference backend offering four GEMM variants: the default (slow: it sleeps), one that is
+/// fast but wrong (alpha off by 1 %), one that fails (as a library declining a shape does), and one
+/// that is fast and right.
 #[derive(Debug)]
 struct Planted {
     inner: ReferenceBackend,
@@ -322,7 +323,7 @@ impl ComputeBackend for Planted {
     }
     fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
         match op {
-            TunableOp::Gemm(_) => &["slow", "wrong", "right"],
+            TunableOp::Gemm(_) => &["slow", "wrong", "failing", "right"],
             _ => &[],
         }
     }
@@ -335,6 +336,10 @@ impl ComputeBackend for Planted {
             "wrong" => self.inner.gemm(&GemmDesc {
                 alpha: d.alpha * 1.01,
                 ..d.clone()
+            }),
+            "failing" => Err(BackendError::FeatureUnavailable {
+                feature: "the failing variant",
+                reason: "it declines every shape".into(),
             }),
             "right" => self.inner.gemm(d),
             other => Err(BackendError::invalid("variant", other.to_string())),
@@ -388,14 +393,14 @@ impl ComputeBackend for Planted {
 }
 
 #[test]
-fn a_fast_wrong_variant_is_never_chosen() {
+fn a_fast_wrong_variant_is_never_chosen_and_a_failing_one_is_passed_over() {
     let b = planted();
     let reference = Backend::reference().unwrap();
     let out = product(&b, 9, 5, 7);
     let want = product(&reference, 9, 5, 7);
     assert_eq!(out.to_bytes().unwrap(), want.to_bytes().unwrap());
     let stats = b.autotuning_stats();
-    assert_eq!((stats.tuned, stats.rejected), (1, 1), "{stats:?}");
+    assert_eq!((stats.tuned, stats.rejected), (1, 2), "{stats:?}");
     let choices = b.autotuning_choices();
     assert_eq!(choices.len(), 1);
     assert_eq!(choices[0].1.variant, "right", "{choices:?}");
@@ -576,6 +581,53 @@ fn convolution(b: &Backend, n: usize, c: usize, hw: usize, k: usize, r: usize) -
     b.conv2d_with_bias(&x, &w, Some(&bias), config).unwrap()
 }
 
+/// Asserts [`convolution`] of each `(n, c, hw, k, r)` of `shapes` on `b` is the reference's.
+fn convolutions_match(
+    b: &Backend,
+    reference: &Backend,
+    shapes: &[(usize, usize, usize, usize, usize)],
+) {
+    for &(n, c, hw, k, r) in shapes {
+        let got = convolution(b, n, c, hw, k, r).to_vec_f64().unwrap();
+        let want = convolution(reference, n, c, hw, k, r).to_vec_f64().unwrap();
+        let cmp = compare(&got, &want);
+        assert!(cmp.within(1e-5), "{n}x{c}x{hw} -> {k} ({r}x{r}): {cmp}");
+    }
+}
+
+/// On CUDA with cuDNN, conv2d is tuned among cuDNN's algorithms (each alone), its heuristic order
+/// and the implicit-GEMM kernel; the answer is the reference's whichever wins. Skipped (saying so)
+/// without CUDA or cuDNN; `TORSH_REQUIRE=cuda` makes a missing CUDA backend fail.
+#[test]
+fn cuda_conv2d_is_tuned_among_cudnn_algorithms_and_its_kernel() {
+    let required =
+        std::env::var("TORSH_REQUIRE").is_ok_and(|v| v.split(',').any(|t| t.trim() == "cuda"));
+    let b = match Backend::new(BackendType::Cuda) {
+        Ok(b) => b.enable_autotuning(true),
+        Err(e) => {
+            assert!(!required, "TORSH_REQUIRE names cuda: {e}");
+            eprintln!("cuda: skipped ({e})");
+            return;
+        }
+    };
+    let reference = Backend::reference().unwrap();
+    let shapes = [(2, 16, 20, 24, 3), (1, 64, 28, 32, 1)];
+    convolutions_match(&b, &reference, &shapes);
+    let stats = b.autotuning_stats();
+    if stats.tuned == 0 {
+        eprintln!("cuda: cuDNN is absent, conv2d offers no variants to tune");
+        return;
+    }
+    assert_eq!(stats.tuned, 2, "{stats:?}");
+    for (key, choice) in b.autotuning_choices() {
+        eprintln!("cuda conv2d {key}: {choice:?}");
+        let known = choice.variant == "cudnn"
+            || choice.variant == "kernel"
+            || choice.variant.starts_with("cudnn_");
+        assert!(known, "{key}: {choice:?}");
+    }
+}
+
 #[test]
 fn cpu_conv_threading_is_tuned_checked_hit_and_cached() {
     let dir = scratch_dir("conv");
@@ -586,14 +638,7 @@ fn cpu_conv_threading_is_tuned_checked_hit_and_cached() {
         .autotuning_cache_file(&cache)
         .unwrap();
     let shapes = [(1, 3, 9, 5, 3), (2, 16, 20, 24, 3), (1, 64, 28, 32, 1)];
-    for (n, c, hw, k, r) in shapes {
-        let got = convolution(&b, n, c, hw, k, r).to_vec_f64().unwrap();
-        let want = convolution(&reference, n, c, hw, k, r)
-            .to_vec_f64()
-            .unwrap();
-        let cmp = compare(&got, &want);
-        assert!(cmp.within(1e-5), "{n}x{c}x{hw} -> {k} ({r}x{r}): {cmp}");
-    }
+    convolutions_match(&b, &reference, &shapes);
     let stats = b.autotuning_stats();
     assert_eq!((stats.tuned, stats.rejected), (3, 0), "{stats:?}");
     // The same layers again: served by the stored choices.
@@ -626,12 +671,27 @@ fn cpu_conv_threading_is_tuned_checked_hit_and_cached() {
     assert_eq!((stats.tuned, stats.hits), (0, 3), "{stats:?}");
 }
 
-/// Both conv variants of the CPU backend compute the reference's convolution into poisoned
-/// outputs: grouped, strided, dilated and depthwise layers included.
+/// Every conv variant every available backend offers computes the reference's convolution into
+/// poisoned outputs, grouped, strided, dilated and depthwise layers included: the CPU's two (calling
+/// thread, pool), and on CUDA cuDNN's algorithms each alone and the implicit-GEMM kernel. Only a
+/// `cudnn_*` variant may decline a layer (`FeatureUnavailable`: cuDNN does not accept that
+/// algorithm for it), which the autotuner passes over.
 #[test]
 fn every_offered_conv_variant_matches_the_reference() {
-    let b = cpu();
     let reference = Backend::reference().unwrap();
+    let mut backends = vec![cpu()];
+    backends.extend(
+        Backend::available()
+            .into_iter()
+            .filter(|k| !matches!(k, BackendType::Cpu | BackendType::Reference))
+            .map(|k| Backend::new(k).unwrap()),
+    );
+    for b in &backends {
+        every_conv_variant_on(b, &reference);
+    }
+}
+
+fn every_conv_variant_on(b: &Backend, reference: &Backend) {
     let layers = [
         (2, 6, 11, 9, 3, [2, 1], [1, 1], [1, 2], 3),
         (1, 8, 13, 8, 3, [1, 1], [1, 1], [1, 1], 8),
@@ -646,8 +706,8 @@ fn every_offered_conv_variant_matches_the_reference() {
             let bias = be.randn(&[k], DType::F32).unwrap();
             (x, w, bias)
         };
-        let (x, w, bias) = make(&b);
-        let (xr, wr, br) = make(&reference);
+        let (x, w, bias) = make(b);
+        let (xr, wr, br) = make(reference);
         let config = ConvConfig {
             stride,
             padding,
@@ -674,17 +734,24 @@ fn every_offered_conv_variant_matches_the_reference() {
         let probe = b.empty(want.shape(), DType::F32).unwrap();
         let op = TunableOp::Conv2d(desc(&probe));
         let variants = b.compute().variants(&op);
-        assert_eq!(variants.len(), 2, "{variants:?}");
+        if b.backend_type() == BackendType::Cpu {
+            assert_eq!(variants.len(), 2, "{variants:?}");
+        }
         for &variant in variants {
             let out = b.full(want.shape(), f64::NAN, DType::F32).unwrap();
-            b.compute()
-                .run_variant(&TunableOp::Conv2d(desc(&out)), variant)
-                .unwrap();
+            let ran = b
+                .compute()
+                .run_variant(&TunableOp::Conv2d(desc(&out)), variant);
+            let name = format!("{variant} on {} {n}x{c}x{hw} g{groups}", b.backend_type());
+            match ran {
+                Ok(()) => {}
+                Err(BackendError::FeatureUnavailable { .. }) if variant.starts_with("cudnn_") => {
+                    continue
+                }
+                Err(e) => panic!("{name}: {e}"),
+            }
             let cmp = compare(&out.to_vec_f64().unwrap(), &want.to_vec_f64().unwrap());
-            assert!(
-                cmp.within(1e-5),
-                "{variant} on {n}x{c}x{hw} g{groups}: {cmp}"
-            );
+            assert!(cmp.within(1e-5), "{name}: {cmp}");
         }
     }
 }

@@ -5,8 +5,8 @@
 //! or on its thread pool. With autotuning on, the first op of each key (device fingerprint, op,
 //! dtype, shape bucket, layout; see [`TunableOp::key`]) runs every variant on a scratch copy of its
 //! output: the default first, whose result is the yardstick, then each other variant, whose result
-//! must be within the dtype's parity bound of it before it may be timed (a variant that differs is
-//! counted as rejected and never chosen). Each variant that passes is timed in paired rounds
+//! must be within the dtype's parity bound of it before it may be timed (a variant that differs, or
+//! fails to run, is counted as rejected and never chosen). Each variant that passes is timed in paired rounds
 //! against the default (a batch of each, back to back, in alternating order, waited for on the
 //! device), so that drift in the machine's speed cancels in each round's ratio; it wins when the
 //! median ratio is below 0.90 and it was faster in three quarters of its rounds. The best such
@@ -77,7 +77,8 @@ pub struct AutotuneStats {
     pub loaded: u64,
     /// Ops served by a stored choice without tuning.
     pub hits: u64,
-    /// Candidates whose output differed from the default's beyond the dtype's bound; never chosen.
+    /// Candidates whose output differed from the default's beyond the dtype's bound, or that
+    /// failed to run the op (an error, not the op's); never chosen.
     pub rejected: u64,
     /// Cache files ignored as stale, foreign or corrupt.
     pub ignored_files: u64,
@@ -308,7 +309,20 @@ fn tune(
     let mut contenders = vec![default];
     let mut rejected = 0;
     for &variant in &variants[1..] {
-        let answer = run_checked(variant)?;
+        // A variant that cannot run this op (a library declining the shape, no room for its
+        // workspace) is rejected like a wrong one; the default's failure is the op's.
+        let answer = match run_checked(variant) {
+            Ok(answer) => answer,
+            Err(e) => {
+                rejected += 1;
+                log::info!(
+                    "torsh-backend autotuner: variant `{variant}` of {} cannot run it ({e}); it \
+                     is not a candidate",
+                    op.key()
+                );
+                continue;
+            }
+        };
         let cmp = crate::validation::compare(&answer, &yardstick);
         if cmp.within(bound) {
             contenders.push(variant);

@@ -129,10 +129,18 @@ impl Cudnn {
     }
 
     /// Enqueues the convolution `d` (regions checked, output non-empty) on the current stream, or
-    /// declines; a decline is counted and its reason kept for `device_info`.
-    pub(crate) fn conv2d(&self, gpu: &Gpu, mem: &mut DeviceMemory, d: &Conv2dDesc) -> Step<()> {
+    /// declines; a decline is counted and its reason kept for `device_info`. `only`: run that
+    /// algorithm alone (an autotuner variant, [`CONV_VARIANTS`]), declining when cuDNN does not
+    /// accept it for `d`; `None`: the accepted algorithms in the heuristic's order.
+    pub(crate) fn conv2d(
+        &self,
+        gpu: &Gpu,
+        mem: &mut DeviceMemory,
+        d: &Conv2dDesc,
+        only: Option<sys::cudnnConvolutionFwdAlgo_t>,
+    ) -> Step<()> {
         let mut state = self.lock();
-        let out = state.conv2d(self.tensor_cores, gpu, mem, d);
+        let out = state.conv2d(self.tensor_cores, gpu, mem, d, only);
         match &out {
             Ok(()) => state.served += 1,
             Err(Declined(reason)) => {
@@ -290,17 +298,51 @@ const _: () = assert!(
             == std::mem::align_of::<sys::cudnnConvolutionFwdAlgoPerf_t>()
 );
 
-/// The algorithm `raw` if it is one of the GEMM family or DIRECT (see the module notes).
-fn exact_algo(raw: u32) -> Option<sys::cudnnConvolutionFwdAlgo_t> {
+/// The algorithms used (the GEMM family and DIRECT; see the module notes), with the names of the
+/// autotuner variants that run each alone.
+const EXACT_ALGOS: [(&str, sys::cudnnConvolutionFwdAlgo_t); 4] = {
     use sys::cudnnConvolutionFwdAlgo_t::*;
     [
-        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-        CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
-        CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        (
+            "cudnn_implicit_gemm",
+            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        ),
+        (
+            "cudnn_implicit_precomp_gemm",
+            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        ),
+        ("cudnn_gemm", CUDNN_CONVOLUTION_FWD_ALGO_GEMM),
+        ("cudnn_direct", CUDNN_CONVOLUTION_FWD_ALGO_DIRECT),
     ]
-    .into_iter()
-    .find(|a| *a as u32 == raw)
+};
+
+/// The conv2d variants of a backend with cuDNN, for the autotuner: `cudnn` (the default: the
+/// accepted algorithms in the heuristic's order, else the implicit-GEMM kernel), each algorithm of
+/// [`EXACT_ALGOS`] alone (a variant cuDNN does not accept for a shape fails, and the autotuner
+/// passes it over), and `kernel`, the implicit-GEMM kernel alone.
+pub(crate) const CONV_VARIANTS: [&str; 6] = [
+    "cudnn",
+    EXACT_ALGOS[0].0,
+    EXACT_ALGOS[1].0,
+    EXACT_ALGOS[2].0,
+    EXACT_ALGOS[3].0,
+    "kernel",
+];
+
+/// The algorithm a `cudnn_*` variant of [`CONV_VARIANTS`] runs alone.
+pub(crate) fn variant_algo(variant: &str) -> Option<sys::cudnnConvolutionFwdAlgo_t> {
+    EXACT_ALGOS
+        .iter()
+        .find(|(name, _)| *name == variant)
+        .map(|(_, algo)| *algo)
+}
+
+/// The algorithm `raw` if it is one of the GEMM family or DIRECT (see the module notes).
+fn exact_algo(raw: u32) -> Option<sys::cudnnConvolutionFwdAlgo_t> {
+    EXACT_ALGOS
+        .into_iter()
+        .map(|(_, algo)| algo)
+        .find(|a| *a as u32 == raw)
 }
 
 /// The math type `raw` if it keeps `dtype`'s precision (see the module notes).
@@ -636,6 +678,7 @@ impl State {
         gpu: &Gpu,
         mem: &mut DeviceMemory,
         d: &Conv2dDesc,
+        only: Option<sys::cudnnConvolutionFwdAlgo_t>,
     ) -> Step<()> {
         let dims = Dims::of(d)?;
         check_alignment(d)?;
@@ -657,7 +700,17 @@ impl State {
              among cuDNN's offers [{}]",
             d.dtype, d.input_shape, d.weight_shape, plan.offered
         ));
-        for c in plan.candidates {
+        if let Some(algo) = only {
+            reason = Declined(format!(
+                "cuDNN does not accept algorithm {} for {:?} {:?} * {:?} (offers [{}])",
+                algo as u32, d.dtype, d.input_shape, d.weight_shape, plan.offered
+            ));
+        }
+        let chosen = plan
+            .candidates
+            .into_iter()
+            .filter(|c| only.is_none_or(|algo| c.algo == algo));
+        for c in chosen {
             match self.forward(&descs, c, &scalars, gpu, mem, d) {
                 Ok(()) => return self.add_bias(&descs, &scalars, &types, &dims, d),
                 Err(e) => reason = e,
@@ -819,6 +872,31 @@ mod tests {
                 groups: 2,
             }
         );
+    }
+
+    #[test]
+    fn every_algorithm_variant_names_one_exact_algorithm() {
+        let mut names = CONV_VARIANTS.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), CONV_VARIANTS.len(), "{CONV_VARIANTS:?}");
+        assert_eq!(
+            CONV_VARIANTS[0], "cudnn",
+            "the default runs the heuristic's order"
+        );
+        for name in CONV_VARIANTS {
+            match variant_algo(name) {
+                Some(algo) => assert_eq!(exact_algo(algo as u32), Some(algo), "{name}"),
+                None => assert!(name == "cudnn" || name == "kernel", "{name}"),
+            }
+        }
+        use sys::cudnnConvolutionFwdAlgo_t::*;
+        for excluded in [
+            CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+            CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        ] {
+            assert_eq!(exact_algo(excluded as u32), None);
+        }
     }
 
     #[test]

@@ -488,10 +488,58 @@ impl ComputeBackend for CudaBackend {
                 return Ok(());
             }
             // cuDNN when enabled and loadable; whenever it declines, the implicit-GEMM kernel.
-            match gpu.cudnn().map(|dnn| dnn.conv2d(gpu, mem, desc)) {
+            match gpu.cudnn().map(|dnn| dnn.conv2d(gpu, mem, desc, None)) {
                 Some(Ok(())) => Ok(()),
                 Some(Err(cudnn::Declined(_))) | None => conv::conv2d(gpu, desc),
             }
+        })
+    }
+
+    fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
+        let with_cudnn =
+            self.gpu.as_ref().is_some_and(|g| g.options.cudnn) && loader::cudnn().is_ok();
+        match op {
+            TunableOp::Conv2d(d) if d.dtype.is_float() && with_cudnn => &cudnn::CONV_VARIANTS,
+            _ => &[],
+        }
+    }
+
+    fn run_variant(&self, op: &TunableOp, variant: &str) -> Result<()> {
+        let TunableOp::Conv2d(desc) = op else {
+            return Err(BackendError::invalid(
+                op.name(),
+                format!("the cuda backend has no variant `{variant}` of this op"),
+            ));
+        };
+        let algo = cudnn::variant_algo(variant);
+        match variant {
+            "cudnn" => return self.conv2d_forward(desc),
+            "kernel" => {}
+            _ if algo.is_some() => {}
+            _ => {
+                return Err(BackendError::invalid(
+                    "conv2d",
+                    format!("the cuda backend has no variant `{variant}` of conv2d"),
+                ))
+            }
+        }
+        Self::float_only("conv2d", desc.dtype)?;
+        self.run_with_memory(desc.accesses()?, |gpu, mem| {
+            if desc.output_shape.contains(&0) {
+                return Ok(());
+            }
+            let Some(algo) = algo else {
+                return conv::conv2d(gpu, desc);
+            };
+            let declined = |reason: String| BackendError::FeatureUnavailable {
+                feature: "a cuDNN convolution algorithm",
+                reason,
+            };
+            let dnn = gpu
+                .cudnn()
+                .ok_or_else(|| declined("cuDNN is off or cannot be loaded".into()))?;
+            dnn.conv2d(gpu, mem, desc, Some(algo))
+                .map_err(|cudnn::Declined(reason)| declined(reason))
         })
     }
 
