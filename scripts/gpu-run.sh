@@ -5,9 +5,12 @@
 # (keep `gpu-bin/` in .git/info/exclude):
 #   scripts/gpu-run.sh build            # cargo test --no-run + release CLI, copies the executables into gpu-bin/
 #                                       # and packs them into gpu-pack/bin.tar.gz (keep gpu-pack/ excluded too)
-#   scripts/gpu-run.sh run [OUT_DIR]    # on the GPU machine: finds the CUDA libraries, runs every test binary
-#                                       # with TORSH_REQUIRE=cuda,nvrtc,cudnn, then `parity --backend cuda --json`
-#                                       # and `bench --backend cuda --json` (release build)
+#   scripts/gpu-run.sh run [OUT_DIR] [PART...]
+#                                       # on the GPU machine: finds the CUDA libraries, then runs each PART (default:
+#                                       # all, in this order): `tests` (every test binary with
+#                                       # TORSH_REQUIRE=cuda,nvrtc,cudnn,webgpu), `cuda` (`parity` and `bench` on CUDA,
+#                                       # JSON, release build) and `webgpu` (the same on WebGPU over the Vulkan
+#                                       # driver). Parts let one command stay within a device call's time limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,24 +54,38 @@ find_libraries() {
 
 run() {
     local out="${1:-${OUT:-gpu-out}}"
+    shift || true
+    local parts=("$@")
+    [ ${#parts[@]} -gt 0 ] || parts=(tests cuda webgpu)
     mkdir -p "$out"
     find_libraries
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$out/env.txt"
     { nvidia-smi || true; } > "$out/nvidia-smi.txt" 2>&1
+    { vulkaninfo --summary || true; } > "$out/vulkaninfo.txt" 2>&1
     git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
-    export TORSH_REQUIRE=cuda,nvrtc,cudnn RUST_BACKTRACE=1
+    export TORSH_REQUIRE=cuda,nvrtc,cudnn,webgpu RUST_BACKTRACE=1
+    export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/xdg-gpu-run}"
+    mkdir -p -m 700 "$XDG_RUNTIME_DIR"
     local status=0
-    for exe in gpu-bin/*; do
-        case "$(basename "$exe")" in torsh-backend-cli) continue ;; esac
-        echo "== $(basename "$exe")" | tee -a "$out/tests.txt"
-        # Integration-test binaries of the CLI look for the CLI next to themselves; skip those here.
-        "$exe" --test-threads=4 >> "$out/tests.txt" 2>&1 || { status=1; echo "FAILED: $exe" | tee -a "$out/tests.txt"; }
-    done
     gpu-bin/torsh-backend-cli devices > "$out/devices.txt" 2>&1 || status=1
-    gpu-bin/torsh-backend-cli parity --backend cuda --json > "$out/parity.json" 2> "$out/parity.err" || status=1
-    TORSH_COMMIT="$(cat "$out/commit.txt" 2>/dev/null || true)" \
-        gpu-bin/torsh-backend-cli bench --backend cuda --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
-    grep -E "^test result|FAILED|panicked" "$out/tests.txt" || true
+    for part in "${parts[@]}"; do
+        case "$part" in
+            tests)
+                for exe in gpu-bin/*; do
+                    case "$(basename "$exe")" in torsh-backend-cli) continue ;; esac
+                    echo "== $(basename "$exe")" | tee -a "$out/tests.txt"
+                    "$exe" --test-threads=4 >> "$out/tests.txt" 2>&1 || { status=1; echo "FAILED: $exe" | tee -a "$out/tests.txt"; }
+                done
+                grep -E "^test result|FAILED|panicked" "$out/tests.txt" || true
+                ;;
+            cuda | webgpu)
+                gpu-bin/torsh-backend-cli parity --backend "$part" --json > "$out/parity-$part.json" 2> "$out/parity-$part.err" || status=1
+                TORSH_COMMIT="$(cat "$out/commit.txt" 2>/dev/null || true)" \
+                    gpu-bin/torsh-backend-cli bench --backend "$part" --json "$out/bench-$part.json" > "$out/bench-$part.txt" 2>&1 || status=1
+                ;;
+            *) echo "unknown part $part (tests, cuda, webgpu)" >&2; status=2 ;;
+        esac
+    done
     return $status
 }
 

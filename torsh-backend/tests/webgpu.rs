@@ -1950,14 +1950,14 @@ fn tensors_larger_than_one_binding_run_elementwise_ops_in_pieces_and_views_throu
         &want_matrix.cast(DType::F16).unwrap(),
     );
     // A view at the very start and one at the very end of the buffer in one op: more than a
-    // binding apart, so refused with the typed error.
+    // binding apart, so each is bound through a window of its own.
     let head = big.narrow(0, 0, 7).unwrap();
     let tail = big.narrow(0, n - 7, 7).unwrap();
-    let far = b.binary(torsh_backend::BinaryOp::Add, &head, &tail);
-    assert!(
-        matches!(far, Err(BackendError::FeatureUnavailable { .. })),
-        "{far:?}"
-    );
+    let far = b
+        .binary(torsh_backend::BinaryOp::Add, &head, &tail)
+        .unwrap();
+    let want: Vec<f32> = (0..7).map(|i| host[i] + host[n - 7 + i]).collect();
+    assert_eq!(far.to_vec::<f32>().unwrap(), want);
 
     // Writes into the large buffer through a window land where they should and nowhere else.
     let raw = b.compute();
@@ -2221,13 +2221,18 @@ fn leading_dim_reductions_larger_than_a_binding_combine_partials_of_blocks() {
             &no_nan(&flat_ref).sum(0, false).unwrap(),
         );
     }
-    // One index of the leading dim larger than a binding: the typed error, naming the limit.
+    // One index of the leading dim larger than a binding, and one softmax row larger than a
+    // binding: the typed error, naming the limit.
     let wide = b.randn(&[2, 70_000], DType::F32).unwrap();
-    let err = wide.sum(0, false).unwrap_err();
-    assert!(
-        matches!(err, BackendError::FeatureUnavailable { .. }),
-        "{err:?}"
-    );
+    for err in [
+        wide.sum(0, false).unwrap_err(),
+        wide.softmax(1).unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, BackendError::FeatureUnavailable { .. }),
+            "{err:?}"
+        );
+    }
 }
 
 #[test]
@@ -2303,4 +2308,57 @@ fn native_f16_ops_are_budgeted_without_f32_copies_so_a_tensor_that_fits_runs_who
         .unwrap();
     check_dtype("softmax", DType::F16, &y, &x_ref.softmax(1).unwrap());
     check_dtype("exp", DType::F16, &e, &x_ref.exp().unwrap());
+}
+
+#[test]
+fn views_far_apart_in_one_allocation_are_bound_through_windows_of_their_own() {
+    let Some(b) = with_binding(256 << 10) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    // One flat allocation of 1.2 MB, over four bindings of 256 KiB, as a framework keeps all its
+    // parameters; each op below takes views from its far ends and its middle.
+    let n = 300_000;
+    let host: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.457_1).cos() * 1.5).collect();
+    let run = |be: &Backend| {
+        let flat = be.from_slice(&host, &[n]).unwrap();
+        let a = flat
+            .narrow(0, 5, 64 * 48)
+            .unwrap()
+            .reshape(&[64, 48])
+            .unwrap();
+        let w = flat
+            .narrow(0, n - 48 * 32 - 9, 48 * 32)
+            .unwrap()
+            .reshape(&[48, 32])
+            .unwrap();
+        let (gamma, beta) = (
+            flat.narrow(0, n / 2, 48).unwrap(),
+            flat.narrow(0, n - 48, 48).unwrap(),
+        );
+        let product = a.matmul(&w).unwrap();
+        let normed = a
+            .layer_norm(&[48], Some(&gamma), Some(&beta), 1e-5)
+            .unwrap();
+        let row = flat
+            .narrow(0, n - 2 * 48, 48)
+            .unwrap()
+            .reshape(&[1, 48])
+            .unwrap();
+        let sum = be.binary(torsh_backend::BinaryOp::Add, &a, &row).unwrap();
+        // Adam on parameters at the front of the allocation with gradients at its back, in place.
+        let mut params = vec![flat.narrow(0, 11, 5000).unwrap()];
+        let grads = [flat.narrow(0, n - 5003, 5000).unwrap()];
+        let mut state = torsh_backend::AdamState::adamw(0.01);
+        be.fused_adam_step(&mut params, &grads, &mut state, 1e-3, (0.9, 0.999))
+            .unwrap();
+        [product, normed, sum, flat.narrow(0, 0, 5100).unwrap()]
+    };
+    let (got, want) = (run(&b), run(&reference));
+    for (name, (g, w)) in ["matmul", "layer_norm", "add", "adam"]
+        .iter()
+        .zip(got.iter().zip(&want))
+    {
+        check_close(name, g, w);
+    }
 }

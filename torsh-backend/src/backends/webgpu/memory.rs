@@ -3,10 +3,12 @@
 //! size class ([`WebGpuBufferPool`]), and copies between host and device through staging buffers.
 //!
 //! A buffer may be larger than the adapter lets one binding see (`max_storage_buffer_binding_size`,
-//! 128 MiB on lavapipe): kernels then bind a window of it ([`Binding`]) covering what the op
-//! touches in that allocation ([`Memory::open`]), so views into a large tensor run as any other.
-//! Ops over all of one run in pieces where they can be cut (`pieces.rs`); any other op whose
-//! accesses to one such allocation span more than a binding answers `FeatureUnavailable`.
+//! 128 MiB on lavapipe): kernels then bind windows of it ([`Binding`]) covering what the op
+//! touches in that allocation ([`Memory::open`]), one window for views near each other and one of
+//! its own for a view far from the rest ([`windows`]), so views into a large tensor run as any other.
+//! Ops over all of one run in pieces or two passes where they can be cut (`pieces.rs`,
+//! `two_pass.rs`); an op with a single view larger than a binding, or with overlapping views that
+//! one binding cannot hold together, answers `FeatureUnavailable`.
 //!
 //! wgpu copies whole 4-byte words. A host-to-device copy whose ends are not word-aligned (a 16-bit
 //! dtype at an odd element) reads the edge words back and merges them, so no byte outside the
@@ -151,6 +153,14 @@ pub(crate) struct BindingLimit {
 }
 
 impl BindingLimit {
+    /// The window over bytes `start..end` of a buffer: its first byte (`start` aligned down) and
+    /// its length in bytes (rounded up to whole words); longer than `self.bytes` when it does not fit.
+    fn window(&self, start: u64, end: u64) -> (u64, u64) {
+        let first = start / self.align * self.align;
+        let bytes = end.saturating_sub(first).next_multiple_of(WORD).max(WORD);
+        (first, bytes)
+    }
+
     /// The limits of `limits`, with bindings of at most `cap` bytes.
     pub fn of(limits: &wgpu::Limits, cap: u64) -> BindingLimit {
         BindingLimit {
@@ -158,6 +168,30 @@ impl BindingLimit {
             align: u64::from(limits.min_storage_buffer_offset_alignment).max(WORD),
         }
     }
+}
+
+/// The byte spans `(start, end)` an op touches in one allocation, gathered into the fewest windows
+/// one binding can see each, sorted: in order of start, a span joins the window before it when the
+/// two still fit a binding together, and opens a new one otherwise, so that each operand's kernel
+/// binding is the window holding its span. `None` when a span alone is longer than a binding or two
+/// windows overlap (spans that overlap without fitting one binding together).
+fn windows(spans: &[(u64, u64)], limit: BindingLimit) -> Option<Vec<(u64, u64)>> {
+    let mut sorted = spans.to_vec();
+    sorted.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
+    for (start, end) in sorted {
+        if limit.window(start, end).1 > limit.bytes {
+            return None;
+        }
+        match out.last_mut() {
+            Some(last) if limit.window(last.0, last.1.max(end)).1 <= limit.bytes => {
+                last.1 = last.1.max(end);
+            }
+            Some(last) if start < last.1 => return None,
+            _ => out.push((start, end)),
+        }
+    }
+    Some(out)
 }
 
 /// What a kernel binds of an allocation: the whole buffer, or a window of it (a buffer larger than
@@ -202,9 +236,9 @@ pub(crate) struct Memory {
     binding: BindingLimit,
     /// Whether the math kernels take f16 as it is (the device has `SHADER_F16`).
     native_f16: bool,
-    /// The op being launched: per allocation larger than a binding (by base), the byte range of it
-    /// that the op's accesses touch ([`Memory::open`]).
-    spans: HashMap<u64, (u64, u64)>,
+    /// The op being launched: per allocation larger than a binding (by base), the byte ranges of
+    /// it that the op's accesses touch ([`Memory::open`]).
+    spans: HashMap<u64, Vec<(u64, u64)>>,
     live: HashMap<u64, Allocation>,
     pub pool: WebGpuBufferPool,
 }
@@ -329,12 +363,13 @@ impl Memory {
         }
     }
 
-    /// Whether an op of `acc` can be launched whole: for each allocation larger than one binding,
-    /// its accesses span at most a binding, and each accessed region stays within a binding once
-    /// widened `widen` times (the f32 copies of 16-bit operands that are staged, `staging.rs`).
-    /// Pointers the allocation table rejects count as fitting: the launch reports them.
+    /// Whether an op of `acc` can be launched whole: each accessed region stays within a binding
+    /// once widened `widen` times (the f32 copies of 16-bit operands that are staged,
+    /// `staging.rs`), and in each allocation larger than one binding the regions fall into windows
+    /// that each fit one ([`windows`]). Pointers the allocation table rejects count as fitting: the
+    /// launch reports them.
     pub fn fits(&self, acc: &Accesses, widen: usize) -> bool {
-        let mut spans: HashMap<u64, (u64, u64)> = HashMap::new();
+        let mut spans: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
         for r in acc.regions.iter().filter(|r| r.bytes > 0) {
             let Ok((base, a, start)) = self.allocation(r.ptr, r.bytes) else {
                 continue;
@@ -343,21 +378,19 @@ impl Memory {
             if widened.saturating_add(2 * self.binding.align) > self.binding.bytes {
                 return false;
             }
-            if a.class <= self.binding.bytes {
-                continue;
+            if a.class > self.binding.bytes {
+                spans
+                    .entry(base)
+                    .or_default()
+                    .push((start, start + r.bytes as u64));
             }
-            let end = start + r.bytes as u64;
-            let span = spans.entry(base).or_insert((start, end));
-            *span = (span.0.min(start), span.1.max(end));
         }
-        spans
-            .values()
-            .all(|&(start, end)| self.window("fits", start, end).is_ok())
+        spans.values().all(|s| windows(s, self.binding).is_some())
     }
 
     /// Records the byte ranges the op of `acc` touches in each allocation larger than one binding,
-    /// so that [`Memory::bound`] can give its kernels a window covering them. `FeatureUnavailable`
-    /// when they span more than one binding may see.
+    /// so that [`Memory::bound`] can give its kernels windows covering them. `FeatureUnavailable`
+    /// when they do not fall into windows that each fit a binding ([`windows`]).
     pub fn open(&mut self, acc: &Accesses) -> Result<()> {
         self.spans.clear();
         for r in acc.regions.iter().filter(|r| r.bytes > 0) {
@@ -368,25 +401,38 @@ impl Memory {
 
     /// Adds `bytes` at `ptr` to what the op being launched touches (see [`Memory::open`]): a
     /// staged copy, for instance. `FeatureUnavailable` when the op's accesses to that allocation
-    /// then span more than one binding.
+    /// then no longer fall into windows that each fit a binding.
     pub fn cover(&mut self, op: &'static str, ptr: DevicePtr, bytes: usize) -> Result<()> {
         let (base, a, start) = self.allocation(ptr, bytes)?;
         if a.class <= self.binding.bytes {
             return Ok(());
         }
-        let end = start + bytes as u64;
-        let span = self.spans.entry(base).or_insert((start, end));
-        *span = (span.0.min(start), span.1.max(end));
-        let (start, end) = *span;
-        self.window(op, start, end).map(|_| ())
+        let spans = self.spans.entry(base).or_default();
+        spans.push((start, start + bytes as u64));
+        if windows(spans, self.binding).is_some() {
+            return Ok(());
+        }
+        let (first, last) = spans
+            .iter()
+            .fold((u64::MAX, 0), |(f, l), &(s, e)| (f.min(s), l.max(e)));
+        Err(BackendError::FeatureUnavailable {
+            feature: "ops spanning more than one storage binding",
+            reason: format!(
+                "{op} touches {} bytes of one allocation in views that overlap or that one storage \
+                 binding of {} bytes (the adapter's max_storage_buffer_binding_size, or the \
+                 backend's max_binding_size when lower) cannot see at once; run it on views that \
+                 each span less",
+                last - first,
+                self.binding.bytes
+            ),
+        })
     }
 
     /// The window of an allocation larger than a binding that covers bytes `start..end`: its first
     /// byte aligned down, its length rounded up to whole words. `FeatureUnavailable` when longer
     /// than a binding.
     fn window(&self, op: &'static str, start: u64, end: u64) -> Result<(u64, NonZeroU64)> {
-        let first = start / self.binding.align * self.binding.align;
-        let bytes = end.saturating_sub(first).next_multiple_of(WORD).max(WORD);
+        let (first, bytes) = self.binding.window(start, end);
         if bytes > self.binding.bytes {
             return Err(BackendError::FeatureUnavailable {
                 feature: "ops spanning more than one storage binding",
@@ -403,18 +449,24 @@ impl Memory {
     }
 
     /// What a kernel binds to reach `ptr`, and the byte offset of `ptr` within it: the whole
-    /// buffer for allocations that fit one binding; for a larger one, the window covering `ptr` and
-    /// what the op being launched touches there ([`Memory::open`]). `InvalidPointer` as
-    /// [`Memory::place`]; `FeatureUnavailable` when the window would exceed a binding (or the
-    /// allocation is not among the op's accesses).
+    /// buffer for allocations that fit one binding; for a larger one, the window over what the op
+    /// being launched touches there ([`Memory::open`]) that holds `ptr` (or, for a `ptr` before
+    /// such a window, that window extended down to it). `InvalidPointer` as [`Memory::place`];
+    /// `FeatureUnavailable` when the window would exceed a binding (or the allocation is not among
+    /// the op's accesses).
     pub fn bound(&self, ptr: DevicePtr) -> Result<(Binding<'_>, u64)> {
         let (base, a, offset) = self.allocation(ptr, 0)?;
         if a.class <= self.binding.bytes {
             return Ok((Binding::whole(&a.buffer), offset));
         }
-        let (start, end) = self
+        let touched = self
             .spans
             .get(&base)
+            .and_then(|s| windows(s, self.binding))
+            .unwrap_or_default();
+        let (start, end) = touched
+            .iter()
+            .find(|&&(_, e)| offset < e)
             .map_or((offset, a.class), |&(s, e)| (s.min(offset), e));
         let window = self.window("a kernel", start, end.max(offset))?;
         Ok((
@@ -581,7 +633,33 @@ pub(crate) fn map_read(gpu: &Gpu, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::WebGpuBufferPool;
+    use super::{windows, BindingLimit, WebGpuBufferPool};
+
+    #[test]
+    fn spans_gather_into_the_fewest_windows_that_each_fit_a_binding() {
+        let limit = BindingLimit {
+            bytes: 1000,
+            align: 100,
+        };
+        // Near spans share a window; a far one opens its own; nesting adds nothing.
+        assert_eq!(
+            windows(&[(5000, 5100), (150, 400), (420, 900), (200, 300)], limit),
+            Some(vec![(150, 900), (5000, 5100)])
+        );
+        // Aligned down, 150..1050 takes 1000 bytes from 100: still one window; 150..1120 not.
+        assert_eq!(
+            windows(&[(150, 400), (900, 1050)], limit),
+            Some(vec![(150, 1050)])
+        );
+        assert_eq!(
+            windows(&[(150, 400), (900, 1120)], limit),
+            Some(vec![(150, 400), (900, 1120)])
+        );
+        // Overlapping spans that one binding cannot hold together, and one span too long alone.
+        assert_eq!(windows(&[(0, 800), (600, 1400)], limit), None);
+        assert_eq!(windows(&[(50, 1060)], limit), None);
+        assert_eq!(windows(&[], limit), Some(vec![]));
+    }
 
     #[test]
     fn size_classes_round_up_and_waste_little() {
