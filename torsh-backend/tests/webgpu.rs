@@ -2226,6 +2226,31 @@ fn leading_dim_reductions_larger_than_a_binding_combine_partials_of_blocks() {
             &no_nan(&flat_ref).sum(0, false).unwrap(),
         );
     }
+    // A captured graph of two-pass reductions replays on new inputs as eager execution does, bit
+    // for bit (its host combine runs inside the replay).
+    let x = b.from_slice(&host, &[rows, cols]).unwrap();
+    let graph = b
+        .capture_graph(|| {
+            Ok(vec![
+                x.sum(0, false)?,
+                x.var(0, 1, false)?,
+                x.argmax(0, false)?,
+            ])
+        })
+        .unwrap();
+    let shifted: Vec<f32> = host.iter().map(|v| v * 0.5 - 1.0).collect();
+    let fresh = b.from_slice(&shifted, &[rows, cols]).unwrap();
+    let replayed = b
+        .launch_graph(&graph, std::slice::from_ref(&fresh))
+        .unwrap();
+    let eager = [
+        fresh.sum(0, false).unwrap(),
+        fresh.var(0, 1, false).unwrap(),
+        fresh.argmax(0, false).unwrap(),
+    ];
+    for (r, e) in replayed.iter().zip(&eager) {
+        assert_eq!(r.to_bytes().unwrap(), e.to_bytes().unwrap());
+    }
     // One index of the leading dim larger than a binding, and one softmax row larger than a
     // binding: the typed error, naming the limit.
     let wide = b.randn(&[2, 70_000], DType::F32).unwrap();
