@@ -157,43 +157,65 @@ pub(crate) fn blocks(
     Ok(None)
 }
 
+/// [`split`] of an op whose input and output hold `step` dense elements per index of the split dim
+/// (at `input` and `output`): `piece(input, output, len)` makes each piece from its own pointers.
+#[allow(clippy::too_many_arguments)]
+fn split_io<D>(
+    mem: &Memory,
+    whole: &D,
+    dtype: DType,
+    total: usize,
+    step: usize,
+    (input, output): (DevicePtr, DevicePtr),
+    accesses: impl Fn(&D) -> Result<Accesses>,
+    piece: impl Fn(DevicePtr, DevicePtr, usize) -> D,
+) -> Result<Option<Vec<D>>> {
+    let size = dtype.size_in_bytes();
+    split(mem, whole, dtype, total, accesses, |start, len| {
+        Ok(piece(
+            advance(input, start * step, size)?,
+            advance(output, start * step, size)?,
+            len,
+        ))
+    })
+}
+
 /// `desc` by outer slices.
 pub(crate) fn softmax(mem: &Memory, desc: &SoftmaxDesc) -> Result<Option<Vec<SoftmaxDesc>>> {
-    let size = desc.dtype.size_in_bytes();
-    let slice = desc.axis_len * desc.inner;
-    split(
+    let (pointers, step) = ((desc.input, desc.output), desc.axis_len * desc.inner);
+    split_io(
         mem,
         desc,
         desc.dtype,
         desc.outer,
+        step,
+        pointers,
         SoftmaxDesc::accesses,
-        |start, len| {
-            Ok(SoftmaxDesc {
-                input: advance(desc.input, start * slice, size)?,
-                output: advance(desc.output, start * slice, size)?,
-                outer: len,
-                ..desc.clone()
-            })
+        |input, output, outer| SoftmaxDesc {
+            input,
+            output,
+            outer,
+            ..desc.clone()
         },
     )
 }
 
 /// `desc` by rows.
 pub(crate) fn layer_norm(mem: &Memory, desc: &LayerNormDesc) -> Result<Option<Vec<LayerNormDesc>>> {
-    let size = desc.dtype.size_in_bytes();
-    split(
+    let pointers = (desc.input, desc.output);
+    split_io(
         mem,
         desc,
         desc.dtype,
         desc.rows,
+        desc.cols,
+        pointers,
         LayerNormDesc::accesses,
-        |start, len| {
-            Ok(LayerNormDesc {
-                input: advance(desc.input, start * desc.cols, size)?,
-                output: advance(desc.output, start * desc.cols, size)?,
-                rows: len,
-                ..desc.clone()
-            })
+        |input, output, rows| LayerNormDesc {
+            input,
+            output,
+            rows,
+            ..desc.clone()
         },
     )
 }
@@ -241,23 +263,30 @@ pub(crate) fn batch_norm(mem: &Memory, desc: &BatchNormDesc) -> Result<Option<Ve
     if desc.training {
         return Ok(None);
     }
-    let size = desc.dtype.size_in_bytes();
-    let image = desc.channels * desc.spatial;
+    let images = |start, len| batch_norm_images(desc, start, len);
     split(
         mem,
         desc,
         desc.dtype,
         desc.batch,
         BatchNormDesc::accesses,
-        |start, len| {
-            Ok(BatchNormDesc {
-                input: advance(desc.input, start * image, size)?,
-                output: advance(desc.output, start * image, size)?,
-                batch: len,
-                ..desc.clone()
-            })
-        },
+        images,
     )
+}
+
+/// `desc` over its images `start..start + len` only.
+pub(crate) fn batch_norm_images(
+    desc: &BatchNormDesc,
+    start: usize,
+    len: usize,
+) -> Result<BatchNormDesc> {
+    let (size, image) = (desc.dtype.size_in_bytes(), desc.channels * desc.spatial);
+    Ok(BatchNormDesc {
+        input: advance(desc.input, start * image, size)?,
+        output: advance(desc.output, start * image, size)?,
+        batch: len,
+        ..desc.clone()
+    })
 }
 
 /// `desc` by elements.
@@ -284,20 +313,20 @@ pub(crate) fn adam(mem: &Memory, desc: &AdamDesc) -> Result<Option<Vec<AdamDesc>
 
 /// `desc` by elements, every piece setting the one flag.
 pub(crate) fn unscale(mem: &Memory, desc: &UnscaleDesc) -> Result<Option<Vec<UnscaleDesc>>> {
-    let size = desc.dtype.size_in_bytes();
-    split(
+    let pointers = (desc.input, desc.output);
+    split_io(
         mem,
         desc,
         desc.dtype,
         desc.len,
+        1,
+        pointers,
         UnscaleDesc::accesses,
-        |start, len| {
-            Ok(UnscaleDesc {
-                input: advance(desc.input, start, size)?,
-                output: advance(desc.output, start, size)?,
-                len,
-                ..desc.clone()
-            })
+        |input, output, len| UnscaleDesc {
+            input,
+            output,
+            len,
+            ..desc.clone()
         },
     )
 }

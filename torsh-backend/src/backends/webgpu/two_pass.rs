@@ -28,7 +28,7 @@ use crate::compute::{
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
-use super::pieces::{advance, blocks, leading};
+use super::pieces::{advance, batch_norm_images, blocks, leading};
 use super::WebGpuBackend;
 
 /// Whether `dtype` operands of a sum, mean, variance or batch norm are cast to f32 blocks first.
@@ -269,15 +269,7 @@ pub(crate) fn batch_norm(be: &WebGpuBackend, desc: &BatchNormDesc) -> Result<()>
         desc.dtype,
         n,
         widen(desc.dtype),
-        |start, len| {
-            BatchNormDesc {
-                input: advance(desc.input, start * image, size)?,
-                output: advance(desc.output, start * image, size)?,
-                batch: len,
-                ..desc.clone()
-            }
-            .accesses()
-        },
+        |start, len| batch_norm_images(desc, start, len)?.accesses(),
     )?;
     let temps = Temporaries::new(be);
     let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
