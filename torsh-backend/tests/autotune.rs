@@ -250,14 +250,16 @@ fn concurrent_writers_keep_every_entry_and_a_whole_file() {
     assert_eq!(reader.autotuning_stats().loaded, 8);
 }
 
-/// The reference backend offering four GEMM variants: the default (slow: it sleeps), one that is
-/// fast but wrong (alpha off by 1 %), one that fails (as a library declining a shape does), and one
-/// that is fast and right.
+/// The reference backend offering four GEMM variants: the default (slow: it sleeps 2 ms), one that
+/// is fast but wrong (alpha off by 1 %), one that fails (as a library declining a shape does), and
+/// one that is right and fast until a test makes it sleep ([`Planted::right_sleeps_ms`]).
 #[derive(Debug)]
 struct Planted {
     inner: ReferenceBackend,
     /// Runs of the slow default.
     slow_runs: AtomicUsize,
+    /// How long the right variant sleeps: 0 unless a test sets it, as if the machine had changed.
+    right_sleeps_ms: AtomicUsize,
 }
 
 /// A tuning backend on [`Planted`].
@@ -265,18 +267,24 @@ fn planted() -> Backend {
     Backend::from_compute(Box::new(Planted {
         inner: ReferenceBackend::new(BackendType::Reference),
         slow_runs: AtomicUsize::new(0),
+        right_sleeps_ms: AtomicUsize::new(0),
     }))
     .unwrap()
     .enable_autotuning(true)
 }
 
-/// How often `b`'s slow default GEMM has run.
-fn slow_runs(b: &Backend) -> usize {
+/// The planted device under `b`.
+fn planted_of(b: &Backend) -> &Planted {
     let planted = b
         .compute()
         .as_any()
         .and_then(|a| a.downcast_ref::<Planted>());
-    planted.unwrap().slow_runs.load(Ordering::SeqCst)
+    planted.unwrap()
+}
+
+/// How often `b`'s slow default GEMM has run.
+fn slow_runs(b: &Backend) -> usize {
+    planted_of(b).slow_runs.load(Ordering::SeqCst)
 }
 
 impl ComputeBackend for Planted {
@@ -341,7 +349,11 @@ impl ComputeBackend for Planted {
                 feature: "the failing variant",
                 reason: "it declines every shape".into(),
             }),
-            "right" => self.inner.gemm(d),
+            "right" => {
+                let ms = self.right_sleeps_ms.load(Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(ms as u64));
+                self.inner.gemm(d)
+            }
             other => Err(BackendError::invalid("variant", other.to_string())),
         }
     }
@@ -437,6 +449,126 @@ fn a_captured_graph_replays_the_tuned_variant() {
     let eager = x.matmul(&w).unwrap();
     assert_eq!(out[0].to_bytes().unwrap(), eager.to_bytes().unwrap());
     assert_eq!(b.autotuning_stats().hits, 1);
+}
+
+/// The variant stored for the one key `b` has tuned.
+fn the_choice(b: &Backend) -> String {
+    let choices = b.autotuning_choices();
+    assert_eq!(choices.len(), 1, "{choices:?}");
+    choices[0].1.variant.clone()
+}
+
+#[test]
+fn a_choice_is_revisited_on_schedule_and_changed_when_timings_drift_even_through_the_cache_file() {
+    let dir = scratch_dir("revisits");
+    let cache = dir.join("cache.json");
+    // An overhead this large revisits after the fewest ops the schedule allows: 16.
+    let b = planted()
+        .autotuning_revisit_overhead(1e9)
+        .unwrap()
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    let reference = Backend::reference().unwrap();
+    let x = b.randn(&[9, 5], DType::F32).unwrap();
+    let w = b.randn(&[5, 7], DType::F32).unwrap();
+    let want = reference
+        .from_slice(&x.to_vec::<f32>().unwrap(), &[9, 5])
+        .unwrap()
+        .matmul(
+            &reference
+                .from_slice(&w.to_vec::<f32>().unwrap(), &[5, 7])
+                .unwrap(),
+        )
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let run = |times: usize| {
+        for _ in 0..times {
+            assert_eq!(x.matmul(&w).unwrap().to_bytes().unwrap(), want);
+        }
+        let s = b.autotuning_stats();
+        (s.tuned, s.hits, s.revisits, s.revised)
+    };
+    assert_eq!(run(1), (1, 0, 0, 0));
+    assert_eq!(the_choice(&b), "right");
+    // The 16th op served by the choice revisits it; it stands, and the wait doubles to 32 ops.
+    assert_eq!(run(15), (1, 15, 0, 0));
+    assert_eq!(run(1), (1, 16, 1, 0));
+    assert_eq!(run(31), (1, 47, 1, 0));
+    assert_eq!(run(1), (1, 48, 2, 0));
+    assert_eq!(the_choice(&b), "right");
+    // The machine changes: the chosen variant now takes four times the default. The next revisit,
+    // 64 ops on, finds the default faster and serves the key with it from then on.
+    planted_of(&b).right_sleeps_ms.store(8, Ordering::SeqCst);
+    assert_eq!(run(63), (1, 111, 2, 0));
+    assert_eq!(run(1), (1, 112, 3, 1));
+    assert_eq!(the_choice(&b), "slow");
+    let slow = slow_runs(&b);
+    assert_eq!(run(1), (1, 113, 3, 1));
+    assert_eq!(slow_runs(&b), slow + 1, "the default serves the key now");
+    // The revisit saved its choice. A process that loads it on a machine where the right variant is
+    // fast again revisits the loaded choice as well, after 16 ops, and turns back to it.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    let entries = json["entries"].as_object().unwrap();
+    assert_eq!(entries.len(), 1, "{json}");
+    assert!(entries.values().all(|e| e["variant"] == "slow"), "{json}");
+    let again = planted()
+        .autotuning_revisit_overhead(1e9)
+        .unwrap()
+        .autotuning_cache_file(&cache)
+        .unwrap();
+    let (x2, w2) = (
+        again
+            .from_slice(&x.to_vec::<f32>().unwrap(), &[9, 5])
+            .unwrap(),
+        again
+            .from_slice(&w.to_vec::<f32>().unwrap(), &[5, 7])
+            .unwrap(),
+    );
+    for _ in 0..16 {
+        assert_eq!(x2.matmul(&w2).unwrap().to_bytes().unwrap(), want);
+    }
+    let stats = again.autotuning_stats();
+    assert_eq!(
+        (
+            stats.loaded,
+            stats.tuned,
+            stats.hits,
+            stats.revisits,
+            stats.revised
+        ),
+        (1, 0, 16, 1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(the_choice(&again), "right");
+}
+
+#[test]
+fn revisits_can_be_turned_off_and_their_overhead_must_be_a_fraction_of_zero_or_more() {
+    let b = planted().autotuning_revisit_overhead(0.0).unwrap();
+    let x = b.randn(&[4, 3], DType::F32).unwrap();
+    let w = b.randn(&[3, 2], DType::F32).unwrap();
+    for _ in 0..100 {
+        x.matmul(&w).unwrap();
+    }
+    let stats = b.autotuning_stats();
+    assert_eq!((stats.tuned, stats.hits, stats.revisits), (1, 99, 0));
+    // Turned on again, the schedule applies at once to the key tuned already.
+    let b = b.autotuning_revisit_overhead(1e9).unwrap();
+    for _ in 0..16 {
+        x.matmul(&w).unwrap();
+    }
+    assert_eq!(b.autotuning_stats().revisits, 1);
+    for bad in [-0.5, f64::NAN, f64::INFINITY] {
+        assert!(
+            matches!(
+                planted().autotuning_revisit_overhead(bad),
+                Err(BackendError::InvalidArgument { .. })
+            ),
+            "{bad}"
+        );
+    }
 }
 
 /// Every variant every available backend offers computes the GEMM of the reference, on odd shapes,

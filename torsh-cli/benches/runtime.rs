@@ -198,6 +198,14 @@ fn autotuned(c: &mut Criterion, b: &Backend, name: &str, cases: Vec<TunedCase>) 
         if (case.run)(&b.clone().enable_autotuning(true)).is_none() {
             return;
         }
+        let new_choices = || {
+            b.autotuning_choices()
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(&case.key) && !before.contains(k))
+                .collect::<Vec<_>>()
+        };
+        let first = new_choices();
+        let stats_before = b.autotuning_stats();
         let mut plain_run = || {
             let b = plain.clone().enable_autotuning(false);
             black_box((case.run)(&b));
@@ -218,14 +226,23 @@ fn autotuned(c: &mut Criterion, b: &Backend, name: &str, cases: Vec<TunedCase>) 
             median_per_call(&mut plain_run, 10, 9),
             median_per_call(&mut tuned_run, 10, 9),
         );
-        let chosen = b
-            .autotuning_choices()
+        let stats = b.autotuning_stats();
+        let chosen = new_choices()
             .into_iter()
-            .filter(|(k, _)| k.starts_with(&case.key) && !before.contains(k))
             .map(|(key, choice)| {
+                let tuned_first = first
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, c)| c.variant.as_str())
+                    .unwrap_or("?");
                 format!(
-                    "{key} → {} (tuning saw {:.1} µs; default {:.1} µs)",
-                    choice.variant, choice.micros, choice.default_micros
+                    "{key} → {tuned_first} when tuned, {} after {} revisits ({} changed it; last \
+                     saw {:.1} µs, default {:.1} µs)",
+                    choice.variant,
+                    stats.revisits - stats_before.revisits,
+                    stats.revised - stats_before.revised,
+                    choice.micros,
+                    choice.default_micros
                 )
             })
             .collect::<Vec<_>>()

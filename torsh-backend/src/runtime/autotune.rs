@@ -14,6 +14,18 @@
 //! win; otherwise the default stays. The choice serves every later op of that key. The op itself
 //! then runs once with the chosen variant.
 //!
+//! A choice is revisited: a key is tuned again, the same way, once its ops have run long enough that
+//! the tuning cost at most a set fraction of their time (5 % by default, see
+//! [`Backend::autotuning_revisit_overhead`]), counting each op at its stored time. A revisit that
+//! confirms the choice doubles the wait before the next, so that a stable key's revisits cost ever
+//! less; one that changes it starts the schedule again. The conditions of one tuning — a thread
+//! pool's cores busy elsewhere, a GPU still clocking up, a neighbour on a shared host — thus do not
+//! fix a key's variant for good, nor, through the cache file, for every later process: a loaded
+//! choice is revisited on the same schedule, its tuning cost estimated from its stored times. A
+//! revisit may change which variant serves a key and so the last bits of its results (within the
+//! dtype's parity bound of the default's, as any choice is); a graph captured before keeps the
+//! variants it recorded.
+//!
 //! The table can live in a JSON file: the crate version, the device fingerprint and, per key, the
 //! winner with its and the default's time. A file written by another crate version or for another
 //! device, or one that does not parse, is ignored with a warning through the `log` crate, and
@@ -66,6 +78,13 @@ const WIN_MARGIN: f64 = 0.90;
 /// besides its median: a win carried by a few fast rounds is noise.
 const CONSISTENCY: f64 = 0.75;
 
+/// The default largest fraction of a key's op time that its revisits may take (see
+/// [`Backend::autotuning_revisit_overhead`]).
+const REVISIT_OVERHEAD: f64 = 0.05;
+
+/// The fewest ops of a key between its tuning and its revisit, whatever the times.
+const REVISIT_MIN_HITS: u64 = 16;
+
 /// What the autotuner has done, for [`Backend::autotuning_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AutotuneStats {
@@ -84,6 +103,10 @@ pub struct AutotuneStats {
     pub ignored_files: u64,
     /// Saves of the cache file that failed (logged; the table in memory is unaffected).
     pub save_errors: u64,
+    /// Keys tuned again on their revisit schedule (see [`Backend::autotuning_revisit_overhead`]).
+    pub revisits: u64,
+    /// Revisits that changed a key's variant.
+    pub revised: u64,
 }
 
 /// The choice stored for one key.
@@ -106,16 +129,71 @@ struct CacheFile {
     entries: BTreeMap<String, TunedChoice>,
 }
 
+/// When a key in the table is due to be tuned again.
+#[derive(Clone, Copy, Debug)]
+struct Revisit {
+    /// Ops of the key served since its last tuning.
+    hits: u64,
+    /// The hit count at which it is tuned again; `u64::MAX` when revisits are off.
+    due: u64,
+    /// A revisit of the key is under way (on some thread): no other hit is due until it is done.
+    running: bool,
+    /// What its last tuning took (estimated for a choice loaded from the cache file).
+    tuning_secs: f64,
+    /// Revisits in a row that kept its variant: each doubles the wait for the next.
+    confirmations: u32,
+}
+
 /// One backend's tuning state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Autotuner {
     enabled: bool,
     /// Choices of keys met in this process (a hit is a hash of the key, no formatting).
     table: HashMap<TuneKey, TunedChoice>,
     /// Choices loaded from the cache file for keys not met yet, by their text form.
     stored: BTreeMap<String, TunedChoice>,
+    /// The revisit schedule of each key in `table`.
+    schedule: HashMap<TuneKey, Revisit>,
+    /// The largest fraction of a key's op time its revisits may take; 0 turns them off.
+    revisit_overhead: f64,
     file: Option<PathBuf>,
     stats: AutotuneStats,
+}
+
+impl Default for Autotuner {
+    fn default() -> Self {
+        Autotuner {
+            enabled: false,
+            table: HashMap::new(),
+            stored: BTreeMap::new(),
+            schedule: HashMap::new(),
+            revisit_overhead: REVISIT_OVERHEAD,
+            file: None,
+            stats: AutotuneStats::default(),
+        }
+    }
+}
+
+/// The number of ops of a key, each taking `op_micros`, after which a tuning that took
+/// `tuning_secs` cost at most `overhead` of their time (at least [`REVISIT_MIN_HITS`]), doubled per
+/// confirmation; never (`u64::MAX`) when `overhead` is 0 or the wait exceeds u64.
+fn revisit_due(overhead: f64, tuning_secs: f64, op_micros: f64, confirmations: u32) -> u64 {
+    if overhead <= 0.0 {
+        return u64::MAX;
+    }
+    let op_secs = (op_micros * 1e-6).max(1e-9);
+    // `as` saturates: a wait beyond u64 is never.
+    let first = ((tuning_secs.max(0.0) / (overhead * op_secs)).ceil() as u64).max(REVISIT_MIN_HITS);
+    let doubling = 1u64.checked_shl(confirmations).unwrap_or(u64::MAX);
+    first.saturating_mul(doubling)
+}
+
+/// About what tuning a key with `variants` variants and the stored times of `choice` takes: every
+/// round is a batch of two variants, each run untimed and then timed (see `tune`).
+fn estimated_tuning_secs(variants: usize, choice: &TunedChoice) -> f64 {
+    let batch = |micros: f64| 2.0 * BATCH_SECS.max(8.0 * micros * 1e-6);
+    let rounds = variants.saturating_sub(1) * TIMING_ROUNDS + CONFIRM_ROUNDS;
+    rounds as f64 * (batch(choice.micros) + batch(choice.default_micros))
 }
 
 /// Why a cache file cannot be trusted.
@@ -233,6 +311,58 @@ impl Autotuner {
         }
         let stored = &self.table.get(key)?.variant;
         offered.iter().find(|&&v| v == stored).copied()
+    }
+
+    /// Counts a hit of `key`, whose choice is in the table, and says whether the key is due to be
+    /// tuned again; when it is, no other hit is due until the revisit is done ([`Self::retuned`]).
+    fn hit_is_due(&mut self, key: &TuneKey, variants: usize) -> bool {
+        let overhead = self.revisit_overhead;
+        let Some(choice) = self.table.get(key) else {
+            return false;
+        };
+        let revisit = self.schedule.entry(*key).or_insert_with(|| {
+            // A choice loaded from the cache file: its tuning is estimated.
+            let tuning_secs = estimated_tuning_secs(variants, choice);
+            Revisit {
+                hits: 0,
+                due: revisit_due(overhead, tuning_secs, choice.micros, 0),
+                tuning_secs,
+                confirmations: 0,
+                running: false,
+            }
+        });
+        revisit.hits += 1;
+        if revisit.running || revisit.hits < revisit.due {
+            return false;
+        }
+        revisit.running = true;
+        true
+    }
+
+    /// Stores `choice` for `key`, tuned in `tuning_secs`, and starts its revisit schedule: from
+    /// the beginning for a new or changed choice, with a doubled wait for one a revisit confirmed.
+    fn retuned(&mut self, key: TuneKey, choice: TunedChoice, tuning_secs: f64, confirmed: bool) {
+        let confirmations = match self.schedule.get(&key) {
+            Some(r) if confirmed => r.confirmations.saturating_add(1),
+            _ => 0,
+        };
+        let due = revisit_due(
+            self.revisit_overhead,
+            tuning_secs,
+            choice.micros,
+            confirmations,
+        );
+        self.schedule.insert(
+            key,
+            Revisit {
+                hits: 0,
+                due,
+                tuning_secs,
+                confirmations,
+                running: false,
+            },
+        );
+        self.table.insert(key, choice);
     }
 
     /// Saves the table to the cache file, if one is set, keeping entries another writer saved for
@@ -485,6 +615,40 @@ impl Backend {
         Ok(self)
     }
 
+    /// Sets the largest fraction of a tuned key's op time that the autotuner may spend tuning the key
+    /// again (see the module documentation), returning the backend for chaining: 0.05, the default,
+    /// revisits a key once its ops, at their stored time, have run 20 times as long as its tuning
+    /// took, and then after ever longer waits while revisits keep its choice; 0 never revisits, so
+    /// that a key keeps its variant (and its results their last bits) for the life of the backend.
+    /// Values above 1 let revisits take longer than the ops they serve (a test can revisit after a
+    /// few ops: the wait is at least 16 ops). Applies at once to keys already tuned.
+    /// `InvalidArgument` when `fraction` is negative or not finite.
+    pub fn autotuning_revisit_overhead(self, fraction: f64) -> Result<Backend> {
+        if !fraction.is_finite() || fraction < 0.0 {
+            return Err(BackendError::invalid(
+                "autotuning_revisit_overhead",
+                format!("{fraction} is not a fraction of 0 or more"),
+            ));
+        }
+        let mut tuner = self.tuner();
+        tuner.revisit_overhead = fraction;
+        let Autotuner {
+            table, schedule, ..
+        } = &mut *tuner;
+        for (key, revisit) in schedule.iter_mut() {
+            if let Some(choice) = table.get(key) {
+                revisit.due = revisit_due(
+                    fraction,
+                    revisit.tuning_secs,
+                    choice.micros,
+                    revisit.confirmations,
+                );
+            }
+        }
+        drop(tuner);
+        Ok(self)
+    }
+
     /// What the autotuner has done: entries, keys tuned, entries loaded, hits, rejected candidates.
     pub fn autotuning_stats(&self) -> AutotuneStats {
         let tuner = self.tuner();
@@ -512,33 +676,91 @@ impl Backend {
             return op.run_default(device);
         }
         let key = op.key();
-        let stored = {
+        let (stored, due) = {
             let mut tuner = self.tuner();
             let stored = tuner.choice(&key, variants);
             tuner.stats.hits += u64::from(stored.is_some());
-            stored
+            let due = stored.is_some() && tuner.hit_is_due(&key, variants.len());
+            (stored, due)
         };
-        if let Some(v) = stored {
-            return device.run_variant(op, v);
+        match stored {
+            Some(v) if !due => return device.run_variant(op, v),
+            Some(v) => return self.revisit(op, variants, v),
+            None => {}
         }
         // Tuning runs on the device itself, never through a capture's recorder: a capture tunes as
         // eager execution would, and records only the op.
+        let started = Instant::now();
         let (choice, rejected) = tune(self.unrecorded(), op, variants)?;
-        let winner = variants
-            .iter()
-            .find(|&&v| v == choice.variant)
-            .copied()
-            .unwrap_or(variants[0]);
+        let tuning_secs = started.elapsed().as_secs_f64();
+        let winner = offered(variants, &choice.variant);
         {
             let fingerprint = device.fingerprint();
             let mut tuner = self.tuner();
             tuner.stats.tuned += 1;
             tuner.stats.rejected += rejected;
-            tuner.table.insert(key, choice);
+            tuner.retuned(key, choice, tuning_secs, false);
             tuner.save(&fingerprint);
         }
         device.run_variant(op, winner)
     }
+
+    /// Tunes the key of `op`, served so far by `current`, again, stores what wins, and runs `op`
+    /// with it. A revisit that fails (no memory for its scratch output, say) is logged and leaves the
+    /// choice as it is, with a doubled wait for the next revisit, and runs `op` with `current`.
+    fn revisit(
+        &self,
+        op: &TunableOp,
+        variants: &[&'static str],
+        current: &'static str,
+    ) -> Result<()> {
+        let device = self.compute();
+        let key = op.key();
+        let started = Instant::now();
+        let tuned = tune(self.unrecorded(), op, variants);
+        let tuning_secs = started.elapsed().as_secs_f64();
+        let fingerprint = device.fingerprint();
+        let mut tuner = self.tuner();
+        let (choice, rejected) = match tuned {
+            Ok(tuned) => tuned,
+            Err(e) => {
+                log::warn!(
+                    "torsh-backend autotuner: revisiting {key} failed ({e}); `{current}` stays"
+                );
+                if let Some(choice) = tuner.table.get(&key).cloned() {
+                    tuner.retuned(key, choice, tuning_secs, true);
+                }
+                drop(tuner);
+                return device.run_variant(op, current);
+            }
+        };
+        let winner = offered(variants, &choice.variant);
+        let kept = winner == current;
+        tuner.stats.revisits += 1;
+        tuner.stats.revised += u64::from(!kept);
+        tuner.stats.rejected += rejected;
+        if !kept {
+            log::info!(
+                "torsh-backend autotuner: revisiting {key} chose `{winner}` ({:.1} µs against \
+                 the default's {:.1} µs) over `{current}`",
+                choice.micros,
+                choice.default_micros
+            );
+        }
+        tuner.retuned(key, choice, tuning_secs, kept);
+        tuner.save(&fingerprint);
+        drop(tuner);
+        device.run_variant(op, winner)
+    }
+}
+
+/// The variant of `variants` named `name`; the default (the first) when none is.
+fn offered(variants: &[&'static str], name: &str) -> &'static str {
+    variants
+        .iter()
+        .find(|&&v| v == name)
+        .copied()
+        .unwrap_or(variants[0])
 }
 
 #[cfg(test)]
@@ -573,5 +795,35 @@ mod tests {
         assert_eq!(verdict(&[]), None);
         assert_eq!(verdict(&[(1e-3, f64::NAN)]), None);
         assert_eq!(verdict(&[(1e-3, 0.0)]), None);
+    }
+
+    #[test]
+    fn a_revisit_is_due_when_the_tuning_cost_its_share_of_the_ops_and_later_per_confirmation() {
+        // A 0.1 s tuning of an op of 50 µs, at 5 %: after 0.1 / 0.05 = 2 s of ops, 40 000 of them.
+        // (Within one of it: 0.1 / 2.5e-6 rounds up from just above 40 000.)
+        let first = revisit_due(0.05, 0.1, 50.0, 0);
+        assert!((40_000..=40_001).contains(&first), "{first}");
+        // Each confirmation doubles the wait.
+        assert_eq!(revisit_due(0.05, 0.1, 50.0, 1), 2 * first);
+        assert_eq!(revisit_due(0.05, 0.1, 50.0, 3), 8 * first);
+        // Never before REVISIT_MIN_HITS ops, however cheap the tuning; never at all at 0 %; a
+        // wait beyond u64 (many confirmations, an op timed at 0) is never too.
+        assert_eq!(revisit_due(1e9, 0.1, 50.0, 0), REVISIT_MIN_HITS);
+        assert_eq!(revisit_due(1e9, 0.1, 50.0, 2), 4 * REVISIT_MIN_HITS);
+        assert_eq!(revisit_due(0.0, 0.1, 50.0, 0), u64::MAX);
+        assert_eq!(revisit_due(0.05, 0.1, 50.0, 200), u64::MAX);
+        assert_eq!(revisit_due(0.05, 0.1, 0.0, 40), u64::MAX);
+        // A loaded choice's tuning is estimated from its times: two variants, 12 rounds of two
+        // batches of at least 2 ms each run twice.
+        let choice = TunedChoice {
+            variant: "v".into(),
+            micros: 10.0,
+            default_micros: 20.0,
+        };
+        let secs = estimated_tuning_secs(2, &choice);
+        assert!(
+            (secs - 12.0 * 2.0 * 2.0 * BATCH_SECS).abs() < 1e-12,
+            "{secs}"
+        );
     }
 }
