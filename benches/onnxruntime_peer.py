@@ -172,10 +172,12 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
                       "LayerNormalization (opset 17)")]
     if op in ("sum", "max"):
         name = "ReduceSum" if op == "sum" else "ReduceMax"
-        axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+        # Over each row, or over each column for the "columns" variant.
+        axis, kept = (0, cols) if variant == "columns" else (1, rows)
+        axes = numpy_helper.from_array(np.array([axis], np.int64), "axes")
         node = helper.make_node(name, ["X", "axes"], ["Y"], keepdims=0)
-        m = model([node], [tensor("X", dense)], [tensor("Y", (rows,))], [axes])
-        return [Graph(m, {"X": x}, {"Y": np.empty((rows,), np.float32)}, name)]
+        m = model([node], [tensor("X", dense)], [tensor("Y", (kept,))], [axes])
+        return [Graph(m, {"X": x}, {"Y": np.empty((kept,), np.float32)}, name)]
     if op == "cast":
         node = helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.BFLOAT16)
         m = model([node], [tensor("X", dense)], [tensor("Y", dense, TensorProto.BFLOAT16)])

@@ -38,6 +38,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
+use torsh_backend::webgpu::{WebGpuBackend, WebGpuBackendConfig};
 use torsh_backend::{Backend, BackendType, DType};
 
 use cases::{Case, Op, Runner, Section, Target};
@@ -71,6 +72,8 @@ pub struct Options {
     pub plot: Option<PathBuf>,
     /// `--threads`: CPU thread counts (empty: 1 and all cores).
     pub threads: Vec<usize>,
+    /// `--binding-mib`: the WebGPU backend's largest storage binding, in MiB.
+    pub binding_mib: Option<u64>,
 }
 
 /// Times of one case, per op call, in seconds.
@@ -250,6 +253,27 @@ fn choose_backend(name: Option<&str>) -> Result<Backend, ExitCode> {
     })
 }
 
+/// The WebGPU backend on the adapter of `backend`, with storage bindings of at most `mib` MiB: exit
+/// code 2 when `backend` is not WebGPU, 1 when the lowered backend cannot start.
+fn with_binding(backend: &Backend, mib: u64) -> Result<Backend, ExitCode> {
+    if backend.backend_type() != BackendType::WebGpu {
+        eprintln!(
+            "--binding-mib applies to the WebGPU backend only (this run: {})",
+            backend.backend_type().name()
+        );
+        return Err(ExitCode::from(2));
+    }
+    let config = WebGpuBackendConfig {
+        adapter_index: Some(backend.config().device_id),
+        max_binding_size: mib.saturating_mul(1 << 20),
+        ..WebGpuBackendConfig::default()
+    };
+    Backend::from_compute(Box::new(WebGpuBackend::new(config))).map_err(|e| {
+        eprintln!("{e}");
+        ExitCode::FAILURE
+    })
+}
+
 /// Checks the arguments that need no device: exit code 2 for a bad one.
 fn check_options(options: &Options) -> Result<(), ExitCode> {
     if options.repeats == 0 {
@@ -258,6 +282,10 @@ fn check_options(options: &Options) -> Result<(), ExitCode> {
     }
     if options.threads.contains(&0) {
         eprintln!("--threads takes counts of at least 1");
+        return Err(ExitCode::from(2));
+    }
+    if options.binding_mib == Some(0) {
+        eprintln!("--binding-mib takes a size of at least 1 MiB");
         return Err(ExitCode::from(2));
     }
     // Bad names are reported before a device is opened.
@@ -468,6 +496,13 @@ pub fn run(options: Options) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    let backend = match options.binding_mib {
+        None => backend,
+        Some(mib) => match with_binding(&backend, mib) {
+            Ok(b) => b,
+            Err(code) => return code,
+        },
+    };
     let software = backend
         .device_info()
         .details

@@ -80,6 +80,11 @@ enum Command {
         /// CPU thread counts to run every case at, comma-separated (default: 1 and all cores).
         #[arg(long, value_name = "N,...", value_delimiter = ',')]
         threads: Vec<usize>,
+        /// WebGPU only: the largest storage binding the kernels use, in MiB (default: the
+        /// adapter's). Tensors larger than it are bound in windows and ops over all of one run in
+        /// pieces or two passes, which this measures on tensors of ordinary size.
+        #[arg(long, value_name = "MIB")]
+        binding_mib: Option<u64>,
     },
     /// Internal: one peer measurement in a process of its own (used by `bench`).
     #[command(name = "bench-peer", hide = true)]
@@ -122,6 +127,7 @@ fn main() -> ExitCode {
             json,
             plot,
             threads,
+            binding_mib,
         } => bench::run(bench::Options {
             backend,
             ops,
@@ -130,6 +136,7 @@ fn main() -> ExitCode {
             json,
             plot,
             threads,
+            binding_mib,
         }),
         Command::BenchPeer {
             dtype,

@@ -236,6 +236,8 @@ fn bench_selects_ops_and_rejects_bad_arguments() {
             "2",
             "--quick",
         ],
+        &["bench", "--backend", "cpu", "--binding-mib", "4", "--quick"],
+        &["bench", "--binding-mib", "0", "--quick"],
     ] {
         assert_eq!(run(bad, &[]).status.code(), Some(2), "{bad:?}");
     }
@@ -360,5 +362,56 @@ fn bench_on_the_cpu_runs_the_gemm_peers_at_each_thread_count_and_draws_a_chart()
         "2 thread(s)",
     ] {
         assert!(svg.contains(needle), "{needle} missing from the chart");
+    }
+}
+
+#[test]
+fn bench_on_webgpu_with_lowered_bindings_measures_the_column_sum_in_two_passes() {
+    let required =
+        std::env::var("TORSH_REQUIRE").is_ok_and(|v| v.split(',').any(|k| k == "webgpu"));
+    let file = std::env::temp_dir().join(format!("torsh-cli-binding-{}.json", std::process::id()));
+    let path = file.to_str().unwrap();
+    let args = [
+        "bench",
+        "--backend",
+        "webgpu",
+        "--op",
+        "sum",
+        "--binding-mib",
+        "1",
+        "--repeats",
+        "1",
+        "--json",
+        path,
+    ];
+    let out = run(&args, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() && !required {
+        eprintln!(
+            "skipped: no WebGPU adapter here ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("lowered to 1 MiB"), "{text}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(doc["binding_mib"], 1);
+    let rows = doc["results"].as_array().unwrap();
+    let columns: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["op"] == "sum" && r["variant"] == "columns")
+        .collect();
+    assert!(!columns.is_empty(), "{doc}");
+    for r in columns {
+        // The tensor is larger than the 1 MiB binding: its column sum ran in two passes.
+        assert!(r["bytes"].as_f64().unwrap() > (1 << 20) as f64, "{r}");
+        assert!(r["error"].is_null(), "{r}");
+        assert!(r["median_s"].as_f64().unwrap() > 0.0, "{r}");
     }
 }

@@ -100,6 +100,9 @@ pub enum MemOp {
     LayerNorm,
     /// Sum over each row.
     Sum,
+    /// Sum over each column (along the leading dim, as a bias gradient is): on WebGPU a tensor larger
+    /// than one storage binding takes the two-pass path.
+    SumColumns,
     /// Max over each row.
     Max,
     /// Cast to bf16.
@@ -120,7 +123,7 @@ impl MemOp {
             MemOp::Gelu => "gelu",
             MemOp::Softmax => "softmax",
             MemOp::LayerNorm => "layer_norm",
-            MemOp::Sum => "sum",
+            MemOp::Sum | MemOp::SumColumns => "sum",
             MemOp::Max => "max",
             MemOp::CastBf16 => "cast",
             MemOp::Fill => "fill",
@@ -302,6 +305,10 @@ impl Case {
                 op: MemOp::CastBf16,
                 ..
             } => Some("to bf16"),
+            Op::Memory {
+                op: MemOp::SumColumns,
+                ..
+            } => Some("columns"),
             Op::Conv2d { c, groups, .. } if groups == c && c > 1 => Some("depthwise"),
             _ => None,
         }
@@ -315,6 +322,7 @@ impl Case {
                 MemOp::Memcpy => format!("{rows}x{cols} dense"),
                 MemOp::CopyTransposed => format!("{rows}x{cols} .t()"),
                 MemOp::CastBf16 => format!("{rows}x{cols} -> bf16"),
+                MemOp::SumColumns => format!("{rows}x{cols} cols"),
                 MemOp::Softmax | MemOp::LayerNorm | MemOp::Sum | MemOp::Max => {
                     format!("{rows}x{cols} rows")
                 }
@@ -379,6 +387,7 @@ impl Case {
                 Work::Bytes(match op {
                     MemOp::Add | MemOp::Mul => 3.0 * n * size,
                     MemOp::Sum | MemOp::Max => n * size + rows as f64 * size,
+                    MemOp::SumColumns => n * size + cols as f64 * size,
                     MemOp::CastBf16 => n * (size + DType::BF16.size_in_bytes() as f64),
                     MemOp::Fill => n * size,
                     _ => 2.0 * n * size,

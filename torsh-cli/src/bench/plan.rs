@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 13] = [
+const MEMORY_OPS: [MemOp; 14] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -47,6 +47,7 @@ const MEMORY_OPS: [MemOp; 13] = [
     MemOp::Softmax,
     MemOp::LayerNorm,
     MemOp::Sum,
+    MemOp::SumColumns,
     MemOp::Max,
     MemOp::CastBf16,
     MemOp::Fill,

@@ -205,6 +205,20 @@ fn memory(
                 b.compute().reduce(&desc).map_err(text)
             })
         }
+        MemOp::SumColumns => {
+            let reduced = backend.empty(&[cols], dt)?;
+            let desc = ReduceDesc {
+                op: ReduceOp::Sum,
+                dtype: dt,
+                input: dense(&x),
+                axis: 0,
+                output: reduced.data_ptr(),
+            };
+            Box::new(move || {
+                let _keep = (&x, &reduced);
+                b.compute().reduce(&desc).map_err(text)
+            })
+        }
         MemOp::CastBf16 => {
             let cast = backend.empty(&[rows, cols], DType::BF16)?;
             let desc = CastDesc {

@@ -32,6 +32,8 @@ pub struct RunInfo {
     notes: Vec<String>,
     /// `TORSH_COMMIT` or `GITHUB_SHA`.
     commit: Option<String>,
+    /// `--binding-mib`: the WebGPU storage bindings, lowered.
+    binding_mib: Option<u64>,
 }
 
 impl RunInfo {
@@ -101,6 +103,7 @@ impl RunInfo {
                 .cpu
                 .as_ref()
                 .map_or_else(Vec::new, |c| c.notes.clone()),
+            binding_mib: options.binding_mib,
             commit: ["TORSH_COMMIT", "GITHUB_SHA"]
                 .iter()
                 .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty())),
@@ -159,6 +162,12 @@ pub fn print_header(run: &RunInfo) {
     }
     for line in &run.peers_lines {
         println!("{line}");
+    }
+    if let Some(mib) = run.binding_mib {
+        println!(
+            "storage bindings lowered to {mib} MiB (--binding-mib): ops over larger tensors run \
+             in pieces or in two passes"
+        );
     }
 }
 
@@ -405,6 +414,7 @@ pub fn json_doc(run: &RunInfo, results: &[Measured], ceilings: &[Ceilings]) -> V
         "threads": (!run.threads.is_empty()).then_some(&run.threads),
         "peers": run.peers,
         "notes": run.notes,
+        "binding_mib": run.binding_mib,
         "environment": {
             "OPENBLAS_CORETYPE": std::env::var("OPENBLAS_CORETYPE").ok(),
         },
