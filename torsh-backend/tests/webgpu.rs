@@ -651,6 +651,85 @@ fn row_kernels_and_batch_norm_agree_with_and_without_subgroups_at_every_width() 
     }
 }
 
+/// Batch norm of `host` as a `shape` tensor of `dtype`, with weight, bias, running mean and
+/// running variance `params[0..4]`, on `be` and on the reference; each result (output, running
+/// mean, running variance) checked against the reference's.
+fn check_batch_norm(
+    be: &Backend,
+    label: &str,
+    (host, shape, dtype): (&[f32], &[usize], DType),
+    params: [&[f32]; 4],
+    training: bool,
+    momentum: f64,
+) {
+    let run = |on: &Backend| {
+        let x = dtype_tensor(on, host, shape, dtype);
+        let [weight, bias, mean, var] = params.map(|p| dtype_tensor(on, p, &[p.len()], dtype));
+        let y = x
+            .batch_norm(torsh_backend::BatchNormConfig {
+                weight: Some(&weight),
+                bias: Some(&bias),
+                running_mean: Some(&mean),
+                running_var: Some(&var),
+                training,
+                momentum: Some(momentum),
+                eps: None,
+            })
+            .unwrap();
+        [y, mean, var]
+    };
+    let (got, want) = (run(be), run(&Backend::reference().unwrap()));
+    let name = format!("batch_norm {label} {shape:?} (training {training})");
+    for (what, (g, w)) in ["output", "running mean", "running var"]
+        .iter()
+        .zip(got.iter().zip(&want))
+    {
+        check_dtype(&format!("{name} {what}"), dtype, g, w);
+    }
+}
+
+#[test]
+fn batch_norm_covers_chunks_of_a_channel_and_channels_beyond_one_grid_dimension() {
+    if raw().is_none() {
+        return;
+    }
+    // Channels of 5 × 1 999 = 9 995 elements: three chunks at 256 threads (4 096 each, the last
+    // short), one at 32 (512 each: 20 chunks), the whole channel at a SIMD group's 8; and 70 001
+    // channels, beyond the 65 535 workgroups of one grid dimension.
+    let shapes: [&[usize]; 2] = [&[5, 3, 1_999], &[3, 70_001]];
+    for width in [Some(256), Some(32), Some(8)] {
+        let config = WebGpuBackendConfig {
+            row_workgroup_size: width,
+            ..Default::default()
+        };
+        let b = Backend::from_compute(Box::new(WebGpuBackend::new(config))).unwrap();
+        for shape in shapes {
+            let c = shape[1];
+            let host: Vec<f32> = (0..shape.iter().product::<usize>())
+                .map(|j| ((j as f32) * 0.713_2).sin() * 2.0 + (j % 7) as f32 * 0.25)
+                .collect();
+            let stat = |k: usize| -> Vec<f32> {
+                (0..c)
+                    .map(|ch| 0.6 + ((ch * 3 + k) as f32 * 0.41).cos().abs())
+                    .collect()
+            };
+            let params = [stat(0), stat(1), stat(2), stat(3)];
+            let params = [&params[0][..], &params[1], &params[2], &params[3]];
+            for training in [false, true] {
+                let label = format!("width {width:?}");
+                check_batch_norm(
+                    &b,
+                    &label,
+                    (&host, shape, DType::F32),
+                    params,
+                    training,
+                    0.25,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn row_widths_that_are_not_powers_of_two_are_refused() {
     if raw().is_none() {
@@ -2267,49 +2346,48 @@ fn leading_dim_reductions_larger_than_a_binding_combine_partials_of_blocks() {
 
 #[test]
 fn batch_norm_larger_than_a_binding_normalises_with_statistics_of_every_image() {
-    let binding = 256 << 10;
-    let Some(b) = with_binding(binding) else {
-        return;
-    };
-    let reference = Backend::reference().unwrap();
-    // 37 images of 3 channels of 11 × 97: 474 KB in f32, 237 KB in f16 (past the binding once
-    // staged or cast to f32). Channel means far from zero, and images whose means differ, test
-    // the combination of moments.
-    let (n, c, h, w) = (37, 3, 11, 97);
-    let host: Vec<f32> = (0..n * c * h * w)
-        .map(|i| {
-            let (image, ch) = (i / (c * h * w), (i / (h * w)) % c);
-            let offset = 4.0 * ch as f32 - 2.0 + 0.5 * (image % 5) as f32;
-            ((i as f32) * 0.381_966).sin() * (1.0 + ch as f32) + offset
-        })
-        .collect();
-    let params: Vec<f32> = vec![
-        1.5, -0.5, 0.75, 0.1, 0.2, -0.3, 0.5, 1.0, -1.0, 2.0, 0.5, 1.5,
-    ];
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for training in [true, false] {
-            let run = |be: &Backend| {
-                let x = dtype_tensor(be, &host, &[n, c, h, w], dtype);
-                let p = |k: usize| dtype_tensor(be, &params[3 * k..3 * k + 3], &[c], dtype);
-                let (weight, bias, mean, var) = (p(0), p(1), p(2), p(3));
-                let y = x
-                    .batch_norm(torsh_backend::BatchNormConfig {
-                        weight: Some(&weight),
-                        bias: Some(&bias),
-                        running_mean: Some(&mean),
-                        running_var: Some(&var),
-                        training,
-                        momentum: Some(0.3),
-                        eps: None,
-                    })
-                    .unwrap();
-                (y, mean, var)
-            };
-            let (got, want) = (run(&b), run(&reference));
-            let name = format!("batch_norm (training {training})");
-            check_dtype(&name, dtype, &got.0, &want.0);
-            check_dtype(&format!("{name} running mean"), dtype, &got.1, &want.1);
-            check_dtype(&format!("{name} running var"), dtype, &got.2, &want.2);
+    // 37 images of 3 channels of 11 × 97 on a 256 KiB binding: 474 KB in f32, 237 KB in f16 (past
+    // the binding once staged or cast to f32). And 3 rows of 12 000 channels on a 64 KiB binding:
+    // blocks of one row, each channel's block a single value whose variance is 0 (its unbiased
+    // variance 0 / 0), so the batch's variance is all between blocks. Channel means far from zero,
+    // and images whose means differ, test the combination of moments.
+    for (binding, shape) in [
+        (256 << 10, vec![37, 3, 11, 97]),
+        (64 << 10, vec![3, 12_000]),
+    ] {
+        let Some(b) = with_binding(binding) else {
+            return;
+        };
+        let (n, c) = (shape[0], shape[1]);
+        let image: usize = shape[1..].iter().product();
+        let spatial = image / c;
+        let host: Vec<f32> = (0..n * image)
+            .map(|i| {
+                let (im, ch) = (i / image, (i / spatial) % c);
+                let offset = 4.0 * (ch % 3) as f32 - 2.0 + 0.5 * (im % 5) as f32;
+                ((i as f32) * 0.381_966).sin() * (1.0 + (ch % 3) as f32) + offset
+            })
+            .collect();
+        // Weight, bias, running mean and running variance (positive), per channel.
+        let param = |k: usize| -> Vec<f32> {
+            (0..c)
+                .map(|ch| {
+                    let v = ((ch * 7 + k * 13) as f32 * 0.618_034).sin();
+                    if k == 3 {
+                        0.5 + v.abs()
+                    } else {
+                        v * 1.5
+                    }
+                })
+                .collect()
+        };
+        let params = [param(0), param(1), param(2), param(3)];
+        let params = [&params[0][..], &params[1], &params[2], &params[3]];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for training in [true, false] {
+                let data = (&host[..], &shape[..], dtype);
+                check_batch_norm(&b, "in blocks", data, params, training, 0.3);
+            }
         }
     }
 }

@@ -132,14 +132,18 @@ fn split_until<D>(
         .map(Some)
 }
 
-/// The fewest equal ranges `(start, len)` (2, 4, 8, ... of them) covering `0..total` that each
-/// pass `fits`; `None` when even ranges of one pass not.
+/// The fewest equal ranges `(start, len)` covering `0..total` that each pass `fits`, trying
+/// ranges of `total / 2`, `total / 4`, ... (rounded up) down to ranges of one; `None` when even
+/// ranges of one do not pass (or `total` is 0).
 pub(crate) fn blocks(
     total: usize,
     fits: impl Fn(usize, usize) -> Result<bool>,
 ) -> Result<Option<Vec<(usize, usize)>>> {
+    if total == 0 {
+        return Ok(None);
+    }
     let mut parts = 2;
-    while parts <= total {
+    loop {
         let step = total.div_ceil(parts);
         let ranges: Vec<(usize, usize)> = (0..total)
             .step_by(step)
@@ -152,9 +156,11 @@ pub(crate) fn blocks(
         if fit {
             return Ok(Some(ranges));
         }
-        parts *= 2;
+        if step == 1 {
+            return Ok(None);
+        }
+        parts = parts.saturating_mul(2);
     }
-    Ok(None)
 }
 
 /// [`split`] of an op whose input and output hold `step` dense elements per index of the split dim
@@ -687,5 +693,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn blocks_are_the_fewest_that_fit_down_to_single_indices_of_any_total() {
+        // Ranges of at most `most` pass.
+        let upto = |most: usize| move |_: usize, len: usize| Ok(len <= most);
+        let lens =
+            |r: Option<Vec<(usize, usize)>>| r.map(|r| r.iter().map(|b| b.1).collect::<Vec<_>>());
+        // Three indices, pairs too large: single ones (the doubling alone would stop at 2 parts).
+        assert_eq!(lens(blocks(3, upto(1)).unwrap()), Some(vec![1, 1, 1]));
+        assert_eq!(lens(blocks(5, upto(1)).unwrap()), Some(vec![1; 5]));
+        assert_eq!(lens(blocks(5, upto(2)).unwrap()), Some(vec![2, 2, 1]));
+        assert_eq!(
+            lens(blocks(37, upto(10)).unwrap()),
+            Some(vec![10, 10, 10, 7])
+        );
+        assert_eq!(lens(blocks(8, upto(4)).unwrap()), Some(vec![4, 4]));
+        // Even one index too large, or nothing to split: none.
+        assert_eq!(blocks(3, upto(0)).unwrap(), None);
+        assert_eq!(blocks(0, upto(1)).unwrap(), None);
+        // Every range is offered to `fits` at its own start.
+        let starts = std::cell::RefCell::new(Vec::new());
+        let fits = |start: usize, len: usize| {
+            starts.borrow_mut().push(start);
+            Ok(len <= 2)
+        };
+        blocks(5, fits).unwrap();
+        assert!(
+            starts.borrow().ends_with(&[0, 2, 4]),
+            "{:?}",
+            starts.borrow()
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: 2-D pooling (one invocation per
-//! output) and batch normalisation (one workgroup per channel), in f32, and in f16 where the device
+//! output) and batch normalisation (in training one workgroup per channel, in inference one
+//! invocation per element), in f32, and in f16 where the device
 //! has `SHADER_F16`. Other dtypes, misaligned operands and sizes beyond the kernels' 32-bit words
 //! answer [`Launch::Stage`].
 
@@ -93,6 +94,18 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
     Ok(Launch::Done)
 }
 
+/// Elements of a channel per workgroup of `wg` threads in inference, for channels of
+/// `per_channel` elements and grids of at most `limit` workgroups per dimension: with a GPU's wide
+/// workgroups (32 threads or more), chunks of 16 elements per thread, so that a tensor of few
+/// channels still fills the device; with a CPU implementation's workgroup of one SIMD group
+/// ([`super::context::row_threads_for`]), the whole channel, which measured fastest on lavapipe (a
+/// 70 MiB tensor of 16 channels: 23 ms, against 51–81 ms in chunks of 16 to 20 000 elements per
+/// thread). Never so small that the chunks exceed `limit`.
+fn infer_chunk(per_channel: usize, wg: usize, limit: usize) -> usize {
+    let chunk = if wg >= 32 { wg * 16 } else { per_channel };
+    chunk.max(per_channel.div_ceil(limit.max(1))).max(1)
+}
+
 /// Batch normalisation, training or inference, in f32, or f16 (f32 math) where the device has
 /// `SHADER_F16`.
 pub(crate) fn batch_norm(
@@ -133,9 +146,24 @@ pub(crate) fn batch_norm(
     ) else {
         return Ok(Launch::Stage);
     };
-    let Some(groups) = grid_rows(d.channels, gpu.limits.max_compute_workgroups_per_dimension)
-    else {
-        return Ok(Launch::Stage);
+    // Training: one workgroup per channel, which reduces it. Inference: workgroups of chunks of
+    // each channel ([`infer_chunk`]).
+    let limit = gpu.limits.max_compute_workgroups_per_dimension.max(1) as usize;
+    let wg = [("WG", u64::from(gpu.row_threads))];
+    let (entry, groups, chunk) = if d.training {
+        let Some(groups) = grid_rows(d.channels, limit as u32) else {
+            return Ok(Launch::Stage);
+        };
+        ("batch_norm", groups, 0)
+    } else {
+        let per_channel = d.batch * d.spatial;
+        let chunk = infer_chunk(per_channel, gpu.row_threads as usize, limit);
+        let chunks = per_channel.div_ceil(chunk);
+        let Some((y, z, _)) = grid_rows(d.channels, limit as u32) else {
+            return Ok(Launch::Stage);
+        };
+        // grid_rows gives (x ≤ limit, rows of x): here the channel grid's y and z.
+        ("batch_norm_infer", (chunks as u32, y, z), chunk)
     };
     let offset = |o: Option<(Binding<'_>, u32)>| o.map_or(0, |o| o.1 as usize);
     let Some(mut p) = words(&[
@@ -154,6 +182,7 @@ pub(crate) fn batch_norm(
         offset(bias),
         offset(mean),
         offset(var),
+        chunk,
     ]) else {
         return Ok(Launch::Stage);
     };
@@ -166,12 +195,31 @@ pub(crate) fn batch_norm(
         gpu,
         Dispatch {
             module,
-            entry: "batch_norm",
-            constants: &[("WG", u64::from(gpu.row_threads))],
+            entry,
+            constants: &wg,
             buffers: &[input, out.0, w_buf, b_buf, mean_buf, var_buf],
             params: &p,
             groups,
         },
     )?;
     Ok(Launch::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::infer_chunk;
+
+    #[test]
+    fn inference_chunks_fill_a_gpu_and_keep_a_cpu_implementation_to_one_per_channel() {
+        // A GPU's 256 threads: 4096 elements a chunk, and chunks never more than the grid holds.
+        assert_eq!(infer_chunk(1_000_000, 256, 65_535), 4096);
+        assert_eq!(infer_chunk(10, 256, 65_535), 4096);
+        assert_eq!(
+            infer_chunk(1 << 30, 256, 65_535),
+            (1usize << 30).div_ceil(65_535)
+        );
+        // A SIMD group per channel: the whole channel, whatever its size; never 0.
+        assert_eq!(infer_chunk(1_000_000, 8, 65_535), 1_000_000);
+        assert_eq!(infer_chunk(0, 8, 65_535), 1);
+    }
 }

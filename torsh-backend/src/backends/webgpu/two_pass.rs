@@ -11,9 +11,10 @@
 //! - variances from partial f32 means and biased variances, by Chan's formula;
 //! - arg-reductions from each block's extreme and its index, the first block holding the overall
 //!   extreme (or a NaN) winning, as the first index does in one pass;
-//! - batch norm's per-channel mean and variance from per-(image, channel) means and variances,
-//!   after which the host updates the running statistics and the device normalises block by
-//!   block in inference mode with the batch's statistics (as f32).
+//! - batch norm's per-channel mean and variance from each block's, which the one-pass kernel
+//!   computes in training mode with momentum 1 (so that its running statistics become the
+//!   block's), after which the host updates the running statistics and the device normalises
+//!   block by block in inference mode with the batch's statistics (as f32).
 //!
 //! 16-bit operands of sums, means, variances and batch norm are cast to f32 block by block before
 //! they are reduced or normalised, so no partial is rounded to 16 bits; their blocks are budgeted
@@ -22,8 +23,8 @@
 
 use crate::backends::reference::memory::{decode, decode_int, encode, encode_int};
 use crate::compute::{
-    Accesses, BatchNormDesc, CastDesc, ComputeBackend, DevicePtr, ReduceDesc, ReduceOp, StridedBuf,
-    Temporaries,
+    Accesses, BatchNormDesc, CastDesc, ComputeBackend, DevicePtr, FillDesc, ReduceDesc, ReduceOp,
+    StridedBuf, Temporaries,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -250,8 +251,8 @@ pub(crate) fn reduce(be: &WebGpuBackend, desc: &ReduceDesc) -> Result<()> {
 }
 
 /// `desc`, batch norm in training over an input larger than one binding, in two passes: the
-/// statistics from per-(image, channel) moments of blocks of images, then inference-mode
-/// normalisation of each block with them.
+/// statistics from the per-channel moments of blocks of images, then inference-mode normalisation
+/// of each block with them.
 pub(crate) fn batch_norm(be: &WebGpuBackend, desc: &BatchNormDesc) -> Result<()> {
     let (n, c, s) = (desc.batch, desc.channels, desc.spatial);
     let size = desc.dtype.size_in_bytes();
@@ -269,7 +270,15 @@ pub(crate) fn batch_norm(be: &WebGpuBackend, desc: &BatchNormDesc) -> Result<()>
         desc.dtype,
         n,
         widen(desc.dtype),
-        |start, len| batch_norm_images(desc, start, len)?.accesses(),
+        // The regions of a block, as inference (training refuses one value per channel, which a
+        // block of one image of one position is; pass one handles such a block without it).
+        |start, len| {
+            BatchNormDesc {
+                training: false,
+                ..batch_norm_images(desc, start, len)?
+            }
+            .accesses()
+        },
     )?;
     let temps = Temporaries::new(be);
     let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
@@ -290,36 +299,71 @@ pub(crate) fn batch_norm(be: &WebGpuBackend, desc: &BatchNormDesc) -> Result<()>
         }
     };
 
-    // Pass one: the mean and biased variance of every (image, channel).
-    let means = temps.alloc(n * c * 4)?;
-    let variances = temps.alloc(n * c * 4)?;
-    for &(start, len) in &ranges {
+    // Pass one: every block's per-channel mean and unbiased variance, by the one-pass kernel in
+    // training mode with momentum 1, whose running statistics (zeroed first) thus become the
+    // block's; it normalises into the output block (or the f32 scratch), which pass two overwrites.
+    let block_stats = || -> Result<DevicePtr> {
+        let ptr = temps.alloc(ranges.len() * c * 4)?;
+        be.fill(&FillDesc {
+            dtype: DType::F32,
+            ptr,
+            len: ranges.len() * c,
+            value: 0.0,
+        })?;
+        Ok(ptr)
+    };
+    let (means, variances) = (block_stats()?, block_stats()?);
+    for (b, &(start, len)) in ranges.iter().enumerate() {
         let input = as_f32(start, len)?;
-        for (op, ptr) in [
-            (ReduceOp::Mean, means),
-            (ReduceOp::Var { correction: 0 }, variances),
-        ] {
-            be.reduce(&ReduceDesc {
-                op,
-                dtype: DType::F32,
-                input: input.clone(),
-                axis: 2,
-                output: advance(ptr, start * c, 4)?,
-            })?;
+        if len * s == 1 {
+            // One value per channel (training refuses that): the values are the block's means,
+            // its variances stay 0.
+            be.copy_dtod(advance(means, b * c, 4)?, input.ptr, c * 4)?;
+            continue;
         }
+        let output = match scratch {
+            Some((_, f32_out)) => f32_out,
+            None => advance(desc.output, start * image, size)?,
+        };
+        be.batch_norm(&BatchNormDesc {
+            dtype: DType::F32,
+            input: input.ptr,
+            output,
+            batch: len,
+            weight: None,
+            bias: None,
+            running_mean: Some(advance(means, b * c, 4)?),
+            running_var: Some(advance(variances, b * c, 4)?),
+            training: true,
+            momentum: 1.0,
+            ..desc.clone()
+        })?;
     }
-    let (m, v) = (
-        read(be, means, DType::F32, n * c)?,
-        read(be, variances, DType::F32, n * c)?,
+    let (m, u) = (
+        read(be, means, DType::F32, ranges.len() * c)?,
+        read(be, variances, DType::F32, ranges.len() * c)?,
     );
+    // Chan's formula over the blocks, each of `len * s` values per channel; a block of one value
+    // has variance 0.
     let count = (n * s) as f64;
     let (mut mean, mut var, mut unbiased) = (vec![0.0; c], vec![0.0; c], vec![0.0; c]);
     for ch in 0..c {
-        let mu = (0..n).map(|i| m[i * c + ch]).sum::<f64>() / n as f64;
-        let squares: f64 = (0..n)
-            .map(|i| {
-                let d = m[i * c + ch] - mu;
-                s as f64 * (v[i * c + ch] + d * d)
+        let at = |values: &[f64], b: usize| values[b * c + ch];
+        let weight = |len: usize| (len * s) as f64;
+        let mu = ranges
+            .iter()
+            .enumerate()
+            .map(|(b, r)| weight(r.1) * at(&m, b))
+            .sum::<f64>()
+            / count;
+        let squares: f64 = ranges
+            .iter()
+            .enumerate()
+            .map(|(b, r)| {
+                let w = weight(r.1);
+                let within = if w > 1.0 { at(&u, b) * (w - 1.0) } else { 0.0 };
+                let d = at(&m, b) - mu;
+                within + w * d * d
             })
             .sum();
         mean[ch] = mu;
