@@ -178,6 +178,19 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
         node = helper.make_node(name, ["X", "axes"], ["Y"], keepdims=0)
         m = model([node], [tensor("X", dense)], [tensor("Y", (kept,))], [axes])
         return [Graph(m, {"X": x}, {"Y": np.empty((kept,), np.float32)}, name)]
+    if op == "batch_norm" and variant == "inference":
+        # [N, C, spatial] with per-channel scale, bias, mean and variance (training has no peer:
+        # onnxruntime's CPU build runs BatchNormalization in inference).
+        n, c, spatial = d["n"], d["c"], d["spatial"]
+        shape = (n, c, spatial)
+        inits = [numpy_helper.from_array(v.astype(np.float32), name) for name, v in (
+            ("scale", randn((c,), 2)), ("B", randn((c,), 3)), ("mean", randn((c,), 4)),
+            ("var", np.exp(randn((c,), 5))))]
+        node = helper.make_node("BatchNormalization", ["X", "scale", "B", "mean", "var"], ["Y"],
+                                epsilon=1e-5)
+        m = model([node], [tensor("X", shape)], [tensor("Y", shape)], inits, opset=15)
+        return [Graph(m, {"X": x.reshape(shape)}, {"Y": np.empty(shape, np.float32)},
+                      "BatchNormalization (opset 15, inference)")]
     if op == "cast":
         node = helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.BFLOAT16)
         m = model([node], [tensor("X", dense)], [tensor("Y", dense, TensorProto.BFLOAT16)])

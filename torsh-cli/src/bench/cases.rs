@@ -105,6 +105,11 @@ pub enum MemOp {
     SumColumns,
     /// Max over each row.
     Max,
+    /// Batch norm in training (batch statistics, running statistics updated), with weight and bias,
+    /// over `[rows, BATCH_NORM_CHANNELS, cols / BATCH_NORM_CHANNELS]`.
+    BatchNormTraining,
+    /// Batch norm in inference (running statistics), with weight and bias, over the same shape.
+    BatchNormInference,
     /// Cast to bf16.
     CastBf16,
     /// Fill with a constant (writes only).
@@ -125,11 +130,28 @@ impl MemOp {
             MemOp::LayerNorm => "layer_norm",
             MemOp::Sum | MemOp::SumColumns => "sum",
             MemOp::Max => "max",
+            MemOp::BatchNormTraining | MemOp::BatchNormInference => "batch_norm",
             MemOp::CastBf16 => "cast",
             MemOp::Fill => "fill",
         }
     }
+
+    /// The variant of the op's name worth naming in the JSON, where one name covers several ops.
+    fn variant(self) -> Option<&'static str> {
+        match self {
+            MemOp::CopyTransposed => Some("transposed"),
+            MemOp::CastBf16 => Some("to bf16"),
+            MemOp::SumColumns => Some("columns"),
+            MemOp::BatchNormTraining => Some("training"),
+            MemOp::BatchNormInference => Some("inference"),
+            _ => None,
+        }
+    }
 }
+
+/// Channels of the batch-norm cases: each row of their `[rows, cols]` tensor is one image of this
+/// many channels of `cols / BATCH_NORM_CHANNELS` positions (every scale's `cols` divides by it).
+pub const BATCH_NORM_CHANNELS: usize = 32;
 
 /// The op of a case with its sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,7 +218,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 16] = [
+pub const OP_NAMES: [&str; 17] = [
     "matmul",
     "memcpy",
     "copy",
@@ -206,6 +228,7 @@ pub const OP_NAMES: [&str; 16] = [
     "gelu",
     "softmax",
     "layer_norm",
+    "batch_norm",
     "sum",
     "max",
     "cast",
@@ -297,18 +320,7 @@ impl Case {
         match self.op {
             _ if self.target == Target::Tf32 => Some("tf32"),
             Op::Attention { causal: true, .. } => Some("causal"),
-            Op::Memory {
-                op: MemOp::CopyTransposed,
-                ..
-            } => Some("transposed"),
-            Op::Memory {
-                op: MemOp::CastBf16,
-                ..
-            } => Some("to bf16"),
-            Op::Memory {
-                op: MemOp::SumColumns,
-                ..
-            } => Some("columns"),
+            Op::Memory { op, .. } => op.variant(),
             Op::Conv2d { c, groups, .. } if groups == c && c > 1 => Some("depthwise"),
             _ => None,
         }
@@ -323,6 +335,18 @@ impl Case {
                 MemOp::CopyTransposed => format!("{rows}x{cols} .t()"),
                 MemOp::CastBf16 => format!("{rows}x{cols} -> bf16"),
                 MemOp::SumColumns => format!("{rows}x{cols} cols"),
+                MemOp::BatchNormTraining => {
+                    format!(
+                        "{rows}x{BATCH_NORM_CHANNELS}x{} train",
+                        cols / BATCH_NORM_CHANNELS
+                    )
+                }
+                MemOp::BatchNormInference => {
+                    format!(
+                        "{rows}x{BATCH_NORM_CHANNELS}x{} infer",
+                        cols / BATCH_NORM_CHANNELS
+                    )
+                }
                 MemOp::Softmax | MemOp::LayerNorm | MemOp::Sum | MemOp::Max => {
                     format!("{rows}x{cols} rows")
                 }
@@ -354,6 +378,14 @@ impl Case {
     pub fn dims_json(&self) -> Value {
         match self.op {
             Op::Matmul { m, n, k } => json!({"m": m, "n": n, "k": k}),
+            Op::Memory {
+                op: MemOp::BatchNormTraining | MemOp::BatchNormInference,
+                rows,
+                cols,
+            } => json!({
+                "rows": rows, "cols": cols, "n": rows, "c": BATCH_NORM_CHANNELS,
+                "spatial": cols / BATCH_NORM_CHANNELS,
+            }),
             Op::Memory { rows, cols, .. } => json!({"rows": rows, "cols": cols}),
             Op::Attention { b, h, s, d, causal } => {
                 json!({"batch": b, "heads": h, "seq_q": s, "seq_kv": s, "head_dim": d, "causal": causal})

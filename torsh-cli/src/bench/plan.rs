@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 14] = [
+const MEMORY_OPS: [MemOp; 16] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -46,6 +46,8 @@ const MEMORY_OPS: [MemOp; 14] = [
     MemOp::Gelu,
     MemOp::Softmax,
     MemOp::LayerNorm,
+    MemOp::BatchNormTraining,
+    MemOp::BatchNormInference,
     MemOp::Sum,
     MemOp::SumColumns,
     MemOp::Max,

@@ -6,13 +6,14 @@
 //! measure the kernel's traffic and not the allocator or the page faults of a fresh 64 MiB buffer.
 
 use torsh_backend::compute::{
-    BinaryDesc, CastDesc, FillDesc, LayerNormDesc, ReduceDesc, SoftmaxDesc, StridedBuf, UnaryDesc,
+    BatchNormDesc, BinaryDesc, CastDesc, FillDesc, LayerNormDesc, ReduceDesc, SoftmaxDesc,
+    StridedBuf, UnaryDesc,
 };
 use torsh_backend::{
     AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
 };
 
-use super::cases::{Case, MemOp, Op, Runner};
+use super::cases::{Case, MemOp, Op, Runner, BATCH_NORM_CHANNELS};
 
 /// An error of ours as text.
 fn text(e: BackendError) -> String {
@@ -185,6 +186,32 @@ fn memory(
             Box::new(move || {
                 let _keep = (&x, &out);
                 b.compute().layer_norm(&desc).map_err(text)
+            })
+        }
+        MemOp::BatchNormTraining | MemOp::BatchNormInference => {
+            let out = dense_out()?;
+            let c = BATCH_NORM_CHANNELS;
+            let per_channel = || backend.randn(&[c], dt);
+            let (weight, bias, mean) = (per_channel()?, per_channel()?, per_channel()?);
+            let var = per_channel()?.exp()?;
+            let desc = BatchNormDesc {
+                dtype: dt,
+                input: x.data_ptr(),
+                output: out.data_ptr(),
+                batch: rows,
+                channels: c,
+                spatial: cols / c,
+                weight: Some(weight.data_ptr()),
+                bias: Some(bias.data_ptr()),
+                running_mean: Some(mean.data_ptr()),
+                running_var: Some(var.data_ptr()),
+                training: op == MemOp::BatchNormTraining,
+                momentum: 0.1,
+                eps: 1e-5,
+            };
+            Box::new(move || {
+                let _keep = (&x, &out, &weight, &bias, &mean, &var);
+                b.compute().batch_norm(&desc).map_err(text)
             })
         }
         MemOp::Sum | MemOp::Max => {
