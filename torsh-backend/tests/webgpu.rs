@@ -694,8 +694,8 @@ fn batch_norm_covers_chunks_of_a_channel_and_channels_beyond_one_grid_dimension(
         return;
     }
     // Channels of 5 × 1 999 = 9 995 elements: three chunks at 256 threads (4 096 each, the last
-    // short), one at 32 (512 each: 20 chunks), the whole channel at a SIMD group's 8; and 70 001
-    // channels, beyond the 65 535 workgroups of one grid dimension.
+    // short), 20 at 32 (512 each), so training runs in three launches; the whole channel at a SIMD
+    // group's 8, in one; and 70 001 channels, beyond the 65 535 workgroups of one grid dimension.
     let shapes: [&[usize]; 2] = [&[5, 3, 1_999], &[3, 70_001]];
     for width in [Some(256), Some(32), Some(8)] {
         let config = WebGpuBackendConfig {
@@ -705,8 +705,13 @@ fn batch_norm_covers_chunks_of_a_channel_and_channels_beyond_one_grid_dimension(
         let b = Backend::from_compute(Box::new(WebGpuBackend::new(config))).unwrap();
         for shape in shapes {
             let c = shape[1];
+            // Images whose means differ, so that chunks of a channel do too.
+            let image: usize = shape[1..].iter().product();
             let host: Vec<f32> = (0..shape.iter().product::<usize>())
-                .map(|j| ((j as f32) * 0.713_2).sin() * 2.0 + (j % 7) as f32 * 0.25)
+                .map(|j| {
+                    let wave = ((j as f32) * 0.713_2).sin() * 2.0 + (j % 7) as f32 * 0.25;
+                    wave + 1.5 * (j / image) as f32
+                })
                 .collect();
             let stat = |k: usize| -> Vec<f32> {
                 (0..c)
@@ -715,16 +720,19 @@ fn batch_norm_covers_chunks_of_a_channel_and_channels_beyond_one_grid_dimension(
             };
             let params = [stat(0), stat(1), stat(2), stat(3)];
             let params = [&params[0][..], &params[1], &params[2], &params[3]];
-            for training in [false, true] {
-                let label = format!("width {width:?}");
-                check_batch_norm(
-                    &b,
-                    &label,
-                    (&host, shape, DType::F32),
-                    params,
-                    training,
-                    0.25,
-                );
+            // Every dtype on the chunked channels (f16 natively where the adapter has
+            // shader-f16, bf16 on f32 copies), f32 on the many channels.
+            let dtypes: &[DType] = if shape.len() == 3 {
+                &[DType::F32, DType::F16, DType::BF16]
+            } else {
+                &[DType::F32]
+            };
+            for &dtype in dtypes {
+                for training in [false, true] {
+                    let label = format!("width {width:?}");
+                    let data = (&host[..], shape, dtype);
+                    check_batch_norm(&b, &label, data, params, training, 0.25);
+                }
             }
         }
     }

@@ -152,11 +152,11 @@ pub(crate) const POOL: Module = wgsl!("pool.wgsl", 2, ["elem_f32.wgsl", "pool.wg
 /// [`POOL`] on f16 elements, for devices with `SHADER_F16`.
 pub(crate) const POOL_F16: Module = wgsl!("pool.wgsl+f16", 2, ["elem_f16.wgsl", "pool.wgsl"]);
 
-/// `shaders/batch_norm.wgsl`: batch norm (input, output, weight, bias, running mean and variance) on
-/// f32 elements, combining through a tree in workgroup memory.
+/// `shaders/batch_norm.wgsl`: batch norm (input, output, weight, bias, running mean and variance, and
+/// f32 partial statistics) on f32 elements, combining through a tree in workgroup memory.
 pub(crate) const BATCH_NORM: Module = wgsl!(
     "batch_norm.wgsl",
-    6,
+    7,
     [
         "elem_f32.wgsl",
         "combine_tree.wgsl",
@@ -168,7 +168,7 @@ pub(crate) const BATCH_NORM: Module = wgsl!(
 /// [`BATCH_NORM`] combining through subgroup operations.
 pub(crate) const BATCH_NORM_SUBGROUP: Module = wgsl!(
     "batch_norm.wgsl+subgroups",
-    6,
+    7,
     [
         "elem_f32.wgsl",
         "combine_subgroup.wgsl",
@@ -180,7 +180,7 @@ pub(crate) const BATCH_NORM_SUBGROUP: Module = wgsl!(
 /// [`BATCH_NORM`] on f16 elements, for devices with `SHADER_F16`.
 pub(crate) const BATCH_NORM_F16: Module = wgsl!(
     "batch_norm.wgsl+f16",
-    6,
+    7,
     [
         "elem_f16.wgsl",
         "combine_tree.wgsl",
@@ -192,7 +192,7 @@ pub(crate) const BATCH_NORM_F16: Module = wgsl!(
 /// [`BATCH_NORM_SUBGROUP`] on f16 elements.
 pub(crate) const BATCH_NORM_F16_SUBGROUP: Module = wgsl!(
     "batch_norm.wgsl+f16+subgroups",
-    6,
+    7,
     [
         "elem_f16.wgsl",
         "combine_subgroup.wgsl",

@@ -1,6 +1,6 @@
 //! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: 2-D pooling (one invocation per
-//! output) and batch normalisation (in training one workgroup per channel, in inference one
-//! invocation per element), in f32, and in f16 where the device
+//! output) and batch normalisation (workgroups over chunks of each channel, or one per channel), in
+//! f32, and in f16 where the device
 //! has `SHADER_F16`. Other dtypes, misaligned operands and sizes beyond the kernels' 32-bit words
 //! answer [`Launch::Stage`].
 
@@ -94,14 +94,14 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
     Ok(Launch::Done)
 }
 
-/// Elements of a channel per workgroup of `wg` threads in inference, for channels of
+/// Elements of a channel per workgroup of `wg` threads (a chunk), for channels of
 /// `per_channel` elements and grids of at most `limit` workgroups per dimension: with a GPU's wide
 /// workgroups (32 threads or more), chunks of 16 elements per thread, so that a tensor of few
-/// channels still fills the device; with a CPU implementation's workgroup of one SIMD group
+/// channels still fills the device (in training too, then in three launches); with a CPU implementation's workgroup of one SIMD group
 /// ([`super::context::row_threads_for`]), the whole channel, which measured fastest on lavapipe (a
 /// 70 MiB tensor of 16 channels: 23 ms, against 51–81 ms in chunks of 16 to 20 000 elements per
 /// thread). Never so small that the chunks exceed `limit`.
-fn infer_chunk(per_channel: usize, wg: usize, limit: usize) -> usize {
+fn chunk_len(per_channel: usize, wg: usize, limit: usize) -> usize {
     let chunk = if wg >= 32 { wg * 16 } else { per_channel };
     chunk.max(per_channel.div_ceil(limit.max(1))).max(1)
 }
@@ -146,25 +146,21 @@ pub(crate) fn batch_norm(
     ) else {
         return Ok(Launch::Stage);
     };
-    // Training: one workgroup per channel, which reduces it. Inference: workgroups of chunks of
-    // each channel ([`infer_chunk`]).
+    // Chunks of each channel ([`chunk_len`]): several (a GPU) run training in three launches and
+    // inference over a grid of chunks; one (a CPU implementation, or a small channel) runs training
+    // in one launch of a workgroup per channel.
     let limit = gpu.limits.max_compute_workgroups_per_dimension.max(1) as usize;
-    let wg = [("WG", u64::from(gpu.row_threads))];
-    let (entry, groups, chunk) = if d.training {
-        let Some(groups) = grid_rows(d.channels, limit as u32) else {
-            return Ok(Launch::Stage);
-        };
-        ("batch_norm", groups, 0)
-    } else {
-        let per_channel = d.batch * d.spatial;
-        let chunk = infer_chunk(per_channel, gpu.row_threads as usize, limit);
-        let chunks = per_channel.div_ceil(chunk);
-        let Some((y, z, _)) = grid_rows(d.channels, limit as u32) else {
-            return Ok(Launch::Stage);
-        };
-        // grid_rows gives (x ≤ limit, rows of x): here the channel grid's y and z.
-        ("batch_norm_infer", (chunks as u32, y, z), chunk)
+    let per_channel = d.batch * d.spatial;
+    let chunk = chunk_len(per_channel, gpu.row_threads as usize, limit);
+    let chunks = per_channel.div_ceil(chunk);
+    let Some((cy, cz, _)) = grid_rows(d.channels, limit as u32) else {
+        return Ok(Launch::Stage);
     };
+    // Per (chunk, channel): grid_rows gives the channels as (x ≤ limit, rows of x), here y and z.
+    let chunked = (chunks as u32, cy, cz);
+    // The chunks' moments and the batch's statistics, f32 (see `shaders/batch_norm.wgsl`).
+    let partial_bytes = 4 * (2 * d.channels * chunks + 2 * d.channels) as u64;
+    let three_launches = d.training && chunks > 1 && partial_bytes <= mem.binding_limit().bytes;
     let offset = |o: Option<(Binding<'_>, u32)>| o.map_or(0, |o| o.1 as usize);
     let Some(mut p) = words(&[
         d.batch,
@@ -183,6 +179,8 @@ pub(crate) fn batch_norm(
         offset(mean),
         offset(var),
         chunk,
+        chunks,
+        usize::from(three_launches),
     ]) else {
         return Ok(Launch::Stage);
     };
@@ -191,35 +189,63 @@ pub(crate) fn batch_norm(
     let input = x.0;
     let [w_buf, b_buf, mean_buf, var_buf] =
         [weight, bias, mean, var].map(|o| o.map_or(input, |o| o.0));
-    kernels.dispatch(
-        gpu,
-        Dispatch {
-            module,
-            entry,
-            constants: &wg,
-            buffers: &[input, out.0, w_buf, b_buf, mean_buf, var_buf],
-            params: &p,
-            groups,
-        },
-    )?;
+    // Dropped once encoded: wgpu keeps it alive until the launches that use it have run.
+    let scratch = three_launches.then(|| {
+        gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("batch_norm partial statistics"),
+            size: partial_bytes,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    });
+    let partials = scratch.as_ref().map_or(input, Binding::whole);
+    let buffers = [input, out.0, w_buf, b_buf, mean_buf, var_buf, partials];
+    let wg = [("WG", u64::from(gpu.row_threads))];
+    let launches: &[(&str, (u32, u32, u32))] = if three_launches {
+        &[
+            ("batch_norm_moments", chunked),
+            ("batch_norm_stats", grid_1d(d.channels, limit as u32)?),
+            ("batch_norm_infer", chunked),
+        ]
+    } else if d.training {
+        let Some(groups) = grid_rows(d.channels, limit as u32) else {
+            return Ok(Launch::Stage);
+        };
+        &[("batch_norm", groups)]
+    } else {
+        &[("batch_norm_infer", chunked)]
+    };
+    for &(entry, groups) in launches {
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module,
+                entry,
+                constants: &wg,
+                buffers: &buffers,
+                params: &p,
+                groups,
+            },
+        )?;
+    }
     Ok(Launch::Done)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::infer_chunk;
+    use super::chunk_len;
 
     #[test]
-    fn inference_chunks_fill_a_gpu_and_keep_a_cpu_implementation_to_one_per_channel() {
+    fn chunks_fill_a_gpu_and_keep_a_cpu_implementation_to_one_per_channel() {
         // A GPU's 256 threads: 4096 elements a chunk, and chunks never more than the grid holds.
-        assert_eq!(infer_chunk(1_000_000, 256, 65_535), 4096);
-        assert_eq!(infer_chunk(10, 256, 65_535), 4096);
+        assert_eq!(chunk_len(1_000_000, 256, 65_535), 4096);
+        assert_eq!(chunk_len(10, 256, 65_535), 4096);
         assert_eq!(
-            infer_chunk(1 << 30, 256, 65_535),
+            chunk_len(1 << 30, 256, 65_535),
             (1usize << 30).div_ceil(65_535)
         );
         // A SIMD group per channel: the whole channel, whatever its size; never 0.
-        assert_eq!(infer_chunk(1_000_000, 8, 65_535), 1_000_000);
-        assert_eq!(infer_chunk(0, 8, 65_535), 1);
+        assert_eq!(chunk_len(1_000_000, 8, 65_535), 1_000_000);
+        assert_eq!(chunk_len(0, 8, 65_535), 1);
     }
 }

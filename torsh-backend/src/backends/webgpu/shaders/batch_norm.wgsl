@@ -1,16 +1,25 @@
 // Batch normalisation over contiguous [batch, channels, spatial] tensors of `elem` (f32, or f16 on
 // devices with shader-f16: `elem_f32.wgsl` / `elem_f16.wgsl`; f32 math, each stored value rounded
-// once). `batch_norm`, training: one workgroup of WG threads per channel (`combine.wgsl`), which
-// takes the channel's mean and biased variance in two passes combined with `wg_sum`, normalises the
-// output with them and updates the running statistics with the unbiased variance
-// (torch.nn.BatchNorm semantics). `batch_norm_infer`, inference: a grid of (chunk, channel)
-// workgroups normalising with the running statistics (or mean 0 and variance 1 without them). A
-// thread walks its channel's (image, position) pairs WG apart, advancing both without division.
+// once), torch.nn.BatchNorm semantics: training normalises with the batch's mean and biased variance
+// and updates the running statistics with the unbiased variance; inference normalises with the
+// running statistics (or mean 0 and variance 1 without them).
+// - `batch_norm`, training in one launch: one workgroup of WG threads per channel (`combine.wgsl`)
+//   takes the channel's mean and variance in two passes combined with `wg_sum`, then normalises.
+// - Training in three launches, for channels of several chunks (a GPU): `batch_norm_moments`, a
+//   workgroup per (chunk, channel), writes each chunk's mean and sum of squared deviations to
+//   `partials`; `batch_norm_stats`, an invocation per channel, combines them (Chan et al.) into the
+//   batch's statistics in `partials` and updates the running ones; `batch_norm_infer` normalises
+//   with them.
+// - `batch_norm_infer`, inference: a grid of (chunk, channel) workgroups.
+// A thread walks its channel's (image, position) pairs WG apart, advancing both without division.
 //
 // Parameter words (`p`): [0] batch, [1] channels, [2] spatial, [3] training, [4] has weight,
 // [5] has bias, [6] has running stats, [7] momentum and [8] eps as f32 bits, then element offsets:
 // [9] input, [10] output, [11] weight, [12] bias, [13] running mean, [14] running var; [15] the
-// elements of a channel per workgroup (`batch_norm_infer`).
+// elements of a chunk of a channel, [16] chunks per channel, [17] 1 when `batch_norm_infer` takes
+// the batch's statistics from `partials`. `partials` holds the (mean, squared deviations) of chunk k
+// of channel ch at 2 * (ch * chunks + k), then the batch's means and biased variances of every
+// channel at 2 * channels * chunks.
 
 @group(0) @binding(0) var<storage, read_write> x: array<elem>;
 @group(0) @binding(1) var<storage, read_write> out: array<elem>;
@@ -18,7 +27,8 @@
 @group(0) @binding(3) var<storage, read_write> bias: array<elem>;
 @group(0) @binding(4) var<storage, read_write> running_mean: array<elem>;
 @group(0) @binding(5) var<storage, read_write> running_var: array<elem>;
-@group(0) @binding(6) var<storage, read> p: array<u32>;
+@group(0) @binding(6) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(7) var<storage, read> p: array<u32>;
 
 // The offset, within the input, of the channel's element `j` of `count` (j = image * s + position):
 // `walk.x` is the image, `walk.y` the position; `step` advances it by WG elements.
@@ -60,6 +70,44 @@ fn normalised(v: f32, norm: Norm) -> f32 {
     return (v - norm.mean) * norm.inv * norm.scale + norm.shift;
 }
 
+// Moves channel `ch`'s running statistics, where there are any, towards the batch's `mean` and the
+// unbiased variance of its `count` values whose squared deviations sum to `squares`.
+fn update_running(ch: u32, mean: f32, squares: f32, count: u32) {
+    if (p[6] != 0u) {
+        let momentum = bitcast<f32>(p[7]);
+        let unbiased = squares / (f32(count) - 1.0);
+        let old_mean = load_elem(running_mean[p[13] + ch]);
+        let old_var = load_elem(running_var[p[14] + ch]);
+        running_mean[p[13] + ch] = store_elem(fma(momentum, mean, (1.0 - momentum) * old_mean));
+        running_var[p[14] + ch] = store_elem(fma(momentum, unbiased, (1.0 - momentum) * old_var));
+    }
+}
+
+// The mean of the `len` values of channel `ch` from its value `begin` on, and the sum of their
+// squared deviations from it: two passes, each combined over the workgroup with `wg_sum` (so every
+// thread of the workgroup calls this, thread `t` taking every WG-th value).
+fn chunk_moments(ch: u32, begin: u32, len: u32, t: u32) -> vec2<f32> {
+    let c = p[1];
+    let s = p[2];
+    let start = vec2<u32>((begin + t) / s, (begin + t) % s);
+    let step = vec2<u32>(WG / s, WG % s);
+    var acc = 0.0;
+    var walk = start;
+    for (var j = t; j < len; j += WG) {
+        acc += load_elem(x[p[9] + channel_at(walk, ch, c, s)]);
+        walk = advance(walk, step, s);
+    }
+    let mean = wg_sum(acc, t) / f32(len);
+    var q = 0.0;
+    walk = start;
+    for (var j = t; j < len; j += WG) {
+        let d = load_elem(x[p[9] + channel_at(walk, ch, c, s)]) - mean;
+        q = fma(d, d, q);
+        walk = advance(walk, step, s);
+    }
+    return vec2<f32>(mean, wg_sum(q, t));
+}
+
 @compute @workgroup_size(WG)
 fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
               @builtin(local_invocation_index) t: u32) {
@@ -70,34 +118,15 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     }
     let s = p[2];
     let count = p[0] * s;
-    let start = vec2<u32>(t / s, t % s);
+    let moments = chunk_moments(ch, 0u, count, t);
+    let mean = moments.x;
+    let squares = moments.y;
+    if (t == 0u) {
+        update_running(ch, mean, squares, count);
+    }
+    let norm = channel_norm(ch, mean, squares / f32(count));
+    var walk = vec2<u32>(t / s, t % s);
     let step = vec2<u32>(WG / s, WG % s);
-    var acc = 0.0;
-    var walk = start;
-    for (var j = t; j < count; j += WG) {
-        acc += load_elem(x[p[9] + channel_at(walk, ch, c, s)]);
-        walk = advance(walk, step, s);
-    }
-    let mean = wg_sum(acc, t) / f32(count);
-    var q = 0.0;
-    walk = start;
-    for (var j = t; j < count; j += WG) {
-        let d = load_elem(x[p[9] + channel_at(walk, ch, c, s)]) - mean;
-        q = fma(d, d, q);
-        walk = advance(walk, step, s);
-    }
-    let squares = wg_sum(q, t);
-    let variance = squares / f32(count);
-    if (t == 0u && p[6] != 0u) {
-        let momentum = bitcast<f32>(p[7]);
-        let unbiased = squares / (f32(count) - 1.0);
-        let old_mean = load_elem(running_mean[p[13] + ch]);
-        let old_var = load_elem(running_var[p[14] + ch]);
-        running_mean[p[13] + ch] = store_elem(fma(momentum, mean, (1.0 - momentum) * old_mean));
-        running_var[p[14] + ch] = store_elem(fma(momentum, unbiased, (1.0 - momentum) * old_var));
-    }
-    let norm = channel_norm(ch, mean, variance);
-    walk = start;
     for (var j = t; j < count; j += WG) {
         let at = channel_at(walk, ch, c, s);
         out[p[10] + at] = store_elem(normalised(load_elem(x[p[9] + at]), norm));
@@ -124,7 +153,10 @@ fn batch_norm_infer(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         return;
     }
     var norm = channel_norm(ch, 0.0, 1.0);
-    if (p[6] != 0u) {
+    if (p[17] != 0u) {
+        let stats = 2u * c * p[16];
+        norm = channel_norm(ch, partials[stats + ch], partials[stats + c + ch]);
+    } else if (p[6] != 0u) {
         norm = channel_norm(ch, load_elem(running_mean[p[13] + ch]), load_elem(running_var[p[14] + ch]));
     }
     var j = first;
@@ -139,4 +171,56 @@ fn batch_norm_infer(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         j += WG;
         walk = advance(walk, step, s);
     }
+}
+
+// Training, step 1: workgroup (k, y + z * groups.y) takes chunk k of that channel's values: their
+// mean and the sum of their squared deviations from it, in two passes combined with `wg_sum`.
+@compute @workgroup_size(WG)
+fn batch_norm_moments(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                      @builtin(local_invocation_index) t: u32) {
+    let ch = wid.y + wid.z * groups.y;
+    let c = p[1];
+    let s = p[2];
+    let count = p[0] * s;
+    let begin = wid.x * p[15];
+    // Both exits are the same for the whole workgroup, so every thread that goes on reaches the
+    // barriers of `wg_sum`.
+    if (ch >= c || begin >= count) {
+        return;
+    }
+    let moments = chunk_moments(ch, begin, min(p[15], count - begin), t);
+    if (t == 0u) {
+        let at = 2u * (ch * p[16] + wid.x);
+        partials[at] = moments.x;
+        partials[at + 1u] = moments.y;
+    }
+}
+
+// Training, step 2: invocation ch combines its channel's chunks in order (Chan et al.) into the
+// batch's mean and biased variance, and updates the running statistics as `batch_norm` does.
+@compute @workgroup_size(256)
+fn batch_norm_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let ch = (wid.x + wid.y * groups.x) * 256u + lid;
+    let c = p[1];
+    if (ch >= c) {
+        return;
+    }
+    let count = p[0] * p[2];
+    var n = 0.0;
+    var mean = 0.0;
+    var squares = 0.0;
+    for (var k = 0u; k < p[16]; k++) {
+        let at = 2u * (ch * p[16] + k);
+        let len = f32(min(p[15], count - k * p[15]));
+        let total = n + len;
+        let delta = partials[at] - mean;
+        mean += delta * (len / total);
+        squares += partials[at + 1u] + delta * delta * (n * len / total);
+        n = total;
+    }
+    let stats = 2u * c * p[16];
+    partials[stats + ch] = mean;
+    partials[stats + c + ch] = squares / f32(count);
+    update_running(ch, mean, squares, count);
 }
