@@ -739,6 +739,47 @@ fn batch_norm_covers_chunks_of_a_channel_and_channels_beyond_one_grid_dimension(
 }
 
 #[test]
+fn batch_norm_in_three_launches_replays_from_a_captured_graph_as_eagerly() {
+    if raw().is_none() {
+        return;
+    }
+    // The GPU configuration: training over chunks in three launches, whose partial statistics live
+    // in a buffer of the launch's own, submitted together with the rest of the graph.
+    let config = WebGpuBackendConfig {
+        row_workgroup_size: Some(256),
+        ..Default::default()
+    };
+    let b = Backend::from_compute(Box::new(WebGpuBackend::new(config))).unwrap();
+    let x = b.randn(&[6, 2, 2_000], DType::F32).unwrap();
+    let mean = b.zeros(&[2], DType::F32).unwrap();
+    let var = b.ones(&[2], DType::F32).unwrap();
+    let run = |x: &torsh_backend::Tensor| {
+        x.batch_norm(torsh_backend::BatchNormConfig {
+            running_mean: Some(&mean),
+            running_var: Some(&var),
+            training: true,
+            ..Default::default()
+        })
+    };
+    let graph = b.capture_graph(|| run(&x)).unwrap();
+    let fresh = b.randn(&[6, 2, 2_000], DType::F32).unwrap();
+    let (mean0, var0) = (mean.to_vec::<f32>().unwrap(), var.to_vec::<f32>().unwrap());
+    let replayed = b
+        .launch_graph(&graph, &[fresh.clone(), mean.clone(), var.clone()])
+        .unwrap();
+    let (mean1, var1) = (mean.to_vec::<f32>().unwrap(), var.to_vec::<f32>().unwrap());
+    // Eagerly, from the same running statistics as the replay started with.
+    mean.copy_from(&b.from_slice(&mean0, &[2]).unwrap())
+        .unwrap();
+    var.copy_from(&b.from_slice(&var0, &[2]).unwrap()).unwrap();
+    let eager = run(&fresh).unwrap();
+    assert_eq!(replayed[0].to_bytes().unwrap(), eager.to_bytes().unwrap());
+    assert_eq!(mean.to_vec::<f32>().unwrap(), mean1);
+    assert_eq!(var.to_vec::<f32>().unwrap(), var1);
+    assert_ne!(mean1, mean0, "the running mean moved");
+}
+
+#[test]
 fn row_widths_that_are_not_powers_of_two_are_refused() {
     if raw().is_none() {
         return;
