@@ -108,6 +108,19 @@ fn chunk_moments(ch: u32, begin: u32, len: u32, t: u32) -> vec2<f32> {
     return vec2<f32>(mean, wg_sum(q, t));
 }
 
+// Workgroup (x, y + z * groups.y) of a (chunk, channel) grid: its channel, the first value of its
+// chunk x within the channel, and the chunk's length (p[15], shorter at the channel's end; 0 past
+// the channels or the channel's end). The same for every thread of the workgroup.
+fn chunk_of(wid: vec3<u32>, groups: vec3<u32>) -> vec3<u32> {
+    let ch = wid.y + wid.z * groups.y;
+    let count = p[0] * p[2];
+    let begin = wid.x * p[15];
+    if (ch >= p[1] || begin >= count) {
+        return vec3<u32>(ch, begin, 0u);
+    }
+    return vec3<u32>(ch, begin, min(p[15], count - begin));
+}
+
 @compute @workgroup_size(WG)
 fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
               @builtin(local_invocation_index) t: u32) {
@@ -140,18 +153,15 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
 @compute @workgroup_size(WG)
 fn batch_norm_infer(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                     @builtin(local_invocation_index) t: u32) {
-    let ch = wid.y + wid.z * groups.y;
+    let chunk = chunk_of(wid, groups);
+    if (t >= chunk.z) {
+        return;
+    }
+    let ch = chunk.x;
     let c = p[1];
     let s = p[2];
-    let count = p[0] * s;
-    let first = wid.x * p[15] + t;
-    if (ch >= c || wid.x * p[15] >= count) {
-        return;
-    }
-    let end = wid.x * p[15] + min(p[15], count - wid.x * p[15]);
-    if (first >= end) {
-        return;
-    }
+    let first = chunk.y + t;
+    let end = chunk.y + chunk.z;
     var norm = channel_norm(ch, 0.0, 1.0);
     if (p[17] != 0u) {
         let stats = 2u * c * p[16];
@@ -178,19 +188,15 @@ fn batch_norm_infer(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
 @compute @workgroup_size(WG)
 fn batch_norm_moments(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                       @builtin(local_invocation_index) t: u32) {
-    let ch = wid.y + wid.z * groups.y;
-    let c = p[1];
-    let s = p[2];
-    let count = p[0] * s;
-    let begin = wid.x * p[15];
-    // Both exits are the same for the whole workgroup, so every thread that goes on reaches the
-    // barriers of `wg_sum`.
-    if (ch >= c || begin >= count) {
+    let chunk = chunk_of(wid, groups);
+    // The same exit for the whole workgroup, so every thread that goes on reaches the barriers of
+    // `wg_sum`.
+    if (chunk.z == 0u) {
         return;
     }
-    let moments = chunk_moments(ch, begin, min(p[15], count - begin), t);
+    let moments = chunk_moments(chunk.x, chunk.y, chunk.z, t);
     if (t == 0u) {
-        let at = 2u * (ch * p[16] + wid.x);
+        let at = 2u * (chunk.x * p[16] + wid.x);
         partials[at] = moments.x;
         partials[at + 1u] = moments.y;
     }
