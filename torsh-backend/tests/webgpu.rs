@@ -2519,3 +2519,144 @@ fn views_far_apart_in_one_allocation_are_bound_through_windows_of_their_own() {
         check_close(name, g, w);
     }
 }
+
+/// `len` values of a fixed pseudo-random sequence in about [-2, 2], none zero in practice.
+fn wave(len: usize, phase: f32) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i as f32) * 0.734_271 + phase).sin() * 2.0 + 0.01)
+        .collect()
+}
+
+#[test]
+fn gemms_whose_operands_each_exceed_a_binding_cut_rows_columns_and_the_inner_dim() {
+    // On a 64 KiB binding, A (131 × 257 stored, plus 3 rows of gap) and B (257 × 199, plus 2) are
+    // each larger than a binding even in f16, so whichever way they are transposed no block of C
+    // alone narrows both: A untransposed and B transposed only narrow along the inner dim. C is a
+    // strided block (ldc = m + 5) with beta 0.5, so the 16-bit path's cast of C into f32 and its
+    // rounding back through a dense scratch both run.
+    let Some(b) = with_binding(64 << 10) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    let (m, n, k) = (131, 199, 257);
+    let transposes = [Transpose::No, Transpose::Yes];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (trans_a, trans_b) in transposes
+            .iter()
+            .flat_map(|&a| transposes.iter().map(move |&b| (a, b)))
+        {
+            let stored = |t: Transpose, rows: usize, cols: usize| match t {
+                Transpose::No => (rows, cols),
+                Transpose::Yes => (cols, rows),
+            };
+            let ((ar, ac), (br, bc)) = (stored(trans_a, m, k), stored(trans_b, k, n));
+            let (lda, ldb, ldc) = (ar + 3, br + 2, m + 5);
+            let run = |be: &Backend| {
+                let a = dtype_tensor(be, &wave(lda * ac, 0.1), &[lda * ac], dtype);
+                let bm = dtype_tensor(be, &wave(ldb * bc, 0.7), &[ldb * bc], dtype);
+                let c = dtype_tensor(be, &wave(ldc * n, 1.3), &[ldc * n], dtype);
+                be.compute()
+                    .gemm(&GemmDesc {
+                        dtype,
+                        trans_a,
+                        trans_b,
+                        m,
+                        n,
+                        k,
+                        alpha: 1.25,
+                        a: a.data_ptr(),
+                        lda,
+                        b: bm.data_ptr(),
+                        ldb,
+                        beta: 0.5,
+                        c: c.data_ptr(),
+                        ldc,
+                    })
+                    .unwrap();
+                c
+            };
+            let name = format!("gemm {trans_a:?} {trans_b:?}");
+            check_dtype(&name, dtype, &run(&b), &run(&reference));
+        }
+    }
+}
+
+#[test]
+fn a_16_bit_gemm_cut_along_its_inner_dim_rounds_once_from_f32() {
+    // A (8 × 4096, ones) and op(B) (4096 × 8) are each 64 KiB in bf16, past a 64 KiB binding once
+    // widened to f32, and only cuts of the inner dim narrow them. Each column of op(B) holds 256,
+    // then 4095 values of 1.5 · 2⁻¹²: the exact sum, 257.4996, rounds to 258 in bf16 (its spacing at
+    // 256 is 2), while any cut that rounded C after each inner range would add less than 1 to 256 each
+    // time and stay at 256.
+    let Some(b) = with_binding(64 << 10) else {
+        return;
+    };
+    let (m, n, k) = (8, 8, 4096);
+    let ones = vec![1.0f32; m * k];
+    let mut column = vec![1.5 * 2f32.powi(-12); k];
+    column[0] = 256.0;
+    let b_host: Vec<f32> = (0..n).flat_map(|_| column.clone()).collect();
+    let a = dtype_tensor(&b, &ones, &[m * k], DType::BF16);
+    // B stored n × k column-major (ldb = n): element (j, p) at j + p·n, op(B) = Bᵀ.
+    let b_stored: Vec<f32> = (0..k)
+        .flat_map(|p| (0..n).map(move |j| (p, j)))
+        .map(|(p, j)| b_host[j * k + p])
+        .collect();
+    let bm = dtype_tensor(&b, &b_stored, &[n * k], DType::BF16);
+    let c = b.zeros(&[m * n], DType::BF16).unwrap();
+    b.compute()
+        .gemm(&GemmDesc {
+            dtype: DType::BF16,
+            trans_a: Transpose::No,
+            trans_b: Transpose::Yes,
+            m,
+            n,
+            k,
+            alpha: 1.0,
+            a: a.data_ptr(),
+            lda: m,
+            b: bm.data_ptr(),
+            ldb: n,
+            beta: 0.0,
+            c: c.data_ptr(),
+            ldc: m,
+        })
+        .unwrap();
+    let got = c.cast(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    assert!(got.iter().all(|&v| v == 258.0), "{got:?}");
+}
+
+#[test]
+fn gemvs_and_batched_gemms_past_a_binding_in_any_direction_run_as_cut_gemms() {
+    // On a 64 KiB binding: GEMVs over rows of 20 011 values (80 KB each, so no block of rows fits)
+    // and over an untransposed view (rows do not narrow it), and a batched GEMM whose every product
+    // is larger than a binding; against the reference, in every float dtype the kernels take.
+    let Some(b) = with_binding(64 << 10) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let tensor = |be: &Backend, shape: &[usize], phase: f32| {
+            let len = shape.iter().product();
+            dtype_tensor(be, &wave(len, phase), shape, dtype)
+        };
+        let run = |be: &Backend| {
+            let long_rows = tensor(be, &[3, 20_011], 0.2);
+            let x = tensor(be, &[20_011], 0.9);
+            let y = tensor(be, &[3], 1.7);
+            let tall = tensor(be, &[173, 211], 0.4).t().unwrap();
+            let (x2, y2) = (tensor(be, &[173], 2.1), tensor(be, &[211], 2.9));
+            let left = tensor(be, &[2, 131, 257], 0.5);
+            let right = tensor(be, &[2, 257, 199], 1.1);
+            [
+                long_rows.gemv(&x, 1.5, &y, 0.5).unwrap(),
+                tall.gemv(&x2, -0.75, &y2, 2.0).unwrap(),
+                left.matmul(&right).unwrap(),
+            ]
+        };
+        let names = ["gemv of long rows", "gemv of a transposed view", "batched"];
+        for ((name, got), want) in names.iter().zip(run(&b)).zip(run(&reference)) {
+            check_dtype(name, dtype, &got, &want);
+        }
+    }
+}

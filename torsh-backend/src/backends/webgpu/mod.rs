@@ -34,6 +34,7 @@ mod pipelines;
 mod pool;
 mod random;
 mod rows;
+mod split_k;
 mod staging;
 mod two_pass;
 
@@ -352,6 +353,19 @@ impl WebGpuBackend {
         }
     }
 
+    /// Checks `acc` (the accesses of `desc`), then the pieces `split` cuts `desc` into; `None`
+    /// when it fits whole or no cut of `split` fits.
+    fn split<D, P>(
+        &self,
+        desc: &D,
+        acc: &Accesses,
+        split: impl Fn(&Memory, &D) -> Result<Option<Vec<P>>>,
+    ) -> Result<Option<Vec<P>>> {
+        let mem = self.state()?.memory();
+        mem.table.check_accesses(acc)?;
+        split(&mem, desc)
+    }
+
     /// Checks `acc` (the accesses of `desc`), then runs `desc` with `run`: whole, or as the pieces
     /// `split` cuts it into when an operand is larger than one binding (`pieces.rs`), each piece an
     /// op of its own.
@@ -363,12 +377,7 @@ impl WebGpuBackend {
         whole: impl FnOnce(&D) -> Result<()>,
         piece: impl Fn(&P) -> Result<()>,
     ) -> Result<()> {
-        let parts = {
-            let mem = self.state()?.memory();
-            mem.table.check_accesses(&acc)?;
-            split(&mem, desc)?
-        };
-        match parts {
+        match self.split(desc, &acc, split)? {
             None => whole(desc),
             Some(parts) => parts.iter().try_for_each(piece),
         }
@@ -383,6 +392,31 @@ impl WebGpuBackend {
         run: impl Fn(&D) -> Result<()>,
     ) -> Result<()> {
         self.whole_or_pieces(desc, acc, split, &run, &run)
+    }
+
+    /// Runs the GEMM `desc` with `kernel`: whole, as the pieces of its cut when it is larger than
+    /// one binding ([`pieces::gemm_cuts`]), or, for a 16-bit product cut along the inner dim,
+    /// accumulating each block of C in f32 (`split_k.rs`).
+    fn gemm_with(
+        &self,
+        desc: &GemmDesc,
+        kernel: impl Fn(&Gpu, &Kernels, &Memory, &GemmDesc) -> Result<Launch> + Copy,
+    ) -> Result<()> {
+        let acc = desc.accesses()?;
+        let plan = {
+            let mem = self.state()?.memory();
+            mem.table.check_accesses(&acc)?;
+            pieces::gemm_cuts(&mem, desc)?
+        };
+        match plan {
+            None => self.run(desc, kernel),
+            Some(plan) if plan.splits_inner() && desc.dtype != crate::dtype::DType::F32 => {
+                split_k::gemm(self, desc, &plan, |d| self.run(d, kernel))
+            }
+            Some(plan) => plan
+                .pieces()
+                .try_for_each(|p| self.run(&pieces::gemm_piece(desc, p)?, kernel)),
+        }
     }
 
     /// Whether an op of `dtype` over `acc` runs whole: its accesses fit one binding per allocation,
@@ -709,9 +743,7 @@ impl ComputeBackend for WebGpuBackend {
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
         math_dtype("gemm", desc.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::gemm, |d| {
-            self.run(d, blas::gemm)
-        })
+        self.gemm_with(desc, blas::gemm)
     }
 
     fn fingerprint(&self) -> String {
@@ -741,10 +773,8 @@ impl ComputeBackend for WebGpuBackend {
         match (op, tile) {
             (TunableOp::Gemm(d), Some(tile)) => {
                 math_dtype("gemm", d.dtype)?;
-                self.in_pieces(d, d.accesses()?, pieces::gemm, |d| {
-                    self.run(d, |gpu, kernels, mem, d: &GemmDesc| {
-                        blas::gemm_tiled(gpu, kernels, mem, d, tile)
-                    })
+                self.gemm_with(d, |gpu, kernels, mem, d: &GemmDesc| {
+                    blas::gemm_tiled(gpu, kernels, mem, d, tile)
                 })
             }
             _ => Err(BackendError::invalid(
@@ -756,16 +786,29 @@ impl ComputeBackend for WebGpuBackend {
 
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
         math_dtype("batched_gemm", desc.gemm.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::batched_gemm, |d| {
-            self.run(d, blas::batched_gemm)
-        })
+        let acc = desc.accesses()?;
+        match self.split(desc, &acc, pieces::batched_gemm)? {
+            Some(parts) => parts
+                .iter()
+                .try_for_each(|d| self.run(d, blas::batched_gemm)),
+            None if self.fits(&acc, desc.gemm.dtype, 1)? => self.run(desc, blas::batched_gemm),
+            // Not even one product fits a binding: each runs as a GEMM, cut as GEMMs are.
+            None => {
+                (0..desc.batch_count).try_for_each(|i| self.gemm(&pieces::batch_element(desc, i)?))
+            }
+        }
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
         math_dtype("gemv", desc.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::gemv, |d| {
-            self.run(d, blas::gemv)
-        })
+        let acc = desc.accesses()?;
+        match self.split(desc, &acc, pieces::gemv)? {
+            Some(parts) => parts.iter().try_for_each(|d| self.run(d, blas::gemv)),
+            None if self.fits(&acc, desc.dtype, 1)? => self.run(desc, blas::gemv),
+            // No block of rows fits a binding (a row of A is too long, or A is untransposed and
+            // rows do not narrow it): the same product as a GEMM, whose cuts include the inner dim.
+            None => self.gemm(&pieces::gemv_as_gemm(desc)),
+        }
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {

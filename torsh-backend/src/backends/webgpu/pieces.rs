@@ -133,8 +133,8 @@ fn split_until<D>(
 }
 
 /// The fewest equal ranges `(start, len)` covering `0..total` that each pass `fits`, trying
-/// ranges of `total / 2`, `total / 4`, ... (rounded up) down to ranges of one; `None` when even
-/// ranges of one do not pass (or `total` is 0).
+/// ranges of `total / 2`, `total / 4`, ... (rounded up) down to ranges of one ([`cuts`]); `None`
+/// when even ranges of one do not pass (or `total` is 0).
 pub(crate) fn blocks(
     total: usize,
     fits: impl Fn(usize, usize) -> Result<bool>,
@@ -142,25 +142,43 @@ pub(crate) fn blocks(
     if total == 0 {
         return Ok(None);
     }
-    let mut parts = 2;
-    loop {
-        let step = total.div_ceil(parts);
-        let ranges: Vec<(usize, usize)> = (0..total)
-            .step_by(step)
-            .map(|start| (start, step.min(total - start)))
-            .collect();
-        let mut fit = true;
-        for &(start, len) in &ranges {
-            fit = fit && fits(start, len)?;
-        }
-        if fit {
+    // A total of one has only itself to offer; larger ones start at halves.
+    for ranges in cuts(total).into_iter().skip(usize::from(total > 1)) {
+        if all_fit(&ranges, |&(start, len)| fits(start, len))? {
             return Ok(Some(ranges));
         }
-        if step == 1 {
-            return Ok(None);
-        }
-        parts = parts.saturating_mul(2);
     }
+    Ok(None)
+}
+
+/// Whether `fits` passes every item of `items`, stopping at the first that does not.
+fn all_fit<T>(items: &[T], fits: impl Fn(&T) -> Result<bool>) -> Result<bool> {
+    for item in items {
+        if !fits(item)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The ways of cutting `0..total` into equal ranges, whole first: ranges of `total`, then of
+/// `total / 2`, `total / 4`, ... (rounded up) down to ranges of one, the last range of each cut
+/// holding what is left. A total of 0 or 1 has only the whole.
+fn cuts(total: usize) -> Vec<Vec<(usize, usize)>> {
+    let mut all = vec![vec![(0, total)]];
+    let mut step = total;
+    let mut parts = 1usize;
+    while step > 1 {
+        parts = parts.saturating_mul(2);
+        step = total.div_ceil(parts);
+        all.push(
+            (0..total)
+                .step_by(step)
+                .map(|start| (start, step.min(total - start)))
+                .collect(),
+        );
+    }
+    all
 }
 
 /// [`split`] of an op whose input and output hold `step` dense elements per index of the split dim
@@ -337,53 +355,110 @@ pub(crate) fn unscale(mem: &Memory, desc: &UnscaleDesc) -> Result<Option<Vec<Uns
     )
 }
 
-/// `desc` (column-major) by column blocks of C, or else by row blocks.
-pub(crate) fn gemm(mem: &Memory, desc: &GemmDesc) -> Result<Option<Vec<GemmDesc>>> {
-    let size = desc.dtype.size_in_bytes();
-    let by_columns = split(
-        mem,
-        desc,
-        desc.dtype,
-        desc.n,
-        GemmDesc::accesses,
-        |start, len| {
-            // Column j of op(B): stored column j, or stored row j when B is transposed.
-            let b_step = match desc.trans_b {
-                Transpose::No => desc.ldb,
-                Transpose::Yes => 1,
-            };
-            Ok(GemmDesc {
-                b: advance(desc.b, start * b_step, size)?,
-                c: advance(desc.c, start * desc.ldc, size)?,
-                n: len,
-                ..desc.clone()
-            })
-        },
-    )?;
-    let acc = desc.accesses()?;
-    if by_columns.is_some() || mem.fits(&acc, mem.widening(desc.dtype, &acc)) {
-        return Ok(by_columns);
+/// How a GEMM too large for one binding is cut: ranges of the rows of C, of its columns and of the
+/// inner dim. The pieces of one block of C over successive inner ranges accumulate into it, the
+/// first with the GEMM's `beta` and the others with 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GemmCuts {
+    /// Ranges `(start, len)` of the rows of C.
+    pub rows: Vec<(usize, usize)>,
+    /// Ranges of the columns of C.
+    pub cols: Vec<(usize, usize)>,
+    /// Ranges of the inner dim.
+    pub inner: Vec<(usize, usize)>,
+}
+
+impl GemmCuts {
+    /// Whether the pieces accumulate into C over more than one inner range.
+    pub fn splits_inner(&self) -> bool {
+        self.inner.len() > 1
     }
-    split(
-        mem,
-        desc,
-        desc.dtype,
-        desc.m,
-        GemmDesc::accesses,
-        |start, len| {
-            // Row i of op(A): stored row i, or stored column i when A is transposed.
-            let a_step = match desc.trans_a {
-                Transpose::No => 1,
-                Transpose::Yes => desc.lda,
+
+    /// The pieces' (rows, columns, inner) ranges, in the order they run: by blocks of C, each over
+    /// its inner ranges in turn.
+    pub fn pieces(&self) -> impl Iterator<Item = [(usize, usize); 3]> + '_ {
+        self.cols.iter().flat_map(move |&c| {
+            self.rows
+                .iter()
+                .flat_map(move |&r| self.inner.iter().map(move |&k| [r, c, k]))
+        })
+    }
+}
+
+/// Element offset of `(row, col)` of `op(X)`, for X column-major with leading dimension `ld`;
+/// `SizeOverflow` when it does not fit a `usize`.
+pub(crate) fn op_offset(t: Transpose, ld: usize, row: usize, col: usize) -> Result<usize> {
+    let (row, col) = match t {
+        Transpose::No => (row, col),
+        Transpose::Yes => (col, row),
+    };
+    col.checked_mul(ld)
+        .and_then(|v| v.checked_add(row))
+        .ok_or_else(|| BackendError::overflow("webgpu pieces", "matrix offset overflows"))
+}
+
+/// The GEMM over rows `r`, columns `c` and inner range `k` of `desc`, each `(start, len)`: C's block
+/// `r × c` gets `alpha · op(A)[r, k] · op(B)[k, c]` added, scaled by `beta` first when `k` starts
+/// the inner dim (and by 1 otherwise).
+pub(crate) fn gemm_piece(desc: &GemmDesc, [r, c, k]: [(usize, usize); 3]) -> Result<GemmDesc> {
+    let size = desc.dtype.size_in_bytes();
+    Ok(GemmDesc {
+        m: r.1,
+        n: c.1,
+        k: k.1,
+        a: advance(desc.a, op_offset(desc.trans_a, desc.lda, r.0, k.0)?, size)?,
+        b: advance(desc.b, op_offset(desc.trans_b, desc.ldb, k.0, c.0)?, size)?,
+        c: advance(desc.c, op_offset(Transpose::No, desc.ldc, r.0, c.0)?, size)?,
+        beta: if k.0 == 0 { desc.beta } else { 1.0 },
+        ..desc.clone()
+    })
+}
+
+/// `desc` (column-major) cut into the fewest pieces whose accesses each fit one binding
+/// ([`Memory::fits`]); `None` when it fits whole, or no cut fits (the launch then reports it).
+///
+/// Blocks of C's rows and columns are independent products, and are tried first: column blocks
+/// narrow B (unless transposed) and C, row blocks narrow A when it is transposed. Only where no
+/// such cut fits (A untransposed and B transposed or both larger than a binding, say) is the
+/// inner dim cut too, which narrows A untransposed and B transposed; those pieces are budgeted for
+/// f32 copies of 16-bit operands, which they accumulate in (`split_k.rs`). Among cuts of each kind
+/// the fewest pieces win, column blocks before row blocks on a tie.
+pub(crate) fn gemm_cuts(mem: &Memory, desc: &GemmDesc) -> Result<Option<GemmCuts>> {
+    let fits = |d: &GemmDesc, widen: Option<usize>| -> Result<bool> {
+        let acc = d.accesses()?;
+        Ok(mem.fits(&acc, widen.unwrap_or_else(|| mem.widening(d.dtype, &acc))))
+    };
+    if fits(desc, None)? {
+        return Ok(None);
+    }
+    let (rows, cols, inner) = (cuts(desc.m), cuts(desc.n), cuts(desc.k));
+    let f32_copies = (4 / desc.dtype.size_in_bytes()).max(1);
+    for (cut_inner, widen) in [(false, None), (true, Some(f32_copies))] {
+        let mut candidates: Vec<(usize, usize, usize)> = (0..rows.len())
+            .flat_map(|r| (0..cols.len()).map(move |c| (r, c)))
+            .flat_map(|(r, c)| (0..inner.len()).map(move |k| (r, c, k)))
+            .filter(|&(_, _, k)| (k > 0) == cut_inner)
+            .collect();
+        let count = |&(r, c, k): &(usize, usize, usize)| {
+            (
+                rows[r].len() * cols[c].len() * inner[k].len(),
+                rows[r].len(),
+            )
+        };
+        candidates.sort_by_key(count);
+        for (r, c, k) in candidates {
+            let plan = GemmCuts {
+                rows: rows[r].clone(),
+                cols: cols[c].clone(),
+                inner: inner[k].clone(),
             };
-            Ok(GemmDesc {
-                a: advance(desc.a, start * a_step, size)?,
-                c: advance(desc.c, start, size)?,
-                m: len,
-                ..desc.clone()
-            })
-        },
-    )
+            let pieces: Vec<_> = plan.pieces().collect();
+            if all_fit(&pieces, |&p| fits(&gemm_piece(desc, p)?, widen))? {
+                return Ok(Some(plan));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// `desc` by rows of op(A) and y.
@@ -442,6 +517,50 @@ pub(crate) fn batched_gemm(
             })
         },
     )
+}
+
+/// Product `index` of the batch `desc`, as a GEMM of its own.
+pub(crate) fn batch_element(desc: &BatchedGemmDesc, index: usize) -> Result<GemmDesc> {
+    let g = &desc.gemm;
+    let size = g.dtype.size_in_bytes();
+    let at = |ptr: DevicePtr, stride: usize| {
+        let elements = index
+            .checked_mul(stride)
+            .ok_or_else(|| BackendError::overflow("webgpu pieces", "batch offset overflows"))?;
+        advance(ptr, elements, size)
+    };
+    Ok(GemmDesc {
+        a: at(g.a, desc.stride_a)?,
+        b: at(g.b, desc.stride_b)?,
+        c: at(g.c, desc.stride_c)?,
+        ..g.clone()
+    })
+}
+
+/// `desc` as the GEMM of the same values transposed, `yᵀ = alpha · xᵀ · op(A)ᵀ + beta · yᵀ`: one row
+/// of C (y, its elements `incy` apart), A' = xᵀ (`incx` apart), B' = op(A)ᵀ. Any strides map, and
+/// the GEMM's cuts include the inner dim, which a GEMV by rows cannot cut.
+pub(crate) fn gemv_as_gemm(desc: &GemvDesc) -> GemmDesc {
+    let (x_len, y_len) = desc.vector_lens();
+    GemmDesc {
+        dtype: desc.dtype,
+        trans_a: Transpose::No,
+        trans_b: match desc.trans {
+            Transpose::No => Transpose::Yes,
+            Transpose::Yes => Transpose::No,
+        },
+        m: 1,
+        n: y_len,
+        k: x_len,
+        alpha: desc.alpha,
+        a: desc.x,
+        lda: desc.incx,
+        b: desc.a,
+        ldb: desc.lda,
+        beta: desc.beta,
+        c: desc.y,
+        ldc: desc.incy,
+    }
 }
 
 /// `desc` by image (weight and bias shared), also when its output positions need more workgroups
@@ -725,5 +844,62 @@ mod tests {
             "{:?}",
             starts.borrow()
         );
+    }
+
+    #[test]
+    fn cuts_run_from_the_whole_to_single_indices() {
+        let lens = |total| {
+            cuts(total)
+                .iter()
+                .map(|c| c.iter().map(|r| r.1).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lens(0), vec![vec![0]]);
+        assert_eq!(lens(1), vec![vec![1]]);
+        assert_eq!(
+            lens(5),
+            vec![vec![5], vec![3, 2], vec![2, 2, 1], vec![1; 5]]
+        );
+        for total in [2, 3, 7, 64, 1000] {
+            for cut in cuts(total) {
+                assert_eq!(cut.iter().map(|r| r.1).sum::<usize>(), total);
+                assert!(cut.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+            }
+        }
+    }
+
+    #[test]
+    fn offsets_of_transposed_operands_swap_rows_and_columns() {
+        assert_eq!(op_offset(Transpose::No, 10, 3, 2).unwrap(), 23);
+        assert_eq!(op_offset(Transpose::Yes, 10, 3, 2).unwrap(), 32);
+        assert!(op_offset(Transpose::No, usize::MAX, 1, 2).is_err());
+    }
+
+    #[test]
+    fn gemm_pieces_start_where_their_blocks_do_and_accumulate_after_the_first() {
+        let desc = GemmDesc {
+            dtype: DType::F32,
+            trans_a: Transpose::Yes,
+            trans_b: Transpose::No,
+            m: 6,
+            n: 5,
+            k: 7,
+            alpha: 2.0,
+            a: DevicePtr(1 << 20),
+            lda: 8,
+            b: DevicePtr(2 << 20),
+            ldb: 9,
+            beta: 0.5,
+            c: DevicePtr(3 << 20),
+            ldc: 10,
+        };
+        let piece = gemm_piece(&desc, [(2, 4), (1, 3), (4, 3)]).unwrap();
+        // op(A)[2, 4] = A[4, 2] (transposed): 4 + 2·8; op(B)[4, 1]: 4 + 1·9; C[2, 1]: 2 + 1·10.
+        assert_eq!(piece.a, DevicePtr((1 << 20) + 4 * 20));
+        assert_eq!(piece.b, DevicePtr((2 << 20) + 4 * 13));
+        assert_eq!(piece.c, DevicePtr((3 << 20) + 4 * 12));
+        assert_eq!((piece.m, piece.n, piece.k, piece.beta), (4, 3, 3, 1.0));
+        let first = gemm_piece(&desc, [(0, 6), (0, 5), (0, 4)]).unwrap();
+        assert_eq!((first.a, first.beta, first.k), (desc.a, 0.5, 4));
     }
 }
