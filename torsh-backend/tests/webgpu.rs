@@ -2660,3 +2660,57 @@ fn gemvs_and_batched_gemms_past_a_binding_in_any_direction_run_as_cut_gemms() {
         }
     }
 }
+
+#[test]
+fn convolutions_of_images_larger_than_a_binding_cut_groups_and_channels() {
+    // On a 64 KiB binding every image below is larger than a binding (even in f16), so the cut by
+    // image cannot fit and each image is cut by channels: a dense convolution by blocks of output
+    // and input channels (its partial sums accumulated in f32, the bias added once), a grouped one
+    // by blocks of whole groups, a depthwise one likewise; with stride, padding and dilation.
+    let Some(b) = with_binding(64 << 10) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    let dense = torsh_backend::ConvConfig {
+        stride: [2, 1],
+        padding: [1, 2],
+        dilation: [1, 2],
+        groups: 1,
+    };
+    let grouped = torsh_backend::ConvConfig {
+        padding: [1, 1],
+        groups: 3,
+        ..Default::default()
+    };
+    let depthwise = torsh_backend::ConvConfig {
+        padding: [1, 1],
+        groups: 16,
+        ..Default::default()
+    };
+    let cases: [(&str, [usize; 4], [usize; 4], _); 3] = [
+        ("dense", [2, 13, 53, 61], [11, 13, 3, 3], dense),
+        ("grouped", [1, 12, 53, 61], [6, 4, 3, 3], grouped),
+        ("depthwise", [1, 16, 53, 61], [16, 1, 3, 3], depthwise),
+    ];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (name, input, weight, config) in cases {
+            let run = |be: &Backend| {
+                let x = dtype_tensor(be, &wave(input.iter().product(), 0.3), &input, dtype);
+                let w = dtype_tensor(be, &wave(weight.iter().product(), 1.9), &weight, dtype);
+                let bias = dtype_tensor(be, &wave(weight[0], 2.6), &[weight[0]], dtype);
+                be.conv2d_with_bias(&x, &w, Some(&bias), config).unwrap()
+            };
+            check_dtype(name, dtype, &run(&b), &run(&reference));
+        }
+    }
+    // One channel of one image larger than a binding (200 × 100 f32): no cut fits, the typed error.
+    let plane = b.randn(&[1, 1, 200, 100], DType::F32).unwrap();
+    let w = b.randn(&[1, 1, 3, 3], DType::F32).unwrap();
+    let err = b
+        .conv2d(&plane, &w, torsh_backend::ConvConfig::default())
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::FeatureUnavailable { .. }),
+        "{err:?}"
+    );
+}

@@ -24,6 +24,7 @@ mod blas;
 mod cast;
 mod context;
 mod conv;
+mod conv_split;
 mod custom;
 mod elementwise;
 mod events;
@@ -820,7 +821,13 @@ impl ComputeBackend for WebGpuBackend {
             .limits
             .max_compute_workgroups_per_dimension;
         let split = |mem: &Memory, d: &Conv2dDesc| pieces::conv2d(mem, d, max_groups);
-        self.in_pieces(desc, desc.accesses()?, split, |d| self.run(d, conv::conv2d))
+        let acc = desc.accesses()?;
+        match self.split(desc, &acc, split)? {
+            Some(parts) => parts.iter().try_for_each(|d| self.run(d, conv::conv2d)),
+            None if self.fits(&acc, desc.dtype, 1)? => self.run(desc, conv::conv2d),
+            // Not even one image fits a binding: by channels of each image.
+            None => conv_split::conv2d(self, desc, max_groups),
+        }
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {

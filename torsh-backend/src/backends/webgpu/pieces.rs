@@ -164,7 +164,7 @@ fn all_fit<T>(items: &[T], fits: impl Fn(&T) -> Result<bool>) -> Result<bool> {
 /// The ways of cutting `0..total` into equal ranges, whole first: ranges of `total`, then of
 /// `total / 2`, `total / 4`, ... (rounded up) down to ranges of one, the last range of each cut
 /// holding what is left. A total of 0 or 1 has only the whole.
-fn cuts(total: usize) -> Vec<Vec<(usize, usize)>> {
+pub(crate) fn cuts(total: usize) -> Vec<Vec<(usize, usize)>> {
     let mut all = vec![vec![(0, total)]];
     let mut step = total;
     let mut parts = 1usize;
