@@ -201,13 +201,16 @@ fn conv_cases(scale: Scale) -> Vec<Case> {
             vec![conv(1, 4, 8, 8, 3, 1, false), depthwise(1, 4, 8)],
             &[F32],
         ),
-        // The ResNet-50 layers at batch 1 and a quarter of the resolution (56x56 input).
+        // The ResNet-50 layers at batch 1 and a quarter of the resolution (56x56 input), and a
+        // wide 3x3 layer whose image (1.1 MiB in f32) is past a 1 MiB binding, so that WebGPU's
+        // `--binding-mib 1` measures its cut of one image by channels.
         Scale::Host => (
             vec![
                 conv(1, 3, 56, 64, 7, 2, false),
                 conv(1, 64, 14, 64, 3, 1, false),
                 conv(1, 256, 14, 64, 1, 1, false),
                 conv(1, 128, 7, 128, 3, 1, false),
+                conv(1, 32, 96, 32, 3, 1, false),
             ],
             &[F32],
         ),
