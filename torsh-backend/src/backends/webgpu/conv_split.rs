@@ -27,7 +27,7 @@ use crate::error::{BackendError, Result};
 use crate::shape::Layout;
 
 use super::conv;
-use super::pieces::{advance, cuts};
+use super::pieces::{advance, cuts, Cut};
 use super::WebGpuBackend;
 
 /// One piece of one image: a range of groups (several whole ones, or one), and within a single
@@ -164,62 +164,51 @@ impl Part {
 
 /// A cut of each image: ranges of whole groups, or in every group ranges of its output channels
 /// and of its input channels.
-enum Cut {
-    Groups(Vec<(usize, usize)>),
-    Channels(Vec<(usize, usize)>, Vec<(usize, usize)>),
+enum ChannelCut {
+    Groups(Cut),
+    Channels(Cut, Cut),
 }
 
-impl Cut {
+impl ChannelCut {
     /// The cut's parts of image `image` of a convolution of `groups` groups, in the order they run
     /// (the input blocks of one output block in turn).
-    fn parts(&self, image: usize, groups: usize, d: &Dims) -> Vec<Part> {
-        match self {
-            Cut::Groups(blocks) => blocks
-                .iter()
-                .map(|&groups| Part {
-                    image,
-                    groups,
-                    outputs: (0, d.kg),
-                    inputs: (0, d.cg),
+    fn parts(&self, image: usize, groups: usize, d: &Dims) -> Box<dyn Iterator<Item = Part>> {
+        let (kg, cg) = (d.kg, d.cg);
+        match *self {
+            ChannelCut::Groups(blocks) => Box::new(blocks.ranges().map(move |groups| Part {
+                image,
+                groups,
+                outputs: (0, kg),
+                inputs: (0, cg),
+            })),
+            ChannelCut::Channels(outs, ins) => Box::new((0..groups).flat_map(move |g| {
+                outs.ranges().flat_map(move |outputs| {
+                    ins.ranges().map(move |inputs| Part {
+                        image,
+                        groups: (g, 1),
+                        outputs,
+                        inputs,
+                    })
                 })
-                .collect(),
-            Cut::Channels(outs, ins) => {
-                let mut parts = Vec::with_capacity(groups * outs.len() * ins.len());
-                for g in 0..groups {
-                    for &outputs in outs {
-                        for &inputs in ins {
-                            parts.push(Part {
-                                image,
-                                groups: (g, 1),
-                                outputs,
-                                inputs,
-                            });
-                        }
-                    }
-                }
-                parts
-            }
+            })),
         }
     }
 }
 
 /// The candidate cuts, fewest parts first: blocks of whole groups, then within each group blocks
 /// of output channels, then blocks of output and input channels.
-fn candidates(desc: &Conv2dDesc, d: &Dims) -> Vec<Cut> {
+fn candidates(desc: &Conv2dDesc, d: &Dims) -> Vec<ChannelCut> {
     let mut all = Vec::new();
     if desc.groups > 1 {
-        all.extend(cuts(desc.groups).into_iter().map(Cut::Groups));
+        all.extend(cuts(desc.groups).into_iter().map(ChannelCut::Groups));
     }
     let (outs, ins) = (cuts(d.kg), cuts(d.cg));
-    let mut blocks: Vec<(usize, usize)> = (0..outs.len())
-        .flat_map(|o| (0..ins.len()).map(move |i| (o, i)))
+    let mut blocks: Vec<(Cut, Cut)> = outs
+        .iter()
+        .flat_map(|&o| ins.iter().map(move |&i| (o, i)))
         .collect();
-    blocks.sort_by_key(|&(o, i)| (i > 0, outs[o].len() * ins[i].len()));
-    all.extend(
-        blocks
-            .into_iter()
-            .map(|(o, i)| Cut::Channels(outs[o].clone(), ins[i].clone())),
-    );
+    blocks.sort_by_key(|&(o, i)| (i.count() > 1, o.count() * i.count()));
+    all.extend(blocks.into_iter().map(|(o, i)| ChannelCut::Channels(o, i)));
     all
 }
 

@@ -143,16 +143,19 @@ pub(crate) fn blocks(
         return Ok(None);
     }
     // A total of one has only itself to offer; larger ones start at halves.
-    for ranges in cuts(total).into_iter().skip(usize::from(total > 1)) {
-        if all_fit(&ranges, |&(start, len)| fits(start, len))? {
-            return Ok(Some(ranges));
+    for cut in cuts(total).into_iter().skip(usize::from(total > 1)) {
+        if all_fit(cut.ranges(), |(start, len)| fits(start, len))? {
+            return Ok(Some(cut.ranges().collect()));
         }
     }
     Ok(None)
 }
 
 /// Whether `fits` passes every item of `items`, stopping at the first that does not.
-fn all_fit<T>(items: &[T], fits: impl Fn(&T) -> Result<bool>) -> Result<bool> {
+fn all_fit<T>(
+    items: impl IntoIterator<Item = T>,
+    mut fits: impl FnMut(T) -> Result<bool>,
+) -> Result<bool> {
     for item in items {
         if !fits(item)? {
             return Ok(false);
@@ -161,22 +164,52 @@ fn all_fit<T>(items: &[T], fits: impl Fn(&T) -> Result<bool>) -> Result<bool> {
     Ok(true)
 }
 
+/// `0..total` cut into consecutive ranges of `step` elements, the last holding what is left (one
+/// empty range for a total of 0). Ranges are made as they are asked for, so a fine cut of a long
+/// dim costs nothing until it is walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cut {
+    /// Elements cut.
+    pub total: usize,
+    /// Elements per range.
+    pub step: usize,
+}
+
+impl Cut {
+    /// How many ranges there are.
+    pub fn count(self) -> usize {
+        if self.total == 0 {
+            1
+        } else {
+            self.total.div_ceil(self.step)
+        }
+    }
+
+    /// The longest range's length.
+    pub fn longest(self) -> usize {
+        self.step.min(self.total)
+    }
+
+    /// The ranges `(start, len)`, in order.
+    pub fn ranges(self) -> impl Iterator<Item = (usize, usize)> + Clone {
+        (0..self.count()).map(move |i| {
+            let start = i * self.step;
+            (start, self.step.min(self.total - start))
+        })
+    }
+}
+
 /// The ways of cutting `0..total` into equal ranges, whole first: ranges of `total`, then of
-/// `total / 2`, `total / 4`, ... (rounded up) down to ranges of one, the last range of each cut
-/// holding what is left. A total of 0 or 1 has only the whole.
-pub(crate) fn cuts(total: usize) -> Vec<Vec<(usize, usize)>> {
-    let mut all = vec![vec![(0, total)]];
+/// `total / 2`, `total / 4`, ... (rounded up) down to ranges of one. A total of 0 or 1 has only
+/// the whole.
+pub(crate) fn cuts(total: usize) -> Vec<Cut> {
+    let mut all = vec![Cut { total, step: total }];
     let mut step = total;
     let mut parts = 1usize;
     while step > 1 {
         parts = parts.saturating_mul(2);
         step = total.div_ceil(parts);
-        all.push(
-            (0..total)
-                .step_by(step)
-                .map(|start| (start, step.min(total - start)))
-                .collect(),
-        );
+        all.push(Cut { total, step });
     }
     all
 }
@@ -358,29 +391,29 @@ pub(crate) fn unscale(mem: &Memory, desc: &UnscaleDesc) -> Result<Option<Vec<Uns
 /// How a GEMM too large for one binding is cut: ranges of the rows of C, of its columns and of the
 /// inner dim. The pieces of one block of C over successive inner ranges accumulate into it, the
 /// first with the GEMM's `beta` and the others with 1.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct GemmCuts {
-    /// Ranges `(start, len)` of the rows of C.
-    pub rows: Vec<(usize, usize)>,
-    /// Ranges of the columns of C.
-    pub cols: Vec<(usize, usize)>,
-    /// Ranges of the inner dim.
-    pub inner: Vec<(usize, usize)>,
+    /// The cut of the rows of C.
+    pub rows: Cut,
+    /// The cut of the columns of C.
+    pub cols: Cut,
+    /// The cut of the inner dim.
+    pub inner: Cut,
 }
 
 impl GemmCuts {
     /// Whether the pieces accumulate into C over more than one inner range.
     pub fn splits_inner(&self) -> bool {
-        self.inner.len() > 1
+        self.inner.count() > 1
     }
 
     /// The pieces' (rows, columns, inner) ranges, in the order they run: by blocks of C, each over
     /// its inner ranges in turn.
-    pub fn pieces(&self) -> impl Iterator<Item = [(usize, usize); 3]> + '_ {
-        self.cols.iter().flat_map(move |&c| {
-            self.rows
-                .iter()
-                .flat_map(move |&r| self.inner.iter().map(move |&k| [r, c, k]))
+    pub fn pieces(&self) -> impl Iterator<Item = [(usize, usize); 3]> {
+        let (rows, inner) = (self.rows, self.inner);
+        self.cols.ranges().flat_map(move |c| {
+            rows.ranges()
+                .flat_map(move |r| inner.ranges().map(move |k| [r, c, k]))
         })
     }
 }
@@ -440,20 +473,17 @@ pub(crate) fn gemm_cuts(mem: &Memory, desc: &GemmDesc) -> Result<Option<GemmCuts
             .filter(|&(_, _, k)| (k > 0) == cut_inner)
             .collect();
         let count = |&(r, c, k): &(usize, usize, usize)| {
-            (
-                rows[r].len() * cols[c].len() * inner[k].len(),
-                rows[r].len(),
-            )
+            let (rows, cols, inner) = (rows[r].count(), cols[c].count(), inner[k].count());
+            (rows.saturating_mul(cols).saturating_mul(inner), rows)
         };
         candidates.sort_by_key(count);
         for (r, c, k) in candidates {
             let plan = GemmCuts {
-                rows: rows[r].clone(),
-                cols: cols[c].clone(),
-                inner: inner[k].clone(),
+                rows: rows[r],
+                cols: cols[c],
+                inner: inner[k],
             };
-            let pieces: Vec<_> = plan.pieces().collect();
-            if all_fit(&pieces, |&p| fits(&gemm_piece(desc, p)?, widen))? {
+            if all_fit(plan.pieces(), |p| fits(&gemm_piece(desc, p)?, widen))? {
                 return Ok(Some(plan));
             }
         }
@@ -851,7 +881,7 @@ mod tests {
         let lens = |total| {
             cuts(total)
                 .iter()
-                .map(|c| c.iter().map(|r| r.1).collect::<Vec<_>>())
+                .map(|c| c.ranges().map(|r| r.1).collect::<Vec<_>>())
                 .collect::<Vec<_>>()
         };
         assert_eq!(lens(0), vec![vec![0]]);
@@ -862,10 +892,15 @@ mod tests {
         );
         for total in [2, 3, 7, 64, 1000] {
             for cut in cuts(total) {
-                assert_eq!(cut.iter().map(|r| r.1).sum::<usize>(), total);
-                assert!(cut.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+                let ranges: Vec<_> = cut.ranges().collect();
+                assert_eq!(ranges.len(), cut.count());
+                assert_eq!(ranges.iter().map(|r| r.1).sum::<usize>(), total);
+                assert!(ranges.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+                assert_eq!(ranges.iter().map(|r| r.1).max(), Some(cut.longest()));
             }
         }
+        // A long dim's cuts are a few numbers each, not its ranges.
+        assert_eq!(cuts(1 << 40).len(), 41);
     }
 
     #[test]

@@ -77,11 +77,10 @@ pub(crate) fn gemm(
     plan: &GemmCuts,
     run_f32: impl Fn(&GemmDesc) -> Result<()>,
 ) -> Result<()> {
-    let longest = |r: &[(usize, usize)]| r.iter().map(|r| r.1).max().unwrap_or(0);
     let (rows, cols, inner) = (
-        longest(&plan.rows),
-        longest(&plan.cols),
-        longest(&plan.inner),
+        plan.rows.longest(),
+        plan.cols.longest(),
+        plan.inner.longest(),
     );
     let temps = Temporaries::new(be);
     let f32_matrix = |r: usize, c: usize| temps.alloc(r * c * 4);
@@ -92,13 +91,13 @@ pub(crate) fn gemm(
     );
     let size = desc.dtype.size_in_bytes();
     // C's blocks are rounded into this dense scratch first when they are not dense themselves.
-    let c16 = if desc.ldc == desc.m && plan.rows.len() == 1 {
+    let c16 = if desc.ldc == desc.m && plan.rows.count() == 1 {
         None
     } else {
         Some(temps.alloc(rows * cols * size)?)
     };
-    for &c in &plan.cols {
-        for &r in &plan.rows {
+    for c in plan.cols.ranges() {
+        for r in plan.rows.ranges() {
             let c_block = Block {
                 ptr: desc.c,
                 ld: desc.ldc,
@@ -109,7 +108,7 @@ pub(crate) fn gemm(
             if desc.beta != 0.0 {
                 c_block.cast_to_f32(be, desc.dtype, c32)?;
             }
-            for &k in &plan.inner {
+            for k in plan.inner.ranges() {
                 let a = Block {
                     ptr: desc.a,
                     ld: desc.lda,
