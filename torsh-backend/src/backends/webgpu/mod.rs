@@ -843,7 +843,29 @@ impl ComputeBackend for WebGpuBackend {
         if desc.axis == 0 && !self.fits(&acc, desc.dtype, 1)? {
             return two_pass::reduce(self, desc);
         }
-        self.in_pieces(desc, acc, pieces::reduce, |d| self.run(d, rows::reduce))
+        match self.split(desc, &acc, pieces::reduce)? {
+            Some(parts) => parts.iter().try_for_each(|d| self.run(d, rows::reduce)),
+            None if self.fits(&acc, desc.dtype, 1)? => self.run(desc, rows::reduce),
+            // Not even one index of the leading dim fits a binding: each is a reduction of one
+            // rank less (along the leading dim it becomes one in two passes).
+            None => {
+                let size = desc.op.output_dtype(desc.dtype).size_in_bytes();
+                let shape = desc.input.layout.shape();
+                // Output elements per leading index: the product of the dims kept but the first.
+                let per_lead: usize = (1..shape.len())
+                    .filter(|&d| d != desc.axis)
+                    .map(|d| shape[d])
+                    .product();
+                (0..shape[0]).try_for_each(|i| {
+                    self.reduce(&ReduceDesc {
+                        input: pieces::without_dim(&desc.input, 0, i)?,
+                        axis: desc.axis - 1,
+                        output: pieces::advance(desc.output, i * per_lead, size)?,
+                        ..desc.clone()
+                    })
+                })
+            }
+        }
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {

@@ -13,9 +13,15 @@
 //! device's), attention by (batch, head), pooling by (image, channel) and batch norm in inference by
 //! image; each into the fewest equal parts whose accesses fit, trying 2, 4, 8, ... parts (so an op
 //! no split can fit costs a search over its dim before it is refused). A reduction of the leading
-//! dim and batch norm in training run in two passes instead (`two_pass.rs`). Other ops on such
-//! operands (a single image, head or row larger than a binding) answer `FeatureUnavailable` from the
-//! window check.
+//! dim and batch norm in training run in two passes instead (`two_pass.rs`).
+//!
+//! Where one index of those dims is itself larger than a binding: a GEMM is cut by blocks of C's
+//! rows and columns together and, failing those, ranges of the inner dim ([`gemm_cuts`];
+//! `split_k.rs` for 16-bit products), a GEMV runs as a one-row GEMM and a batched GEMM product by
+//! product, a reduction per leading index as one of a rank less (`two_pass.rs` cuts the outputs of
+//! one along the leading dim), and conv2d by groups and channels of each image (`conv_split.rs`).
+//! Other ops on such operands (a single attention head, pooling plane, softmax or layer-norm row,
+//! or image in batch norm larger than a binding) answer `FeatureUnavailable` from the window check.
 //!
 //! Pieces are budgeted for the copies their op runs on ([`Memory::widening`]): their own size where
 //! the kernels take the dtype natively, twice that for 16-bit operands staged through f32.
@@ -803,13 +809,35 @@ pub(crate) fn binary(mem: &Memory, desc: &BinaryDesc) -> Result<Option<Vec<Binar
 
 /// The view `buf` narrowed to indices `start..start + len` of its leading dim.
 pub(crate) fn leading(buf: &StridedBuf, start: usize, len: usize) -> Result<StridedBuf> {
+    narrowed(buf, 0, start, len)
+}
+
+/// The view `buf` narrowed to indices `start..start + len` of its dim `dim`.
+pub(crate) fn narrowed(
+    buf: &StridedBuf,
+    dim: usize,
+    start: usize,
+    len: usize,
+) -> Result<StridedBuf> {
     let layout = &buf.layout;
     let mut shape = layout.shape().to_vec();
-    shape[0] = len;
-    let offset = layout.offset() + start * layout.strides()[0];
+    shape[dim] = len;
+    let offset = layout.offset() + start * layout.strides()[dim];
     Ok(StridedBuf {
         ptr: buf.ptr,
         layout: Layout::new(shape, layout.strides().to_vec(), offset)?,
+    })
+}
+
+/// The view `buf` at index `index` of its dim `dim`, that dim removed.
+pub(crate) fn without_dim(buf: &StridedBuf, dim: usize, index: usize) -> Result<StridedBuf> {
+    let layout = &buf.layout;
+    let (mut shape, mut strides) = (layout.shape().to_vec(), layout.strides().to_vec());
+    shape.remove(dim);
+    let stride = strides.remove(dim);
+    Ok(StridedBuf {
+        ptr: buf.ptr,
+        layout: Layout::new(shape, strides, layout.offset() + index * stride)?,
     })
 }
 

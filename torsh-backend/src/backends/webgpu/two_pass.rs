@@ -16,6 +16,10 @@
 //!   block's), after which the host updates the running statistics and the device normalises
 //!   block by block in inference mode with the batch's statistics (as f32).
 //!
+//! A reduction one index of whose leading dim is larger than a binding is first cut along dim 1,
+//! whose outputs are independent, into blocks of which one leading index fits (or, where even one
+//! index of dim 1 is too large, into reductions of a rank less), each then reduced as above.
+//!
 //! 16-bit operands of sums, means, variances and batch norm are cast to f32 block by block before
 //! they are reduced or normalised, so no partial is rounded to 16 bits; their blocks are budgeted
 //! for those f32 copies. The combine waits for the device and reads the partials back (one or two
@@ -29,7 +33,7 @@ use crate::compute::{
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
-use super::pieces::{advance, batch_norm_images, blocks, leading};
+use super::pieces::{advance, batch_norm_images, blocks, leading, narrowed, without_dim};
 use super::WebGpuBackend;
 
 /// Whether `dtype` operands of a sum, mean, variance or batch norm are cast to f32 blocks first.
@@ -142,13 +146,12 @@ pub(crate) fn reduce(be: &WebGpuBackend, desc: &ReduceDesc) -> Result<()> {
         axis: 0,
         output,
     };
-    let ranges = fitting_blocks(be, "reduce", desc.dtype, lead, widen, |start, len| {
-        ReduceDesc {
-            dtype: desc.dtype,
-            ..block_desc(leading(&desc.input, start, len)?, desc.op, desc.output)
-        }
-        .accesses()
-    })?;
+    let Some(ranges) = blocks(lead, |start, len| {
+        lead_fits(be, desc, leading(&desc.input, start, len)?, widen)
+    })?
+    else {
+        return by_columns(be, desc, widen);
+    };
     let temps = Temporaries::new(be);
     let src_dtype = if cast { DType::F32 } else { desc.dtype };
     let ops = partial_ops(desc.op);
@@ -248,6 +251,56 @@ pub(crate) fn reduce(be: &WebGpuBackend, desc: &ReduceDesc) -> Result<()> {
         })
         .collect();
     write(be, desc.output, desc.op.output_dtype(desc.dtype), &out)
+}
+
+/// Whether `desc` over the leading indices `input` (a block of its input) fits one binding with
+/// copies `widen` times larger.
+fn lead_fits(
+    be: &WebGpuBackend,
+    desc: &ReduceDesc,
+    input: StridedBuf,
+    widen: usize,
+) -> Result<bool> {
+    let block = ReduceDesc {
+        input,
+        ..desc.clone()
+    };
+    be.fits(&block.accesses()?, desc.dtype, widen)
+}
+
+/// `desc`, a reduction along the leading dim one index of which is larger than a binding, as
+/// reductions of blocks of its dim 1 (whose outputs are independent) of which one leading index
+/// fits; where not even one index of dim 1 does, as one reduction of a rank less per index of dim
+/// 1. Each runs as a reduction of its own (in two passes, or cut further).
+fn by_columns(be: &WebGpuBackend, desc: &ReduceDesc, widen: usize) -> Result<()> {
+    let shape = desc.input.layout.shape();
+    if shape.len() < 2 {
+        return Err(BackendError::FeatureUnavailable {
+            feature: "ops spanning more than one storage binding",
+            reason: "reduce: one element of its input takes more than a storage binding".into(),
+        });
+    }
+    let out_size = desc.op.output_dtype(desc.dtype).size_in_bytes();
+    let after: usize = shape[2..].iter().product();
+    let part = |input: StridedBuf, start: usize| -> Result<ReduceDesc> {
+        Ok(ReduceDesc {
+            input,
+            output: advance(desc.output, start * after, out_size)?,
+            ..desc.clone()
+        })
+    };
+    let one_lead_fits = |start, len| {
+        let block = part(narrowed(&desc.input, 1, start, len)?, start)?;
+        lead_fits(be, &block, leading(&block.input, 0, 1)?, widen)
+    };
+    match blocks(shape[1], one_lead_fits)? {
+        Some(ranges) => ranges.iter().try_for_each(|&(start, len)| {
+            be.reduce(&part(narrowed(&desc.input, 1, start, len)?, start)?)
+        }),
+        None => {
+            (0..shape[1]).try_for_each(|i| be.reduce(&part(without_dim(&desc.input, 1, i)?, i)?))
+        }
+    }
 }
 
 /// `desc`, batch norm in training over an input larger than one binding, in two passes: the
