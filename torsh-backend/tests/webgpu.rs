@@ -2749,3 +2749,43 @@ fn convolutions_of_images_larger_than_a_binding_cut_groups_and_channels() {
         "{err:?}"
     );
 }
+
+#[test]
+fn elementwise_ops_whose_leading_indices_each_exceed_a_binding_run_index_by_index() {
+    // On a 64 KiB binding: a unary op on a transposed view whose every row spans 160 KB, and
+    // broadcasting binary ops whose output rows are 80 KB each, so no block of leading indices
+    // fits; each index runs as an op of one rank less, cut further as it needs.
+    let Some(b) = with_binding(64 << 10) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    use torsh_backend::BinaryOp;
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let run = |be: &Backend| {
+            let tall = dtype_tensor(be, &wave(2 * 20_011, 0.8), &[20_011, 2], dtype);
+            let wide = dtype_tensor(be, &wave(3 * 20_011, 1.4), &[3, 20_011], dtype);
+            let row = dtype_tensor(be, &wave(20_011, 2.2), &[1, 20_011], dtype);
+            let column = dtype_tensor(be, &wave(3, 3.1), &[3, 1], dtype);
+            [
+                be.unary(UnaryOp::Exp, &tall.t().unwrap()).unwrap(),
+                be.binary(BinaryOp::Add, &wide, &row).unwrap(),
+                be.binary(BinaryOp::Mul, &column, &wide).unwrap(),
+                be.binary(
+                    BinaryOp::Sub,
+                    &tall.t().unwrap(),
+                    &column.narrow(0, 0, 2).unwrap(),
+                )
+                .unwrap(),
+            ]
+        };
+        let names = [
+            "exp of a transposed view",
+            "add a row",
+            "mul by a column",
+            "sub",
+        ];
+        for ((name, got), want) in names.iter().zip(run(&b)).zip(run(&reference)) {
+            check_dtype(name, dtype, &got, &want);
+        }
+    }
+}

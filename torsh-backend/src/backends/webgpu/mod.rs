@@ -395,6 +395,25 @@ impl WebGpuBackend {
         self.whole_or_pieces(desc, acc, split, &run, &run)
     }
 
+    /// Runs `desc` with `run`: as the pieces `split` cuts it into, whole where it fits one
+    /// binding (or no cut of `split` fits, and the launch reports it), and otherwise, where not
+    /// even one index of the dim `split` cuts fits, with `too_large`.
+    fn in_pieces_or<D: Stageable>(
+        &self,
+        desc: &D,
+        dtype: crate::dtype::DType,
+        split: impl Fn(&Memory, &D) -> Result<Option<Vec<D>>>,
+        run: impl Fn(&D) -> Result<()>,
+        too_large: impl FnOnce(&D) -> Result<()>,
+    ) -> Result<()> {
+        let acc = desc.accesses()?;
+        match self.split(desc, &acc, split)? {
+            Some(parts) => parts.iter().try_for_each(run),
+            None if self.fits(&acc, dtype, 1)? => run(desc),
+            None => too_large(desc),
+        }
+    }
+
     /// Runs the GEMM `desc` with `kernel`: whole, as the pieces of its cut when it is larger than
     /// one binding ([`pieces::gemm_cuts`]), or, for a 16-bit product cut along the inner dim,
     /// accumulating each block of C in f32 (`split_k.rs`).
@@ -786,30 +805,23 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
-        math_dtype("batched_gemm", desc.gemm.dtype)?;
-        let acc = desc.accesses()?;
-        match self.split(desc, &acc, pieces::batched_gemm)? {
-            Some(parts) => parts
-                .iter()
-                .try_for_each(|d| self.run(d, blas::batched_gemm)),
-            None if self.fits(&acc, desc.gemm.dtype, 1)? => self.run(desc, blas::batched_gemm),
-            // Not even one product fits a binding: each runs as a GEMM, cut as GEMMs are.
-            None => {
-                (0..desc.batch_count).try_for_each(|i| self.gemm(&pieces::batch_element(desc, i)?))
-            }
-        }
+        let dtype = desc.gemm.dtype;
+        math_dtype("batched_gemm", dtype)?;
+        let run = |d: &BatchedGemmDesc| self.run(d, blas::batched_gemm);
+        // Not even one product fits a binding: each runs as a GEMM, cut as GEMMs are.
+        let each = |d: &BatchedGemmDesc| {
+            (0..d.batch_count).try_for_each(|i| self.gemm(&pieces::batch_element(d, i)?))
+        };
+        self.in_pieces_or(desc, dtype, pieces::batched_gemm, run, each)
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
         math_dtype("gemv", desc.dtype)?;
-        let acc = desc.accesses()?;
-        match self.split(desc, &acc, pieces::gemv)? {
-            Some(parts) => parts.iter().try_for_each(|d| self.run(d, blas::gemv)),
-            None if self.fits(&acc, desc.dtype, 1)? => self.run(desc, blas::gemv),
-            // No block of rows fits a binding (a row of A is too long, or A is untransposed and
-            // rows do not narrow it): the same product as a GEMM, whose cuts include the inner dim.
-            None => self.gemm(&pieces::gemv_as_gemm(desc)),
-        }
+        let run = |d: &GemvDesc| self.run(d, blas::gemv);
+        // No block of rows fits a binding (a row of A is too long, or A is untransposed and rows
+        // do not narrow it): the same product as a GEMM, whose cuts include the inner dim.
+        let as_gemm = |d: &GemvDesc| self.gemm(&pieces::gemv_as_gemm(d));
+        self.in_pieces_or(desc, desc.dtype, pieces::gemv, run, as_gemm)
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
@@ -821,13 +833,10 @@ impl ComputeBackend for WebGpuBackend {
             .limits
             .max_compute_workgroups_per_dimension;
         let split = |mem: &Memory, d: &Conv2dDesc| pieces::conv2d(mem, d, max_groups);
-        let acc = desc.accesses()?;
-        match self.split(desc, &acc, split)? {
-            Some(parts) => parts.iter().try_for_each(|d| self.run(d, conv::conv2d)),
-            None if self.fits(&acc, desc.dtype, 1)? => self.run(desc, conv::conv2d),
-            // Not even one image fits a binding: by channels of each image.
-            None => conv_split::conv2d(self, desc, max_groups),
-        }
+        let run = |d: &Conv2dDesc| self.run(d, conv::conv2d);
+        // Not even one image fits a binding: by channels of each image.
+        let by_channels = |d: &Conv2dDesc| conv_split::conv2d(self, d, max_groups);
+        self.in_pieces_or(desc, desc.dtype, split, run, by_channels)
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
@@ -843,43 +852,40 @@ impl ComputeBackend for WebGpuBackend {
         if desc.axis == 0 && !self.fits(&acc, desc.dtype, 1)? {
             return two_pass::reduce(self, desc);
         }
-        match self.split(desc, &acc, pieces::reduce)? {
-            Some(parts) => parts.iter().try_for_each(|d| self.run(d, rows::reduce)),
-            None if self.fits(&acc, desc.dtype, 1)? => self.run(desc, rows::reduce),
-            // Not even one index of the leading dim fits a binding: each is a reduction of one
-            // rank less (along the leading dim it becomes one in two passes).
-            None => {
-                let size = desc.op.output_dtype(desc.dtype).size_in_bytes();
-                let shape = desc.input.layout.shape();
-                // Output elements per leading index: the product of the dims kept but the first.
-                let per_lead: usize = (1..shape.len())
-                    .filter(|&d| d != desc.axis)
-                    .map(|d| shape[d])
-                    .product();
-                (0..shape[0]).try_for_each(|i| {
-                    self.reduce(&ReduceDesc {
-                        input: pieces::without_dim(&desc.input, 0, i)?,
-                        axis: desc.axis - 1,
-                        output: pieces::advance(desc.output, i * per_lead, size)?,
-                        ..desc.clone()
-                    })
-                })
-            }
-        }
+        let run = |d: &ReduceDesc| self.run(d, rows::reduce);
+        // Not even one index of the leading dim fits a binding: each is a reduction of one rank
+        // less (along the leading dim it becomes one in two passes).
+        let by_index = |d: &ReduceDesc| {
+            pieces::reduce_by_index(d)?
+                .iter()
+                .try_for_each(|d| self.reduce(d))
+        };
+        self.in_pieces_or(desc, desc.dtype, pieces::reduce, run, by_index)
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
         math_dtype("unary", desc.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::unary, |d| {
-            self.run(d, elementwise::unary)
-        })
+        let run = |d: &UnaryDesc| self.run(d, elementwise::unary);
+        // Not even one index of the leading dim fits a binding: each is an op of one rank less.
+        let by_index = |d: &UnaryDesc| {
+            pieces::unary_by_index(d)?
+                .iter()
+                .try_for_each(|d| self.unary(d))
+        };
+        self.in_pieces_or(desc, desc.dtype, pieces::unary, run, by_index)
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
         math_dtype("binary", desc.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::binary, |d| {
-            self.run(d, elementwise::binary)
-        })
+        let run = |d: &BinaryDesc| self.run(d, elementwise::binary);
+        // Not even one index of the output's leading dim fits a binding: each is an op of one
+        // rank less.
+        let by_index = |d: &BinaryDesc| {
+            pieces::binary_by_index(d)?
+                .iter()
+                .try_for_each(|d| self.binary(d))
+        };
+        self.in_pieces_or(desc, desc.dtype, pieces::binary, run, by_index)
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {

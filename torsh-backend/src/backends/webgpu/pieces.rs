@@ -807,6 +807,93 @@ pub(crate) fn binary(mem: &Memory, desc: &BinaryDesc) -> Result<Option<Vec<Binar
     )
 }
 
+/// `make(i)` for each index `i` of a leading dim of `lead` indices, each of which is larger than
+/// a binding: the ops of one rank less that replace one whose view has `rank` dims.
+/// `FeatureUnavailable` for a view of one dim (one element larger than a binding).
+fn by_index<D>(
+    op: &'static str,
+    rank: usize,
+    lead: usize,
+    make: impl Fn(usize) -> Result<D>,
+) -> Result<Vec<D>> {
+    if rank < 2 {
+        return Err(BackendError::FeatureUnavailable {
+            feature: "ops spanning more than one storage binding",
+            reason: format!("{op}: one element of its operands takes more than a storage binding"),
+        });
+    }
+    (0..lead).map(make).collect()
+}
+
+/// Elements of a dense output of `shape` per index of its leading dim.
+fn per_lead(shape: &[usize]) -> usize {
+    shape.iter().skip(1).product()
+}
+
+/// `desc`, a reduction along a dim other than the leading one, as one reduction of a rank less per
+/// index of its leading dim.
+pub(crate) fn reduce_by_index(desc: &ReduceDesc) -> Result<Vec<ReduceDesc>> {
+    let shape = desc.input.layout.shape();
+    let size = desc.op.output_dtype(desc.dtype).size_in_bytes();
+    // Output elements per leading index: the product of the dims kept but the first.
+    let per_lead: usize = (1..shape.len())
+        .filter(|&d| d != desc.axis)
+        .map(|d| shape[d])
+        .product();
+    if desc.axis == 0 {
+        return Err(BackendError::invalid(
+            "reduce",
+            "a reduction along the leading dim is not cut by leading index",
+        ));
+    }
+    by_index("reduce", shape.len(), shape[0], |i| {
+        Ok(ReduceDesc {
+            input: without_dim(&desc.input, 0, i)?,
+            axis: desc.axis - 1,
+            output: advance(desc.output, i * per_lead, size)?,
+            ..desc.clone()
+        })
+    })
+}
+
+/// `desc` as one unary op of a rank less per index of its input's leading dim.
+pub(crate) fn unary_by_index(desc: &UnaryDesc) -> Result<Vec<UnaryDesc>> {
+    let shape = desc.input.layout.shape();
+    let (size, step) = (desc.dtype.size_in_bytes(), per_lead(shape));
+    by_index(
+        "unary",
+        shape.len(),
+        shape.first().copied().unwrap_or(1),
+        |i| {
+            Ok(UnaryDesc {
+                input: without_dim(&desc.input, 0, i)?,
+                output: advance(desc.output, i * step, size)?,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` as one binary op of a rank less per index of its output's leading dim (a broadcast
+/// operand, of stride 0 there, gives the same view to each).
+pub(crate) fn binary_by_index(desc: &BinaryDesc) -> Result<Vec<BinaryDesc>> {
+    let shape = desc.lhs.layout.shape();
+    let (size, step) = (desc.dtype.size_in_bytes(), per_lead(shape));
+    by_index(
+        "binary",
+        shape.len(),
+        shape.first().copied().unwrap_or(1),
+        |i| {
+            Ok(BinaryDesc {
+                lhs: without_dim(&desc.lhs, 0, i)?,
+                rhs: without_dim(&desc.rhs, 0, i)?,
+                output: advance(desc.output, i * step, size)?,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
 /// The view `buf` narrowed to indices `start..start + len` of its leading dim.
 pub(crate) fn leading(buf: &StridedBuf, start: usize, len: usize) -> Result<StridedBuf> {
     narrowed(buf, 0, start, len)
