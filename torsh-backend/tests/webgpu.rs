@@ -2379,13 +2379,6 @@ fn leading_dim_reductions_larger_than_a_binding_combine_partials_of_blocks() {
     for (r, e) in replayed.iter().zip(&eager) {
         assert_eq!(r.to_bytes().unwrap(), e.to_bytes().unwrap());
     }
-    // One softmax row larger than a binding: the typed error, naming the limit.
-    let wide = b.randn(&[2, 70_000], DType::F32).unwrap();
-    let err = wide.softmax(1).unwrap_err();
-    assert!(
-        matches!(err, BackendError::FeatureUnavailable { .. }),
-        "{err:?}"
-    );
 }
 
 #[test]
@@ -2788,4 +2781,94 @@ fn elementwise_ops_whose_leading_indices_each_exceed_a_binding_run_index_by_inde
             check_dtype(name, dtype, &got, &want);
         }
     }
+}
+
+#[test]
+fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_channels() {
+    // On a 64 KiB binding: softmax and log-softmax of rows of 20 011 values (80 KB each) and over
+    // the 7 channels of [2, 7, 3 001] (84 KB per outer slice), layer norm of such rows with weight
+    // and bias, each composed of reductions and elementwise ops in f32; batch norm of images of
+    // 82 KB (by blocks of channels, copied out of every image in training) and of one channel of
+    // 80 KB in inference (by ranges of positions); against the reference in f32, f16 and bf16.
+    let Some(b) = with_binding(64 << 10) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let run = |be: &Backend| {
+            let rows = dtype_tensor(be, &wave(2 * 20_011, 0.35), &[2, 20_011], dtype);
+            let channels = dtype_tensor(be, &wave(2 * 7 * 3001, 1.05), &[2, 7, 3001], dtype);
+            let weight = dtype_tensor(be, &wave(20_011, 2.45), &[20_011], dtype);
+            let bias = dtype_tensor(be, &wave(20_011, 0.15), &[20_011], dtype);
+            [
+                rows.softmax(1).unwrap(),
+                rows.log_softmax(1).unwrap(),
+                channels.softmax(1).unwrap(),
+                channels.log_softmax(1).unwrap(),
+                rows.layer_norm(&[20_011], Some(&weight), Some(&bias), 1e-5)
+                    .unwrap(),
+            ]
+        };
+        let names = [
+            "softmax of rows",
+            "log_softmax of rows",
+            "softmax over channels",
+            "log_softmax over channels",
+            "layer_norm of rows",
+        ];
+        for ((name, got), want) in names.iter().zip(run(&b)).zip(run(&reference)) {
+            check_dtype(name, dtype, &got, &want);
+        }
+        for (shape, trainings) in [
+            (vec![2, 5, 4099], &[true, false][..]),
+            (vec![2, 1, 20_011], &[false][..]),
+        ] {
+            let (c, len) = (shape[1], shape.iter().product());
+            let host: Vec<f32> = wave(len, 0.45)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v + (i / (len / shape[0])) as f32)
+                .collect();
+            let param = |k: usize| -> Vec<f32> {
+                wave(c, k as f32)
+                    .iter()
+                    .map(|v| if k == 3 { 0.5 + v.abs() } else { *v })
+                    .collect()
+            };
+            let params = [param(0), param(1), param(2), param(3)];
+            let params = [&params[0][..], &params[1], &params[2], &params[3]];
+            for &training in trainings {
+                let data = (&host[..], &shape[..], dtype);
+                check_batch_norm(&b, "of large images", data, params, training, 0.3);
+            }
+        }
+    }
+    // Training without running statistics, in two passes over blocks of images ([6, 3, 4099]:
+    // each image fits) and by blocks of channels ([2, 5, 4099]); and, with one channel of one
+    // image larger than a binding, the typed error.
+    let no_stats = torsh_backend::BatchNormConfig {
+        weight: None,
+        bias: None,
+        running_mean: None,
+        running_var: None,
+        training: true,
+        momentum: None,
+        eps: None,
+    };
+    for shape in [[6, 3, 4099], [2, 5, 4099]] {
+        let host = wave(shape.iter().product(), 0.85);
+        let x = b.from_slice(&host, &shape).unwrap();
+        let x_ref = reference.from_slice(&host, &shape).unwrap();
+        check_close(
+            "batch_norm without running statistics",
+            &x.batch_norm(no_stats).unwrap(),
+            &x_ref.batch_norm(no_stats).unwrap(),
+        );
+    }
+    let x = b.randn(&[2, 1, 20_011], DType::F32).unwrap();
+    let err = x.batch_norm(no_stats).unwrap_err();
+    assert!(
+        matches!(err, BackendError::FeatureUnavailable { .. }),
+        "{err:?}"
+    );
 }

@@ -22,6 +22,7 @@ mod adapter;
 mod attention;
 mod blas;
 mod cast;
+mod composed;
 mod context;
 mod conv;
 mod conv_split;
@@ -395,18 +396,17 @@ impl WebGpuBackend {
         self.whole_or_pieces(desc, acc, split, &run, &run)
     }
 
-    /// Runs `desc` with `run`: as the pieces `split` cuts it into, whole where it fits one
+    /// Runs `desc` (whose accesses are `acc`) with `run`: as the pieces `split` cuts it into, whole where it fits one
     /// binding (or no cut of `split` fits, and the launch reports it), and otherwise, where not
     /// even one index of the dim `split` cuts fits, with `too_large`.
-    fn in_pieces_or<D: Stageable>(
+    fn in_pieces_or<D>(
         &self,
-        desc: &D,
+        (desc, acc): (&D, Accesses),
         dtype: crate::dtype::DType,
         split: impl Fn(&Memory, &D) -> Result<Option<Vec<D>>>,
         run: impl Fn(&D) -> Result<()>,
         too_large: impl FnOnce(&D) -> Result<()>,
     ) -> Result<()> {
-        let acc = desc.accesses()?;
         match self.split(desc, &acc, split)? {
             Some(parts) => parts.iter().try_for_each(run),
             None if self.fits(&acc, dtype, 1)? => run(desc),
@@ -812,7 +812,13 @@ impl ComputeBackend for WebGpuBackend {
         let each = |d: &BatchedGemmDesc| {
             (0..d.batch_count).try_for_each(|i| self.gemm(&pieces::batch_element(d, i)?))
         };
-        self.in_pieces_or(desc, dtype, pieces::batched_gemm, run, each)
+        self.in_pieces_or(
+            (desc, desc.accesses()?),
+            dtype,
+            pieces::batched_gemm,
+            run,
+            each,
+        )
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
@@ -821,7 +827,13 @@ impl ComputeBackend for WebGpuBackend {
         // No block of rows fits a binding (a row of A is too long, or A is untransposed and rows
         // do not narrow it): the same product as a GEMM, whose cuts include the inner dim.
         let as_gemm = |d: &GemvDesc| self.gemm(&pieces::gemv_as_gemm(d));
-        self.in_pieces_or(desc, desc.dtype, pieces::gemv, run, as_gemm)
+        self.in_pieces_or(
+            (desc, desc.accesses()?),
+            desc.dtype,
+            pieces::gemv,
+            run,
+            as_gemm,
+        )
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
@@ -836,7 +848,13 @@ impl ComputeBackend for WebGpuBackend {
         let run = |d: &Conv2dDesc| self.run(d, conv::conv2d);
         // Not even one image fits a binding: by channels of each image.
         let by_channels = |d: &Conv2dDesc| conv_split::conv2d(self, d, max_groups);
-        self.in_pieces_or(desc, desc.dtype, split, run, by_channels)
+        self.in_pieces_or(
+            (desc, desc.accesses()?),
+            desc.dtype,
+            split,
+            run,
+            by_channels,
+        )
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
@@ -860,7 +878,13 @@ impl ComputeBackend for WebGpuBackend {
                 .iter()
                 .try_for_each(|d| self.reduce(d))
         };
-        self.in_pieces_or(desc, desc.dtype, pieces::reduce, run, by_index)
+        self.in_pieces_or(
+            (desc, desc.accesses()?),
+            desc.dtype,
+            pieces::reduce,
+            run,
+            by_index,
+        )
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
@@ -872,7 +896,13 @@ impl ComputeBackend for WebGpuBackend {
                 .iter()
                 .try_for_each(|d| self.unary(d))
         };
-        self.in_pieces_or(desc, desc.dtype, pieces::unary, run, by_index)
+        self.in_pieces_or(
+            (desc, desc.accesses()?),
+            desc.dtype,
+            pieces::unary,
+            run,
+            by_index,
+        )
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
@@ -885,21 +915,36 @@ impl ComputeBackend for WebGpuBackend {
                 .iter()
                 .try_for_each(|d| self.binary(d))
         };
-        self.in_pieces_or(desc, desc.dtype, pieces::binary, run, by_index)
+        self.in_pieces_or(
+            (desc, desc.accesses()?),
+            desc.dtype,
+            pieces::binary,
+            run,
+            by_index,
+        )
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
         math_dtype("softmax", desc.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::softmax, |d| {
-            self.run(d, rows::softmax)
-        })
+        let run = |d: &SoftmaxDesc| self.run(d, rows::softmax);
+        // One outer slice larger than a binding: composed of reductions and elementwise ops.
+        let composed = |d: &SoftmaxDesc| composed::softmax(self, d);
+        self.in_pieces_or(
+            (desc, desc.accesses()?),
+            desc.dtype,
+            pieces::softmax,
+            run,
+            composed,
+        )
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
         math_dtype("layer_norm", desc.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::layer_norm, |d| {
-            self.run(d, rows::layer_norm)
-        })
+        let run = |d: &LayerNormDesc| self.run(d, rows::layer_norm);
+        // One row larger than a binding: composed of reductions and elementwise ops.
+        let composed = |d: &LayerNormDesc| composed::layer_norm(self, d);
+        let split = pieces::layer_norm;
+        self.in_pieces_or((desc, desc.accesses()?), desc.dtype, split, run, composed)
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
@@ -908,9 +953,16 @@ impl ComputeBackend for WebGpuBackend {
         if desc.training && !self.fits(&acc, desc.dtype, 1)? {
             return two_pass::batch_norm(self, desc);
         }
-        self.in_pieces(desc, acc, pieces::batch_norm, |d| {
-            self.run(d, pool::batch_norm)
-        })
+        let run = |d: &BatchNormDesc| self.run(d, pool::batch_norm);
+        // In inference, one image larger than a binding: by channels, and positions.
+        let by_channels = |d: &BatchNormDesc| composed::batch_norm_inference(self, d);
+        self.in_pieces_or(
+            (desc, acc),
+            desc.dtype,
+            pieces::batch_norm,
+            run,
+            by_channels,
+        )
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
@@ -963,16 +1015,44 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn cast(&self, desc: &CastDesc) -> Result<()> {
-        self.in_pieces(desc, desc.accesses()?, pieces::cast, |d| {
-            self.run_direct(d.accesses()?, |gpu, k, mem| cast::cast(gpu, k, mem, d))
-        })
+        let run =
+            |d: &CastDesc| self.run_direct(d.accesses()?, |gpu, k, mem| cast::cast(gpu, k, mem, d));
+        // A strided input not even one index of whose leading dim fits a binding: index by index.
+        let by_index = |d: &CastDesc| {
+            pieces::cast_by_index(d)?
+                .iter()
+                .try_for_each(|d| self.cast(d))
+        };
+        // Casts run in every dtype as they are, with no f32 copies to budget for: F32's widening.
+        let acc = desc.accesses()?;
+        self.in_pieces_or(
+            (desc, acc),
+            crate::dtype::DType::F32,
+            pieces::cast,
+            run,
+            by_index,
+        )
     }
 
     fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        self.in_pieces(desc, desc.accesses()?, pieces::copy, |d| {
+        let run = |d: &CopyDesc| {
             self.run_direct(d.accesses()?, |gpu, k, mem| {
                 elementwise::copy(gpu, k, mem, d)
             })
-        })
+        };
+        // Strided views not even one index of whose leading dim fits a binding: index by index.
+        let by_index = |d: &CopyDesc| {
+            pieces::copy_by_index(d)?
+                .iter()
+                .try_for_each(|d| self.copy_strided(d))
+        };
+        let acc = desc.accesses()?;
+        self.in_pieces_or(
+            (desc, acc),
+            crate::dtype::DType::F32,
+            pieces::copy,
+            run,
+            by_index,
+        )
     }
 }

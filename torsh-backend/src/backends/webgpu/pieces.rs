@@ -699,7 +699,7 @@ pub(crate) fn random(mem: &Memory, desc: &RandomDesc) -> Result<Option<Vec<(u64,
     })
 }
 
-/// `desc` as casts of pieces, when its input is dense and an operand is larger than a piece.
+/// `desc` as casts of pieces: by elements when its input is dense, else by the leading dim.
 pub(crate) fn cast(mem: &Memory, desc: &CastDesc) -> Result<Option<Vec<CastDesc>>> {
     let limit = mem.binding_limit();
     let n = desc.input.layout.numel();
@@ -707,29 +707,68 @@ pub(crate) fn cast(mem: &Memory, desc: &CastDesc) -> Result<Option<Vec<CastDesc>
         desc.src_dtype.size_in_bytes(),
         desc.dst_dtype.size_in_bytes(),
     );
-    let ranges = ranges(limit, n, from.max(to)).filter(|_| dense(&desc.input, n));
-    each(ranges, |start, len| {
-        Ok(CastDesc {
-            input: part(&desc.input, from, start, len)?,
-            output: advance(desc.output, start, to)?,
-            ..desc.clone()
-        })
-    })
+    if dense(&desc.input, n) {
+        return each(ranges(limit, n, from.max(to)), |start, len| {
+            Ok(CastDesc {
+                input: part(&desc.input, from, start, len)?,
+                output: advance(desc.output, start, to)?,
+                ..desc.clone()
+            })
+        });
+    }
+    let shape = desc.input.layout.shape();
+    let Some(&lead) = shape.first() else {
+        return Ok(None);
+    };
+    let step = per_lead(shape);
+    // Casts take every dtype as it is: F32 stands for no widening.
+    split(
+        mem,
+        desc,
+        DType::F32,
+        lead,
+        CastDesc::accesses,
+        |start, len| {
+            Ok(CastDesc {
+                input: leading(&desc.input, start, len)?,
+                output: advance(desc.output, start * step, to)?,
+                ..desc.clone()
+            })
+        },
+    )
 }
 
-/// `desc` as copies of pieces, when both views are dense and larger than a piece.
+/// `desc` as copies of pieces: by elements when both views are dense, else by the leading dim.
 pub(crate) fn copy(mem: &Memory, desc: &CopyDesc) -> Result<Option<Vec<CopyDesc>>> {
     let limit = mem.binding_limit();
     let n = desc.src.layout.numel();
     let size = desc.dtype.size_in_bytes();
-    let ranges = ranges(limit, n, size).filter(|_| dense(&desc.src, n) && dense(&desc.dst, n));
-    each(ranges, |start, len| {
-        Ok(CopyDesc {
-            src: part(&desc.src, size, start, len)?,
-            dst: part(&desc.dst, size, start, len)?,
-            ..desc.clone()
-        })
-    })
+    if dense(&desc.src, n) && dense(&desc.dst, n) {
+        return each(ranges(limit, n, size), |start, len| {
+            Ok(CopyDesc {
+                src: part(&desc.src, size, start, len)?,
+                dst: part(&desc.dst, size, start, len)?,
+                ..desc.clone()
+            })
+        });
+    }
+    let Some(&lead) = desc.src.layout.shape().first() else {
+        return Ok(None);
+    };
+    split(
+        mem,
+        desc,
+        DType::F32,
+        lead,
+        CopyDesc::accesses,
+        |start, len| {
+            Ok(CopyDesc {
+                src: leading(&desc.src, start, len)?,
+                dst: leading(&desc.dst, start, len)?,
+                ..desc.clone()
+            })
+        },
+    )
 }
 
 /// `desc` as unary ops on pieces: by elements when its input is dense, else by the leading dim.
@@ -888,6 +927,41 @@ pub(crate) fn binary_by_index(desc: &BinaryDesc) -> Result<Vec<BinaryDesc>> {
                 lhs: without_dim(&desc.lhs, 0, i)?,
                 rhs: without_dim(&desc.rhs, 0, i)?,
                 output: advance(desc.output, i * step, size)?,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` as one cast of a rank less per index of its input's leading dim.
+pub(crate) fn cast_by_index(desc: &CastDesc) -> Result<Vec<CastDesc>> {
+    let shape = desc.input.layout.shape();
+    let (size, step) = (desc.dst_dtype.size_in_bytes(), per_lead(shape));
+    by_index(
+        "cast",
+        shape.len(),
+        shape.first().copied().unwrap_or(1),
+        |i| {
+            Ok(CastDesc {
+                input: without_dim(&desc.input, 0, i)?,
+                output: advance(desc.output, i * step, size)?,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` as one copy of a rank less per index of the views' leading dim.
+pub(crate) fn copy_by_index(desc: &CopyDesc) -> Result<Vec<CopyDesc>> {
+    let shape = desc.src.layout.shape();
+    by_index(
+        "copy",
+        shape.len(),
+        shape.first().copied().unwrap_or(1),
+        |i| {
+            Ok(CopyDesc {
+                src: without_dim(&desc.src, 0, i)?,
+                dst: without_dim(&desc.dst, 0, i)?,
                 ..desc.clone()
             })
         },

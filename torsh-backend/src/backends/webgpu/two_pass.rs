@@ -27,8 +27,8 @@
 
 use crate::backends::reference::memory::{decode, decode_int, encode, encode_int};
 use crate::compute::{
-    Accesses, BatchNormDesc, CastDesc, ComputeBackend, DevicePtr, FillDesc, ReduceDesc, ReduceOp,
-    StridedBuf, Temporaries,
+    BatchNormDesc, CastDesc, ComputeBackend, DevicePtr, FillDesc, ReduceDesc, ReduceOp, StridedBuf,
+    Temporaries,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -48,26 +48,6 @@ fn widen(dtype: DType) -> usize {
     } else {
         1
     }
-}
-
-/// The blocks `(start, len)` of `total` whose ops, of `accesses(start, len)`, each fit one binding
-/// with copies `widen` times larger; `FeatureUnavailable` when even one index is too large.
-fn fitting_blocks(
-    be: &WebGpuBackend,
-    op: &'static str,
-    dtype: DType,
-    total: usize,
-    widen: usize,
-    accesses: impl Fn(usize, usize) -> Result<Accesses>,
-) -> Result<Vec<(usize, usize)>> {
-    let fits = |start, len| be.fits(&accesses(start, len)?, dtype, widen);
-    blocks(total, fits)?.ok_or_else(|| BackendError::FeatureUnavailable {
-        feature: "ops spanning more than one storage binding",
-        reason: format!(
-            "{op}: one index of the leading dim of its input takes more than a storage binding; \
-             run it on smaller views"
-        ),
-    })
 }
 
 /// `view` of `dtype` cast into `f32_buf`, as a dense f32 view of the same shape.
@@ -317,22 +297,16 @@ pub(crate) fn batch_norm(be: &WebGpuBackend, desc: &BatchNormDesc) -> Result<()>
             &[len, c, s],
         ))
     };
-    let ranges = fitting_blocks(
-        be,
-        "batch_norm",
-        desc.dtype,
-        n,
-        widen(desc.dtype),
-        // The regions of a block, as inference (training refuses one value per channel, which a
-        // block of one image of one position is; pass one handles such a block without it).
-        |start, len| {
-            BatchNormDesc {
-                training: false,
-                ..batch_norm_images(desc, start, len)?
-            }
-            .accesses()
-        },
-    )?;
+    // The regions of a block, whatever training would say of it alone (it refuses one value per
+    // channel, which a block of one image of one position is; pass one handles such a block).
+    let fits = |start, len| {
+        let block = batch_norm_images(desc, start, len)?;
+        be.fits(&block.regions()?, desc.dtype, widen(desc.dtype))
+    };
+    let Some(ranges) = blocks(n, fits)? else {
+        // One image is larger than a binding: by blocks of channels.
+        return super::composed::batch_norm_training(be, desc, widen(desc.dtype));
+    };
     let temps = Temporaries::new(be);
     let longest = ranges.iter().map(|r| r.1).max().unwrap_or(0);
     let scratch = if cast {

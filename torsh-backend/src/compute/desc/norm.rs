@@ -150,6 +150,15 @@ impl BatchNormDesc {
                 "inference needs running_mean and running_var",
             ));
         }
+        self.regions()
+    }
+
+    /// The regions the op touches, without the checks of its mode that [`BatchNormDesc::accesses`]
+    /// makes first (more than one value per channel in training, running statistics in
+    /// inference): for sizing blocks of a larger op, which a block alone may not pass.
+    /// `SizeOverflow` when a size overflows.
+    pub fn regions(&self) -> Result<Accesses> {
+        let op = "batch_norm";
         let bytes = dense_bytes(op, &[self.batch, self.channels, self.spatial], self.dtype)?;
         let chan = dense_bytes(op, &[self.channels], self.dtype)?;
         let stats = if self.training {
