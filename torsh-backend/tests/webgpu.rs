@@ -2744,10 +2744,11 @@ fn convolutions_of_images_larger_than_a_binding_cut_groups_and_channels() {
 }
 
 #[test]
-fn elementwise_ops_whose_leading_indices_each_exceed_a_binding_run_index_by_index() {
-    // On a 64 KiB binding: a unary op on a transposed view whose every row spans 160 KB, and
-    // broadcasting binary ops whose output rows are 80 KB each, so no block of leading indices
-    // fits; each index runs as an op of one rank less, cut further as it needs.
+fn elementwise_ops_copies_and_casts_whose_leading_indices_each_exceed_a_binding() {
+    // On a 64 KiB binding: a unary op, a copy and casts of transposed views whose every row spans
+    // 160 KB or more (the copy cut into tiles of both views' widest dims, the others run on such a
+    // dense copy), and broadcasting binary ops whose output rows are 80 KB each, each leading index
+    // of which runs as an op of one rank less; so no block of leading indices fits any of them.
     let Some(b) = with_binding(64 << 10) else {
         return;
     };
@@ -2769,6 +2770,9 @@ fn elementwise_ops_whose_leading_indices_each_exceed_a_binding_run_index_by_inde
                     &column.narrow(0, 0, 2).unwrap(),
                 )
                 .unwrap(),
+                tall.t().unwrap().contiguous().unwrap(),
+                tall.t().unwrap().cast(DType::F32).unwrap(),
+                wide.t().unwrap().cast(DType::BF16).unwrap(),
             ]
         };
         let names = [
@@ -2776,6 +2780,9 @@ fn elementwise_ops_whose_leading_indices_each_exceed_a_binding_run_index_by_inde
             "add a row",
             "mul by a column",
             "sub",
+            "copy of a transposed view",
+            "cast of a transposed view",
+            "cast of another",
         ];
         for ((name, got), want) in names.iter().zip(run(&b)).zip(run(&reference)) {
             check_dtype(name, dtype, &got, &want);

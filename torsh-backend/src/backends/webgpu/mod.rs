@@ -414,6 +414,24 @@ impl WebGpuBackend {
         }
     }
 
+    /// A dense copy of `view` (of `dtype`) in a buffer of `temps`, as a view of the same shape.
+    fn dense_copy(
+        &self,
+        temps: &Temporaries<'_, Self>,
+        dtype: crate::dtype::DType,
+        view: &StridedBuf,
+    ) -> Result<StridedBuf> {
+        let shape = view.layout.shape().to_vec();
+        let bytes = view.layout.numel() * dtype.size_in_bytes();
+        let dense = StridedBuf::contiguous(temps.alloc(bytes)?, &shape);
+        self.copy_strided(&CopyDesc {
+            dtype,
+            src: view.clone(),
+            dst: dense.clone(),
+        })?;
+        Ok(dense)
+    }
+
     /// Runs the GEMM `desc` with `kernel`: whole, as the pieces of its cut when it is larger than
     /// one binding ([`pieces::gemm_cuts`]), or, for a 16-bit product cut along the inner dim,
     /// accumulating each block of C in f32 (`split_k.rs`).
@@ -890,19 +908,15 @@ impl ComputeBackend for WebGpuBackend {
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
         math_dtype("unary", desc.dtype)?;
         let run = |d: &UnaryDesc| self.run(d, elementwise::unary);
-        // Not even one index of the leading dim fits a binding: each is an op of one rank less.
-        let by_index = |d: &UnaryDesc| {
-            pieces::unary_by_index(d)?
-                .iter()
-                .try_for_each(|d| self.unary(d))
+        // A strided input not even one index of whose leading dim fits a binding: a dense copy of
+        // it first (copies cut into tiles), then the op by elements.
+        let dense = |d: &UnaryDesc| {
+            let temps = Temporaries::new(self);
+            let input = self.dense_copy(&temps, d.dtype, &d.input)?;
+            self.unary(&UnaryDesc { input, ..d.clone() })
         };
-        self.in_pieces_or(
-            (desc, desc.accesses()?),
-            desc.dtype,
-            pieces::unary,
-            run,
-            by_index,
-        )
+        let acc = desc.accesses()?;
+        self.in_pieces_or((desc, acc), desc.dtype, pieces::unary, run, dense)
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
@@ -1017,11 +1031,12 @@ impl ComputeBackend for WebGpuBackend {
     fn cast(&self, desc: &CastDesc) -> Result<()> {
         let run =
             |d: &CastDesc| self.run_direct(d.accesses()?, |gpu, k, mem| cast::cast(gpu, k, mem, d));
-        // A strided input not even one index of whose leading dim fits a binding: index by index.
-        let by_index = |d: &CastDesc| {
-            pieces::cast_by_index(d)?
-                .iter()
-                .try_for_each(|d| self.cast(d))
+        // A strided input not even one index of whose leading dim fits a binding: a dense copy
+        // of it first (copies cut into tiles), then cast by elements.
+        let dense = |d: &CastDesc| {
+            let temps = Temporaries::new(self);
+            let input = self.dense_copy(&temps, d.src_dtype, &d.input)?;
+            self.cast(&CastDesc { input, ..d.clone() })
         };
         // Casts run in every dtype as they are, with no f32 copies to budget for: F32's widening.
         let acc = desc.accesses()?;
@@ -1030,7 +1045,7 @@ impl ComputeBackend for WebGpuBackend {
             crate::dtype::DType::F32,
             pieces::cast,
             run,
-            by_index,
+            dense,
         )
     }
 

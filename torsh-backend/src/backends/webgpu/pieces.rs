@@ -738,7 +738,7 @@ pub(crate) fn cast(mem: &Memory, desc: &CastDesc) -> Result<Option<Vec<CastDesc>
     )
 }
 
-/// `desc` as copies of pieces: by elements when both views are dense, else by the leading dim.
+/// `desc` as copies of pieces: by elements when both views are dense, else by tiles ([`tiles`]).
 pub(crate) fn copy(mem: &Memory, desc: &CopyDesc) -> Result<Option<Vec<CopyDesc>>> {
     let limit = mem.binding_limit();
     let n = desc.src.layout.numel();
@@ -752,23 +752,62 @@ pub(crate) fn copy(mem: &Memory, desc: &CopyDesc) -> Result<Option<Vec<CopyDesc>
             })
         });
     }
-    let Some(&lead) = desc.src.layout.shape().first() else {
+    tiles(mem, desc)
+}
+
+/// `desc`, a copy between strided views, cut into the fewest tiles that each fit: blocks of the
+/// dim along which the source's stride is largest and of the one along which the destination's
+/// is (one dim when they are the same), as a transposing copy needs (either dim alone leaves the
+/// other view spanning nearly all of its tensor). `None` when the copy fits whole or no tiles fit.
+fn tiles(mem: &Memory, desc: &CopyDesc) -> Result<Option<Vec<CopyDesc>>> {
+    let acc = desc.accesses()?;
+    if mem.fits(&acc, 1) {
+        return Ok(None);
+    }
+    let shape = desc.src.layout.shape();
+    let widest = |view: &StridedBuf| {
+        (0..shape.len())
+            .filter(|&d| shape[d] > 1)
+            .max_by_key(|&d| view.layout.strides()[d])
+    };
+    let (Some(a), Some(b)) = (widest(&desc.src), widest(&desc.dst)) else {
         return Ok(None);
     };
-    split(
-        mem,
-        desc,
-        DType::F32,
-        lead,
-        CopyDesc::accesses,
-        |start, len| {
-            Ok(CopyDesc {
-                src: leading(&desc.src, start, len)?,
-                dst: leading(&desc.dst, start, len)?,
-                ..desc.clone()
-            })
-        },
-    )
+    let tile = |ra: (usize, usize), rb: (usize, usize)| -> Result<CopyDesc> {
+        let narrow = |view: &StridedBuf| -> Result<StridedBuf> {
+            let view = narrowed(view, a, ra.0, ra.1)?;
+            if a == b {
+                return Ok(view);
+            }
+            narrowed(&view, b, rb.0, rb.1)
+        };
+        Ok(CopyDesc {
+            src: narrow(&desc.src)?,
+            dst: narrow(&desc.dst)?,
+            ..desc.clone()
+        })
+    };
+    let (cuts_a, cuts_b) = (cuts(shape[a]), cuts(if a == b { 1 } else { shape[b] }));
+    let mut candidates: Vec<(Cut, Cut)> = cuts_a
+        .iter()
+        .flat_map(|&ca| cuts_b.iter().map(move |&cb| (ca, cb)))
+        .collect();
+    candidates.sort_by_key(|(ca, cb)| ca.count().saturating_mul(cb.count()));
+    for (ca, cb) in candidates {
+        let each_tile = || {
+            ca.ranges()
+                .flat_map(move |ra| cb.ranges().map(move |rb| (ra, rb)))
+        };
+        if all_fit(each_tile(), |(ra, rb)| {
+            Ok(mem.fits(&tile(ra, rb)?.accesses()?, 1))
+        })? {
+            return each_tile()
+                .map(|(ra, rb)| tile(ra, rb))
+                .collect::<Result<_>>()
+                .map(Some);
+        }
+    }
+    Ok(None)
 }
 
 /// `desc` as unary ops on pieces: by elements when its input is dense, else by the leading dim.
@@ -895,24 +934,6 @@ pub(crate) fn reduce_by_index(desc: &ReduceDesc) -> Result<Vec<ReduceDesc>> {
     })
 }
 
-/// `desc` as one unary op of a rank less per index of its input's leading dim.
-pub(crate) fn unary_by_index(desc: &UnaryDesc) -> Result<Vec<UnaryDesc>> {
-    let shape = desc.input.layout.shape();
-    let (size, step) = (desc.dtype.size_in_bytes(), per_lead(shape));
-    by_index(
-        "unary",
-        shape.len(),
-        shape.first().copied().unwrap_or(1),
-        |i| {
-            Ok(UnaryDesc {
-                input: without_dim(&desc.input, 0, i)?,
-                output: advance(desc.output, i * step, size)?,
-                ..desc.clone()
-            })
-        },
-    )
-}
-
 /// `desc` as one binary op of a rank less per index of its output's leading dim (a broadcast
 /// operand, of stride 0 there, gives the same view to each).
 pub(crate) fn binary_by_index(desc: &BinaryDesc) -> Result<Vec<BinaryDesc>> {
@@ -926,24 +947,6 @@ pub(crate) fn binary_by_index(desc: &BinaryDesc) -> Result<Vec<BinaryDesc>> {
             Ok(BinaryDesc {
                 lhs: without_dim(&desc.lhs, 0, i)?,
                 rhs: without_dim(&desc.rhs, 0, i)?,
-                output: advance(desc.output, i * step, size)?,
-                ..desc.clone()
-            })
-        },
-    )
-}
-
-/// `desc` as one cast of a rank less per index of its input's leading dim.
-pub(crate) fn cast_by_index(desc: &CastDesc) -> Result<Vec<CastDesc>> {
-    let shape = desc.input.layout.shape();
-    let (size, step) = (desc.dst_dtype.size_in_bytes(), per_lead(shape));
-    by_index(
-        "cast",
-        shape.len(),
-        shape.first().copied().unwrap_or(1),
-        |i| {
-            Ok(CastDesc {
-                input: without_dim(&desc.input, 0, i)?,
                 output: advance(desc.output, i * step, size)?,
                 ..desc.clone()
             })
