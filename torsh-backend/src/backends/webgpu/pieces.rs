@@ -18,10 +18,12 @@
 //! Where one index of those dims is itself larger than a binding: a GEMM is cut by blocks of C's
 //! rows and columns together and, failing those, ranges of the inner dim ([`gemm_cuts`];
 //! `split_k.rs` for 16-bit products), a GEMV runs as a one-row GEMM and a batched GEMM product by
-//! product, a reduction per leading index as one of a rank less (`two_pass.rs` cuts the outputs of
-//! one along the leading dim), and conv2d by groups and channels of each image (`conv_split.rs`).
-//! Other ops on such operands (a single attention head, pooling plane, softmax or layer-norm row,
-//! or image in batch norm larger than a binding) answer `FeatureUnavailable` from the window check.
+//! product, a reduction or broadcasting binary op per leading index as one of a rank less
+//! (`two_pass.rs` cuts the outputs of a reduction along the leading dim), a strided copy in tiles
+//! ([`tiles`]) and a strided unary op or cast on such a dense copy, conv2d by groups and channels
+//! of each image (`conv_split.rs`), and softmax, layer norm and batch norm as `composed.rs`
+//! describes. A single attention head or pooling plane larger than a binding answers
+//! `FeatureUnavailable` from the window check.
 //!
 //! Pieces are budgeted for the copies their op runs on ([`Memory::widening`]): their own size where
 //! the kernels take the dtype natively, twice that for 16-bit operands staged through f32.
