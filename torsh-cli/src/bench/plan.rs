@@ -162,6 +162,16 @@ fn memory_cases(scale: Scale) -> Vec<Case> {
         .iter()
         .map(|&op| Case::new(memory(op), DType::F32))
         .collect();
+    // The same tensor as four long rows: how the row kernels fare when rows are few, and, with
+    // WebGPU's `--binding-mib` at a quarter of the tensor, the paths of a row past a binding.
+    for op in [MemOp::Softmax, MemOp::LayerNorm, MemOp::Sum] {
+        let long = Op::Memory {
+            op,
+            rows: 4,
+            cols: rows * cols / 4,
+        };
+        cases.push(Case::new(long, DType::F32));
+    }
     if scale == Scale::Gpu {
         // The transformer's own dtype, where a 16-bit kernel's efficiency shows.
         for op in [MemOp::Memcpy, MemOp::Add, MemOp::Softmax, MemOp::LayerNorm] {
