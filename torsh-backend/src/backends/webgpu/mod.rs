@@ -896,13 +896,7 @@ impl ComputeBackend for WebGpuBackend {
                 .iter()
                 .try_for_each(|d| self.reduce(d))
         };
-        self.in_pieces_or(
-            (desc, desc.accesses()?),
-            desc.dtype,
-            pieces::reduce,
-            run,
-            by_index,
-        )
+        self.in_pieces_or((desc, acc), desc.dtype, pieces::reduce, run, by_index)
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
