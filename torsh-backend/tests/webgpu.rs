@@ -2804,12 +2804,18 @@ fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_ch
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         let run = |be: &Backend| {
             let rows = dtype_tensor(be, &wave(2 * 20_011, 0.35), &[2, 20_011], dtype);
+            // Logits masked with -inf, as attention masks do: their probabilities are 0.
+            let mut masked_host = wave(2 * 20_011, 0.35);
+            for i in [5, 9_000, 20_011 + 7] {
+                masked_host[i] = f32::NEG_INFINITY;
+            }
+            let masked = dtype_tensor(be, &masked_host, &[2, 20_011], dtype);
             let channels = dtype_tensor(be, &wave(2 * 7 * 3001, 1.05), &[2, 7, 3001], dtype);
             let weight = dtype_tensor(be, &wave(20_011, 2.45), &[20_011], dtype);
             let bias = dtype_tensor(be, &wave(20_011, 0.15), &[20_011], dtype);
             [
-                rows.softmax(1).unwrap(),
-                rows.log_softmax(1).unwrap(),
+                masked.softmax(1).unwrap(),
+                masked.log_softmax(1).unwrap(),
                 channels.softmax(1).unwrap(),
                 channels.log_softmax(1).unwrap(),
                 rows.layer_norm(&[20_011], Some(&weight), Some(&bias), 1e-5)
@@ -2817,8 +2823,8 @@ fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_ch
             ]
         };
         let names = [
-            "softmax of rows",
-            "log_softmax of rows",
+            "softmax of masked rows",
+            "log_softmax of masked rows",
             "softmax over channels",
             "log_softmax over channels",
             "layer_norm of rows",
