@@ -2885,3 +2885,32 @@ fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_ch
         "{err:?}"
     );
 }
+
+#[test]
+fn convolutions_with_more_pixel_tiles_than_a_grid_dimension_fold_them_into_the_next() {
+    // A depthwise convolution of two channels of 515 × 4100 pixels in one image: 65 988 pairs of
+    // group and tile of 64 output pixels, past the 65 535 workgroups of a grid dimension, which
+    // the kernel folds over two (about 7 s on lavapipe, whose cost is per workgroup).
+    let Some(b) = backend() else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    let cases = [([1, 2, 515, 4100], [2, 1, 3, 3], 2)];
+    for (input, weight, groups) in cases {
+        let config = torsh_backend::ConvConfig {
+            padding: [1, 1],
+            groups,
+            ..Default::default()
+        };
+        let run = |be: &Backend| {
+            let x = be
+                .from_slice(&wave(input.iter().product(), 0.2), &input)
+                .unwrap();
+            let w = be
+                .from_slice(&wave(weight.iter().product(), 1.3), &weight)
+                .unwrap();
+            be.conv2d(&x, &w, config).unwrap()
+        };
+        check_close(&format!("conv2d {input:?}"), &run(&b), &run(&reference));
+    }
+}

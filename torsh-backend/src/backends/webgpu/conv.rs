@@ -1,8 +1,8 @@
 //! Host side of `shaders/conv.wgsl`: f32 conv2d (and f16 with f32 accumulation where the device has
 //! `SHADER_F16`) (NCHW, any stride, padding, dilation and groups,
-//! optional bias) as an implicit GEMM per group. Other dtypes, misaligned operands, more groups than
-//! one grid dimension holds, and sizes whose indices do not fit the kernel's 32-bit words answer
-//! [`Launch::Stage`].
+//! optional bias) as an implicit GEMM per group, its (group, pixel tile) pairs folded over two grid
+//! dimensions. Other dtypes, misaligned operands, grids beyond two dimensions of pairs and sizes
+//! whose indices do not fit the kernel's 32-bit words answer [`Launch::Stage`].
 
 use crate::compute::Conv2dDesc;
 use crate::error::Result;
@@ -10,7 +10,7 @@ use crate::error::Result;
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
-use super::pipelines::{for_dtype, Dispatch, Kernels, CONV, CONV_F16};
+use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, CONV, CONV_F16};
 
 /// Rows (output channels) and columns (output pixels) of a workgroup's tile.
 pub(crate) const TILE: usize = 64;
@@ -59,8 +59,17 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
     let fits = biggest
         .iter()
         .all(|v| v.is_some_and(|v| u32::try_from(v).is_ok()));
-    let groups = (kg.div_ceil(TILE), (n * oh * ow).div_ceil(TILE), d.groups);
-    if !fits || groups.0 > limit || groups.1 > limit || groups.2 > limit {
+    // Tiles of output channels along x; the (group, tile of output pixels) pairs folded over y
+    // and z.
+    let pixel_tiles = (n * oh * ow).div_ceil(TILE);
+    let channel_tiles = kg.div_ceil(TILE);
+    let pairs = pixel_tiles.checked_mul(d.groups);
+    let folded =
+        pairs.and_then(|pairs| grid_rows(pairs, gpu.limits.max_compute_workgroups_per_dimension));
+    let (Some(pairs), Some((gy, gz, _))) = (pairs, folded) else {
+        return Ok(Launch::Stage);
+    };
+    if !fits || channel_tiles > limit || u32::try_from(pairs).is_err() {
         return Ok(Launch::Stage);
     }
     let words: Option<Vec<u32>> = [
@@ -86,6 +95,8 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
         bias.map_or(0, |b| b.1),
         output.1,
         usize::from(bias.is_some()),
+        pixel_tiles,
+        d.groups,
     ]
     .iter()
     .map(|&v| u32::try_from(v).ok())
@@ -101,7 +112,7 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
             constants: &[("PADDED", u64::from(d.padding != [0, 0]))],
             buffers: &[input.0, weight.0, bias.map_or(input.0, |b| b.0), output.0],
             params: &words,
-            groups: (groups.0 as u32, groups.1 as u32, groups.2 as u32),
+            groups: (channel_tiles as u32, gy, gz),
         },
     )?;
     Ok(Launch::Done)

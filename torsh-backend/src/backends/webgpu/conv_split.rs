@@ -13,8 +13,7 @@
 //!
 //! Blocks without an input cut run in the operands' dtype, as any convolution does; those with one
 //! are budgeted for their f32 copies. A convolution no cut fits (one output channel of one image
-//! over one input channel larger than a binding, or more output positions in one image than a grid
-//! dimension of workgroups holds) answers `FeatureUnavailable`.
+//! over one input channel larger than a binding) answers `FeatureUnavailable`.
 //!
 //! [`pieces::conv2d`]: super::pieces::conv2d
 
@@ -212,23 +211,13 @@ fn candidates(desc: &Conv2dDesc, d: &Dims) -> Vec<ChannelCut> {
     all
 }
 
-/// `desc`, a convolution one of whose images is larger than a binding, by channels of each image;
-/// `max_groups` is the device's workgroups per grid dimension.
-pub(crate) fn conv2d(be: &WebGpuBackend, desc: &Conv2dDesc, max_groups: u32) -> Result<()> {
+/// `desc`, a convolution one of whose images is larger than a binding, by channels of each image.
+pub(crate) fn conv2d(be: &WebGpuBackend, desc: &Conv2dDesc) -> Result<()> {
     let d = Dims::of(desc);
     let f32_copies = (4 / desc.dtype.size_in_bytes()).max(1);
-    let launchable = |p: &Part| {
-        let (_, kn) = p.output_channels(&d);
-        let grid = [
-            (kn / p.groups.1).div_ceil(conv::TILE),
-            d.out_plane.div_ceil(conv::TILE),
-            p.groups.1,
-        ];
-        grid.iter().all(|&g| g <= max_groups as usize)
-    };
     let fits = |p: &Part| -> Result<bool> {
         let widen = if p.cuts_inputs(&d) { f32_copies } else { 1 };
-        Ok(launchable(p) && be.fits(&p.accesses(desc, &d)?, desc.dtype, widen)?)
+        be.fits(&p.accesses(desc, &d)?, desc.dtype, widen)
     };
     let images = 0..desc.input_shape[0];
     'cuts: for cut in candidates(desc, &d) {
@@ -251,8 +240,7 @@ pub(crate) fn conv2d(be: &WebGpuBackend, desc: &Conv2dDesc, max_groups: u32) -> 
     Err(BackendError::FeatureUnavailable {
         feature: "ops spanning more than one storage binding",
         reason: "conv2d: one output channel of one image over one input channel takes more than \
-                 a storage binding, or one image's output positions more workgroups than a grid \
-                 dimension holds; run it on smaller images"
+                 a storage binding; run it on smaller images"
             .into(),
     })
 }

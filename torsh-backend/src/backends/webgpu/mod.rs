@@ -856,23 +856,11 @@ impl ComputeBackend for WebGpuBackend {
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
         math_dtype("conv2d", desc.dtype)?;
-        let max_groups = self
-            .state()?
-            .device
-            .gpu
-            .limits
-            .max_compute_workgroups_per_dimension;
-        let split = |mem: &Memory, d: &Conv2dDesc| pieces::conv2d(mem, d, max_groups);
         let run = |d: &Conv2dDesc| self.run(d, conv::conv2d);
         // Not even one image fits a binding: by channels of each image.
-        let by_channels = |d: &Conv2dDesc| conv_split::conv2d(self, d, max_groups);
-        self.in_pieces_or(
-            (desc, desc.accesses()?),
-            desc.dtype,
-            split,
-            run,
-            by_channels,
-        )
+        let by_channels = |d: &Conv2dDesc| conv_split::conv2d(self, d);
+        let acc = desc.accesses()?;
+        self.in_pieces_or((desc, acc), desc.dtype, pieces::conv2d, run, by_channels)
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {

@@ -9,8 +9,7 @@
 //! Ops made of independent parts split along the dim of those parts instead ([`split`]): softmax
 //! by outer slices, layer norm by rows, a reduction by its leading dim (when it reduces another),
 //! Adam and the loss scaler's unscale by elements, a GEMM by column blocks of C, else row blocks, a
-//! GEMV by rows, a batched GEMM by batch, conv2d by image (also to keep its grid within the
-//! device's), attention by (batch, head), pooling by (image, channel) and batch norm in inference by
+//! GEMV by rows, a batched GEMM by batch, conv2d by image, attention by (batch, head), pooling by (image, channel) and batch norm in inference by
 //! image; each into the fewest equal parts whose accesses fit, trying 2, 4, 8, ... parts (so an op
 //! no split can fit costs a search over its dim before it is refused). A reduction of the leading
 //! dim and batch norm in training run in two passes instead (`two_pass.rs`).
@@ -110,22 +109,9 @@ fn split<D>(
     accesses: impl Fn(&D) -> Result<Accesses>,
     piece: impl Fn(usize, usize) -> Result<D>,
 ) -> Result<Option<Vec<D>>> {
-    split_until(mem, whole, dtype, total, accesses, |_| true, piece)
-}
-
-/// [`split`], where a piece must also pass `launchable` (a grid that fits the device's, say).
-fn split_until<D>(
-    mem: &Memory,
-    whole: &D,
-    dtype: DType,
-    total: usize,
-    accesses: impl Fn(&D) -> Result<Accesses>,
-    launchable: impl Fn(&D) -> bool,
-    piece: impl Fn(usize, usize) -> Result<D>,
-) -> Result<Option<Vec<D>>> {
     let fits = |d: &D| -> Result<bool> {
         let acc = accesses(d)?;
-        Ok(launchable(d) && mem.fits(&acc, mem.widening(dtype, &acc)))
+        Ok(mem.fits(&acc, mem.widening(dtype, &acc)))
     };
     if fits(whole)? {
         return Ok(None);
@@ -601,20 +587,11 @@ pub(crate) fn gemv_as_gemm(desc: &GemvDesc) -> GemmDesc {
     }
 }
 
-/// `desc` by image (weight and bias shared), also when its output positions need more workgroups
-/// than one grid dimension of `max_groups` holds.
-pub(crate) fn conv2d(
-    mem: &Memory,
-    desc: &Conv2dDesc,
-    max_groups: u32,
-) -> Result<Option<Vec<Conv2dDesc>>> {
+/// `desc` by image (weight and bias shared).
+pub(crate) fn conv2d(mem: &Memory, desc: &Conv2dDesc) -> Result<Option<Vec<Conv2dDesc>>> {
     let size = desc.dtype.size_in_bytes();
     let [n, c, h, w] = desc.input_shape;
     let [_, k, oh, ow] = desc.output_shape;
-    let launchable = |d: &Conv2dDesc| {
-        let positions = d.output_shape[0] * oh * ow;
-        positions.div_ceil(super::conv::TILE) <= max_groups as usize
-    };
     let piece = |start: usize, len: usize| {
         Ok(Conv2dDesc {
             input: advance(desc.input, start * c * h * w, size)?,
@@ -624,8 +601,7 @@ pub(crate) fn conv2d(
             ..desc.clone()
         })
     };
-    let accesses = Conv2dDesc::accesses;
-    split_until(mem, desc, desc.dtype, n, accesses, launchable, piece)
+    split(mem, desc, desc.dtype, n, Conv2dDesc::accesses, piece)
 }
 
 /// `desc` by (batch, head), as a batch of one-head problems.

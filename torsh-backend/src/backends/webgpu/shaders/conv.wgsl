@@ -8,12 +8,14 @@
 // skipped, as the reference does (so an infinite weight there does not turn the output into NaN):
 // with the override constant PADDED (set when the convolution pads) a mask staged beside the input
 // patch keeps each accumulator unchanged for them; without padding every tap is real and the mask is
-// never built. The grid's z dimension is the group. f32 accumulation, bias added last.
+// never built. The grid's x dimension is the tile of output channels; its y and z dimensions
+// together number the (group, tile of output pixels) pairs, so that a grid of more pixel tiles
+// than one dimension holds (65 535) folds into the next. f32 accumulation, bias added last.
 //
 // Parameter words (`p`): [0] n, [1] c, [2] h, [3] w, [4] k, [5] c per group, [6] r, [7] s, [8] oh,
 // [9] ow, [10] stride y, [11] stride x, [12] pad y, [13] pad x, [14] dilation y, [15] dilation x,
 // [16] k per group, [17] input offset, [18] weight offset, [19] bias offset, [20] output offset,
-// [21] bias present.
+// [21] bias present, [22] tiles of output pixels per group, [23] groups.
 
 @group(0) @binding(0) var<storage, read_write> input: array<elem>;
 @group(0) @binding(1) var<storage, read_write> weight: array<elem>;
@@ -32,8 +34,14 @@ var<workgroup> tile_b: array<vec4<f32>, 256>; // [TK][TILE / 4]: the input patch
 var<workgroup> tile_real: array<vec4<u32>, 256>; // 1 where tile_b holds an input element (PADDED only)
 
 @compute @workgroup_size(SIDE, SIDE)
-fn conv2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-          @builtin(local_invocation_index) li: u32) {
+fn conv2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) grid: vec3<u32>,
+          @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    // The (group, pixel tile) pair of this workgroup; the folded grid's last row may run past
+    // them (uniformly for the whole workgroup, so no barrier is skipped by only some threads).
+    let pair = wid.y + wid.z * grid.y;
+    if (pair >= p[22] * p[23]) {
+        return;
+    }
     let c = p[1];
     let h = p[2];
     let w = p[3];
@@ -43,12 +51,12 @@ fn conv2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let oh = p[8];
     let ow = p[9];
     let kg = p[16];
-    let g = wid.z;
+    let g = pair / p[22];
     let depth = cg * p[6] * s;
     let pixels = oh * ow;
     let cols = p[0] * pixels;
     let row0 = wid.x * TILE;
-    let col0 = wid.y * TILE;
+    let col0 = (pair % p[22]) * TILE;
 
     // The thread's 8 x 8 block (`block.wgsl`).
     var acc = Block();
