@@ -2914,3 +2914,18 @@ fn convolutions_with_more_pixel_tiles_than_a_grid_dimension_fold_them_into_the_n
         check_close(&format!("conv2d {input:?}"), &run(&b), &run(&reference));
     }
 }
+
+#[test]
+fn a_limit_of_the_kernels_is_feature_unavailable_not_a_bad_argument() {
+    // Attention with a head dim above the row kernel's 1024: valid on other backends, so the
+    // error names a missing feature of this one.
+    let Some(b) = backend() else {
+        return;
+    };
+    let q = b.randn(&[1, 1, 2, 1025], DType::F32).unwrap();
+    let err = b.attention(&q, &q, &q, false).unwrap_err();
+    assert!(
+        matches!(err, BackendError::FeatureUnavailable { .. }),
+        "{err:?}"
+    );
+}

@@ -409,11 +409,14 @@ pub(crate) fn run_staged<D: Stageable>(
     let staged = desc.staged(&mut |name, dtype| staging.stage(mem, name, dtype));
     let result = staged.and_then(|staged| match kernel(gpu, kernels, mem, &staged)? {
         Launch::Done => staging.write_back(mem),
-        Launch::Stage => Err(BackendError::invalid(
-            op,
-            "beyond the WebGPU kernels' reach: an operand past 2^32 elements, a head dim above \
-             1024, or more workgroups than the device's grid holds",
-        )),
+        // A limit of the kernels, not a mistake of the caller's: the op is valid elsewhere.
+        Launch::Stage => Err(BackendError::FeatureUnavailable {
+            feature: "ops beyond the WebGPU kernels' reach",
+            reason: format!(
+                "{op}: an operand past 2^32 elements, a head dim above 1024, or more workgroups \
+                 than the device's grid holds"
+            ),
+        }),
     });
     for c in &staging.copies {
         let _ = mem.free(c.copy);
