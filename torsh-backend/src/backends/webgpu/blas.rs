@@ -3,8 +3,9 @@
 //!
 //! The descriptors are column-major with leading dimensions; each operand becomes (element offset,
 //! row stride, column stride) of `op(X)`, so transposes cost nothing and GEMV is the same kernel with
-//! one column (x and y as strided vectors). Offsets and strides must fit the kernel's 32-bit words;
-//! operands that do not, misaligned ones and other dtypes answer [`Launch::Stage`].
+//! one column (x and y as strided vectors). Products of more tiles along a side than a grid
+//! dimension holds run as blocks of C, a launch each. Offsets and strides must fit the kernel's
+//! 32-bit words; operands that do not, misaligned ones and other dtypes answer [`Launch::Stage`].
 
 use crate::compute::{BatchedGemmDesc, DevicePtr, GemmDesc, GemvDesc, Transpose};
 use crate::error::Result;
@@ -126,11 +127,6 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>, tile: Tile) -> Result<Launc
         return Ok(Launch::Stage);
     }
     let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
-    let groups_m = p.m.div_ceil(tile.side());
-    let groups_n = p.n.div_ceil(tile.side());
-    if groups_m > limit || groups_n > limit {
-        return Ok(Launch::Stage);
-    }
     let mut words = vec![0u32; 18];
     for (i, h) in header.iter().enumerate() {
         words[i] = h.unwrap_or(0);
@@ -145,22 +141,41 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>, tile: Tile) -> Result<Launc
     }
     words[16] = (p.alpha as f32).to_bits();
     words[17] = (p.beta as f32).to_bits();
-    let mut first = 0;
-    while first < p.batch_count {
-        let count = (p.batch_count - first).min(limit);
-        words[3] = first as u32;
-        kernels.dispatch(
-            gpu,
-            Dispatch {
-                module: p.module,
-                entry: "gemm",
-                constants: &[("TILE", tile.side() as u64)],
-                buffers: &[p.a.buffer, p.b.buffer, p.c.buffer],
-                params: &words,
-                groups: (groups_m as u32, groups_n as u32, count as u32),
-            },
-        )?;
-        first += count;
+    // Blocks of C of at most `limit` tiles a side, each a launch of its own over its rows and
+    // columns (operand offsets moved to the block; they stay within the operands, whose last
+    // elements fit in 32 bits), and batches of at most `limit` products.
+    let side = limit * tile.side();
+    for r0 in (0..p.m).step_by(side) {
+        for c0 in (0..p.n).step_by(side) {
+            let (m, n) = (side.min(p.m - r0), side.min(p.n - c0));
+            let mut block = words.clone();
+            block[0] = m as u32;
+            block[1] = n as u32;
+            block[4] = (p.a.offset + r0 * p.a.rows) as u32;
+            block[7] = (p.b.offset + c0 * p.b.cols) as u32;
+            block[10] = (p.c.offset + r0 * p.c.rows + c0 * p.c.cols) as u32;
+            let mut first = 0;
+            while first < p.batch_count {
+                let count = (p.batch_count - first).min(limit);
+                block[3] = first as u32;
+                kernels.dispatch(
+                    gpu,
+                    Dispatch {
+                        module: p.module,
+                        entry: "gemm",
+                        constants: &[("TILE", tile.side() as u64)],
+                        buffers: &[p.a.buffer, p.b.buffer, p.c.buffer],
+                        params: &block,
+                        groups: (
+                            m.div_ceil(tile.side()) as u32,
+                            n.div_ceil(tile.side()) as u32,
+                            count as u32,
+                        ),
+                    },
+                )?;
+                first += count;
+            }
+        }
     }
     Ok(Launch::Done)
 }

@@ -106,10 +106,19 @@ pub struct WebGpuBackendConfig {
     /// runs those paths on small tensors, as the tests do. At least [`MIN_BINDING_SIZE`]; `init`
     /// answers `InvalidArgument` below that.
     pub max_binding_size: u64,
+    /// Most workgroups the kernels launch along one grid dimension; `None` takes the adapter's
+    /// `max_compute_workgroups_per_dimension` (65 535 on most). Launches of more fold into a
+    /// second dimension or run in blocks; lowering this runs those paths on small tensors, as the
+    /// tests do. At least [`MIN_WORKGROUPS_PER_DIMENSION`]; `init` answers `InvalidArgument`
+    /// below that.
+    pub max_workgroups_per_dimension: Option<u32>,
 }
 
 /// The smallest [`WebGpuBackendConfig::max_binding_size`]: 64 KiB.
 pub const MIN_BINDING_SIZE: u64 = 64 << 10;
+
+/// The smallest [`WebGpuBackendConfig::max_workgroups_per_dimension`]: 64.
+pub const MIN_WORKGROUPS_PER_DIMENSION: u32 = 64;
 
 impl Default for WebGpuBackendConfig {
     fn default() -> Self {
@@ -124,6 +133,7 @@ impl Default for WebGpuBackendConfig {
             optional_features: context::OPTIONAL_FEATURES,
             row_workgroup_size: None,
             max_binding_size: u64::MAX,
+            max_workgroups_per_dimension: None,
         }
     }
 }
@@ -559,6 +569,17 @@ impl ComputeBackend for WebGpuBackend {
                 ),
             ));
         }
+        if let Some(n) = self.config.max_workgroups_per_dimension {
+            if n < MIN_WORKGROUPS_PER_DIMENSION {
+                return Err(BackendError::invalid(
+                    "webgpu",
+                    format!(
+                        "max_workgroups_per_dimension {n} is below the smallest supported, \
+                         {MIN_WORKGROUPS_PER_DIMENSION}"
+                    ),
+                ));
+            }
+        }
         if let Some(n) = self.config.row_workgroup_size {
             if !n.is_power_of_two() || n > 256 {
                 return Err(BackendError::invalid(
@@ -571,6 +592,10 @@ impl ComputeBackend for WebGpuBackend {
         let mut device = WebGpuDevice::open(index, self.config.optional_features)?;
         if let Some(n) = self.config.row_workgroup_size {
             device.gpu.row_threads = n;
+        }
+        if let Some(n) = self.config.max_workgroups_per_dimension {
+            let limit = &mut device.gpu.limits.max_compute_workgroups_per_dimension;
+            *limit = (*limit).min(n);
         }
         let poison =
             cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
