@@ -898,18 +898,17 @@ impl ComputeBackend for WebGpuBackend {
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
         math_dtype("reduce", desc.dtype)?;
         let acc = desc.accesses()?;
-        if desc.axis == 0 && !self.fits(&acc, desc.dtype, 1)? {
-            return two_pass::reduce(self, desc);
-        }
         let run = |d: &ReduceDesc| self.run(d, rows::reduce);
-        // Not even one index of the leading dim fits a binding: each is a reduction of one rank
-        // less (along the leading dim it becomes one in two passes).
-        let by_index = |d: &ReduceDesc| {
-            pieces::reduce_by_index(d)?
+        // Too large for one binding and not cut by leading index (pieces::reduce cuts those that
+        // reduce another dim): along the leading dim, two passes over blocks of it; along another,
+        // one index of the leading dim past a binding, a reduction of one rank less per index.
+        let too_large = |d: &ReduceDesc| match d.axis {
+            0 => two_pass::reduce(self, d),
+            _ => pieces::reduce_by_index(d)?
                 .iter()
-                .try_for_each(|d| self.reduce(d))
+                .try_for_each(|d| self.reduce(d)),
         };
-        self.in_pieces_or((desc, acc), desc.dtype, pieces::reduce, run, by_index)
+        self.in_pieces_or((desc, acc), desc.dtype, pieces::reduce, run, too_large)
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {

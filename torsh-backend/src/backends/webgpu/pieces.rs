@@ -887,7 +887,8 @@ fn per_lead(shape: &[usize]) -> usize {
 }
 
 /// `desc`, a reduction along a dim other than the leading one, as one reduction of a rank less per
-/// index of its leading dim.
+/// index of its leading dim; `InvalidArgument` for a reduction along the leading dim, which its
+/// caller runs in two passes instead (`two_pass.rs`).
 pub(crate) fn reduce_by_index(desc: &ReduceDesc) -> Result<Vec<ReduceDesc>> {
     let shape = desc.input.layout.shape();
     let size = desc.op.output_dtype(desc.dtype).size_in_bytes();
