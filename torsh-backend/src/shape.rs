@@ -307,6 +307,8 @@ impl Layout {
     }
 
     /// Keeps `len` elements of `dim` starting at `start`; `InvalidArgument` if the range leaves the dim.
+    /// An empty result keeps this view's offset: it touches no element, and moving its offset could
+    /// put it past the end of an (empty) allocation, which later pointer checks would reject.
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Layout> {
         let d = normalize_axis("narrow", dim, self.rank())?;
         let end = start.checked_add(len);
@@ -320,13 +322,13 @@ impl Layout {
             ));
         }
         let mut out = self.clone();
-        if len > 0 {
+        out.shape[d] = len;
+        if !out.shape.contains(&0) {
             out.offset = self
                 .offset
                 .checked_add(start * self.strides[d])
                 .ok_or_else(|| BackendError::overflow("narrow", "offset overflows"))?;
         }
-        out.shape[d] = len;
         Ok(out)
     }
 

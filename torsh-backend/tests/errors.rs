@@ -1019,9 +1019,21 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
         assert_err!(
             c.random(&RandomDesc {
                 dtype: DType::I32,
+                distribution: Distribution::Uniform {
+                    low: 0.0,
+                    high: 1.0,
+                },
                 ..random.clone()
             }),
             Unsupported
+        );
+        // A bad argument is reported as such whatever the dtype: validation comes before support.
+        assert_err!(
+            c.random(&RandomDesc {
+                dtype: DType::I32,
+                ..random.clone()
+            }),
+            InvalidArgument
         );
 
         // ... but fill, cast and copies of integers are supported.

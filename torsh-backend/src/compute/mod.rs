@@ -35,6 +35,7 @@ pub(crate) fn unscale_by_parts<B: ComputeBackend + ?Sized>(
     device: &B,
     desc: &UnscaleDesc,
 ) -> Result<()> {
+    desc.accesses()?.check_aliasing()?;
     if !desc.dtype.is_float() {
         return Err(BackendError::Unsupported {
             op: "unscale_and_check",
@@ -42,12 +43,15 @@ pub(crate) fn unscale_by_parts<B: ComputeBackend + ?Sized>(
             dtype: desc.dtype,
         });
     }
-    desc.accesses()?;
+    let scratch = Temporaries::new(device);
+    // The flag is an operand even when nothing is unscaled or nothing overflows: a copy of it checks
+    // its pointer (a foreign or short flag fails here) without waiting for the device.
+    let flag = scratch.alloc(4)?;
+    device.copy_dtod(flag, desc.found_inf, 4)?;
     if desc.len == 0 {
         return Ok(());
     }
     let size = desc.dtype.size_in_bytes();
-    let scratch = Temporaries::new(device);
     let scale = scratch.alloc(size)?;
     device.fill(&FillDesc {
         dtype: desc.dtype,
@@ -201,32 +205,15 @@ pub trait ComputeBackend: Send + Sync + Debug {
     fn gemm(&self, desc: &GemmDesc) -> Result<()>;
 
     /// Strided batched GEMM; see [`BatchedGemmDesc`]. The provided implementation validates the whole
-    /// batch, then issues one [`ComputeBackend::gemm`] per matrix.
+    /// descriptor (shapes, and aliasing between the regions all batches span), then issues one
+    /// [`ComputeBackend::gemm`] per matrix ([`BatchedGemmDesc::batches`]: none when `m` or `n` is 0).
+    /// It cannot check the regions against memory before the first GEMM, so a batch past the end of
+    /// an allocation fails after the ones before it were written: backends with an allocation table
+    /// override it to check every batch first (the reference and CPU backends do).
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
-        desc.accesses()?;
-        let g = &desc.gemm;
-        let size = g.dtype.size_in_bytes() as u64;
-        let at = |base: DevicePtr, stride: usize, i: usize| -> Result<DevicePtr> {
-            (i as u64)
-                .checked_mul(stride as u64)
-                .and_then(|e| e.checked_mul(size))
-                .and_then(|b| base.0.checked_add(b))
-                .map(DevicePtr)
-                .ok_or_else(|| BackendError::overflow("batched_gemm", "batch offset overflows"))
-        };
-        // With k = 0, A and B are never read: keep their (possibly zero-byte) base pointers.
-        let (stride_a, stride_b) = if g.k == 0 {
-            (0, 0)
-        } else {
-            (desc.stride_a, desc.stride_b)
-        };
-        for i in 0..desc.batch_count {
-            self.gemm(&GemmDesc {
-                a: at(g.a, stride_a, i)?,
-                b: at(g.b, stride_b, i)?,
-                c: at(g.c, desc.stride_c, i)?,
-                ..g.clone()
-            })?;
+        desc.accesses()?.check_aliasing()?;
+        for gemm in desc.batches() {
+            self.gemm(&gemm?)?;
         }
         Ok(())
     }

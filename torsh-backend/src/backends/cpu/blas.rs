@@ -3,14 +3,15 @@
 //!
 //! The descriptors are column-major with leading dimensions; the `gemm` crate takes any row and column
 //! strides, so every transpose combination and leading dimension maps onto it without a copy. f32, f64
-//! and f16 run natively (f16 accumulates in f32 inside the crate); bf16 is widened to f32, multiplied
-//! with f32 accumulation, and rounded once into C. `beta == 0` means C is not read, as in BLAS.
+//! and f16 run natively (f16 accumulates in f32 inside the crate's packed kernels); bf16, and f16
+//! products the crate would run on its f16-accumulating matrix-vector paths (`m` or `n` of 1, `k ≤ 2`,
+//! every GEMV), are widened to f32, multiplied with f32 accumulation, and rounded once into C. `beta == 0` means C is not read, as in BLAS.
 
 use gemm::Parallelism;
 use half::{bf16, f16};
 
 use crate::backends::reference::memory::HostMemory;
-use crate::compute::{GemmDesc, GemvDesc, Transpose};
+use crate::compute::{DevicePtr, GemmDesc, GemvDesc, Transpose};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
@@ -86,6 +87,9 @@ pub(crate) fn gemm(
     regions: [usize; 3],
     parallelism: Parallelism,
 ) -> Result<()> {
+    if d.dtype == DType::BF16 || (d.dtype == DType::F16 && f16_needs_widening(d.m, d.n, d.k)) {
+        return widened_gemm(mem, d, regions, parallelism);
+    }
     let a = mem.host_address(d.a, regions[0])?;
     let b = mem.host_address(d.b, regions[1])?;
     let c = mem.host_address(d.c, regions[2])?;
@@ -120,7 +124,6 @@ pub(crate) fn gemm(
             DType::F32 => call!(f32, |x: f64| x as f32).run(parallelism),
             DType::F64 => call!(f64, |x: f64| x).run(parallelism),
             DType::F16 => call!(f16, crate::dtype::f16_from_f64).run(parallelism),
-            DType::BF16 => return bf16_gemm(mem, d, regions, parallelism),
             other => {
                 return Err(BackendError::Unsupported {
                     op: "gemm",
@@ -133,32 +136,65 @@ pub(crate) fn gemm(
     Ok(())
 }
 
-/// bf16 GEMM: A and B widened to dense f32 copies, an f32 GEMM with f32 accumulation into an f32 C,
-/// then C rounded once to bf16.
-fn bf16_gemm(
+/// Whether an f16 product of `m × k` by `k × n` must be widened to f32 first: the `gemm` crate
+/// accumulates f16 in f32 only in its packed microkernels, while its matrix-vector paths (`m` or `n`
+/// of 1) and its `k ≤ 2` path round every partial sum to f16 (a 2100-term dot product of ones gave
+/// 2048). [`GemmDesc`] promises at least f32 accumulation.
+fn f16_needs_widening(m: usize, n: usize, k: usize) -> bool {
+    m <= 1 || n <= 1 || k <= 2
+}
+
+/// The `bytes` bytes of 16-bit floats of `dtype` (f16 or bf16) at `ptr`, widened to f32.
+/// `OutOfMemory` when the host cannot hold the copy.
+fn widen(mem: &HostMemory, dtype: DType, ptr: DevicePtr, bytes: usize) -> Result<Vec<f32>> {
+    let raw = mem.bytes(ptr, bytes)?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(bytes / 2)
+        .map_err(|_| BackendError::OutOfMemory {
+            requested: bytes.saturating_mul(2),
+            available: 0,
+        })?;
+    let half = |p: &[u8]| match dtype {
+        DType::BF16 => bf16::from_le_bytes([p[0], p[1]]).to_f32(),
+        _ => f16::from_le_bytes([p[0], p[1]]).to_f32(),
+    };
+    out.extend(raw.chunks_exact(2).map(half));
+    Ok(out)
+}
+
+/// Rounds `values[e]` once to `dtype` (f16 or bf16) into element `e` of the region at `ptr`, for each
+/// `e` of `elements` (the other elements of the region, gaps between columns, are left alone).
+fn store_narrowed(
+    mem: &mut HostMemory,
+    dtype: DType,
+    ptr: DevicePtr,
+    bytes: usize,
+    values: &[f32],
+    elements: impl Iterator<Item = usize>,
+) -> Result<()> {
+    let out = mem.bytes_mut(ptr, bytes)?;
+    for e in elements {
+        let v = match dtype {
+            DType::BF16 => bf16::from_f32(values[e]).to_le_bytes(),
+            _ => f16::from_f32(values[e]).to_le_bytes(),
+        };
+        out[2 * e..2 * e + 2].copy_from_slice(&v);
+    }
+    Ok(())
+}
+
+/// A 16-bit GEMM (bf16 always, f16 where [`f16_needs_widening`]): A and B widened to dense f32
+/// copies, an f32 GEMM with f32 accumulation into an f32 C, then C rounded once.
+fn widened_gemm(
     mem: &mut HostMemory,
     d: &GemmDesc,
     regions: [usize; 3],
     parallelism: Parallelism,
 ) -> Result<()> {
-    let widen = |mem: &HostMemory, ptr, bytes: usize| -> Result<Vec<f32>> {
-        let raw = mem.bytes(ptr, bytes)?;
-        let mut out = Vec::new();
-        out.try_reserve_exact(bytes / 2)
-            .map_err(|_| BackendError::OutOfMemory {
-                requested: bytes * 2,
-                available: 0,
-            })?;
-        out.extend(
-            raw.chunks_exact(2)
-                .map(|p| bf16::from_le_bytes([p[0], p[1]]).to_f32()),
-        );
-        Ok(out)
-    };
-    let a = widen(mem, d.a, regions[0])?;
-    let b = widen(mem, d.b, regions[1])?;
+    let a = widen(mem, d.dtype, d.a, regions[0])?;
+    let b = widen(mem, d.dtype, d.b, regions[1])?;
     let mut c = if d.beta != 0.0 {
-        widen(mem, d.c, regions[2])?
+        widen(mem, d.dtype, d.c, regions[2])?
     } else {
         vec![0f32; regions[2] / 2]
     };
@@ -181,15 +217,9 @@ fn bf16_gemm(
         }
         .run(parallelism);
     }
-    // Store only the elements of C (the region may include gaps between columns when ldc > m).
-    let out = mem.bytes_mut(d.c, regions[2])?;
-    for j in 0..d.n {
-        for i in 0..d.m {
-            let e = i + j * d.ldc;
-            out[2 * e..2 * e + 2].copy_from_slice(&bf16::from_f32(c[e]).to_le_bytes());
-        }
-    }
-    Ok(())
+    // Only the elements of C (the region may include gaps between columns when ldc > m).
+    let elements = (0..d.n).flat_map(|j| (0..d.m).map(move |i| i + j * d.ldc));
+    store_narrowed(mem, d.dtype, d.c, regions[2], &c, elements)
 }
 
 /// `y = alpha·op(A)·x + beta·y` as the `gemm` crate's product with one column: y is an `rows × 1`
@@ -205,6 +235,9 @@ pub(crate) fn gemv(
         Transpose::No => (d.m, d.n),
         Transpose::Yes => (d.n, d.m),
     };
+    if d.dtype == DType::F16 {
+        return widened_gemv(mem, d, regions, (rows, cols), parallelism);
+    }
     let a = mem.host_address(d.a, regions[0])?;
     let x = mem.host_address(d.x, regions[1])?;
     let y = mem.host_address(d.y, regions[2])?;
@@ -239,7 +272,6 @@ pub(crate) fn gemv(
         match d.dtype {
             DType::F32 => call!(f32, |v: f64| v as f32).run(parallelism),
             DType::F64 => call!(f64, |v: f64| v).run(parallelism),
-            DType::F16 => call!(f16, crate::dtype::f16_from_f64).run(parallelism),
             other => {
                 return Err(BackendError::Unsupported {
                     op: "gemv",
@@ -250,4 +282,53 @@ pub(crate) fn gemv(
         }
     }
     Ok(())
+}
+
+/// An f16 GEMV as [`gemv`] does it, on f32 copies of A, x and y (the `gemm` crate's one-column paths
+/// round f16 partial sums), with y rounded once.
+fn widened_gemv(
+    mem: &mut HostMemory,
+    d: &GemvDesc,
+    regions: [usize; 3],
+    (rows, cols): (usize, usize),
+    parallelism: Parallelism,
+) -> Result<()> {
+    let a = widen(mem, d.dtype, d.a, regions[0])?;
+    let x = widen(mem, d.dtype, d.x, regions[1])?;
+    let mut y = if d.beta != 0.0 {
+        widen(mem, d.dtype, d.y, regions[2])?
+    } else {
+        vec![0f32; regions[2] / 2]
+    };
+    let inc = |v: usize| {
+        isize::try_from(v).map_err(|_| BackendError::overflow("gemv", "increment exceeds isize"))
+    };
+    // SAFETY: the f32 copies have the element extents of the original regions, so the same strides
+    // stay in bounds; they are distinct vectors.
+    unsafe {
+        Call::<f32> {
+            m: rows,
+            n: 1,
+            k: cols,
+            dst: y.as_mut_ptr(),
+            dst_strides: (inc(d.incy)?, 1),
+            lhs: a.as_ptr(),
+            lhs_strides: strides(d.trans, d.lda)?,
+            rhs: x.as_ptr(),
+            rhs_strides: (inc(d.incx)?, 1),
+            alpha: d.alpha as f32,
+            beta: d.beta as f32,
+            read_dst: d.beta != 0.0,
+        }
+        .run(parallelism);
+    }
+    let incy = d.incy;
+    store_narrowed(
+        mem,
+        d.dtype,
+        d.y,
+        regions[2],
+        &y,
+        (0..rows).map(|i| i * incy),
+    )
 }

@@ -119,27 +119,40 @@ impl CpuBackend {
         self.kernel_on(acc, parallel, kernel)
     }
 
-    /// [`CpuBackend::kernel`] on the pool when `parallel`, else on the calling thread.
+    /// [`CpuBackend::kernel`] on the pool when `parallel`, else on the calling thread. The calling
+    /// thread takes the memory lock before it hands the kernel to the pool (see [`Self::on_pool`]).
     fn kernel_on(
         &self,
         acc: Accesses,
         parallel: bool,
         kernel: impl FnOnce(&mut HostMemory, Ctx) -> Result<()> + Send,
     ) -> Result<()> {
-        self.on_pool(parallel, |threads| {
-            let ctx = Ctx {
-                threads,
-                simd: self.simd,
-            };
-            self.scalar.run(acc, |mem| kernel(mem, ctx))
+        self.scalar.run(acc, |mem| {
+            self.on_pool(parallel, |threads| {
+                let ctx = Ctx {
+                    threads,
+                    simd: self.simd,
+                };
+                kernel(mem, ctx)
+            })
         })
     }
 
     /// Runs `f(threads)` on this backend's pool with its thread count when `parallel` and the pool has
     /// more than one thread, else inline with 1. Kernels given 1 thread never enter rayon, so an inline
     /// op cannot spill onto rayon's global pool.
+    ///
+    /// Lock discipline: callers take the memory lock first, on their own thread, and only then enter
+    /// the pool; no pool job ever takes a lock. A thread outside every rayon pool waits for the pool
+    /// without running other work, so it cannot, while holding the lock, pick up a second op that
+    /// wants the same lock (taking the lock inside a pool job did exactly that: a worker holding it and
+    /// waiting in a join stole another caller's job, which blocked on the lock forever). A worker of
+    /// another rayon pool would run that pool's jobs while it waits, any of which may call this backend,
+    /// so such a caller runs the op on its own thread with 1 thread instead.
     fn on_pool<R: Send>(&self, parallel: bool, f: impl FnOnce(usize) -> R + Send) -> R {
-        if parallel && self.threads > 1 {
+        let foreign_worker =
+            rayon::current_thread_index().is_some() && self.pool.current_thread_index().is_none();
+        if parallel && self.threads > 1 && !foreign_worker {
             self.pool.install(|| f(self.threads))
         } else {
             f(1)
@@ -173,18 +186,27 @@ impl CpuBackend {
             acc.regions[2].bytes,
         ];
         let parallel = parallel.unwrap_or_else(|| gemm_is_parallel(desc));
-        #[cfg(target_arch = "x86_64")]
-        if self.bf16_dot && desc.dtype == DType::BF16 {
-            return self.on_pool(parallel, |threads| {
-                self.scalar
-                    .run(acc, |mem| bf16_gemm::gemm(mem, desc, regions, threads))
-            });
-        }
-        self.on_pool(parallel, |threads| {
-            self.scalar.run(acc, |mem| {
-                blas::gemm(mem, desc, regions, parallelism(threads))
+        self.scalar.run(acc, |mem| {
+            self.on_pool(parallel, |threads| {
+                self.gemm_kernel(mem, desc, regions, threads)
             })
         })
+    }
+
+    /// One SIMD GEMM on `threads` threads (the caller entered the pool), on memory the caller
+    /// checked: bf16 on the AVX512_BF16 kernel where the CPU has it, else the `gemm` crate.
+    fn gemm_kernel(
+        &self,
+        mem: &mut HostMemory,
+        desc: &GemmDesc,
+        regions: [usize; 3],
+        threads: usize,
+    ) -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if self.bf16_dot && desc.dtype == DType::BF16 {
+            return bf16_gemm::gemm(mem, desc, regions, threads);
+        }
+        blas::gemm(mem, desc, regions, parallelism(threads))
     }
 }
 
@@ -317,6 +339,30 @@ impl ComputeBackend for CpuBackend {
         self.gemm_threaded(desc, None)
     }
 
+    /// Checks every batch's regions under one lock, then runs the batches, each on the pool or the
+    /// calling thread as a single GEMM of its size would; nothing is written unless every batch can
+    /// be.
+    fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        let g = &desc.gemm;
+        let acc = match desc.accesses() {
+            Ok(acc) if self.simd_gemm(g) => acc,
+            _ => return self.scalar.batched_gemm(desc),
+        };
+        let parallel = gemm_is_parallel(g);
+        self.scalar.run(acc, |mem| {
+            for gemm in desc.batches() {
+                let gemm = gemm?;
+                let regions = crate::backends::reference::gemm_regions(&gemm)?;
+                // Per-batch pointers keep the element alignment of the bases (offsets are whole
+                // elements).
+                self.on_pool(parallel, |threads| {
+                    self.gemm_kernel(mem, &gemm, regions, threads)
+                })?;
+            }
+            Ok(())
+        })
+    }
+
     fn fingerprint(&self) -> String {
         format!(
             "cpu/{}/threads={}/simd={}",
@@ -387,8 +433,8 @@ impl ComputeBackend for CpuBackend {
             acc.regions[2].bytes,
         ];
         let macs = desc.m.saturating_mul(desc.n);
-        self.on_pool(macs >= INLINE_MACS, |threads| {
-            self.scalar.run(acc, |mem| {
+        self.scalar.run(acc, |mem| {
+            self.on_pool(macs >= INLINE_MACS, |threads| {
                 blas::gemv(mem, desc, regions, parallelism(threads))
             })
         })

@@ -101,7 +101,9 @@ fn typed<T: Element>(mem: &mut HostMemory, d: &Pool2dDesc, ctx: Ctx) -> Result<(
                 } else {
                     0
                 };
-                let mut phases = vec![<T::Acc as Real>::ZERO; phase_len * cols.stride];
+                // Phases past the row's width are empty: a stride wider than the row needs `w`.
+                let phases_used = cols.stride.min(w);
+                let mut phases = vec![<T::Acc as Real>::ZERO; phase_len * phases_used];
                 for k in out_rows {
                     let (plane, oy) = (k / oh, k % oh);
                     let at = (plane * h * w, oy);
@@ -131,7 +133,9 @@ fn typed<T: Element>(mem: &mut HostMemory, d: &Pool2dDesc, ctx: Ctx) -> Result<(
 /// Calls `f(inputs, outputs)` for every tap of output row `oy` whose input row is real: `inputs`
 /// are the input elements that tap reads for output columns `outputs` (those whose input column is
 /// real), in order. With a column stride above 1 the row is first split into its `stride` phases
-/// (every `stride`-th element) in `phases`, so every tap reads a contiguous run.
+/// (every `stride`-th element) in `phases`, so every tap reads a contiguous run. Only the first
+/// `min(stride, width)` phases exist (a stride wider than the row leaves the others empty), so
+/// `phases` holds `⌈width / stride⌉ · min(stride, width)` elements, never more than the row.
 #[inline(always)]
 fn taps<T: Element>(
     x: &Span<T>,

@@ -467,23 +467,27 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("gemm", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| blas::gemm(gpu, desc))
+        self.run(acc, |gpu| blas::gemm(gpu, desc))
     }
 
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("batched_gemm", desc.gemm.dtype)?;
-        self.run(desc.accesses()?, |gpu| blas::batched_gemm(gpu, desc))
+        self.run(acc, |gpu| blas::batched_gemm(gpu, desc))
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("gemv", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| blas::gemv(gpu, desc))
+        self.run(acc, |gpu| blas::gemv(gpu, desc))
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("conv2d", desc.dtype)?;
-        self.run_with_memory(desc.accesses()?, |gpu, mem| {
+        self.run_with_memory(acc, |gpu, mem| {
             if desc.output_shape.contains(&0) {
                 return Ok(());
             }
@@ -523,8 +527,9 @@ impl ComputeBackend for CudaBackend {
                 ))
             }
         }
+        let acc = desc.accesses()?;
         Self::float_only("conv2d", desc.dtype)?;
-        self.run_with_memory(desc.accesses()?, |gpu, mem| {
+        self.run_with_memory(acc, |gpu, mem| {
             if desc.output_shape.contains(&0) {
                 return Ok(());
             }
@@ -544,8 +549,9 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("attention", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| {
+        self.run(acc, |gpu| {
             let ptrs = [desc.q, desc.k, desc.v, desc.o];
             launch::check_aligned("attention", desc.dtype, &ptrs)?;
             attention::attention(gpu, desc)
@@ -553,43 +559,51 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("reduce", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| reduce::reduce(gpu, desc))
+        self.run(acc, |gpu| reduce::reduce(gpu, desc))
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("unary", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| elementwise::unary(gpu, desc))
+        self.run(acc, |gpu| elementwise::unary(gpu, desc))
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("binary", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| elementwise::binary(gpu, desc))
+        self.run(acc, |gpu| elementwise::binary(gpu, desc))
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("softmax", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| norm::softmax(gpu, desc))
+        self.run(acc, |gpu| norm::softmax(gpu, desc))
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("layer_norm", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| norm::layer_norm(gpu, desc))
+        self.run(acc, |gpu| norm::layer_norm(gpu, desc))
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("batch_norm", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| norm::batch_norm(gpu, desc))
+        self.run(acc, |gpu| norm::batch_norm(gpu, desc))
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("pool2d", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| pool::pool2d(gpu, desc))
+        self.run(acc, |gpu| pool::pool2d(gpu, desc))
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("adam_step", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| optim::adam_step(gpu, desc))
+        self.run(acc, |gpu| optim::adam_step(gpu, desc))
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {
@@ -605,8 +619,9 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         Self::float_only("random", desc.dtype)?;
-        self.run(desc.accesses()?, |gpu| elementwise::random(gpu, desc))
+        self.run(acc, |gpu| elementwise::random(gpu, desc))
     }
 
     fn create_stream(&self) -> Result<StreamId> {

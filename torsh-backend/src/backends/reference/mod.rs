@@ -173,19 +173,28 @@ impl ComputeBackend for ReferenceBackend {
     }
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
+        let regions = gemm_regions(desc)?;
         self.float_only("gemm", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| blas::gemm(mem, desc, regions))
+    }
+
+    /// Checks every batch's regions (bounds and aliasing) under one lock, then runs the batches;
+    /// nothing is written unless every batch can be.
+    fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
         let acc = desc.accesses()?;
-        let regions = [
-            acc.regions[0].bytes,
-            acc.regions[1].bytes,
-            acc.regions[2].bytes,
-        ];
-        self.run(acc, |mem| blas::gemm(mem, desc, regions))
+        self.float_only("batched_gemm", desc.gemm.dtype)?;
+        self.run(acc, |mem| {
+            for gemm in desc.batches() {
+                let gemm = gemm?;
+                blas::gemm(mem, &gemm, gemm_regions(&gemm)?)?;
+            }
+            Ok(())
+        })
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
-        self.float_only("gemv", desc.dtype)?;
         let acc = desc.accesses()?;
+        self.float_only("gemv", desc.dtype)?;
         let regions = [
             acc.regions[0].bytes,
             acc.regions[1].bytes,
@@ -195,58 +204,69 @@ impl ComputeBackend for ReferenceBackend {
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("conv2d", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| conv::conv2d(mem, desc))
+        self.run(acc, |mem| conv::conv2d(mem, desc))
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("attention", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| attention::attention(mem, desc))
+        self.run(acc, |mem| attention::attention(mem, desc))
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("reduce", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| reduce::reduce(mem, desc))
+        self.run(acc, |mem| reduce::reduce(mem, desc))
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("unary", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| elementwise::unary(mem, desc))
+        self.run(acc, |mem| elementwise::unary(mem, desc))
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("binary", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| elementwise::binary(mem, desc))
+        self.run(acc, |mem| elementwise::binary(mem, desc))
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("softmax", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| norm::softmax(mem, desc))
+        self.run(acc, |mem| norm::softmax(mem, desc))
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("layer_norm", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| norm::layer_norm(mem, desc))
+        self.run(acc, |mem| norm::layer_norm(mem, desc))
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("batch_norm", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| norm::batch_norm(mem, desc))
+        self.run(acc, |mem| norm::batch_norm(mem, desc))
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("pool2d", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| pool::pool2d(mem, desc))
+        self.run(acc, |mem| pool::pool2d(mem, desc))
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("adam_step", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| adam::adam_step(mem, desc))
+        self.run(acc, |mem| adam::adam_step(mem, desc))
     }
 
     fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("unscale_and_check", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| adam::unscale_and_check(mem, desc))
+        self.run(acc, |mem| adam::unscale_and_check(mem, desc))
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {
@@ -262,7 +282,18 @@ impl ComputeBackend for ReferenceBackend {
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {
+        let acc = desc.accesses()?;
         self.float_only("random", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| elementwise::random(mem, desc))
+        self.run(acc, |mem| elementwise::random(mem, desc))
     }
+}
+
+/// The byte sizes of a GEMM's A, B and C regions; the errors of [`GemmDesc::accesses`].
+pub(crate) fn gemm_regions(desc: &GemmDesc) -> Result<[usize; 3]> {
+    let acc = desc.accesses()?;
+    Ok([
+        acc.regions[0].bytes,
+        acc.regions[1].bytes,
+        acc.regions[2].bytes,
+    ])
 }

@@ -97,6 +97,42 @@ impl BatchedGemmDesc {
         self.accesses_named("batched_gemm")
     }
 
+    /// The GEMMs of the batch, in order: none when `m`, `n` or `batch_count` is 0 (there is nothing
+    /// to write), else one per batch with its pointers (with `k == 0`, A and B keep their base
+    /// pointers: they are never read). Each item is `SizeOverflow` when its offsets overflow; callers
+    /// validate [`BatchedGemmDesc::accesses`] against memory first, so that no batch is written
+    /// unless every batch can be.
+    pub fn batches(&self) -> impl Iterator<Item = Result<GemmDesc>> + '_ {
+        let g = &self.gemm;
+        let count = if g.m == 0 || g.n == 0 {
+            0
+        } else {
+            self.batch_count
+        };
+        let size = g.dtype.size_in_bytes() as u64;
+        let at = move |base: DevicePtr, stride: usize, i: usize| -> Result<DevicePtr> {
+            (i as u64)
+                .checked_mul(stride as u64)
+                .and_then(|e| e.checked_mul(size))
+                .and_then(|b| base.0.checked_add(b))
+                .map(DevicePtr)
+                .ok_or_else(|| BackendError::overflow("batched_gemm", "batch offset overflows"))
+        };
+        let (stride_a, stride_b) = if g.k == 0 {
+            (0, 0)
+        } else {
+            (self.stride_a, self.stride_b)
+        };
+        (0..count).map(move |i| {
+            Ok(GemmDesc {
+                a: at(g.a, stride_a, i)?,
+                b: at(g.b, stride_b, i)?,
+                c: at(g.c, self.stride_c, i)?,
+                ..g.clone()
+            })
+        })
+    }
+
     fn accesses_named(&self, op: &'static str) -> Result<Accesses> {
         let g = &self.gemm;
         g.check(op)?;
