@@ -127,7 +127,7 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>, tile: Tile) -> Result<Launc
         return Ok(Launch::Stage);
     }
     let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
-    let mut words = vec![0u32; 18];
+    let mut words = vec![0u32; 19];
     for (i, h) in header.iter().enumerate() {
         words[i] = h.unwrap_or(0);
     }
@@ -141,6 +141,7 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>, tile: Tile) -> Result<Launc
     }
     words[16] = (p.alpha as f32).to_bits();
     words[17] = (p.beta as f32).to_bits();
+    words[18] = u32::from(p.beta != 0.0);
     // Blocks of C of at most `limit` tiles a side, each a launch of its own over its rows and
     // columns (operand offsets moved to the block; they stay within the operands, whose last
     // elements fit in 32 bits), and batches of at most `limit` products.

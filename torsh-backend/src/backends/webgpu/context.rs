@@ -6,12 +6,20 @@
 //! [`Gpu::scoped`], which pushes validation, out-of-memory and internal scopes and maps what they
 //! caught; the uncaptured handler only records (it never panics), and a lost device is remembered
 //! and reported by every later call.
+//!
+//! Threads share one device. wgpu's error scopes belong to the thread that pushed them, so a batch
+//! ([`Gpu::batch`]) belongs to the thread that opened it: only that thread's command buffers are
+//! held back and only its work skips its own scopes. Every queue operation (a submission, a
+//! host-to-buffer write) takes the one queue lock and first submits whatever batches hold, so the
+//! queue sees each thread's work in its order and a buffer freed while a held command still reads
+//! it cannot be written by another thread ahead of that command.
 
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
+use std::thread::ThreadId;
 
 use crate::device::BackendType;
 use crate::error::{BackendError, Result};
@@ -52,12 +60,27 @@ pub(crate) struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
     /// Errors no scope caught (the handler records them instead of panicking).
     uncaptured: Arc<Mutex<Vec<String>>>,
-    /// Command buffers held back while a batch is open ([`Gpu::batch`]).
-    pending: Mutex<Option<Vec<wgpu::CommandBuffer>>>,
+    /// The queue lock: open batches and the command buffers they hold back ([`Gpu::batch`]).
+    queued: Mutex<Queued>,
     /// Queue submissions so far.
     submissions: AtomicU64,
     /// Kernel dispatches so far.
     launches: AtomicU64,
+}
+
+/// What the queue lock guards.
+#[derive(Debug, Default)]
+struct Queued {
+    /// Threads with a batch open.
+    open: Vec<ThreadId>,
+    /// Command buffers those batches held back, in the order they were recorded.
+    held: Vec<wgpu::CommandBuffer>,
+}
+
+impl Queued {
+    fn in_batch(&self) -> bool {
+        self.open.contains(&std::thread::current().id())
+    }
 }
 
 /// The optional features the backend uses when the adapter has them.
@@ -130,67 +153,93 @@ impl Gpu {
             features,
             lost,
             uncaptured,
-            pending: Mutex::new(None),
+            queued: Mutex::new(Queued::default()),
             submissions: AtomicU64::new(0),
             launches: AtomicU64::new(0),
         })
     }
 
-    fn pending(&self) -> std::sync::MutexGuard<'_, Option<Vec<wgpu::CommandBuffer>>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    fn queued(&self) -> MutexGuard<'_, Queued> {
+        self.queued.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Submits `commands` to the queue, or holds them back while a batch is open. Queue writes
-    /// (`write_buffer`) and reads must call [`Gpu::flush`] first, so that they stay in order.
-    pub fn submit(&self, commands: wgpu::CommandBuffer) {
-        let mut pending = self.pending();
-        match pending.as_mut() {
-            Some(held) => held.push(commands),
-            None => {
-                drop(pending);
-                self.submit_now([commands]);
-            }
+    /// Submits what batches hold, then `commands`, in one submission, under the queue lock `q`.
+    fn submit_locked(
+        &self,
+        q: &mut Queued,
+        commands: impl IntoIterator<Item = wgpu::CommandBuffer>,
+    ) -> wgpu::SubmissionIndex {
+        let mut all = std::mem::take(&mut q.held);
+        all.extend(commands);
+        self.submissions.fetch_add(1, Ordering::Relaxed);
+        self.queue.submit(all)
+    }
+
+    /// Submits what batches hold, if anything, under the queue lock `q`.
+    fn flush_locked(&self, q: &mut Queued) {
+        if !q.held.is_empty() {
+            self.submit_locked(q, []);
         }
     }
 
-    /// Submits `commands` to the queue at once (after [`Gpu::flush`] where order matters).
+    /// Submits `commands` to the queue, or holds them back while this thread has a batch open.
+    pub fn submit(&self, commands: wgpu::CommandBuffer) {
+        let mut q = self.queued();
+        if q.in_batch() {
+            q.held.push(commands);
+        } else {
+            self.submit_locked(&mut q, [commands]);
+        }
+    }
+
+    /// Submits `commands` at once, after what batches hold (a read must not wait for a batch).
     pub fn submit_now(
         &self,
         commands: impl IntoIterator<Item = wgpu::CommandBuffer>,
     ) -> wgpu::SubmissionIndex {
-        self.submissions.fetch_add(1, Ordering::Relaxed);
-        self.queue.submit(commands)
+        self.submit_locked(&mut self.queued(), commands)
     }
 
-    /// Submits the commands a batch holds back so far, in one submission; the batch stays open.
+    /// Submits the commands batches hold so far, in one submission; the batches stay open.
     pub fn flush(&self) {
-        let held = self.pending().as_mut().map(std::mem::take);
-        if let Some(held) = held.filter(|h| !h.is_empty()) {
-            self.submit_now(held);
-        }
+        self.flush_locked(&mut self.queued());
     }
 
-    /// Runs `work` with its command buffers held back and submitted together when it returns (a
-    /// batch inside a batch joins the outer one). Work that writes or reads buffers from the host
-    /// flushes what is held first, so order is kept. Returns `work`'s error, or the submission's.
+    /// Writes `data` to `buffer` at byte `offset` through the queue, after what batches hold: the
+    /// write lands after every command recorded before it, on any thread.
+    pub fn write_buffer(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        let mut q = self.queued();
+        self.flush_locked(&mut q);
+        self.queue.write_buffer(buffer, offset, data);
+    }
+
+    /// Runs `work` with this thread's command buffers held back and submitted together when it
+    /// returns (a batch inside a batch joins the outer one; other threads' work is not held). Work
+    /// that writes or reads buffers from the host submits what is held first, so order is kept.
+    /// Returns `work`'s error, or the submission's.
     pub fn batch(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let me = std::thread::current().id();
         {
-            let mut pending = self.pending();
-            if pending.is_some() {
-                drop(pending);
+            let mut q = self.queued();
+            if q.in_batch() {
+                drop(q);
                 return work();
             }
-            *pending = Some(Vec::new());
+            q.open.push(me);
         }
-        // One set of error scopes for the whole batch: the ops inside skip their own.
-        self.check_alive()?;
-        let scopes = self.push_scopes();
-        let out = work();
-        let held = self.pending().take().unwrap_or_default();
-        if !held.is_empty() {
-            self.submit_now(held);
+        // One set of error scopes for the whole batch (this thread's): the ops inside skip their
+        // own.
+        let scopes = self.check_alive().map(|()| self.push_scopes());
+        let out = match &scopes {
+            Ok(_) => work(),
+            Err(_) => Ok(()),
+        };
+        {
+            let mut q = self.queued();
+            q.open.retain(|t| *t != me);
+            self.flush_locked(&mut q);
         }
-        let caught = self.pop_scopes(scopes, "running a batch of commands", 0);
+        let caught = scopes.and_then(|s| self.pop_scopes(s, "running a batch of commands", 0));
         out.and(caught)
     }
 
@@ -225,8 +274,8 @@ impl Gpu {
     /// `KernelCompile`, anything else to `Driver`. `what` names the work in messages.
     pub fn scoped<R>(&self, what: &str, bytes: usize, f: impl FnOnce() -> R) -> Result<R> {
         self.check_alive()?;
-        if self.pending().is_some() {
-            // Inside a batch, whose scopes catch what this work raises.
+        if self.queued().in_batch() {
+            // Inside this thread's batch, whose scopes catch what this work raises.
             return Ok(f());
         }
         let scopes = self.push_scopes();

@@ -74,10 +74,7 @@ impl Events {
                 encoder.copy_buffer_to_buffer(&resolved, 0, &read, 0, 8);
                 read
             });
-            {
-                gpu.flush();
-                (gpu.submit_now([encoder.finish()]), stamp)
-            }
+            (gpu.submit_now([encoder.finish()]), stamp)
         })?;
         let done = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&done);

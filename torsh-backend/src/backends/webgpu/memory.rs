@@ -572,8 +572,7 @@ pub(crate) fn write(gpu: &Gpu, at: Place<'_>, src: &[u8]) -> Result<()> {
         &staged
     };
     gpu.scoped("writing to a buffer", data.len(), || {
-        gpu.flush();
-        gpu.queue.write_buffer(at.buffer, lo, data);
+        gpu.write_buffer(at.buffer, lo, data);
     })
 }
 
@@ -604,7 +603,6 @@ fn read(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, len);
-        gpu.flush();
         gpu.submit_now([encoder.finish()]);
         staging
     })?;

@@ -490,12 +490,18 @@ impl WebGpuBackend {
     }
 }
 
-/// The dtypes of the math kernels: f32, and f16 and bf16 through staging. f64 and the integers are
-/// `Unsupported` for `op` (checked before the descriptor, as the other backends do, so a bad
-/// descriptor of an unsupported dtype gets the same error everywhere).
-fn math_dtype(op: &'static str, dtype: crate::dtype::DType) -> Result<()> {
+/// Whether the math kernels take `dtype`: f32, and f16 and bf16 through staging.
+fn is_math_dtype(dtype: crate::dtype::DType) -> bool {
     use crate::dtype::DType;
-    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Validates `desc`, then answers `Unsupported` for `op` on a `dtype` the math kernels do not take
+/// (f64 and the integers): a bad argument gets its own error whatever the dtype, as on every
+/// backend.
+fn math_dtype<D: Stageable>(op: &'static str, dtype: crate::dtype::DType, desc: &D) -> Result<()> {
+    desc.accesses()?;
+    if is_math_dtype(dtype) {
         Ok(())
     } else {
         Err(BackendError::Unsupported {
@@ -805,7 +811,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
-        math_dtype("gemm", desc.dtype)?;
+        math_dtype("gemm", desc.dtype, desc)?;
         self.gemm_with(desc, blas::gemm)
     }
 
@@ -824,7 +830,7 @@ impl ComputeBackend for WebGpuBackend {
 
     fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
         match op {
-            TunableOp::Gemm(d) if math_dtype("gemm", d.dtype).is_ok() => &blas::Tile::NAMES,
+            TunableOp::Gemm(d) if is_math_dtype(d.dtype) => &blas::Tile::NAMES,
             _ => &[],
         }
     }
@@ -835,7 +841,7 @@ impl ComputeBackend for WebGpuBackend {
             .find(|t| t.name() == variant);
         match (op, tile) {
             (TunableOp::Gemm(d), Some(tile)) => {
-                math_dtype("gemm", d.dtype)?;
+                math_dtype("gemm", d.dtype, d)?;
                 self.gemm_with(d, |gpu, kernels, mem, d: &GemmDesc| {
                     blas::gemm_tiled(gpu, kernels, mem, d, tile)
                 })
@@ -849,7 +855,7 @@ impl ComputeBackend for WebGpuBackend {
 
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
         let dtype = desc.gemm.dtype;
-        math_dtype("batched_gemm", dtype)?;
+        math_dtype("batched_gemm", dtype, desc)?;
         let run = |d: &BatchedGemmDesc| self.run(d, blas::batched_gemm);
         // Not even one product fits a binding: each runs as a GEMM, cut as GEMMs are.
         let each = |d: &BatchedGemmDesc| {
@@ -865,7 +871,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
-        math_dtype("gemv", desc.dtype)?;
+        math_dtype("gemv", desc.dtype, desc)?;
         let run = |d: &GemvDesc| self.run(d, blas::gemv);
         // No block of rows fits a binding (a row of A is too long, or A is untransposed and rows
         // do not narrow it): the same product as a GEMM, whose cuts include the inner dim.
@@ -880,7 +886,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
-        math_dtype("conv2d", desc.dtype)?;
+        math_dtype("conv2d", desc.dtype, desc)?;
         let run = |d: &Conv2dDesc| self.run(d, conv::conv2d);
         // Not even one image fits a binding: by channels of each image.
         let by_channels = |d: &Conv2dDesc| conv_split::conv2d(self, d);
@@ -889,14 +895,14 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
-        math_dtype("attention", desc.dtype)?;
+        math_dtype("attention", desc.dtype, desc)?;
         self.in_pieces(desc, desc.accesses()?, pieces::attention, |d| {
             self.run(d, attention::attention)
         })
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
-        math_dtype("reduce", desc.dtype)?;
+        math_dtype("reduce", desc.dtype, desc)?;
         let acc = desc.accesses()?;
         let run = |d: &ReduceDesc| self.run(d, rows::reduce);
         // Too large for one binding and not cut by leading index (pieces::reduce cuts those that
@@ -912,7 +918,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
-        math_dtype("unary", desc.dtype)?;
+        math_dtype("unary", desc.dtype, desc)?;
         let run = |d: &UnaryDesc| self.run(d, elementwise::unary);
         // A strided input not even one index of whose leading dim fits a binding: a dense copy of
         // it first (copies cut into tiles), then the op by elements.
@@ -926,7 +932,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
-        math_dtype("binary", desc.dtype)?;
+        math_dtype("binary", desc.dtype, desc)?;
         let run = |d: &BinaryDesc| self.run(d, elementwise::binary);
         // Not even one index of the output's leading dim fits a binding: each is an op of one
         // rank less.
@@ -945,7 +951,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
-        math_dtype("softmax", desc.dtype)?;
+        math_dtype("softmax", desc.dtype, desc)?;
         let run = |d: &SoftmaxDesc| self.run(d, rows::softmax);
         // One outer slice larger than a binding: composed of reductions and elementwise ops.
         let composed = |d: &SoftmaxDesc| composed::softmax(self, d);
@@ -959,7 +965,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
-        math_dtype("layer_norm", desc.dtype)?;
+        math_dtype("layer_norm", desc.dtype, desc)?;
         let run = |d: &LayerNormDesc| self.run(d, rows::layer_norm);
         // One row larger than a binding: composed of reductions and elementwise ops.
         let composed = |d: &LayerNormDesc| composed::layer_norm(self, d);
@@ -968,7 +974,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
-        math_dtype("batch_norm", desc.dtype)?;
+        math_dtype("batch_norm", desc.dtype, desc)?;
         let acc = desc.accesses()?;
         if desc.training && !self.fits(&acc, desc.dtype, 1)? {
             return two_pass::batch_norm(self, desc);
@@ -986,21 +992,21 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
-        math_dtype("pool2d", desc.dtype)?;
+        math_dtype("pool2d", desc.dtype, desc)?;
         self.in_pieces(desc, desc.accesses()?, pieces::pool2d, |d| {
             self.run(d, pool::pool2d)
         })
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
-        math_dtype("adam_step", desc.dtype)?;
+        math_dtype("adam_step", desc.dtype, desc)?;
         self.in_pieces(desc, desc.accesses()?, pieces::adam, |d| {
             self.run(d, optim::adam_step)
         })
     }
 
     fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
-        math_dtype("unscale_and_check", desc.dtype)?;
+        math_dtype("unscale_and_check", desc.dtype, desc)?;
         if desc.dtype != crate::dtype::DType::F32 && desc.inv_scale.abs() > 1.0 {
             // A scale below 1 can grow a 16-bit value past its dtype's range, which the f32 kernel
             // on staged copies would not see: judge the stored values instead.
@@ -1012,7 +1018,7 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {
-        math_dtype("random", desc.dtype)?;
+        math_dtype("random", desc.dtype, desc)?;
         self.whole_or_pieces(
             desc,
             desc.accesses()?,

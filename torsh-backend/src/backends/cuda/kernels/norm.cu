@@ -11,7 +11,9 @@
 // - softmax: m = max of the lane ignoring NaN (fmax; -inf when every element is NaN), s = sum(exp(x - m)),
 //   y = exp(x - m) / s, or for log-softmax y = (x - m) - log(s);
 // - layer norm and batch norm: two passes, mean then biased variance sum((x - mean)^2) / n,
-//   y = (x - mean) * (1 / sqrt(var + eps)) * weight + bias (weight 1 and bias 0 when absent);
+//   y = (x - mean) * (1 / sqrt(var + eps)) * weight + bias (weight 1 and bias 0 when absent); the
+//   moments are taken relative to a pivot, the row's or channel's first value, so that a constant
+//   row has deviations of exactly 0 and normalises to exactly 0 (its bias);
 // - batch norm in training normalises with the batch statistics and, when running statistics are given,
 //   updates them to (1 - momentum) * old + momentum * new, with the unbiased variance var * n / (n - 1);
 //   in inference it normalises with the running statistics.
@@ -87,14 +89,15 @@ __device__ void layer_norm_body(const T* x, const T* w, const T* b, T* y, i64 ro
     for (i64 r = (i64)blockIdx.x * groups + group; r < rows; r += (i64)gridDim.x * groups) {
         const T* xr = x + r * cols;
         T* yr = y + r * cols;
+        const A pivot = cols > 0 ? Num<T>::load(xr[0]) : (A)0;
         A s = (A)-0.0;
         for (i64 c = lane; c < cols; c += G) {
-            s += Num<T>::load(xr[c]);
+            s += Num<T>::load(xr[c]) - pivot;
         }
         const A mean = norm_group_sum<G, A>(s) / (A)cols;
         A q = (A)-0.0;
         for (i64 c = lane; c < cols; c += G) {
-            const A d = Num<T>::load(xr[c]) - mean;
+            const A d = (Num<T>::load(xr[c]) - pivot) - mean;
             q += d * d;
         }
         const A var = norm_group_sum<G, A>(q) / (A)cols;
@@ -102,7 +105,7 @@ __device__ void layer_norm_body(const T* x, const T* w, const T* b, T* y, i64 ro
         for (i64 c = lane; c < cols; c += G) {
             const A scale = w ? Num<T>::load(w[c]) : (A)1;
             const A shift = b ? Num<T>::load(b[c]) : (A)0;
-            yr[c] = Num<T>::store((Num<T>::load(xr[c]) - mean) * inv * scale + shift);
+            yr[c] = Num<T>::store(((Num<T>::load(xr[c]) - pivot) - mean) * inv * scale + shift);
         }
     }
 }
@@ -145,26 +148,28 @@ __device__ void batch_norm_body(const T* x, T* y, const T* w, const T* b, T* rm,
     const i64 group = (i64)(threadIdx.x / G);
     const i64 count = batch * spatial;
     for (i64 c = (i64)blockIdx.x * groups + group; c < channels; c += (i64)gridDim.x * groups) {
+        A pivot = 0;
         A mean = 0;
         A var = 1;
         if (training) {
+            pivot = count > 0 ? Num<T>::load(x[c * spatial]) : (A)0;
             A s = (A)-0.0;
             NormChannelCursor k(lane, G, spatial);
             for (i64 i = lane; i < count; i += G, k.advance()) {
-                s += Num<T>::load(x[k.offset(channels, c)]);
+                s += Num<T>::load(x[k.offset(channels, c)]) - pivot;
             }
             mean = norm_group_sum<G, A>(s) / (A)count;
             A q = (A)-0.0;
             NormChannelCursor k2(lane, G, spatial);
             for (i64 i = lane; i < count; i += G, k2.advance()) {
-                const A d = Num<T>::load(x[k2.offset(channels, c)]) - mean;
+                const A d = (Num<T>::load(x[k2.offset(channels, c)]) - pivot) - mean;
                 q += d * d;
             }
             var = norm_group_sum<G, A>(q) / (A)count;
             if (rm && rv && lane == 0) {
                 const A mom = (A)momentum;
                 const A unbiased = var * (A)count / ((A)count - (A)1);
-                rm[c] = Num<T>::store(((A)1 - mom) * Num<T>::load(rm[c]) + mom * mean);
+                rm[c] = Num<T>::store(((A)1 - mom) * Num<T>::load(rm[c]) + mom * (pivot + mean));
                 rv[c] = Num<T>::store(((A)1 - mom) * Num<T>::load(rv[c]) + mom * unbiased);
             }
         } else if (rm && rv) {
@@ -177,7 +182,7 @@ __device__ void batch_norm_body(const T* x, T* y, const T* w, const T* b, T* rm,
         NormChannelCursor k(lane, G, spatial);
         for (i64 i = lane; i < count; i += G, k.advance()) {
             const i64 off = k.offset(channels, c);
-            y[off] = Num<T>::store((Num<T>::load(x[off]) - mean) * inv * scale + shift);
+            y[off] = Num<T>::store(((Num<T>::load(x[off]) - pivot) - mean) * inv * scale + shift);
         }
     }
 }

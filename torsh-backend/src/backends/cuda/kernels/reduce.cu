@@ -13,7 +13,8 @@
 // Semantics (the reference backend's, `backends/reference/reduce.rs`):
 // - sum: sums start at -0, the exact identity of + (as Rust's f64 sum), so the sum over an empty axis
 //   is -0; mean: sum / len (NaN over an empty axis);
-// - var: two passes, mean then sum((x - mean)^2) / max(len - correction, 0);
+// - var: two passes relative to the lane's first value, mean then sum((x - mean)^2) /
+//   max(len - correction, 0);
 // - max/min/argmax/argmin: the first extreme element; the first NaN wins outright. Ties compare with
 //   ==, so -0 and +0 tie and the earlier one wins. max/min store that element's value, the arg forms
 //   its index as i64.
@@ -111,21 +112,25 @@ template <int G, typename T>
 __device__ __forceinline__ typename Num<T>::acc red_moment(const T* p, i64 axis_stride, i64 len, int op,
                                                            i64 correction, int lane) {
     typedef typename Num<T>::acc A;
-    A s = (A)-0.0;  // The exact identity of +, as Rust's f64 sum starts (the sum of no elements is -0).
+    if (op != RED_VAR) {
+        A s = (A)-0.0;  // The exact identity of +, as Rust's f64 sum starts (the sum of no elements is -0).
+        for (i64 a = lane; a < len; a += G) {
+            s += Num<T>::load(p[a * axis_stride]);
+        }
+        s = red_group_sum<G, A>(s);
+        return op == RED_SUM ? s : s / (A)len;
+    }
+    // The variance's moments relative to the lane's first value: a constant lane has deviations of
+    // exactly 0 (a mean rounded to the accumulation type would not).
+    const A pivot = len > 0 ? Num<T>::load(p[0]) : (A)0;
+    A shifted = (A)-0.0;
     for (i64 a = lane; a < len; a += G) {
-        s += Num<T>::load(p[a * axis_stride]);
+        shifted += Num<T>::load(p[a * axis_stride]) - pivot;
     }
-    s = red_group_sum<G, A>(s);
-    if (op == RED_SUM) {
-        return s;
-    }
-    const A mean = s / (A)len;
-    if (op == RED_MEAN) {
-        return mean;
-    }
+    const A mean = red_group_sum<G, A>(shifted) / (A)len;
     A q = (A)-0.0;
     for (i64 a = lane; a < len; a += G) {
-        const A d = Num<T>::load(p[a * axis_stride]) - mean;
+        const A d = (Num<T>::load(p[a * axis_stride]) - pivot) - mean;
         q += d * d;
     }
     q = red_group_sum<G, A>(q);

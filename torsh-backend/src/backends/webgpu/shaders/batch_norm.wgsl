@@ -12,6 +12,9 @@
 //   with them.
 // - `batch_norm_infer`, inference: a grid of (chunk, channel) workgroups.
 // A thread walks its channel's (image, position) pairs WG apart, advancing both without division.
+// Training takes every moment of a channel relative to a pivot, the channel's first value: a constant
+// channel then has deviations of exactly 0, so it normalises to exactly 0 (its bias), where a mean
+// rounded in f32 would leave (x - mean) · 1/√eps, several hundred times the rounding error.
 //
 // Parameter words (`p`): [0] batch, [1] channels, [2] spatial, [3] training, [4] has weight,
 // [5] has bias, [6] has running stats, [7] momentum and [8] eps as f32 bits, then element offsets:
@@ -19,7 +22,7 @@
 // elements of a chunk of a channel, [16] chunks per channel, [17] 1 when `batch_norm_infer` takes
 // the batch's statistics from `partials`. `partials` holds the (mean, squared deviations) of chunk k
 // of channel ch at 2 * (ch * chunks + k), then the batch's means and biased variances of every
-// channel at 2 * channels * chunks.
+// channel at 2 * channels * chunks; the means there are relative to the channel's pivot.
 
 @group(0) @binding(0) var<storage, read_write> x: array<elem>;
 @group(0) @binding(1) var<storage, read_write> out: array<elem>;
@@ -45,18 +48,19 @@ fn advance(walk: vec2<u32>, step: vec2<u32>, s: u32) -> vec2<u32> {
     return next;
 }
 
-// How a channel's values are normalised: (v - mean) * inv * scale + shift.
+// How a channel's values are normalised: ((v - pivot) - mean) * inv * scale + shift.
 struct Norm {
+    pivot: f32,
     mean: f32,
     inv: f32,
     scale: f32,
     shift: f32,
 }
 
-// Channel `ch`'s normalisation by `mean` and `variance`, with its weight and bias (1 and 0 when
-// absent).
-fn channel_norm(ch: u32, mean: f32, variance: f32) -> Norm {
-    var norm = Norm(mean, 1.0 / sqrt(variance + bitcast<f32>(p[8])), 1.0, 0.0);
+// Channel `ch`'s normalisation by `mean` (relative to `pivot`) and `variance`, with its weight and
+// bias (1 and 0 when absent).
+fn channel_norm(ch: u32, pivot: f32, mean: f32, variance: f32) -> Norm {
+    var norm = Norm(pivot, mean, 1.0 / sqrt(variance + bitcast<f32>(p[8])), 1.0, 0.0);
     if (p[4] != 0u) {
         norm.scale = load_elem(weight[p[11] + ch]);
     }
@@ -67,7 +71,12 @@ fn channel_norm(ch: u32, mean: f32, variance: f32) -> Norm {
 }
 
 fn normalised(v: f32, norm: Norm) -> f32 {
-    return (v - norm.mean) * norm.inv * norm.scale + norm.shift;
+    return ((v - norm.pivot) - norm.mean) * norm.inv * norm.scale + norm.shift;
+}
+
+// Channel `ch`'s pivot: its value at image 0, position 0.
+fn pivot_of(ch: u32) -> f32 {
+    return load_elem(x[p[9] + ch * p[2]]);
 }
 
 // Moves channel `ch`'s running statistics, where there are any, towards the batch's `mean` and the
@@ -83,10 +92,12 @@ fn update_running(ch: u32, mean: f32, squares: f32, count: u32) {
     }
 }
 
-// The mean of the `len` values of channel `ch` from its value `begin` on, and the sum of their
-// squared deviations from it: two passes, each combined over the workgroup with `wg_sum` (so every
-// thread of the workgroup calls this, thread `t` taking every WG-th value).
+// The mean, relative to the channel's pivot, of the `len` values of channel `ch` from its value
+// `begin` on, and the sum of their squared deviations from it: two passes, each combined over the
+// workgroup with `wg_sum` (so every thread of the workgroup calls this, thread `t` taking every
+// WG-th value).
 fn chunk_moments(ch: u32, begin: u32, len: u32, t: u32) -> vec2<f32> {
+    let pivot = pivot_of(ch);
     let c = p[1];
     let s = p[2];
     let start = vec2<u32>((begin + t) / s, (begin + t) % s);
@@ -94,14 +105,14 @@ fn chunk_moments(ch: u32, begin: u32, len: u32, t: u32) -> vec2<f32> {
     var acc = 0.0;
     var walk = start;
     for (var j = t; j < len; j += WG) {
-        acc += load_elem(x[p[9] + channel_at(walk, ch, c, s)]);
+        acc += load_elem(x[p[9] + channel_at(walk, ch, c, s)]) - pivot;
         walk = advance(walk, step, s);
     }
     let mean = wg_sum(acc, t) / f32(len);
     var q = 0.0;
     walk = start;
     for (var j = t; j < len; j += WG) {
-        let d = load_elem(x[p[9] + channel_at(walk, ch, c, s)]) - mean;
+        let d = (load_elem(x[p[9] + channel_at(walk, ch, c, s)]) - pivot) - mean;
         q = fma(d, d, q);
         walk = advance(walk, step, s);
     }
@@ -132,12 +143,13 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     let s = p[2];
     let count = p[0] * s;
     let moments = chunk_moments(ch, 0u, count, t);
+    let pivot = pivot_of(ch);
     let mean = moments.x;
     let squares = moments.y;
     if (t == 0u) {
-        update_running(ch, mean, squares, count);
+        update_running(ch, pivot + mean, squares, count);
     }
-    let norm = channel_norm(ch, mean, squares / f32(count));
+    let norm = channel_norm(ch, pivot, mean, squares / f32(count));
     var walk = vec2<u32>(t / s, t % s);
     let step = vec2<u32>(WG / s, WG % s);
     for (var j = t; j < count; j += WG) {
@@ -162,12 +174,13 @@ fn batch_norm_infer(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let s = p[2];
     let first = chunk.y + t;
     let end = chunk.y + chunk.z;
-    var norm = channel_norm(ch, 0.0, 1.0);
+    var norm = channel_norm(ch, 0.0, 0.0, 1.0);
     if (p[17] != 0u) {
         let stats = 2u * c * p[16];
-        norm = channel_norm(ch, partials[stats + ch], partials[stats + c + ch]);
+        norm = channel_norm(ch, pivot_of(ch), partials[stats + ch], partials[stats + c + ch]);
     } else if (p[6] != 0u) {
-        norm = channel_norm(ch, load_elem(running_mean[p[13] + ch]), load_elem(running_var[p[14] + ch]));
+        norm = channel_norm(ch, 0.0, load_elem(running_mean[p[13] + ch]),
+                            load_elem(running_var[p[14] + ch]));
     }
     var j = first;
     var walk = vec2<u32>(j / s, j % s);
@@ -203,7 +216,8 @@ fn batch_norm_moments(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 }
 
 // Training, step 2: invocation ch combines its channel's chunks in order (Chan et al.) into the
-// batch's mean and biased variance, and updates the running statistics as `batch_norm` does.
+// batch's mean (relative to the pivot) and biased variance, and updates the running statistics as
+// `batch_norm` does.
 @compute @workgroup_size(256)
 fn batch_norm_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
@@ -228,5 +242,5 @@ fn batch_norm_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let stats = 2u * c * p[16];
     partials[stats + ch] = mean;
     partials[stats + c + ch] = squares / f32(count);
-    update_running(ch, mean, squares, count);
+    update_running(ch, pivot_of(ch) + mean, squares, count);
 }

@@ -9,11 +9,12 @@
 // the matrix and store only inside it; every thread reaches every barrier. Operands are given by
 // element offset, row stride and column stride (so both transposes, any leading dimension, and GEMV's
 // strided vectors are the same kernel), and the grid's z dimension walks a batch with per-operand
-// batch strides. f32 accumulation; beta = 0 never reads C.
+// batch strides. f32 accumulation; C is read exactly when the host's beta is not 0 (word 18, so that a
+// NaN beta, which shader comparisons may not see, multiplies C as BLAS says).
 //
 // Parameter words (`p`): [0] m, [1] n, [2] k, [3] first batch index of this launch,
 // [4..7) A offset, row stride, column stride, [7..10) B's, [10..13) C's,
-// [13..16) batch strides of A, B, C, [16] alpha and [17] beta as f32 bits.
+// [13..16) batch strides of A, B, C, [16] alpha and [17] beta as f32 bits, [18] 1 when C is read.
 
 @group(0) @binding(0) var<storage, read_write> a: array<elem>;
 @group(0) @binding(1) var<storage, read_write> b: array<elem>;
@@ -92,7 +93,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     store(gi + 7u, gj, c0, acc.r7, acc.s7);
 }
 
-// Writes alpha * (lo, hi) (+ beta * C where beta != 0) to row gi, columns gj .. gj + 8, inside C.
+// Writes alpha * (lo, hi) (+ beta * C where C is read) to row gi, columns gj .. gj + 8, inside C.
 fn store(gi: u32, gj: u32, c0: u32, lo: vec4<f32>, hi: vec4<f32>) {
     let alpha = bitcast<f32>(p[16]);
     let beta = bitcast<f32>(p[17]);
@@ -104,7 +105,7 @@ fn store(gi: u32, gj: u32, c0: u32, lo: vec4<f32>, hi: vec4<f32>) {
         if (col < p[1]) {
             let at = c0 + gi * p[11] + col * p[12];
             var v = alpha * select(hi[y % 4u], lo[y % 4u], y < 4u);
-            if (beta != 0.0) {
+            if (p[18] != 0u) {
                 v = fma(beta, load_elem(c[at]), v);
             }
             c[at] = store_elem(v);

@@ -82,9 +82,15 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
         }
         return;
     }
+    // Variance takes both passes relative to the row's first value, so a constant row has
+    // deviations of exactly 0 (a mean rounded in f32 would not); sum and mean shift by 0.
+    var pivot = 0.0;
+    if (op == 4u && len > 0u) {
+        pivot = xv(base);
+    }
     var s = 0.0;
     for (var j = t; j < len; j += WG) {
-        s += xv(base + j * stride);
+        s += xv(base + j * stride) - pivot;
     }
     let total = wg_sum(s, t);
     if (op == 0u || op == 1u) {
@@ -101,7 +107,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     let mean = total / f32(len);
     var q = 0.0;
     for (var j = t; j < len; j += WG) {
-        let d = xv(base + j * stride) - mean;
+        let d = (xv(base + j * stride) - pivot) - mean;
         q = fma(d, d, q);
     }
     let squares = wg_sum(q, t);
@@ -162,19 +168,25 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     let len = p[1];
     let at_in = p[5] + r * len;
     let at_out = p[4] + r * len;
+    // Moments relative to the row's first value, so that a constant row normalises to exactly 0
+    // (with a mean rounded in f32, (x - mean) · 1/√eps is hundreds of times the rounding error).
+    var pivot = 0.0;
+    if (len > 0u) {
+        pivot = xv(at_in);
+    }
     var s = 0.0;
     for (var j = t; j < len; j += WG) {
-        s += xv(at_in + j);
+        s += xv(at_in + j) - pivot;
     }
     let mean = wg_sum(s, t) / f32(len);
     var q = 0.0;
     for (var j = t; j < len; j += WG) {
-        let d = xv(at_in + j) - mean;
+        let d = (xv(at_in + j) - pivot) - mean;
         q = fma(d, d, q);
     }
     let inv = 1.0 / sqrt(wg_sum(q, t) / f32(len) + bitcast<f32>(p[6]));
     for (var j = t; j < len; j += WG) {
-        var y = (xv(at_in + j) - mean) * inv;
+        var y = ((xv(at_in + j) - pivot) - mean) * inv;
         if (p[7] != 0u) {
             y *= load_elem(weight[p[9] + j]);
         }
