@@ -598,3 +598,38 @@ fn webgpu_work_of_other_threads_is_not_taken_into_a_batch() {
     finished.send(()).unwrap();
     holder.join().unwrap().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Copies between blocks of one memory-pool segment (one WebGPU buffer)
+// ---------------------------------------------------------------------------------------------------
+
+#[test]
+fn copies_and_graph_launches_within_a_memory_pool() -> Result<()> {
+    for kind in Backend::available() {
+        let b = Backend::new(kind)?.memory_pool(MemoryPoolConfig::default())?;
+        let x = b.from_slice(&[1.0f32, -2.0, 3.0, 4.5, 5.0, 6.0], &[2, 3])?;
+        let y = b.zeros(&[2, 3], DType::F32)?;
+        y.copy_from(&x)?;
+        assert_eq!(y.to_vec_f64()?, x.to_vec_f64()?, "{kind}: copy_from");
+        let z = b.zeros(&[2, 3], DType::F32)?;
+        b.compute().copy_dtod(z.data_ptr(), x.data_ptr(), 24)?;
+        assert_eq!(z.to_vec_f64()?, x.to_vec_f64()?, "{kind}: copy_dtod");
+        let odd = b.from_slice(&[7u8, 8, 9], &[3])?;
+        let to = b.zeros(&[3], DType::U8)?;
+        to.copy_from(&odd)?;
+        assert_eq!(
+            to.to_vec_f64()?,
+            [7.0, 8.0, 9.0],
+            "{kind}: an odd byte count"
+        );
+        let w = b.from_slice(&[0.5f32, 1.0, -1.0], &[3, 1])?;
+        let graph = b.capture_graph(|| x.matmul(&w)?.relu())?;
+        let x2 = b.from_slice(&[2.0f32, 0.0, 1.0, -4.0, 1.0, 1.0], &[2, 3])?;
+        let out = b.launch_graph(&graph, &[x2.clone(), w.clone()])?;
+        assert_eq!(out[0].to_vec_f64()?, [0.0, 0.0], "{kind}: graph launch");
+        let x3 = b.from_slice(&[2.0f32, 4.0, 1.0, 4.0, 1.0, 1.0], &[2, 3])?;
+        let out = b.launch_graph(&graph, &[x3, w.clone()])?;
+        assert_eq!(out[0].to_vec_f64()?, [4.0, 2.0], "{kind}: graph launch");
+    }
+    Ok(())
+}

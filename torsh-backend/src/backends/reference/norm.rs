@@ -29,12 +29,40 @@ pub fn softmax(mem: &mut HostMemory, d: &SoftmaxDesc) -> Result<()> {
     mem.store(d.dtype, d.output, &out)
 }
 
-/// Mean and biased variance of `xs`.
-fn moments(xs: impl Iterator<Item = f64> + Clone) -> (f64, f64, usize) {
-    let n = xs.clone().count();
-    let mean = xs.clone().sum::<f64>() / n as f64;
-    let var = xs.map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
-    (mean, var, n)
+/// The moments of some values, taken relative to a pivot (the first value): a constant row has
+/// deviations of exactly 0, where a rounded mean would leave `(x − mean) / √eps`.
+struct Moments {
+    /// The first value.
+    pivot: f64,
+    /// The mean minus the pivot.
+    mean: f64,
+    /// The biased variance.
+    var: f64,
+    /// How many values.
+    count: usize,
+}
+
+impl Moments {
+    fn of(xs: impl Iterator<Item = f64> + Clone) -> Moments {
+        let count = xs.clone().count();
+        let pivot = xs.clone().next().unwrap_or(0.0);
+        let mean = xs.clone().map(|x| x - pivot).sum::<f64>() / count as f64;
+        let var = xs
+            .map(|x| (x - pivot - mean) * (x - pivot - mean))
+            .sum::<f64>()
+            / count as f64;
+        Moments {
+            pivot,
+            mean,
+            var,
+            count,
+        }
+    }
+
+    /// `x`'s deviation from the mean.
+    fn deviation(&self, x: f64) -> f64 {
+        (x - self.pivot) - self.mean
+    }
 }
 
 /// Layer norm over each row of `[rows, cols]`.
@@ -51,12 +79,12 @@ pub fn layer_norm(mem: &mut HostMemory, d: &LayerNormDesc) -> Result<()> {
     let mut out = vec![0.0f64; x.len()];
     for r in 0..d.rows {
         let row = &x[r * d.cols..(r + 1) * d.cols];
-        let (mean, var, _) = moments(row.iter().copied());
-        let inv = 1.0 / (var + d.eps).sqrt();
+        let m = Moments::of(row.iter().copied());
+        let inv = 1.0 / (m.var + d.eps).sqrt();
         for c in 0..d.cols {
             let scale = w.as_ref().map_or(1.0, |w| w[c]);
             let shift = b.as_ref().map_or(0.0, |b| b[c]);
-            out[r * d.cols + c] = (row[c] - mean) * inv * scale + shift;
+            out[r * d.cols + c] = m.deviation(row[c]) * inv * scale + shift;
         }
     }
     mem.store(d.dtype, d.output, &out)
@@ -76,25 +104,31 @@ pub fn batch_norm(mem: &mut HostMemory, d: &BatchNormDesc) -> Result<()> {
     let mut out = vec![0.0f64; x.len()];
     for ch in 0..c {
         let values = (0..n).flat_map(|ni| (0..s).map(move |si| (ni * c + ch) * s + si));
-        let (mean, var) = if d.training {
-            let (mean, var, count) = moments(values.clone().map(|i| x[i]));
+        let m = if d.training {
+            let m = Moments::of(values.clone().map(|i| x[i]));
             if let (Some(rm), Some(rv)) = (rm.as_mut(), rv.as_mut()) {
-                let unbiased = var * count as f64 / (count as f64 - 1.0);
-                rm[ch] = (1.0 - d.momentum) * rm[ch] + d.momentum * mean;
+                let unbiased = m.var * m.count as f64 / (m.count as f64 - 1.0);
+                rm[ch] = (1.0 - d.momentum) * rm[ch] + d.momentum * (m.pivot + m.mean);
                 rv[ch] = (1.0 - d.momentum) * rv[ch] + d.momentum * unbiased;
             }
-            (mean, var)
+            m
         } else {
-            match (rm.as_ref(), rv.as_ref()) {
+            let (mean, var) = match (rm.as_ref(), rv.as_ref()) {
                 (Some(rm), Some(rv)) => (rm[ch], rv[ch]),
                 _ => (0.0, 1.0),
+            };
+            Moments {
+                pivot: 0.0,
+                mean,
+                var,
+                count: n * s,
             }
         };
-        let inv = 1.0 / (var + d.eps).sqrt();
+        let inv = 1.0 / (m.var + d.eps).sqrt();
         let scale = w.as_ref().map_or(1.0, |w| w[ch]);
         let shift = b.as_ref().map_or(0.0, |b| b[ch]);
         for i in values {
-            out[i] = (x[i] - mean) * inv * scale + shift;
+            out[i] = m.deviation(x[i]) * inv * scale + shift;
         }
     }
     mem.store(d.dtype, d.output, &out)?;

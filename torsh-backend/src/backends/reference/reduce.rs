@@ -42,8 +42,13 @@ pub fn reduce_lane(op: ReduceOp, lane: &[f64]) -> f64 {
         ReduceOp::ArgMax => extreme(lane, |a, b| a > b).0 as f64,
         ReduceOp::ArgMin => extreme(lane, |a, b| a < b).0 as f64,
         ReduceOp::Var { correction } => {
-            let mean = lane.iter().sum::<f64>() / n as f64;
-            let ss: f64 = lane.iter().map(|x| (x - mean) * (x - mean)).sum();
+            // Around the lane's first value, so a constant lane gives exactly 0.
+            let pivot = lane.first().copied().unwrap_or(0.0);
+            let mean = lane.iter().map(|x| x - pivot).sum::<f64>() / n as f64;
+            let ss: f64 = lane
+                .iter()
+                .map(|x| (x - pivot - mean) * (x - pivot - mean))
+                .sum();
             ss / (n as f64 - correction as f64).max(0.0)
         }
     }

@@ -751,7 +751,11 @@ impl ComputeBackend for WebGpuBackend {
         }
         let gpu = &state.device.gpu;
         let (from, to) = (mem.place(src, bytes)?, mem.place(dst, bytes)?);
-        if from.offset.is_multiple_of(4) && to.offset.is_multiple_of(4) && bytes.is_multiple_of(4) {
+        let aligned =
+            from.offset.is_multiple_of(4) && to.offset.is_multiple_of(4) && bytes.is_multiple_of(4);
+        // A queue copy cannot have one buffer as both source and destination (two blocks of a
+        // memory pool's segment are): those copy through the cast kernel, as unaligned ends do.
+        if aligned && from.buffer != to.buffer {
             return gpu.scoped("copying between buffers", bytes, || {
                 let mut encoder = gpu
                     .device
@@ -766,18 +770,23 @@ impl ComputeBackend for WebGpuBackend {
                 gpu.submit(encoder.finish());
             });
         }
-        // Unaligned ends: bytes as u8 elements through `cast.wgsl`, which keeps the bytes around the
-        // destination intact.
+        // Bytes as 32-bit words where aligned, else as u8 elements, through `cast.wgsl`, which keeps
+        // the bytes around the destination intact.
         use crate::compute::StridedBuf;
         use crate::dtype::DType;
+        let (dtype, len) = if aligned {
+            (DType::I32, bytes / 4)
+        } else {
+            (DType::U8, bytes)
+        };
         cast::convert(
             gpu,
             &state.kernels,
             &mem,
             "copy_dtod",
-            cast::Source::View(&StridedBuf::contiguous(src, &[bytes]), DType::U8),
-            &StridedBuf::contiguous(dst, &[bytes]),
-            DType::U8,
+            cast::Source::View(&StridedBuf::contiguous(src, &[len]), dtype),
+            &StridedBuf::contiguous(dst, &[len]),
+            dtype,
         )
     }
 
