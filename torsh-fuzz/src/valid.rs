@@ -1,0 +1,707 @@
+//! Random ops on random views, run on a backend and on the reference from the same inputs and
+//! compared by relative error with the parity suite's per-dtype bounds.
+//!
+//! A case is generated from its generator alone ([`generate`]), as a description and a body that
+//! builds its inputs on a given backend and returns its outputs, so the same case runs on both
+//! backends. Most cases are small (a few thousand elements, odd sizes, strided, broadcast and empty
+//! views); a few are past the kernels' grid and loop limits (rows of more than 524 256 elements, long
+//! inner dims). Where the reference answers with an error (an input the generator could not keep
+//! valid), the backend must answer with an error of the same kind.
+
+use torsh_backend::compute::{BinaryOp, ReduceOp, UnaryOp};
+use torsh_backend::prelude::*;
+use torsh_backend::validation::{compare, tolerance};
+
+use crate::gen::{view, Input, Rng, Values};
+use crate::report::{error_kind, Outcome};
+
+/// The body of a case: its outputs on a backend.
+pub type Body = Box<dyn Fn(&Backend) -> Result<Vec<Tensor>> + Send + Sync>;
+
+/// One generated case.
+pub struct Case {
+    /// The op family.
+    pub op: &'static str,
+    /// What was generated: op, dtype, shapes, views and settings.
+    pub desc: String,
+    /// Builds the inputs on a backend and runs the op.
+    pub body: Body,
+    /// The dtype's parity bound is multiplied by this (long f32 sums round more than short ones).
+    pub slack: f64,
+}
+
+/// Elements of an ordinary case's tensors, at most.
+const CAP: usize = 6000;
+
+/// Case `rng` draws: an op family at random, then its inputs and settings.
+pub fn generate(rng: &mut Rng) -> Case {
+    if rng.chance(0.03) {
+        return large(rng);
+    }
+    match rng.range(0, 16) {
+        0 | 1 => unary(rng),
+        2 | 3 => binary(rng),
+        4 | 5 => reduce(rng),
+        6 => softmax(rng),
+        7 => layer_norm(rng),
+        8 => batch_norm(rng),
+        9 => matmul(rng),
+        10 => gemm(rng),
+        11 => conv2d(rng),
+        12 => pool2d(rng),
+        13 => attention(rng),
+        14 => adam(rng),
+        _ => cast_copy(rng),
+    }
+}
+
+/// Runs `case` on `target` and on `reference` and judges the outputs.
+pub fn check(case: &Case, target: &Backend, reference: &Backend) -> Outcome {
+    let want = (case.body)(reference).and_then(|ts| host(&ts));
+    let got = (case.body)(target).and_then(|ts| host(&ts));
+    judge(want, got, case.slack)
+}
+
+/// Host copies of outputs: shape, values and dtype of each.
+pub type Host = Vec<(Vec<usize>, Vec<f64>, DType)>;
+
+/// The outputs' host copies.
+pub fn host(ts: &[Tensor]) -> Result<Host> {
+    ts.iter()
+        .map(|t| Ok((t.shape().to_vec(), t.to_vec_f64()?, t.dtype())))
+        .collect()
+}
+
+/// The verdict on a backend's answer `got` given the reference's `want`, with the dtypes' bounds
+/// times `slack`.
+pub fn judge(want: Result<Host>, got: Result<Host>, slack: f64) -> Outcome {
+    match (want, got) {
+        (
+            _,
+            Err(e @ (BackendError::Unsupported { .. } | BackendError::FeatureUnavailable { .. })),
+        ) => Outcome::Declined(e.to_string()),
+        (Err(w), Err(g)) if error_kind(&w) == error_kind(&g) => Outcome::Pass,
+        (Err(w), Err(g)) => {
+            Outcome::WrongError(format!("the reference answered {w}, this backend {g}"))
+        }
+        (Err(w), Ok(_)) => {
+            Outcome::WrongError(format!("the reference answered {w}, this backend Ok"))
+        }
+        (Ok(_), Err(g)) => Outcome::Error(g.to_string()),
+        (Ok(want), Ok(got)) => {
+            if want.len() != got.len() {
+                return Outcome::Mismatch(format!(
+                    "{} outputs, the reference {}",
+                    got.len(),
+                    want.len()
+                ));
+            }
+            for (i, ((ws, wv, wd), (gs, gv, gd))) in want.iter().zip(&got).enumerate() {
+                if ws != gs || wd != gd {
+                    return Outcome::Mismatch(format!(
+                        "output {i}: {gs:?} {gd}, the reference {ws:?} {wd}"
+                    ));
+                }
+                let c = compare(gv, wv);
+                if !c.within(tolerance(*wd) * slack) {
+                    return Outcome::Mismatch(format!("output {i} {ws:?} {wd}: {c}"));
+                }
+            }
+            Outcome::Pass
+        }
+    }
+}
+
+/// A case whose body builds `inputs` in `dtype` and hands them to `op`.
+fn case(
+    op: &'static str,
+    desc: String,
+    dtype: DType,
+    inputs: Vec<Input>,
+    f: impl Fn(&Backend, &[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+) -> Case {
+    let described = format!(
+        "{desc} {dtype} inputs [{}]",
+        inputs
+            .iter()
+            .map(Input::describe)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Case {
+        op,
+        desc: described,
+        body: Box::new(move |b| {
+            let ts = inputs
+                .iter()
+                .map(|i| i.build(b, dtype))
+                .collect::<Result<Vec<_>>>()?;
+            f(b, &ts)
+        }),
+        slack: 1.0,
+    }
+}
+
+fn unary(rng: &mut Rng) -> Case {
+    let op = rng.pick(UnaryOp::ALL);
+    let dtype = rng.float_dtype();
+    let rank = rng.range(1, 4);
+    let shape = rng.shape(rank, true, CAP);
+    let values = match op {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => Values::Positive,
+        _ => Values::Normal,
+    };
+    let x = view(rng, &shape, values);
+    case(
+        "unary",
+        op.name().to_string(),
+        dtype,
+        vec![x],
+        move |b, t| Ok(vec![b.unary(op, &t[0])?]),
+    )
+}
+
+/// Shapes of two operands that broadcast to `out`: some dims 1, maybe fewer leading dims.
+fn broadcast_pair(rng: &mut Rng, out: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let one = |rng: &mut Rng| {
+        let mut s = out.to_vec();
+        for d in s.iter_mut() {
+            if rng.chance(0.25) {
+                *d = 1;
+            }
+        }
+        let drop = if s.is_empty() { 0 } else { rng.range(0, 1) };
+        s[drop..].to_vec()
+    };
+    let a = one(rng);
+    let b = if rng.chance(0.5) {
+        out.to_vec()
+    } else {
+        one(rng)
+    };
+    (a, b)
+}
+
+fn binary(rng: &mut Rng) -> Case {
+    let op = rng.pick(BinaryOp::ALL);
+    let dtype = rng.float_dtype();
+    let rank = rng.range(1, 4);
+    let out = rng.shape(rank, true, CAP);
+    let (sa, sb) = broadcast_pair(rng, &out);
+    let (va, vb) = match op {
+        BinaryOp::Pow => (Values::Positive, Values::Normal),
+        BinaryOp::Div => (Values::Normal, Values::Positive),
+        _ => (Values::Normal, Values::Normal),
+    };
+    let a = view(rng, &sa, va);
+    let b = view(rng, &sb, vb);
+    if rng.chance(0.2) {
+        let scalar = match op {
+            BinaryOp::Div => rng.uniform(0.25, 2.0),
+            BinaryOp::Pow => rng.uniform(-2.0, 2.0),
+            _ => rng.normal(),
+        };
+        let a = if op == BinaryOp::Pow {
+            view(rng, &sa, Values::Positive)
+        } else {
+            a
+        };
+        return case(
+            "binary",
+            format!("{} with scalar {scalar}", op.name()),
+            dtype,
+            vec![a],
+            move |be, t| Ok(vec![be.binary_scalar(op, &t[0], scalar)?]),
+        );
+    }
+    case(
+        "binary",
+        op.name().to_string(),
+        dtype,
+        vec![a, b],
+        move |be, t| Ok(vec![be.binary(op, &t[0], &t[1])?]),
+    )
+}
+
+fn reduce(rng: &mut Rng) -> Case {
+    let op = rng.pick(&[
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Var { correction: 0 },
+        ReduceOp::Var { correction: 1 },
+        ReduceOp::ArgMax,
+        ReduceOp::ArgMin,
+    ]);
+    let dtype = rng.float_dtype();
+    let rank = rng.range(1, 4);
+    let shape = rng.shape(rank, true, CAP);
+    let values = match op {
+        ReduceOp::ArgMax | ReduceOp::ArgMin => Values::Distinct,
+        ReduceOp::Var { .. } if rng.chance(0.15) => Values::Constant(rng.uniform(-4.0, 4.0)),
+        _ => Values::Normal,
+    };
+    let x = view(rng, &shape, values);
+    if rng.chance(0.15) {
+        let mean = rng.chance(0.5);
+        let name = if mean { "mean_all" } else { "sum_all" };
+        return case("reduce", name.into(), dtype, vec![x], move |_, t| {
+            Ok(vec![if mean {
+                t[0].mean_all()?
+            } else {
+                t[0].sum_all()?
+            }])
+        });
+    }
+    let axis = rng.range(0, rank - 1) as isize - if rng.chance(0.3) { rank as isize } else { 0 };
+    let keepdim = rng.chance(0.5);
+    case(
+        "reduce",
+        format!("{} axis {axis} keepdim {keepdim}", op.name()),
+        dtype,
+        vec![x],
+        move |b, t| Ok(vec![b.reduce(op, &t[0], axis, keepdim)?]),
+    )
+}
+
+fn softmax(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let rank = rng.range(1, 4);
+    let shape = rng.shape(rank, true, CAP);
+    let x = view(rng, &shape, Values::Normal);
+    let axis = rng.range(0, rank - 1) as isize;
+    let log = rng.chance(0.5);
+    let name = if log { "log_softmax" } else { "softmax" };
+    case(
+        "softmax",
+        format!("{name} axis {axis}"),
+        dtype,
+        vec![x],
+        move |_, t| {
+            Ok(vec![if log {
+                t[0].log_softmax(axis)?
+            } else {
+                t[0].softmax(axis)?
+            }])
+        },
+    )
+}
+
+fn layer_norm(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let rank = rng.range(1, 4);
+    let shape = rng.shape(rank, false, CAP);
+    let k = rng.range(1, rank);
+    let normalized = shape[rank - k..].to_vec();
+    let values = if rng.chance(0.15) {
+        Values::Constant(rng.uniform(-100.0, 100.0))
+    } else {
+        Values::Normal
+    };
+    let mut inputs = vec![view(rng, &shape, values)];
+    let weight = rng.chance(0.6);
+    let bias = rng.chance(0.6);
+    if weight {
+        inputs.push(view(rng, &normalized, Values::Normal));
+    }
+    if bias {
+        inputs.push(view(rng, &normalized, Values::Normal));
+    }
+    let eps = rng.pick(&[1e-5, 1e-3, 0.1]);
+    let n = normalized.clone();
+    case(
+        "layer_norm",
+        format!("over {normalized:?} weight {weight} bias {bias} eps {eps}"),
+        dtype,
+        inputs,
+        move |_, t| {
+            let w = weight.then(|| &t[1]);
+            let b = bias.then(|| &t[1 + weight as usize]);
+            Ok(vec![t[0].layer_norm(&n, w, b, eps)?])
+        },
+    )
+}
+
+fn batch_norm(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let rank = rng.range(2, 4);
+    let mut shape = rng.shape(rank, false, CAP);
+    shape[0] = shape[0].max(2);
+    let c = shape[1];
+    let values = if rng.chance(0.15) {
+        Values::Constant(rng.uniform(-100.0, 100.0))
+    } else {
+        Values::Normal
+    };
+    let training = rng.chance(0.6);
+    let affine = rng.chance(0.6);
+    let running = !training || rng.chance(0.6);
+    let mut inputs = vec![view(rng, &shape, values)];
+    if affine {
+        inputs.push(view(rng, &[c], Values::Normal));
+        inputs.push(view(rng, &[c], Values::Normal));
+    }
+    if running {
+        // Dense: they are updated in place.
+        let mean: Vec<f64> = (0..c).map(|_| rng.normal() * 0.1).collect();
+        let var: Vec<f64> = (0..c).map(|_| rng.uniform(0.5, 1.5)).collect();
+        inputs.push(Input {
+            base: vec![c],
+            steps: vec![],
+            data: mean,
+        });
+        inputs.push(Input {
+            base: vec![c],
+            steps: vec![],
+            data: var,
+        });
+    }
+    let momentum = rng.pick(&[None, Some(0.0), Some(0.3), Some(1.0)]);
+    let eps = rng.pick(&[None, Some(1e-3)]);
+    case(
+        "batch_norm",
+        format!(
+            "training {training} affine {affine} running {running} momentum {momentum:?} eps {eps:?}"
+        ),
+        dtype,
+        inputs,
+        move |_, t| {
+            let r = 1 + 2 * affine as usize;
+            let config = BatchNormConfig {
+                weight: affine.then(|| &t[1]),
+                bias: affine.then(|| &t[2]),
+                running_mean: running.then(|| &t[r]),
+                running_var: running.then(|| &t[r + 1]),
+                training,
+                momentum,
+                eps,
+            };
+            let y = t[0].batch_norm(config)?;
+            let mut out = vec![y];
+            if running {
+                out.push(t[r].clone());
+                out.push(t[r + 1].clone());
+            }
+            Ok(out)
+        },
+    )
+}
+
+fn matmul(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let (m, k, n) = (rng.dim(true), rng.dim(true), rng.dim(true));
+    let batch = rng.range(1, 3);
+    let (sa, sb): (Vec<usize>, Vec<usize>) = match rng.range(0, 4) {
+        0 => (vec![k], vec![k, n]),
+        1 => (vec![m, k], vec![k]),
+        2 => (vec![batch, m, k], vec![batch, k, n]),
+        3 => (vec![batch, m, k], vec![k, n]),
+        _ => (vec![m, k], vec![k, n]),
+    };
+    let shrink = |s: Vec<usize>| -> Vec<usize> {
+        let mut s = s;
+        while s.iter().product::<usize>() > CAP {
+            let i = s
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, &d)| d)
+                .map_or(0, |(i, _)| i);
+            s[i] /= 2;
+        }
+        s
+    };
+    let (sa, mut sb) = (shrink(sa), shrink(sb));
+    // The shrinking may have changed a shared inner dim: B takes A's.
+    let inner = *sa.last().unwrap_or(&1);
+    let at = if sb.len() == 1 { 0 } else { sb.len() - 2 };
+    sb[at] = inner;
+    if sa.len() == 3 && sb.len() == 3 {
+        sb[0] = sa[0];
+    }
+    let a = view(rng, &sa, Values::Normal);
+    let b = view(rng, &sb, Values::Normal);
+    case(
+        "matmul",
+        format!("{sa:?} @ {sb:?}"),
+        dtype,
+        vec![a, b],
+        |_, t| Ok(vec![t[0].matmul(&t[1])?]),
+    )
+}
+
+fn gemm(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let (m, k, n) = (rng.dim(true), rng.dim(true), rng.dim(true));
+    let (any_alpha, any_beta) = (rng.normal() as f32, rng.normal() as f32);
+    let alpha = rng.pick(&[1.0, 0.5, -2.0, any_alpha]);
+    let beta = rng.pick(&[0.0, 1.0, 0.5, any_beta]);
+    if rng.chance(0.4) {
+        let (m, n) = (m.min(300), n.min(300));
+        let a = view(rng, &[m, n], Values::Normal);
+        let x = view(rng, &[n], Values::Normal);
+        let y = view(rng, &[m], Values::Normal);
+        return case(
+            "gemv",
+            format!("{m}×{n} alpha {alpha} beta {beta}"),
+            dtype,
+            vec![a, x, y],
+            move |b, t| Ok(vec![b.gemv(&t[0], &t[1], alpha, &t[2], beta)?]),
+        );
+    }
+    let (m, k, n) = (m.min(100), k.min(100), n.min(100));
+    let a = view(rng, &[m, k], Values::Normal);
+    let w = view(rng, &[k, n], Values::Normal);
+    let c = view(rng, &[m, n], Values::Normal);
+    case(
+        "gemm",
+        format!("{m}×{k}×{n} alpha {alpha} beta {beta}"),
+        dtype,
+        vec![a, w, c],
+        move |b, t| Ok(vec![b.gemm(&t[0], &t[1], alpha, &t[2], beta)?]),
+    )
+}
+
+fn conv2d(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let depthwise = rng.chance(0.2);
+    let groups = if depthwise {
+        rng.range(1, 8)
+    } else {
+        rng.pick(&[1, 1, 1, 2, 3])
+    };
+    let cin = groups * if depthwise { 1 } else { rng.range(1, 4) };
+    let cout = groups * rng.range(1, 4);
+    let (kh, kw) = (rng.range(1, 5), rng.range(1, 5));
+    let stride = [rng.range(1, 3), rng.range(1, 3)];
+    let dilation = [rng.pick(&[1, 1, 2]), rng.pick(&[1, 1, 2])];
+    let padding = [rng.range(0, kh / 2 + 1), rng.range(0, kw / 2 + 1)];
+    let need = |k: usize, d: usize, p: usize| (d * (k - 1) + 1).saturating_sub(2 * p).max(1);
+    let h = need(kh, dilation[0], padding[0]) + rng.range(0, 12);
+    let w = need(kw, dilation[1], padding[1]) + rng.range(0, 12);
+    let batch = rng.range(0, 3);
+    let x = view(rng, &[batch, cin, h, w], Values::Normal);
+    let wt = view(rng, &[cout, cin / groups, kh, kw], Values::Normal);
+    let bias = rng.chance(0.5);
+    let mut inputs = vec![x, wt];
+    if bias {
+        inputs.push(view(rng, &[cout], Values::Normal));
+    }
+    let config = ConvConfig {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    case(
+        "conv2d",
+        format!("{config:?} bias {bias}"),
+        dtype,
+        inputs,
+        move |b, t| {
+            Ok(vec![b.conv2d_with_bias(
+                &t[0],
+                &t[1],
+                bias.then(|| &t[2]),
+                config,
+            )?])
+        },
+    )
+}
+
+fn pool2d(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let kernel = [rng.range(1, 4), rng.range(1, 4)];
+    let stride = [rng.pick(&[1, 2, 3, 5]), rng.pick(&[1, 2, 3, 5])];
+    let padding = [rng.range(0, kernel[0] / 2), rng.range(0, kernel[1] / 2)];
+    let h = kernel[0].saturating_sub(2 * padding[0]).max(1) + rng.range(0, 10);
+    let w = kernel[1].saturating_sub(2 * padding[1]).max(1) + rng.range(0, 10);
+    let shape = [rng.range(0, 3), rng.range(1, 4), h, w];
+    let x = view(rng, &shape, Values::Normal);
+    let config = Pool2dConfig {
+        kernel,
+        stride,
+        padding,
+        count_include_pad: rng.chance(0.5),
+    };
+    let max = rng.chance(0.5);
+    let name = if max { "max" } else { "avg" };
+    case(
+        "pool2d",
+        format!("{name} {config:?}"),
+        dtype,
+        vec![x],
+        move |_, t| {
+            Ok(vec![if max {
+                t[0].max_pool2d(config)?
+            } else {
+                t[0].avg_pool2d(config)?
+            }])
+        },
+    )
+}
+
+fn attention(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let (batch, heads) = (rng.range(1, 2), rng.range(1, 3));
+    let (sq, skv) = (rng.range(1, 40), rng.range(1, 40));
+    let d = rng.pick(&[1, 8, 16, 33, 64]);
+    let causal = rng.chance(0.5);
+    let q = view(rng, &[batch, heads, sq, d], Values::Normal);
+    let k = view(rng, &[batch, heads, skv, d], Values::Normal);
+    let v = view(rng, &[batch, heads, skv, d], Values::Normal);
+    case(
+        "attention",
+        format!("causal {causal}"),
+        dtype,
+        vec![q, k, v],
+        move |_, t| Ok(vec![t[0].attention(&t[1], &t[2], causal)?]),
+    )
+}
+
+fn adam(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let count = rng.range(1, 2);
+    let shapes: Vec<Vec<usize>> = (0..count)
+        .map(|_| {
+            let rank = rng.range(1, 2);
+            rng.shape(rank, true, 2000)
+        })
+        .collect();
+    let steps = rng.range(1, 3);
+    let mut inputs = Vec::new();
+    for s in &shapes {
+        // Parameters dense (updated in place); one gradient per step.
+        let n: usize = s.iter().product();
+        inputs.push(Input {
+            base: s.clone(),
+            steps: vec![],
+            data: (0..n).map(|_| rng.normal()).collect(),
+        });
+    }
+    for _ in 0..steps {
+        for s in &shapes {
+            inputs.push(view(rng, s, Values::Normal));
+        }
+    }
+    let decoupled = rng.chance(0.5);
+    let decay = rng.pick(&[0.0, 0.01]);
+    let lr = rng.pick(&[1e-3f32, 0.1]);
+    case(
+        "adam",
+        format!("{count} params, {steps} steps, adamw {decoupled} decay {decay} lr {lr}"),
+        dtype,
+        inputs,
+        move |b, t| {
+            let mut params: Vec<Tensor> = t[..count].to_vec();
+            let mut state = if decoupled {
+                AdamState::adamw(decay)
+            } else {
+                AdamState::adam().with_weight_decay(decay)
+            };
+            for s in 0..steps {
+                let grads = &t[count * (s + 1)..count * (s + 2)];
+                b.fused_adam_step(&mut params, grads, &mut state, lr, (0.9, 0.999))?;
+            }
+            Ok(params)
+        },
+    )
+}
+
+fn cast_copy(rng: &mut Rng) -> Case {
+    let from = rng.pick(&DType::ALL);
+    let to = rng.pick(&DType::ALL);
+    let rank = rng.range(1, 4);
+    let shape = rng.shape(rank, true, CAP);
+    let mut x = view(rng, &shape, Values::Normal);
+    // Integers hold whole values; floats get values every dtype can hold, in range.
+    for v in x.data.iter_mut() {
+        *v = (*v * 40.0).round().clamp(0.0, 250.0);
+    }
+    let copy = rng.chance(0.4);
+    let name = if copy { "copy" } else { "cast" };
+    case(
+        "cast_copy",
+        format!("{name} to {to}"),
+        from,
+        vec![x],
+        move |_, t| {
+            Ok(vec![if copy {
+                t[0].contiguous()?
+            } else {
+                t[0].cast(to)?
+            }])
+        },
+    )
+}
+
+/// Rows and inner dims past the kernels' loop and grid limits: a row of more than 524 256 elements
+/// (65 535 loop iterations of 8 threads), reductions, softmax, layer norm and products over it.
+/// Sums and products take positive values (no cancellation), and their bound grows with √n: a sum of
+/// half a million f32 values rounds more than the parity suite's short ones, while a cut-short loop
+/// misses a quarter of the row or more.
+fn large(rng: &mut Rng) -> Case {
+    let n = rng.pick(&[65_537, 524_257, 700_001]);
+    let dtype = rng.pick(&[DType::F32, DType::F32, DType::F16]);
+    let which = rng.range(0, 5);
+    let values = match which {
+        1 => Values::Distinct,
+        2 | 3 => Values::Normal,
+        _ => Values::Positive,
+    };
+    let x = view(rng, &[1, n], values);
+    let mut c = match which {
+        0 => case(
+            "large",
+            format!("sum of [1, {n}]"),
+            dtype,
+            vec![x],
+            |_, t| Ok(vec![t[0].sum(1, false)?, t[0].sum_all()?, t[0].mean_all()?]),
+        ),
+        1 => case(
+            "large",
+            format!("max/argmax of [1, {n}]"),
+            DType::F32,
+            vec![x],
+            |_, t| Ok(vec![t[0].max(1, false)?, t[0].argmax(1, false)?]),
+        ),
+        2 => case(
+            "large",
+            format!("softmax of [1, {n}]"),
+            dtype,
+            vec![x],
+            |_, t| Ok(vec![t[0].softmax(1)?]),
+        ),
+        3 => case(
+            "large",
+            format!("layer norm of [1, {n}]"),
+            dtype,
+            vec![x],
+            move |_, t| Ok(vec![t[0].layer_norm(&[n], None, None, 1e-5)?]),
+        ),
+        4 => {
+            let y = view(rng, &[n, 1], Values::Positive);
+            case(
+                "large",
+                format!("[1, {n}] @ [{n}, 1]"),
+                dtype,
+                vec![x, y],
+                |_, t| Ok(vec![t[0].matmul(&t[1])?]),
+            )
+        }
+        _ => {
+            let a = view(rng, &[2, n], Values::Positive);
+            let v = view(rng, &[n], Values::Positive);
+            let y = view(rng, &[2], Values::Positive);
+            case(
+                "large",
+                format!("gemv [2, {n}]"),
+                dtype,
+                vec![a, v, y],
+                |b, t| Ok(vec![b.gemv(&t[0], &t[1], 1.0, &t[2], 0.0)?]),
+            )
+        }
+    };
+    c.slack = (n as f64 / 1024.0).sqrt();
+    c
+}
