@@ -633,3 +633,29 @@ fn copies_and_graph_launches_within_a_memory_pool() -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(feature = "webgpu")]
+#[test]
+fn webgpu_copies_between_pool_blocks_further_apart_than_a_binding() -> Result<()> {
+    use torsh_backend::webgpu::{WebGpuBackend, WebGpuBackendConfig, MIN_BINDING_SIZE};
+    if !Backend::available().contains(&BackendType::WebGpu) {
+        return Ok(());
+    }
+    let config = WebGpuBackendConfig {
+        max_binding_size: MIN_BINDING_SIZE,
+        ..Default::default()
+    };
+    let b = Backend::from_compute(Box::new(WebGpuBackend::new(config)))?
+        .memory_pool(MemoryPoolConfig::default())?;
+    let x = b.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4])?;
+    // 256 KiB between the two blocks of one pool segment.
+    let _gap = b.zeros(&[1 << 16], DType::F32)?;
+    let y = b.zeros(&[4], DType::F32)?;
+    b.compute().copy_dtod(y.data_ptr(), x.data_ptr(), 16)?;
+    assert_eq!(y.to_vec_f64()?, [1.0, 2.0, 3.0, 4.0]);
+    b.compute()
+        .copy_dtod(y.data_ptr().offset(1).unwrap(), x.data_ptr(), 7)?;
+    let bytes = y.to_bytes()?;
+    assert_eq!(&bytes[1..8], &x.to_bytes()?[..7], "an unaligned copy");
+    Ok(())
+}

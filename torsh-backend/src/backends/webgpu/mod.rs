@@ -753,8 +753,6 @@ impl ComputeBackend for WebGpuBackend {
         let (from, to) = (mem.place(src, bytes)?, mem.place(dst, bytes)?);
         let aligned =
             from.offset.is_multiple_of(4) && to.offset.is_multiple_of(4) && bytes.is_multiple_of(4);
-        // A queue copy cannot have one buffer as both source and destination (two blocks of a
-        // memory pool's segment are): those copy through the cast kernel, as unaligned ends do.
         if aligned && from.buffer != to.buffer {
             return gpu.scoped("copying between buffers", bytes, || {
                 let mut encoder = gpu
@@ -770,8 +768,11 @@ impl ComputeBackend for WebGpuBackend {
                 gpu.submit(encoder.finish());
             });
         }
-        // Bytes as 32-bit words where aligned, else as u8 elements, through `cast.wgsl`, which keeps
-        // the bytes around the destination intact.
+        // A queue copy cannot have one buffer as both source and destination (two blocks of a
+        // memory pool's segment are), nor unaligned ends: those run as a strided copy of 32-bit
+        // words where aligned, else of bytes, which binds each view in a window of its own (or cuts
+        // the copy where it is larger than a binding) and keeps the bytes around the destination.
+        drop(mem);
         use crate::compute::StridedBuf;
         use crate::dtype::DType;
         let (dtype, len) = if aligned {
@@ -779,15 +780,11 @@ impl ComputeBackend for WebGpuBackend {
         } else {
             (DType::U8, bytes)
         };
-        cast::convert(
-            gpu,
-            &state.kernels,
-            &mem,
-            "copy_dtod",
-            cast::Source::View(&StridedBuf::contiguous(src, &[len]), dtype),
-            &StridedBuf::contiguous(dst, &[len]),
+        self.copy_strided(&CopyDesc {
             dtype,
-        )
+            src: StridedBuf::contiguous(src, &[len]),
+            dst: StridedBuf::contiguous(dst, &[len]),
+        })
     }
 
     fn record_event(&self) -> Result<EventId> {
