@@ -42,8 +42,8 @@ pub(crate) struct StridedArg {
 unsafe impl DeviceRepr for StridedArg {}
 
 impl StridedArg {
-    /// The kernel-side form of `layout`. `Unsupported`-style `InvalidArgument` above rank 8; dims of
-    /// size 1 are dropped first, so only the rank that matters counts.
+    /// The kernel-side form of `layout`. `FeatureUnavailable` ([`beyond_reach`]) above rank 8; dims
+    /// of size 1 are dropped first, so only the rank that matters counts.
     pub(crate) fn new(op: &'static str, layout: &Layout) -> Result<StridedArg> {
         let dims: Vec<(usize, usize)> = layout
             .shape()
@@ -53,7 +53,7 @@ impl StridedArg {
             .map(|(&d, &s)| (d, s))
             .collect();
         if dims.len() > MAX_RANK {
-            return Err(BackendError::invalid(
+            return Err(beyond_reach(
                 op,
                 format!(
                     "the CUDA kernels take views of at most {MAX_RANK} non-unit dims; this one has {} (make it contiguous first)",
@@ -97,14 +97,25 @@ pub(crate) fn to_i64(op: &'static str, x: usize) -> Result<i64> {
     i64::try_from(x).map_err(|_| BackendError::overflow(op, format!("{x} exceeds i64")))
 }
 
-/// `x` as a kernel's 32-bit parameter; `InvalidArgument` past `i32::MAX`.
+/// `x` as a 32-bit parameter of a kernel or of cuBLAS; `FeatureUnavailable` ([`beyond_reach`]) past
+/// `i32::MAX`, never a wrapped value.
 pub(crate) fn to_i32(op: &'static str, x: usize) -> Result<i32> {
     i32::try_from(x).map_err(|_| {
-        BackendError::invalid(
+        beyond_reach(
             op,
-            format!("{x} exceeds the 32-bit limit of this CUDA kernel"),
+            format!("{x} exceeds the 32-bit limit of this CUDA kernel or cuBLAS call"),
         )
     })
+}
+
+/// The error of an op whose operands are past what this backend's kernels or cuBLAS can take (a size
+/// past a 32-bit parameter, a view of more than [`MAX_RANK`] dims): `FeatureUnavailable`, since the op
+/// is valid and runs on other backends; the host answers it before anything is launched.
+pub(crate) fn beyond_reach(op: &'static str, why: impl std::fmt::Display) -> BackendError {
+    BackendError::FeatureUnavailable {
+        feature: "ops beyond the CUDA kernels' reach",
+        reason: format!("{op}: {why}"),
+    }
 }
 
 /// A 1-D launch of `BLOCK`-thread blocks for a grid-stride loop over `n` items: enough blocks to fill
@@ -132,7 +143,30 @@ mod tests {
         assert_eq!(&a.shape[..2], &[3, 2]);
         assert_eq!(&a.strides[..2], &[1, 3]);
         let deep = Layout::contiguous(&[2; 9]);
-        assert!(StridedArg::new("t", &deep).is_err());
+        assert!(matches!(
+            StridedArg::new("t", &deep),
+            Err(BackendError::FeatureUnavailable { .. })
+        ));
+        // Unit dims do not count towards the rank.
+        let padded = Layout::contiguous(&[2, 1, 2, 1, 2, 1, 2, 1, 2, 2, 2, 2]);
+        assert_eq!(StridedArg::new("t", &padded).unwrap().rank, 8);
+    }
+
+    #[test]
+    fn sizes_past_32_bits_are_unavailable_not_wrapped() {
+        assert_eq!(to_i32("t", i32::MAX as usize).unwrap(), i32::MAX);
+        for x in [1usize << 31, u32::MAX as usize, (1 << 32) + 5, usize::MAX] {
+            match to_i32("t", x) {
+                Err(BackendError::FeatureUnavailable { reason, .. }) => {
+                    assert!(reason.contains(&x.to_string()), "{reason}")
+                }
+                other => panic!("{x}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            to_i64("t", usize::MAX),
+            Err(BackendError::SizeOverflow { .. })
+        ));
     }
 
     #[test]
