@@ -14,6 +14,9 @@ pub(crate) const MAX_RANK: usize = 8;
 /// Threads per block for the 1-D elementwise kernels.
 pub(crate) const BLOCK: u32 = 256;
 
+/// Largest `gridDim.x` (2^31 − 1; `gridDim.y` and `gridDim.z` stop at 65 535).
+pub(crate) const MAX_GRID_X: usize = i32::MAX as usize;
+
 /// The suffix of a kernel's entry point for `dtype` (`unary_f32`, `cast_f16_i32`, ...).
 pub(crate) fn suffix(dtype: DType) -> &'static str {
     match dtype {
@@ -119,12 +122,12 @@ pub(crate) fn beyond_reach(op: &'static str, why: impl std::fmt::Display) -> Bac
 }
 
 /// A 1-D launch of `BLOCK`-thread blocks for a grid-stride loop over `n` items: enough blocks to fill
-/// the device (`sm_count × 32` at most), at least one.
+/// the device (`sm_count × 32` at most, and never past [`MAX_GRID_X`]), at least one.
 pub(crate) fn grid_for(n: usize, sm_count: i32) -> LaunchConfig {
     let wanted = n.div_ceil(BLOCK as usize).max(1);
     let cap = (sm_count.max(1) as usize) * 32;
     LaunchConfig {
-        grid_dim: (wanted.min(cap) as u32, 1, 1),
+        grid_dim: (wanted.min(cap).min(MAX_GRID_X) as u32, 1, 1),
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -174,5 +177,22 @@ mod tests {
         assert_eq!(grid_for(0, 132).grid_dim.0, 1);
         assert_eq!(grid_for(257, 132).grid_dim.0, 2);
         assert_eq!(grid_for(1 << 30, 132).grid_dim.0, 132 * 32);
+    }
+
+    #[test]
+    fn one_dimensional_grids_stay_inside_the_hardware_limits() {
+        // The kernels loop grid-stride, so any grid is correct; it must only be a legal launch:
+        // 1 ≤ gridDim.x ≤ 2^31 − 1, gridDim.y = gridDim.z = 1, whatever the count and SM count.
+        for sms in [i32::MIN, -1, 0, 1, 132, i32::MAX] {
+            for n in [0, 1, 255, 256, 257, 1 << 31, (1 << 40) + 3, usize::MAX] {
+                let g = grid_for(n, sms);
+                assert!(
+                    (1..=i32::MAX as u32).contains(&g.grid_dim.0),
+                    "{n} {sms} {g:?}"
+                );
+                assert_eq!((g.grid_dim.1, g.grid_dim.2), (1, 1));
+                assert_eq!(g.block_dim, (BLOCK, 1, 1));
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::launch::{check_aligned, suffix, to_i64, StridedArg, BLOCK};
+use super::launch::{check_aligned, suffix, to_i64, StridedArg, BLOCK, MAX_GRID_X};
 use super::Gpu;
 use crate::compute::{ReduceDesc, ReduceOp};
 use crate::error::{BackendError, Result};
@@ -51,11 +51,11 @@ pub(super) fn group_size(len: usize, rows: usize, unit_stride: bool, sm_count: i
 }
 
 /// A launch of `BLOCK`-thread blocks covering `rows` rows with `group` threads each (a divisor of
-/// `BLOCK`): enough blocks for every row, at most `BLOCKS_PER_SM` per SM (the kernels loop), at least
-/// one.
+/// `BLOCK`): enough blocks for every row, at most `BLOCKS_PER_SM` per SM (the kernels loop) and never
+/// past [`MAX_GRID_X`], at least one.
 pub(super) fn group_launch(rows: usize, group: u32, sm_count: i32) -> LaunchConfig {
     let per_block = (BLOCK / group.clamp(1, BLOCK)) as usize;
-    let cap = sm_count.max(1) as usize * BLOCKS_PER_SM;
+    let cap = (sm_count.max(1) as usize * BLOCKS_PER_SM).min(MAX_GRID_X);
     let blocks = rows.div_ceil(per_block).clamp(1, cap);
     LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
@@ -201,6 +201,15 @@ mod tests {
         assert_eq!(group_launch(3, BLOCK, 132).grid_dim.0, 3);
         assert_eq!(group_launch(1 << 40, BLOCK, 132).grid_dim.0, 132 * 32);
         assert_eq!(group_launch(0, 32, 0).grid_dim.0, 1);
+        for sms in [i32::MIN, 0, 132, i32::MAX] {
+            for rows in [0, 1, 1 << 31, usize::MAX] {
+                for group in [1, 32, BLOCK] {
+                    let g = group_launch(rows, group, sms);
+                    assert!((1..=MAX_GRID_X as u32).contains(&g.grid_dim.0));
+                    assert_eq!((g.grid_dim.1, g.grid_dim.2), (1, 1));
+                }
+            }
+        }
     }
 
     #[test]
