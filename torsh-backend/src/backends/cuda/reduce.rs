@@ -11,7 +11,7 @@ use super::launch::{check_aligned, suffix, to_i64, StridedArg, BLOCK, MAX_GRID_X
 use super::Gpu;
 use crate::compute::{ReduceDesc, ReduceOp};
 use crate::error::{BackendError, Result};
-use crate::shape::{checked_numel, Layout};
+use crate::shape::{checked_numel, coalesce, Layout};
 
 /// Longest row a single thread reduces on its own, whatever the layout.
 const SERIAL_MAX: usize = 32;
@@ -83,6 +83,15 @@ fn split_axis(layout: &Layout, axis: usize) -> Result<(Layout, usize, usize)> {
     Ok((rest, shape[axis], strides[axis]))
 }
 
+/// `rest` with its unit dims dropped and the dims that are contiguous with each other merged: the same
+/// element offset for every output index, in as few dims as the view allows, so that an input of any
+/// rank whose other dims merge to at most `MAX_RANK` reaches the kernel (a contiguous one merges to one
+/// dim) and the kernel's index divisions are fewer.
+fn coalesced(op: &'static str, rest: &Layout) -> Result<Layout> {
+    let (shape, [strides]) = coalesce(op, [rest])?;
+    Layout::new(shape, strides, rest.offset())
+}
+
 /// The kernel's op code (the `RED_*` defines in `reduce.cu`) and the variance correction.
 fn op_code(op: ReduceOp) -> (i32, i64) {
     match op {
@@ -114,7 +123,7 @@ pub(crate) fn reduce(gpu: &Gpu, d: &ReduceDesc) -> Result<()> {
         d.dtype,
         &format!("reduce_g{group}_{}", suffix(d.dtype)),
     )?;
-    let rest = StridedArg::new(op, &rest)?;
+    let rest = StridedArg::new(op, &coalesced(op, &rest)?)?;
     let (x, out) = (d.input.ptr.0, d.output.0);
     let (axis_stride, len, n) = (
         to_i64(op, axis_stride)?,
@@ -177,6 +186,54 @@ mod tests {
             }
         }
         assert!(split_axis(&base, 3).is_err());
+    }
+
+    #[test]
+    fn coalescing_keeps_every_lane_start() {
+        let views = [
+            Layout::new(vec![3, 4, 5, 2], vec![40, 10, 2, 1], 7).unwrap(),
+            Layout::contiguous(&[2, 3, 1, 4, 5])
+                .permute(&[3, 0, 2, 4, 1])
+                .unwrap(),
+            Layout::new(vec![4, 3, 2], vec![0, 2, 1], 5).unwrap(),
+            Layout::contiguous(&[2; 12]),
+        ];
+        for l in &views {
+            for axis in 0..l.shape().len() {
+                let (rest, _, _) = split_axis(l, axis).unwrap();
+                let merged = coalesced("t", &rest).unwrap();
+                assert!(merged.shape().len() <= rest.shape().len());
+                for j in 0..rest.numel() {
+                    assert_eq!(
+                        strided_offset(&merged, j),
+                        strided_offset(&rest, j),
+                        "{l:?} axis {axis}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn views_of_any_rank_that_merge_reach_the_kernel() {
+        // Contiguous, rank 12: the other dims merge into one, whatever the axis.
+        let deep = Layout::contiguous(&[2; 12]);
+        for axis in [0, 5, 11] {
+            let (rest, _, _) = split_axis(&deep, axis).unwrap();
+            assert!(StridedArg::new("t", &rest).is_err());
+            let merged = coalesced("t", &rest).unwrap();
+            assert!(merged.shape().len() <= 2, "{merged:?}");
+            assert!(StridedArg::new("t", &merged).is_ok());
+        }
+        // Ten dims in reverse order merge nowhere: past the kernels' rank, unavailable.
+        let reversed = Layout::contiguous(&[2; 10])
+            .permute(&[9, 8, 7, 6, 5, 4, 3, 2, 1, 0])
+            .unwrap();
+        let (rest, _, _) = split_axis(&reversed, 0).unwrap();
+        assert!(matches!(
+            StridedArg::new("t", &coalesced("t", &rest).unwrap()),
+            Err(BackendError::FeatureUnavailable { .. })
+        ));
     }
 
     #[test]
