@@ -179,6 +179,40 @@ mod tests {
         assert_eq!(grid_for(1 << 30, 132).grid_dim.0, 132 * 32);
     }
 
+    /// The grid-stride loops of every kernel index in 64 bits: each `blockIdx` or `gridDim` term is
+    /// either cast to `i64` before any arithmetic (`(i64)blockIdx.x * blockDim.x`) or is the whole
+    /// initialiser or step of an `i64` loop variable (`for (i64 t = blockIdx.y; ...; t += gridDim.y)`),
+    /// so no product of grid indices is taken in 32 bits, whatever the grid.
+    #[test]
+    fn kernel_grid_indices_are_widened_before_any_arithmetic() {
+        use super::super::kernels::{COMMON, SOURCES};
+        let sources = std::iter::once(("common.cuh", COMMON)).chain(SOURCES.iter().copied());
+        let mut seen = 0;
+        for (name, src) in sources {
+            for (n, line) in src.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                for token in ["blockIdx.", "gridDim."] {
+                    for (at, _) in code.match_indices(token) {
+                        seen += 1;
+                        let before = &code[..at];
+                        let after = &code[at + token.len() + 1..];
+                        let widened = before.ends_with("(i64)");
+                        let whole_term = code.trim_start().starts_with("for (i64 ")
+                            && (before.ends_with(" = ") || before.ends_with(" += "))
+                            && (after.starts_with(';') || after.starts_with(')'));
+                        assert!(
+                            widened || whole_term,
+                            "{name}:{}: `{}` is used in 32-bit arithmetic",
+                            n + 1,
+                            line.trim()
+                        );
+                    }
+                }
+            }
+        }
+        assert!(seen >= 20, "only {seen} grid terms found");
+    }
+
     #[test]
     fn one_dimensional_grids_stay_inside_the_hardware_limits() {
         // The kernels loop grid-stride, so any grid is correct; it must only be a legal launch:
