@@ -7,7 +7,8 @@
 //!
 //! GEMV is the 1-row GEMM `yᵀ = xᵀ · op(A)ᵀ`: x becomes a 1×k matrix whose leading dimension is `incx`
 //! and y a 1×n matrix with leading dimension `incy`, so strided vectors need no copy and every dtype
-//! takes the same path. cuBLAS takes 32-bit sizes: larger dimensions are `InvalidArgument`.
+//! takes the same path. cuBLAS takes 32-bit sizes, leading dimensions and batch counts: larger ones
+//! are `FeatureUnavailable` (never wrapped), batch strides past `i64` `SizeOverflow`.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::launch::{check_aligned, suffix, to_i32, to_i64};
+use super::launch::{beyond_reach, check_aligned, suffix, to_i32, to_i64};
 use super::Gpu;
 use crate::compute::*;
 use crate::error::{BackendError, Result};
@@ -90,7 +90,8 @@ unsafe impl DeviceRepr for ConvParams {}
 
 impl ConvParams {
     /// The kernel parameters of `d` (already validated by `Conv2dDesc::accesses`). `SizeOverflow` when
-    /// a count exceeds `i64`, `InvalidArgument` when the GEMM depth `C / groups · R · S` exceeds `i32`.
+    /// a count exceeds `i64`, `FeatureUnavailable` when the GEMM depth `C / groups · R · S` exceeds
+    /// [`MAX_DEPTH`] (the kernel's 32-bit depth indices).
     pub(crate) fn new(d: &Conv2dDesc) -> Result<ConvParams> {
         let [n, c, h, w] = d.input_shape;
         let [k, cg, r, s] = d.weight_shape;
@@ -184,11 +185,11 @@ impl FastDiv {
     }
 }
 
-/// The GEMM depth `C / groups · R · S` as the kernel's 32-bit count; `InvalidArgument` past
-/// [`MAX_DEPTH`].
+/// The GEMM depth `C / groups · R · S` as the kernel's 32-bit count; `FeatureUnavailable` past
+/// [`MAX_DEPTH`], a limit of this kernel rather than of the op.
 fn depth(kdim: usize) -> Result<i32> {
     if kdim > MAX_DEPTH {
-        return Err(BackendError::invalid(
+        return Err(beyond_reach(
             OP,
             format!(
                 "C / groups · R · S = {kdim} exceeds {MAX_DEPTH}, the limit of the CUDA kernel"
@@ -315,12 +316,21 @@ mod tests {
     }
 
     #[test]
-    fn a_depth_beyond_the_limit_is_rejected() {
+    fn a_depth_beyond_the_limit_is_unavailable() {
         let mut d = desc([1, 2, 3, 3], [2, 1, 1, 1], [1, 1], [0, 0], [1, 1], 2, false);
         d.weight_shape = [2, (1 << 18) + 1, 1 << 6, 1 << 6];
         assert!(matches!(
             ConvParams::new(&d),
-            Err(BackendError::InvalidArgument { .. })
+            Err(BackendError::FeatureUnavailable { .. })
+        ));
+        // The limit itself is served.
+        d.weight_shape = [2, 1 << 18, 1 << 6, 1 << 6];
+        assert_eq!(ConvParams::new(&d).unwrap().kdim, 1 << 30);
+        // Past i32 in a single dim as well.
+        d.weight_shape = [2, 1, 1 << 31, 1];
+        assert!(matches!(
+            ConvParams::new(&d),
+            Err(BackendError::FeatureUnavailable { .. })
         ));
     }
 

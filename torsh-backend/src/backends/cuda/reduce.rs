@@ -7,11 +7,11 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::launch::{check_aligned, suffix, to_i64, StridedArg, BLOCK};
+use super::launch::{check_aligned, suffix, to_i64, StridedArg, BLOCK, MAX_GRID_X};
 use super::Gpu;
 use crate::compute::{ReduceDesc, ReduceOp};
 use crate::error::{BackendError, Result};
-use crate::shape::{checked_numel, Layout};
+use crate::shape::{checked_numel, coalesce, Layout};
 
 /// Longest row a single thread reduces on its own, whatever the layout.
 const SERIAL_MAX: usize = 32;
@@ -51,11 +51,11 @@ pub(super) fn group_size(len: usize, rows: usize, unit_stride: bool, sm_count: i
 }
 
 /// A launch of `BLOCK`-thread blocks covering `rows` rows with `group` threads each (a divisor of
-/// `BLOCK`): enough blocks for every row, at most `BLOCKS_PER_SM` per SM (the kernels loop), at least
-/// one.
+/// `BLOCK`): enough blocks for every row, at most `BLOCKS_PER_SM` per SM (the kernels loop) and never
+/// past [`MAX_GRID_X`], at least one.
 pub(super) fn group_launch(rows: usize, group: u32, sm_count: i32) -> LaunchConfig {
     let per_block = (BLOCK / group.clamp(1, BLOCK)) as usize;
-    let cap = sm_count.max(1) as usize * BLOCKS_PER_SM;
+    let cap = (sm_count.max(1) as usize * BLOCKS_PER_SM).min(MAX_GRID_X);
     let blocks = rows.div_ceil(per_block).clamp(1, cap);
     LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
@@ -81,6 +81,15 @@ fn split_axis(layout: &Layout, axis: usize) -> Result<(Layout, usize, usize)> {
     };
     let rest = Layout::new(without(shape), without(strides), layout.offset())?;
     Ok((rest, shape[axis], strides[axis]))
+}
+
+/// `rest` with its unit dims dropped and the dims that are contiguous with each other merged: the same
+/// element offset for every output index, in as few dims as the view allows, so that an input of any
+/// rank whose other dims merge to at most `MAX_RANK` reaches the kernel (a contiguous one merges to one
+/// dim) and the kernel's index divisions are fewer.
+fn coalesced(op: &'static str, rest: &Layout) -> Result<Layout> {
+    let (shape, [strides]) = coalesce(op, [rest])?;
+    Layout::new(shape, strides, rest.offset())
 }
 
 /// The kernel's op code (the `RED_*` defines in `reduce.cu`) and the variance correction.
@@ -114,7 +123,7 @@ pub(crate) fn reduce(gpu: &Gpu, d: &ReduceDesc) -> Result<()> {
         d.dtype,
         &format!("reduce_g{group}_{}", suffix(d.dtype)),
     )?;
-    let rest = StridedArg::new(op, &rest)?;
+    let rest = StridedArg::new(op, &coalesced(op, &rest)?)?;
     let (x, out) = (d.input.ptr.0, d.output.0);
     let (axis_stride, len, n) = (
         to_i64(op, axis_stride)?,
@@ -180,6 +189,54 @@ mod tests {
     }
 
     #[test]
+    fn coalescing_keeps_every_lane_start() {
+        let views = [
+            Layout::new(vec![3, 4, 5, 2], vec![40, 10, 2, 1], 7).unwrap(),
+            Layout::contiguous(&[2, 3, 1, 4, 5])
+                .permute(&[3, 0, 2, 4, 1])
+                .unwrap(),
+            Layout::new(vec![4, 3, 2], vec![0, 2, 1], 5).unwrap(),
+            Layout::contiguous(&[2; 12]),
+        ];
+        for l in &views {
+            for axis in 0..l.shape().len() {
+                let (rest, _, _) = split_axis(l, axis).unwrap();
+                let merged = coalesced("t", &rest).unwrap();
+                assert!(merged.shape().len() <= rest.shape().len());
+                for j in 0..rest.numel() {
+                    assert_eq!(
+                        strided_offset(&merged, j),
+                        strided_offset(&rest, j),
+                        "{l:?} axis {axis}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn views_of_any_rank_that_merge_reach_the_kernel() {
+        // Contiguous, rank 12: the other dims merge into one, whatever the axis.
+        let deep = Layout::contiguous(&[2; 12]);
+        for axis in [0, 5, 11] {
+            let (rest, _, _) = split_axis(&deep, axis).unwrap();
+            assert!(StridedArg::new("t", &rest).is_err());
+            let merged = coalesced("t", &rest).unwrap();
+            assert!(merged.shape().len() <= 2, "{merged:?}");
+            assert!(StridedArg::new("t", &merged).is_ok());
+        }
+        // Ten dims in reverse order merge nowhere: past the kernels' rank, unavailable.
+        let reversed = Layout::contiguous(&[2; 10])
+            .permute(&[9, 8, 7, 6, 5, 4, 3, 2, 1, 0])
+            .unwrap();
+        let (rest, _, _) = split_axis(&reversed, 0).unwrap();
+        assert!(matches!(
+            StridedArg::new("t", &coalesced("t", &rest).unwrap()),
+            Err(BackendError::FeatureUnavailable { .. })
+        ));
+    }
+
+    #[test]
     fn short_rows_get_a_thread_long_rows_a_block() {
         assert_eq!(group_size(0, 10, true, 132), 1);
         assert_eq!(group_size(32, 1, true, 132), 1);
@@ -201,6 +258,15 @@ mod tests {
         assert_eq!(group_launch(3, BLOCK, 132).grid_dim.0, 3);
         assert_eq!(group_launch(1 << 40, BLOCK, 132).grid_dim.0, 132 * 32);
         assert_eq!(group_launch(0, 32, 0).grid_dim.0, 1);
+        for sms in [i32::MIN, 0, 132, i32::MAX] {
+            for rows in [0, 1, 1 << 31, usize::MAX] {
+                for group in [1, 32, BLOCK] {
+                    let g = group_launch(rows, group, sms);
+                    assert!((1..=MAX_GRID_X as u32).contains(&g.grid_dim.0));
+                    assert_eq!((g.grid_dim.1, g.grid_dim.2), (1, 1));
+                }
+            }
+        }
     }
 
     #[test]
