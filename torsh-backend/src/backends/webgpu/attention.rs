@@ -11,6 +11,7 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::loops;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, ATTENTION, ATTENTION_F16};
 
@@ -90,6 +91,11 @@ pub(crate) fn attention(
             buffers: &[q.0, k.0, v.0, o.0],
             params: &words,
             groups,
+            loops: if tiled {
+                loops::attention_tiled(d.head_dim, d.seq_kv)
+            } else {
+                loops::attention_rows(d.head_dim, d.seq_kv)
+            },
         },
     )?;
     Ok(Launch::Done)

@@ -12,8 +12,12 @@
 //!   broadcasting elementwise ops. They run in f32: a 16-bit slice is cast to an f32 copy first and
 //!   the result rounded once, so no intermediate is rounded to 16 bits.
 //!
+//! Softmax, log-softmax and layer norm are composed so too when their rows are longer than a launch
+//! takes within the loop budget (`loops.rs`), their reductions then cut into blocks of the row
+//! (`two_pass.rs`).
+//!
 //! Each costs extra passes over the data (and, for 16-bit and training, copies), which only ops too
-//! large for one binding pay.
+//! large for one binding, or for one launch, pay.
 
 use crate::compute::{
     BatchNormDesc, BinaryDesc, BinaryOp, CastDesc, ComputeBackend, CopyDesc, DevicePtr, FillDesc,

@@ -390,7 +390,9 @@ impl Kernels {
     }
 
     /// Runs `entry` of `module` over `groups` workgroups with `buffers` bound at `0..module.data` and
-    /// `params` as the parameter words, in one submission.
+    /// `params` as the parameter words, in one submission. `FeatureUnavailable` when an invocation
+    /// would run more loop passes than the device's budget (`loops.rs`): the op should have cut
+    /// its work, and where it cannot, that is its answer.
     pub fn dispatch(&self, gpu: &Gpu, call: Dispatch<'_>) -> Result<()> {
         let Dispatch {
             module,
@@ -399,9 +401,21 @@ impl Kernels {
             buffers,
             params,
             groups,
+            loops,
         } = call;
         if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
             return Ok(());
+        }
+        if loops > gpu.loop_limit {
+            return Err(BackendError::FeatureUnavailable {
+                feature: "WebGPU loop budget",
+                reason: format!(
+                    "{}:{entry} would run {loops} loop passes per invocation, past the budget of {} \
+                     (software Vulkan such as lavapipe silently ends every loop of an invocation \
+                     after 65 535 in all); run it on smaller operands",
+                    module.name, gpu.loop_limit
+                ),
+            });
         }
         let limit = gpu.limits.max_compute_workgroups_per_dimension;
         if groups.0 > limit || groups.1 > limit || groups.2 > limit {
@@ -470,6 +484,8 @@ pub(crate) struct Dispatch<'a> {
     pub params: &'a [u32],
     /// Workgroups in x, y, z.
     pub groups: (u32, u32, u32),
+    /// The most loop passes one invocation runs, every loop of the kernel together (`loops.rs`).
+    pub loops: u64,
 }
 
 /// Workgroups for `n` invocations of a 1-D kernel of [`WORKGROUP`] threads, as a 2-D grid whose rows
