@@ -220,6 +220,35 @@ fn convolutions_past_the_loop_budget_accumulate_blocks_of_input_channels() {
 }
 
 #[test]
+fn attention_past_the_loop_budget_combines_ranges_of_keys() {
+    // One launch takes 624 keys of head dim 64 (the tiled kernel) and 1152 of head dim 136 (the
+    // row kernel): 1009 and 2503 keys in ranges, causal and not.
+    let Some(b) = low_budget() else { return };
+    against_reference(&b, &ALL, |be, dtype| {
+        let q = wave_tensor(be, &[1, 2, 37, 64], 0.1, dtype);
+        let kv = wave_tensor(be, &[1, 2, 1009, 64], 0.2, dtype);
+        let q_wide = wave_tensor(be, &[1, 1, 3, 136], 0.3, dtype);
+        let kv_wide = wave_tensor(be, &[1, 1, 2503, 136], 0.4, dtype);
+        let long_q = wave_tensor(be, &[1, 2, 1009, 64], 0.5, dtype);
+        vec![
+            ("tiled", be.attention(&q, &kv, &kv, false).unwrap()),
+            (
+                "tiled, causal",
+                be.attention(&long_q, &kv, &kv, true).unwrap(),
+            ),
+            (
+                "rows",
+                be.attention(&q_wide, &kv_wide, &kv_wide, false).unwrap(),
+            ),
+            (
+                "rows, causal",
+                be.attention(&q_wide, &kv_wide, &kv_wide, true).unwrap(),
+            ),
+        ]
+    });
+}
+
+#[test]
 fn what_no_cut_brings_within_the_loop_budget_is_feature_unavailable() {
     // One input channel's 45 × 45 taps, a pooling window 4100 wide: more passes than the budget
     // on their own. And a budget below the smallest is refused.

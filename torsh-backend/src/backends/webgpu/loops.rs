@@ -24,7 +24,9 @@
 //! - GEMMs: ranges of the inner dim ([`super::pieces::gemm_cuts`]; `split_k.rs` accumulates
 //!   16-bit ones in f32), GEMVs as GEMMs, batched GEMMs by inner ranges (f32) or product by
 //!   product;
-//! - conv2d: blocks of input channels accumulated in f32 (`conv_split.rs`).
+//! - conv2d: blocks of input channels accumulated in f32 (`conv_split.rs`);
+//! - attention: ranges of keys, each row's results combined on the host in f64 from each range's
+//!   output, maximum and denominator (`attention_split.rs`).
 //!
 //! A kernel that cannot run even its smallest cut within the budget (a convolution whose taps of
 //! one input channel, or a pooling window one of whose sides, need more passes on their own; an

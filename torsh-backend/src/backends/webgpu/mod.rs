@@ -20,6 +20,7 @@
 
 mod adapter;
 mod attention;
+mod attention_split;
 mod blas;
 mod cast;
 mod composed;
@@ -954,7 +955,20 @@ impl ComputeBackend for WebGpuBackend {
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
         math_dtype("attention", desc.dtype)?;
         self.in_pieces(desc, desc.accesses()?, pieces::attention, |d| {
-            self.run(d, attention::attention)
+            // More keys than a launch takes within the loop budget: by ranges of keys.
+            match attention::max_keys(&self.state()?.device.gpu, d) {
+                Some(span) if span >= d.seq_kv => self.run(d, attention::attention),
+                Some(span) => attention_split::attention(self, d, span),
+                None => Err(BackendError::FeatureUnavailable {
+                    feature: "WebGPU loop budget",
+                    reason: format!(
+                        "attention: one chunk of keys of head dim {} needs more loop passes than \
+                         the budget of {}",
+                        d.head_dim,
+                        self.state()?.device.gpu.loop_limit
+                    ),
+                }),
+            }
         })
     }
 

@@ -138,13 +138,14 @@ pub(crate) const CONV_F16: Module = wgsl!(
     ["elem_f16.wgsl", "block.wgsl", "conv.wgsl"]
 );
 
-/// `shaders/attention.wgsl`: flash-style attention (q, k, v, o), on f32 elements.
+/// `shaders/attention.wgsl`: flash-style attention (q, k, v, o, and the f32 statistics of a
+/// launch over a range of the keys), on f32 elements.
 pub(crate) const ATTENTION: Module =
-    wgsl!("attention.wgsl", 4, ["elem_f32.wgsl", "attention.wgsl"]);
+    wgsl!("attention.wgsl", 5, ["elem_f32.wgsl", "attention.wgsl"]);
 
 /// [`ATTENTION`] on f16 elements, for devices with `SHADER_F16`.
 pub(crate) const ATTENTION_F16: Module =
-    wgsl!("attention.wgsl+f16", 4, ["elem_f16.wgsl", "attention.wgsl"]);
+    wgsl!("attention.wgsl+f16", 5, ["elem_f16.wgsl", "attention.wgsl"]);
 
 /// `shaders/pool.wgsl`: max and average pooling (input, output), on f32 elements.
 pub(crate) const POOL: Module = wgsl!("pool.wgsl", 2, ["elem_f32.wgsl", "pool.wgsl"]);
