@@ -58,6 +58,58 @@ fn wave_tensor(be: &Backend, shape: &[usize], phase: f32, dtype: DType) -> Tenso
     super::dtype_tensor(be, &host, shape, dtype)
 }
 
+#[test]
+fn other_kernels_past_the_real_loop_limit_match_the_reference() {
+    // Each past 65 535 loop iterations of one invocation as launched whole: a convolution over
+    // 72 000 (input channel, tap) pairs, attention over 40 000 keys (row kernel, head dim 136) and
+    // 100 000 keys (tiled kernel), pooling a 300 × 300 window, batch norm of a 700 000-value
+    // channel in training and inference.
+    let Some(b) = backend() else { return };
+    let reference = Backend::reference().unwrap();
+    let f32 = DType::F32;
+    let run = |be: &Backend| -> Vec<(&str, Tensor)> {
+        let conv_in = be.ones(&[1, 8000, 3, 3], f32).unwrap();
+        let conv_w = be.ones(&[1, 8000, 3, 3], f32).unwrap();
+        let q_row = wave_tensor(be, &[1, 1, 2, 136], 0.1, f32);
+        let kv_row = wave_tensor(be, &[1, 1, 40_000, 136], 0.2, f32);
+        let q_tiled = wave_tensor(be, &[1, 1, 3, 64], 0.3, f32);
+        let kv_tiled = wave_tensor(be, &[1, 1, 100_000, 64], 0.4, f32);
+        let plane = wave_tensor(be, &[1, 2, 300, 300], 0.5, f32);
+        // Rising values: the maximum is the window's last tap.
+        let rising = be.arange(0.0, 180_000.0, 1.0, f32).unwrap();
+        let rising = rising.reshape(&[1, 2, 300, 300]).unwrap();
+        let window = torsh_backend::Pool2dConfig::new([300, 300]);
+        let channel = wave_tensor(be, &[1, 1, LONG], 0.6, f32);
+        let stats = |v: f64| be.full(&[1], v, f32).unwrap();
+        let (mean, var) = (stats(0.25), stats(2.0));
+        let train = be.batch_norm(&channel, &mean, &var, true).unwrap();
+        let infer = be.batch_norm(&channel, &mean, &var, false).unwrap();
+        vec![
+            (
+                "conv2d",
+                be.conv2d(&conv_in, &conv_w, Default::default()).unwrap(),
+            ),
+            (
+                "attention (rows)",
+                be.attention(&q_row, &kv_row, &kv_row, false).unwrap(),
+            ),
+            (
+                "attention (tiled)",
+                be.attention(&q_tiled, &kv_tiled, &kv_tiled, false).unwrap(),
+            ),
+            ("max_pool2d", be.max_pool2d(&rising, window).unwrap()),
+            ("avg_pool2d", be.avg_pool2d(&plane, window).unwrap()),
+            ("batch_norm (training)", train),
+            ("running mean", mean),
+            ("running var", var),
+            ("batch_norm (inference)", infer),
+        ]
+    };
+    for ((name, got), (_, want)) in run(&b).into_iter().zip(run(&reference)) {
+        check_dtype(name, DType::F32, &got, &want);
+    }
+}
+
 /// A tensor-level backend whose launches run at most the smallest loop budget
 /// (`max_loop_iterations`) with 8 threads a row on any adapter, so that small tensors take the cuts
 /// of tensors past the real limit; `None` when there is no adapter.
@@ -243,6 +295,29 @@ fn attention_past_the_loop_budget_combines_ranges_of_keys() {
             (
                 "rows, causal",
                 be.attention(&q_wide, &kv_wide, &kv_wide, true).unwrap(),
+            ),
+        ]
+    });
+}
+
+#[test]
+fn pooling_windows_past_the_loop_budget_run_as_row_then_column_passes() {
+    // A 70 × 70 window (5041 passes) with stride and padding, max and both averages.
+    let Some(b) = low_budget() else { return };
+    against_reference(&b, &ALL, |be, dtype| {
+        let x = wave_tensor(be, &[2, 3, 79, 73], 0.1, dtype);
+        let config = |count_include_pad| torsh_backend::Pool2dConfig {
+            kernel: [70, 70],
+            stride: [3, 2],
+            padding: [5, 7],
+            count_include_pad,
+        };
+        vec![
+            ("max_pool2d", be.max_pool2d(&x, config(true)).unwrap()),
+            ("avg_pool2d", be.avg_pool2d(&x, config(true)).unwrap()),
+            (
+                "avg_pool2d, real taps",
+                be.avg_pool2d(&x, config(false)).unwrap(),
             ),
         ]
     });

@@ -26,7 +26,8 @@
 //!   product;
 //! - conv2d: blocks of input channels accumulated in f32 (`conv_split.rs`);
 //! - attention: ranges of keys, each row's results combined on the host in f64 from each range's
-//!   output, maximum and denominator (`attention_split.rs`).
+//!   output, maximum and denominator (`attention_split.rs`);
+//! - pooling: a window too large as a row pass then a column pass (`composed.rs`).
 //!
 //! A kernel that cannot run even its smallest cut within the budget (a convolution whose taps of
 //! one input channel, or a pooling window one of whose sides, need more passes on their own; an

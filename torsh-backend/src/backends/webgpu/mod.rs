@@ -1073,9 +1073,13 @@ impl ComputeBackend for WebGpuBackend {
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
         math_dtype("pool2d", desc.dtype)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::pool2d, |d| {
-            self.run(d, pool::pool2d)
-        })
+        let acc = desc.accesses()?;
+        // A window of more taps than a launch takes within the loop budget: a pass along rows,
+        // then one along columns.
+        if !self.loops_fit(|_| loops::pool2d(desc.kernel[0], desc.kernel[1]))? {
+            return composed::pool2d(self, desc);
+        }
+        self.in_pieces(desc, acc, pieces::pool2d, |d| self.run(d, pool::pool2d))
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
