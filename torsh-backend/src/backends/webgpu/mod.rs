@@ -16,6 +16,15 @@
 //! for f32 operands at unaligned addresses. f64 math answers `Unsupported`: WGSL has no f64, and an
 //! emulation would be neither fast nor the reference's rounding (f64 casts and copies do run).
 //!
+//! **Loop budget.** No launch runs more than 64 000 loop passes per invocation, every loop of the
+//! kernel together, on any adapter (`loops.rs`): llvmpipe (lavapipe) silently ends every loop of an
+//! invocation once they have run 65 535 passes in all, which turned a sum of 700 000 ones into
+//! 524 256. Each launch states its count and `Kernels::dispatch` refuses one past the budget; ops
+//! whose launches would exceed it cut their work (reductions, softmax and layer norm by blocks of
+//! the row, batch norm by chunks, GEMMs along the inner dim, conv2d by input channels, attention by
+//! ranges of keys, pooling windows as a row then a column pass), and answer `FeatureUnavailable`
+//! where no cut fits. [`WebGpuBackendConfig::max_loop_iterations`] lowers the budget.
+//!
 //! Work is ordered like a stream: one queue, one submission per op, in call order.
 
 mod adapter;
