@@ -44,6 +44,11 @@ fn rows_past_the_real_loop_limit_reduce_and_normalise_exactly() {
         all_near("log_softmax", &row.log_softmax(-1).unwrap(), log_n, 1e-6);
         let norm = row.layer_norm(&[n], None, None, 1e-5).unwrap();
         all_near("layer_norm", &norm, 0.0, 0.0);
+        if n < LONG {
+            // A product's inner dim is past the limit either way (a 1 × 1 product costs a whole
+            // 64 × 64 tile a step on lavapipe: once is enough).
+            continue;
+        }
         let column = b.ones(&[n, 1], DType::F32).unwrap();
         all_near("matmul", &row.matmul(&column).unwrap(), n as f64, 0.0);
         let x = b.ones(&[n], DType::F32).unwrap();
