@@ -499,7 +499,12 @@ impl WebGpuBackend {
         };
         let acc = desc.accesses()?;
         let state = self.state()?;
-        let max_inner = blas::max_inner(&state.device.gpu, tile).unwrap_or(1);
+        // A product with no output launches nothing, whatever its inner dim.
+        let max_inner = if desc.m == 0 || desc.n == 0 {
+            usize::MAX
+        } else {
+            blas::max_inner(&state.device.gpu, tile).unwrap_or(1)
+        };
         let plan = {
             let mem = state.memory();
             mem.table.check_accesses(&acc)?;
@@ -521,6 +526,13 @@ impl WebGpuBackend {
     fn loops_fit(&self, loops: impl FnOnce(&Gpu) -> u64) -> Result<bool> {
         let gpu = &self.state()?.device.gpu;
         Ok(gpu.loops_fit(loops(gpu)))
+    }
+
+    /// Whether an op over `elements` elements (0: nothing to launch, however long its dims) would
+    /// launch past the loop budget with invocations of `loops(gpu)` passes; `NotInitialized`
+    /// before `init`.
+    fn past_budget(&self, elements: usize, loops: impl FnOnce(&Gpu) -> u64) -> Result<bool> {
+        Ok(elements > 0 && !self.loops_fit(loops)?)
     }
 
     /// Whether an op of `dtype` over `acc` runs whole: its accesses fit one binding per allocation,
@@ -920,7 +932,9 @@ impl ComputeBackend for WebGpuBackend {
         math_dtype("batched_gemm", dtype)?;
         let acc = desc.accesses()?;
         let k = desc.gemm.k;
-        if !self.loops_fit(|_| loops::gemm(blas::Tile::Large.side(), k))? {
+        let outputs = [desc.gemm.m, desc.gemm.n, desc.batch_count];
+        let elements = outputs.iter().fold(1usize, |a, &b| a.saturating_mul(b));
+        if self.past_budget(elements, |_| loops::gemm(blas::Tile::Large.side(), k))? {
             return self.batched_gemm_by_inner(desc);
         }
         let run = |d: &BatchedGemmDesc| self.run(d, blas::batched_gemm);
@@ -937,8 +951,9 @@ impl ComputeBackend for WebGpuBackend {
         let as_gemm = |d: &GemvDesc| self.gemm(&pieces::gemv_as_gemm(d));
         // Rows longer than a launch takes within the loop budget: as a GEMM, cut along the
         // inner dim.
-        let inner = desc.vector_lens().0;
-        if !self.loops_fit(|_| loops::gemm(blas::Tile::Large.side(), inner))? {
+        let (inner, outputs) = desc.vector_lens();
+        let elements = inner.saturating_mul(outputs);
+        if self.past_budget(elements, |_| loops::gemm(blas::Tile::Large.side(), inner))? {
             return as_gemm(desc);
         }
         let run = |d: &GemvDesc| self.run(d, blas::gemv);
@@ -955,7 +970,8 @@ impl ComputeBackend for WebGpuBackend {
         let by_channels = |d: &Conv2dDesc| conv_split::conv2d(self, d);
         let acc = desc.accesses()?;
         let [_, cg, r, s] = desc.weight_shape;
-        if !self.loops_fit(|_| loops::conv2d(cg * r * s))? {
+        let outputs = desc.output_shape.iter().product();
+        if self.past_budget(outputs, |_| loops::conv2d(cg * r * s))? {
             return by_channels(desc);
         }
         self.in_pieces_or((desc, acc), desc.dtype, pieces::conv2d, run, by_channels)
@@ -986,7 +1002,8 @@ impl ComputeBackend for WebGpuBackend {
         let acc = desc.accesses()?;
         // Rows longer than a launch takes within the loop budget: two passes over blocks of them.
         let len = desc.input.layout.shape()[desc.axis];
-        if !self.loops_fit(|gpu| loops::reduce(gpu.row_threads, desc.op, len))? {
+        let elements = desc.input.layout.numel();
+        if self.past_budget(elements, |gpu| loops::reduce(gpu.row_threads, desc.op, len))? {
             return two_pass::reduce(self, desc);
         }
         let run = |d: &ReduceDesc| self.run(d, rows::reduce);
@@ -1042,7 +1059,11 @@ impl ComputeBackend for WebGpuBackend {
         // loop budget: composed of reductions and elementwise ops.
         let composed = |d: &SoftmaxDesc| composed::softmax(self, d);
         let acc = desc.accesses()?;
-        if !self.loops_fit(|gpu| loops::softmax(gpu.row_threads, desc.axis_len))? {
+        let dims = [desc.outer, desc.axis_len, desc.inner];
+        let elements = dims.iter().fold(1usize, |a, &b| a.saturating_mul(b));
+        if self.past_budget(elements, |gpu| {
+            loops::softmax(gpu.row_threads, desc.axis_len)
+        })? {
             return composed(desc);
         }
         self.in_pieces_or((desc, acc), desc.dtype, pieces::softmax, run, composed)
@@ -1055,7 +1076,10 @@ impl ComputeBackend for WebGpuBackend {
         // composed of reductions and elementwise ops.
         let composed = |d: &LayerNormDesc| composed::layer_norm(self, d);
         let acc = desc.accesses()?;
-        if !self.loops_fit(|gpu| loops::layer_norm(gpu.row_threads, desc.cols))? {
+        let elements = desc.rows.saturating_mul(desc.cols);
+        if self.past_budget(elements, |gpu| {
+            loops::layer_norm(gpu.row_threads, desc.cols)
+        })? {
             return composed(desc);
         }
         let split = pieces::layer_norm;
@@ -1085,7 +1109,9 @@ impl ComputeBackend for WebGpuBackend {
         let acc = desc.accesses()?;
         // A window of more taps than a launch takes within the loop budget: a pass along rows,
         // then one along columns.
-        if !self.loops_fit(|_| loops::pool2d(desc.kernel[0], desc.kernel[1]))? {
+        let outputs = desc.output_shape.iter().product();
+        let window = |_: &Gpu| loops::pool2d(desc.kernel[0], desc.kernel[1]);
+        if self.past_budget(outputs, window)? {
             return composed::pool2d(self, desc);
         }
         self.in_pieces(desc, acc, pieces::pool2d, |d| self.run(d, pool::pool2d))
