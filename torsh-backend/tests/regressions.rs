@@ -71,6 +71,46 @@ fn gemm(a: DevicePtr, b: DevicePtr, c: DevicePtr, (m, n, k): (usize, usize, usiz
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Long rows (WebGPU's loops were cut short past 524 256 elements a row)
+// ---------------------------------------------------------------------------------------------------
+
+#[test]
+fn reductions_softmax_norm_and_products_of_long_rows_are_exact() -> Result<()> {
+    let n = 700_000usize;
+    for b in backends() {
+        let name = b.backend_type();
+        let ones = b.ones(&[n], DType::F32)?;
+        assert_eq!(ones.sum_all()?.item()?, n as f64, "{name}: sum_all");
+        assert_eq!(ones.mean_all()?.item()?, 1.0, "{name}: mean_all");
+        let ramp = b.arange(0.0, n as f64, 1.0, DType::F32)?;
+        assert_eq!(ramp.max(0, false)?.item()?, (n - 1) as f64, "{name}: max");
+        assert_eq!(
+            ramp.argmax(0, false)?.item()?,
+            (n - 1) as f64,
+            "{name}: argmax"
+        );
+        assert_eq!(ramp.min(0, false)?.item()?, 0.0, "{name}: min");
+        let row = ones.reshape(&[1, n])?;
+        let soft = row.softmax(1)?.to_vec_f64()?;
+        let want = 1.0 / n as f64;
+        assert!(
+            soft.iter().all(|&v| (v - want).abs() <= want * 1e-5),
+            "{name}: softmax of ones gives {:?}, want {want}",
+            &soft[..4]
+        );
+        let normed = row.layer_norm(&[n], None, None, 1e-5)?.to_vec_f64()?;
+        assert!(
+            normed.iter().all(|&v| v == 0.0),
+            "{name}: layer norm of ones gives {:?}",
+            &normed[..4]
+        );
+        let dot = row.matmul(&ones.reshape(&[n, 1])?)?.item()?;
+        assert_eq!(dot, n as f64, "{name}: ones[1, n] @ ones[n, 1]");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------
 // f16 products with one row or one column (the CPU accumulated them in f16)
 // ---------------------------------------------------------------------------------------------------
 

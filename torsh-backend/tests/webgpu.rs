@@ -21,6 +21,9 @@ use torsh_backend::{Backend, BackendError, BackendType, DType, UnaryOp};
 #[path = "common/special_values.rs"]
 mod special_values;
 
+#[path = "webgpu/loop_limit.rs"]
+mod loop_limit;
+
 fn required() -> bool {
     std::env::var("TORSH_REQUIRE").is_ok_and(|v| v.split(',').any(|t| t.trim() == "webgpu"))
 }

@@ -5,12 +5,17 @@
 //! workgroup memory for it; larger head dims, or grids too large for it, run the row kernel (one
 //! workgroup per query row). Other dtypes, head dims above 1024, misaligned operands and offsets
 //! beyond 32 bits answer [`Launch::Stage`].
+//!
+//! A launch may take a range of the keys only ([`attention_keys`]), writing each row's unnormalised
+//! sums and its (maximum, denominator) pair for the host to combine (`attention_split.rs`): keys too
+//! many for one launch within the loop budget (`loops.rs`).
 
-use crate::compute::AttentionDesc;
+use crate::compute::{AttentionDesc, DevicePtr};
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::loops;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, ATTENTION, ATTENTION_F16};
 
@@ -27,12 +32,55 @@ const TILED_ROWS: usize = 16;
 /// scores.
 const TILED_SHARED_BYTES: u32 = 3 * 16 * 128 * 4 + 16 * 16 * 4;
 
+/// Whether `d` runs the tiled kernel on this device (else the row kernel).
+fn tiled(gpu: &Gpu, d: &AttentionDesc) -> bool {
+    let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
+    d.head_dim <= TILED_MAX_HEAD_DIM
+        && gpu.limits.max_compute_workgroup_storage_size >= TILED_SHARED_BYTES
+        && d.seq_q.div_ceil(TILED_ROWS) <= limit
+        && d.batch * d.heads <= limit
+}
+
+/// Loop passes an invocation of `d`'s kernel runs over `span` keys (`loops.rs`).
+fn loops_over(gpu: &Gpu, d: &AttentionDesc, span: usize) -> u64 {
+    if tiled(gpu, d) {
+        loops::attention_tiled(d.head_dim, span)
+    } else {
+        loops::attention_rows(d.head_dim, span)
+    }
+}
+
+/// The most keys one launch of `d` takes within the device's loop budget: all of them, or fewer
+/// (`attention_split.rs` then runs ranges of them); `None` when not even one chunk of keys fits
+/// (a head dim too wide for the budget). Head dims the kernels do not take at all have no limit
+/// here (the launch answers them).
+pub(crate) fn max_keys(gpu: &Gpu, d: &AttentionDesc) -> Option<usize> {
+    if d.head_dim > MAX_HEAD_DIM || d.seq_kv == 0 {
+        return Some(d.seq_kv);
+    }
+    loops::longest(d.seq_kv, gpu.loop_limit, |span| loops_over(gpu, d, span))
+}
+
 /// f32 attention.
 pub(crate) fn attention(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &Memory,
     d: &AttentionDesc,
+) -> Result<Launch> {
+    attention_keys(gpu, kernels, mem, d, (0, d.seq_kv), None)
+}
+
+/// Attention of `d` over keys `first..end` only: with `stats` (an f32 allocation of a (maximum,
+/// denominator) pair per query row), each row's sums unnormalised into the output and its pair
+/// into `stats`, for the host to combine with other ranges; without, the output of those keys.
+pub(crate) fn attention_keys(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &AttentionDesc,
+    (first, end): (usize, usize),
+    stats: Option<DevicePtr>,
 ) -> Result<Launch> {
     let Some((module, size)) = for_dtype(gpu, d.dtype, ATTENTION, ATTENTION_F16) else {
         return Ok(Launch::Stage);
@@ -55,13 +103,15 @@ pub(crate) fn attention(
     ) else {
         return Ok(Launch::Stage);
     };
-    let limit = gpu.limits.max_compute_workgroups_per_dimension as usize;
-    let tiles = d.seq_q.div_ceil(TILED_ROWS);
-    let tiled = d.head_dim <= TILED_MAX_HEAD_DIM
-        && gpu.limits.max_compute_workgroup_storage_size >= TILED_SHARED_BYTES
-        && tiles <= limit
-        && bh <= limit;
-    let (entry, groups) = if tiled {
+    let stats = match stats {
+        Some(ptr) => match mem.elements_u32(ptr, 2 * rows, 4)? {
+            Some(found) => Some(found),
+            None => return Ok(Launch::Stage),
+        },
+        None => None,
+    };
+    let (entry, groups) = if tiled(gpu, d) {
+        let tiles = d.seq_q.div_ceil(TILED_ROWS);
         ("attention_tiled", (tiles as u32, bh as u32, 1))
     } else {
         let Some(groups) = grid_rows(rows, gpu.limits.max_compute_workgroups_per_dimension) else {
@@ -80,6 +130,10 @@ pub(crate) fn attention(
         k.1,
         v.1,
         o.1,
+        first as u32,
+        end as u32,
+        stats.map_or(0, |s| s.1),
+        u32::from(stats.is_some()),
     ];
     kernels.dispatch(
         gpu,
@@ -87,9 +141,10 @@ pub(crate) fn attention(
             module,
             entry,
             constants: &[],
-            buffers: &[q.0, k.0, v.0, o.0],
+            buffers: &[q.0, k.0, v.0, o.0, stats.map_or(o.0, |s| s.0)],
             params: &words,
             groups,
+            loops: loops_over(gpu, d, end - first),
         },
     )?;
     Ok(Launch::Done)

@@ -12,6 +12,7 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::loops;
 use super::memory::{Binding, Memory};
 use super::pipelines::{for_dtype, Dispatch, Kernels, Module, GEMM, GEMM_F16};
 
@@ -43,6 +44,14 @@ impl Tile {
             Tile::Small => Tile::NAMES[1],
         }
     }
+}
+
+/// The longest inner dim one launch with `tile` takes within the device's loop budget
+/// (`loops.rs`); `None` when not even one step of it fits.
+pub(crate) fn max_inner(gpu: &Gpu, tile: Tile) -> Option<usize> {
+    loops::longest(usize::MAX / 2, gpu.loop_limit, |k| {
+        loops::gemm(tile.side(), k)
+    })
 }
 
 /// An operand as the kernel sees it: buffer, element offset, row and column strides, batch stride.
@@ -172,6 +181,7 @@ fn run(gpu: &Gpu, kernels: &Kernels, p: Product<'_>, tile: Tile) -> Result<Launc
                             n.div_ceil(tile.side()) as u32,
                             count as u32,
                         ),
+                        loops: loops::gemm(tile.side(), p.k),
                     },
                 )?;
                 first += count;
@@ -211,11 +221,6 @@ fn gemm_product<'a>(
         alpha: d.alpha,
         beta: d.beta,
     }))
-}
-
-/// GEMM with the default tile.
-pub(crate) fn gemm(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemmDesc) -> Result<Launch> {
-    gemm_tiled(gpu, kernels, mem, d, Tile::Large)
 }
 
 /// GEMM with `tile`.

@@ -172,6 +172,7 @@ pub(crate) fn convert(
             buffers: &[input.buffer, out.buffer],
             params: &words,
             groups: grid_1d(invocations, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: super::loops::CAST,
         },
     )
 }

@@ -12,17 +12,28 @@
 //!   broadcasting elementwise ops. They run in f32: a 16-bit slice is cast to an f32 copy first and
 //!   the result rounded once, so no intermediate is rounded to 16 bits.
 //!
+//! - **Pooling** with a window of more taps than a launch takes within the loop budget
+//!   (`loops.rs`) runs as a pass along rows (a window of one row) into a scratch tensor, then a pass
+//!   along its columns (a window of one column): a maximum of maxima, or (a window's sum being the
+//!   sum of its rows' sums, and its count the product of its real rows and columns) an average of
+//!   averages, in f32 for 16-bit averages.
+//!
+//! Softmax, log-softmax and layer norm are composed so too when their rows are longer than a launch
+//! takes within the loop budget, their reductions then cut into blocks of the row (`two_pass.rs`).
+//!
 //! Each costs extra passes over the data (and, for 16-bit and training, copies), which only ops too
-//! large for one binding pay.
+//! large for one binding, or for one launch, pay.
 
 use crate::compute::{
     BatchNormDesc, BinaryDesc, BinaryOp, CastDesc, ComputeBackend, CopyDesc, DevicePtr, FillDesc,
-    LayerNormDesc, ReduceDesc, ReduceOp, SoftmaxDesc, StridedBuf, Temporaries, UnaryDesc, UnaryOp,
+    LayerNormDesc, Pool2dDesc, PoolKind, ReduceDesc, ReduceOp, SoftmaxDesc, StridedBuf,
+    Temporaries, UnaryDesc, UnaryOp,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::Layout;
 
+use super::loops;
 use super::pieces::{advance, blocks};
 use super::WebGpuBackend;
 
@@ -360,6 +371,68 @@ pub(crate) fn layer_norm(be: &WebGpuBackend, desc: &LayerNormDesc) -> Result<()>
             }
         }
         work.round_into(y, cols, desc.dtype, output)?;
+    }
+    Ok(())
+}
+
+/// `desc`, pooling with a window of more taps than a launch takes within the loop budget: a pass
+/// along rows (a `1 × kx` window, the horizontal stride and padding) into a scratch tensor of the
+/// input's rows and the output's columns, then one along its columns (a `ky × 1` window, the
+/// vertical stride and padding). 16-bit averages run on f32 copies, rounded once.
+/// `FeatureUnavailable` when a pass's window side alone needs more loop passes than the budget.
+pub(crate) fn pool2d(be: &WebGpuBackend, desc: &Pool2dDesc) -> Result<()> {
+    let [n, c, h, w] = desc.input_shape;
+    let [_, _, oh, ow] = desc.output_shape;
+    let [ky, kx] = desc.kernel;
+    let side_fits =
+        be.loops_fit(|_| loops::pool2d(1, kx))? && be.loops_fit(|_| loops::pool2d(ky, 1))?;
+    if !side_fits {
+        return Err(BackendError::FeatureUnavailable {
+            feature: "WebGPU loop budget",
+            reason: format!(
+                "pool2d: a side of the {ky} × {kx} window needs more loop passes than the budget \
+                 of {}; pool in stages of smaller windows",
+                be.state()?.device.gpu.loop_limit
+            ),
+        });
+    }
+    let work = Work::new(be);
+    let in_f32 = desc.dtype != DType::F32 && matches!(desc.kind, PoolKind::Avg { .. });
+    let (dtype, size) = if in_f32 {
+        (DType::F32, 4)
+    } else {
+        (desc.dtype, desc.dtype.size_in_bytes())
+    };
+    let (input, output) = if in_f32 {
+        let input = work.f32s(n * c * h * w)?;
+        work.as_f32(desc.dtype, desc.input, n * c * h * w, input)?;
+        (input, work.f32s(n * c * oh * ow)?)
+    } else {
+        (desc.input, desc.output)
+    };
+    let rows = work.temps.alloc(n * c * h * ow * size)?;
+    be.pool2d(&Pool2dDesc {
+        dtype,
+        input,
+        output: rows,
+        output_shape: [n, c, h, ow],
+        kernel: [1, kx],
+        stride: [1, desc.stride[1]],
+        padding: [0, desc.padding[1]],
+        ..desc.clone()
+    })?;
+    be.pool2d(&Pool2dDesc {
+        dtype,
+        input: rows,
+        input_shape: [n, c, h, ow],
+        output,
+        kernel: [ky, 1],
+        stride: [desc.stride[0], 1],
+        padding: [desc.padding[0], 0],
+        ..desc.clone()
+    })?;
+    if in_f32 {
+        work.round_into(output, n * c * oh * ow, desc.dtype, desc.output)?;
     }
     Ok(())
 }

@@ -56,6 +56,8 @@ pub(crate) struct Gpu {
     /// Threads per row of the row kernels and per channel of batch norm (the `WG` of
     /// `shaders/combine.wgsl`): see [`row_threads_for`].
     pub row_threads: u32,
+    /// The most loop passes a launch may run per invocation (`loops.rs`).
+    pub loop_limit: u64,
     /// Set by the device-lost callback: why the device was lost.
     lost: Arc<Mutex<Option<String>>>,
     /// Errors no scope caught (the handler records them instead of panicking).
@@ -106,6 +108,11 @@ pub(crate) fn row_threads_for(info: &wgpu::AdapterInfo) -> u32 {
 }
 
 impl Gpu {
+    /// Whether a launch of `loops` passes per invocation is within the loop budget.
+    pub fn loops_fit(&self, loops: u64) -> bool {
+        loops <= self.loop_limit
+    }
+
     /// Opens `adapter` with its own limits (wgpu's defaults cap storage buffers at 128 MiB) and
     /// those of the `wanted` features it has (see [`OPTIONAL_FEATURES`]). `Unavailable` when the
     /// adapter refuses.
@@ -148,6 +155,7 @@ impl Gpu {
             device,
             queue,
             row_threads: row_threads_for(&info),
+            loop_limit: super::loops::LOOP_LIMIT.into(),
             info,
             limits,
             features,

@@ -9,11 +9,18 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::loops;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, CONV, CONV_F16};
 
 /// Rows (output channels) and columns (output pixels) of a workgroup's tile.
 pub(crate) const TILE: usize = 64;
+
+/// The most (input channel, tap) pairs of a group one launch takes within the device's loop
+/// budget (`loops.rs`); `None` when not even one step fits.
+pub(crate) fn max_depth(gpu: &Gpu) -> Option<usize> {
+    loops::longest(usize::MAX / 2, gpu.loop_limit, loops::conv2d)
+}
 
 /// An f32 convolution, or f16 (f32 accumulation) where the device has `SHADER_F16`.
 pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc) -> Result<Launch> {
@@ -113,6 +120,7 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
             buffers: &[input.0, weight.0, bias.map_or(input.0, |b| b.0), output.0],
             params: &words,
             groups: (channel_tiles as u32, gy, gz),
+            loops: loops::conv2d(cg * r * s),
         },
     )?;
     Ok(Launch::Done)

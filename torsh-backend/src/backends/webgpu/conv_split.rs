@@ -1,5 +1,6 @@
 //! conv2d where even one image is larger than one storage binding (a high-resolution feature map,
-//! say), which the cut by image ([`pieces::conv2d`]) cannot fit.
+//! say), which the cut by image ([`pieces::conv2d`]) cannot fit, or where a group's (input channel,
+//! tap) pairs are more than one launch takes within the loop budget (`loops.rs`).
 //!
 //! Each image is cut by channels instead, the fewest pieces first:
 //! - blocks of whole groups (grouped and depthwise convolutions), each a convolution of its own;
@@ -12,8 +13,10 @@
 //!   partial sum is rounded to 16 bits.
 //!
 //! Blocks without an input cut run in the operands' dtype, as any convolution does; those with one
-//! are budgeted for their f32 copies. A convolution no cut fits (one output channel of one image
-//! over one input channel larger than a binding) answers `FeatureUnavailable`.
+//! are budgeted for their f32 copies. Only cuts whose blocks of input channels a launch takes
+//! within the loop budget are tried. A convolution no cut fits (one output channel of one image
+//! over one input channel larger than a binding, or one input channel's taps more than the loop
+//! budget allows) answers `FeatureUnavailable`.
 //!
 //! [`pieces::conv2d`]: super::pieces::conv2d
 
@@ -169,6 +172,14 @@ enum ChannelCut {
 }
 
 impl ChannelCut {
+    /// The (input channel, tap) pairs of a group one launch of the cut's parts runs over.
+    fn depth(&self, d: &Dims) -> usize {
+        match *self {
+            ChannelCut::Groups(_) => d.cg * d.taps,
+            ChannelCut::Channels(_, ins) => ins.longest() * d.taps,
+        }
+    }
+
     /// The cut's parts of image `image` of a convolution of `groups` groups, in the order they run
     /// (the input blocks of one output block in turn).
     fn parts(&self, image: usize, groups: usize, d: &Dims) -> Box<dyn Iterator<Item = Part>> {
@@ -220,7 +231,11 @@ pub(crate) fn conv2d(be: &WebGpuBackend, desc: &Conv2dDesc) -> Result<()> {
         be.fits(&p.accesses(desc, &d)?, desc.dtype, widen)
     };
     let images = 0..desc.input_shape[0];
+    let max_depth = conv::max_depth(&be.state()?.device.gpu).unwrap_or(0);
     'cuts: for cut in candidates(desc, &d) {
+        if cut.depth(&d) > max_depth {
+            continue;
+        }
         for image in images.clone() {
             for p in cut.parts(image, desc.groups, &d) {
                 if !fits(&p)? {
@@ -236,6 +251,17 @@ pub(crate) fn conv2d(be: &WebGpuBackend, desc: &Conv2dDesc) -> Result<()> {
             }
         }
         return Ok(());
+    }
+    if d.taps > max_depth {
+        return Err(BackendError::FeatureUnavailable {
+            feature: "WebGPU loop budget",
+            reason: format!(
+                "conv2d: the {} taps of one input channel need more loop passes than the \
+                 budget of {}; run it with a smaller kernel",
+                d.taps,
+                be.state()?.device.gpu.loop_limit
+            ),
+        });
     }
     Err(BackendError::FeatureUnavailable {
         feature: "ops spanning more than one storage binding",

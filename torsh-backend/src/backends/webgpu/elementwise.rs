@@ -104,6 +104,7 @@ fn launch(
             buffers: &[a, b, out],
             params: &words,
             groups: grid_1d(n, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: super::loops::ELEMENTWISE,
         },
     )?;
     Ok(Launch::Done)

@@ -16,10 +16,20 @@
 //! for f32 operands at unaligned addresses. f64 math answers `Unsupported`: WGSL has no f64, and an
 //! emulation would be neither fast nor the reference's rounding (f64 casts and copies do run).
 //!
+//! **Loop budget.** No launch runs more than 64 000 loop passes per invocation, every loop of the
+//! kernel together, on any adapter (`loops.rs`): llvmpipe (lavapipe) silently ends every loop of an
+//! invocation once they have run 65 535 passes in all, which turned a sum of 700 000 ones into
+//! 524 256. Each launch states its count and `Kernels::dispatch` refuses one past the budget; ops
+//! whose launches would exceed it cut their work (reductions, softmax and layer norm by blocks of
+//! the row, batch norm by chunks, GEMMs along the inner dim, conv2d by input channels, attention by
+//! ranges of keys, pooling windows as a row then a column pass), and answer `FeatureUnavailable`
+//! where no cut fits. [`WebGpuBackendConfig::max_loop_iterations`] lowers the budget.
+//!
 //! Work is ordered like a stream: one queue, one submission per op, in call order.
 
 mod adapter;
 mod attention;
+mod attention_split;
 mod blas;
 mod cast;
 mod composed;
@@ -29,6 +39,7 @@ mod conv_split;
 mod custom;
 mod elementwise;
 mod events;
+mod loops;
 mod memory;
 mod optim;
 mod pieces;
@@ -112,6 +123,15 @@ pub struct WebGpuBackendConfig {
     /// tests do. At least [`MIN_WORKGROUPS_PER_DIMENSION`]; `init` answers `InvalidArgument`
     /// below that.
     pub max_workgroups_per_dimension: Option<u32>,
+    /// Most loop passes one kernel invocation may run, every loop of it together (each loop counts
+    /// its iterations and one more, the pass that ends it); `None` takes the budget every adapter
+    /// gets, 64 000, below the 65 535 after which llvmpipe (lavapipe) silently ends an
+    /// invocation's loops. Ops whose launches would run more cut their work (reductions by blocks
+    /// of the row, GEMMs along the inner dim, attention by ranges of keys, ...) and answer
+    /// `FeatureUnavailable` where no cut fits; lowering this runs those paths on small tensors,
+    /// as the tests do, and is capped by the default. At least [`MIN_LOOP_ITERATIONS`]; `init`
+    /// answers `InvalidArgument` below that.
+    pub max_loop_iterations: Option<u32>,
 }
 
 /// The smallest [`WebGpuBackendConfig::max_binding_size`]: 64 KiB.
@@ -119,6 +139,10 @@ pub const MIN_BINDING_SIZE: u64 = 64 << 10;
 
 /// The smallest [`WebGpuBackendConfig::max_workgroups_per_dimension`]: 64.
 pub const MIN_WORKGROUPS_PER_DIMENSION: u32 = 64;
+
+/// The smallest [`WebGpuBackendConfig::max_loop_iterations`]: 4096, enough for the smallest cut of
+/// every kernel (one chunk of keys of the widest attention head, a row kernel of 256 threads).
+pub const MIN_LOOP_ITERATIONS: u32 = 4096;
 
 impl Default for WebGpuBackendConfig {
     fn default() -> Self {
@@ -134,6 +158,7 @@ impl Default for WebGpuBackendConfig {
             row_workgroup_size: None,
             max_binding_size: u64::MAX,
             max_workgroups_per_dimension: None,
+            max_loop_iterations: None,
         }
     }
 }
@@ -406,6 +431,28 @@ impl WebGpuBackend {
         self.whole_or_pieces(desc, acc, split, &run, &run)
     }
 
+    /// `desc`, a batched GEMM whose inner dim is longer than a launch takes within the loop
+    /// budget: in f32 as batched GEMMs over ranges of the inner dim, each after the first adding
+    /// into C; in 16 bits product by product, as GEMMs (which accumulate such ranges in f32).
+    fn batched_gemm_by_inner(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        let g = &desc.gemm;
+        if g.dtype != crate::dtype::DType::F32 {
+            return (0..desc.batch_count)
+                .try_for_each(|i| self.gemm(&pieces::batch_element(desc, i)?));
+        }
+        let most = blas::max_inner(&self.state()?.device.gpu, blas::Tile::Large).unwrap_or(1);
+        let inner = pieces::Cut {
+            total: g.k,
+            step: g.k.div_ceil(g.k.div_ceil(most)),
+        };
+        inner.ranges().try_for_each(|k| {
+            self.batched_gemm(&BatchedGemmDesc {
+                gemm: pieces::gemm_piece(g, [(0, g.m), (0, g.n), k])?,
+                ..desc.clone()
+            })
+        })
+    }
+
     /// Runs `desc` (whose accesses are `acc`) with `run`: as the pieces `split` cuts it into, whole where it fits one
     /// binding (or no cut of `split` fits, and the launch reports it), and otherwise, where not
     /// even one index of the dim `split` cuts fits, with `too_large`.
@@ -442,19 +489,26 @@ impl WebGpuBackend {
         Ok(dense)
     }
 
-    /// Runs the GEMM `desc` with `kernel`: whole, as the pieces of its cut when it is larger than
-    /// one binding ([`pieces::gemm_cuts`]), or, for a 16-bit product cut along the inner dim,
-    /// accumulating each block of C in f32 (`split_k.rs`).
-    fn gemm_with(
-        &self,
-        desc: &GemmDesc,
-        kernel: impl Fn(&Gpu, &Kernels, &Memory, &GemmDesc) -> Result<Launch> + Copy,
-    ) -> Result<()> {
+    /// Runs the GEMM `desc` with `tile`: whole, as the pieces of its cut when it is larger than
+    /// one binding or its inner dim longer than a launch takes within the loop budget
+    /// ([`pieces::gemm_cuts`]), or, for a 16-bit product cut along the inner dim, accumulating
+    /// each block of C in f32 (`split_k.rs`).
+    fn gemm_with(&self, desc: &GemmDesc, tile: blas::Tile) -> Result<()> {
+        let kernel = move |gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemmDesc| {
+            blas::gemm_tiled(gpu, kernels, mem, d, tile)
+        };
         let acc = desc.accesses()?;
+        let state = self.state()?;
+        // A product with no output launches nothing, whatever its inner dim.
+        let max_inner = if desc.m == 0 || desc.n == 0 {
+            usize::MAX
+        } else {
+            blas::max_inner(&state.device.gpu, tile).unwrap_or(1)
+        };
         let plan = {
-            let mem = self.state()?.memory();
+            let mem = state.memory();
             mem.table.check_accesses(&acc)?;
-            pieces::gemm_cuts(&mem, desc)?
+            pieces::gemm_cuts(&mem, desc, max_inner)?
         };
         match plan {
             None => self.run(desc, kernel),
@@ -465,6 +519,20 @@ impl WebGpuBackend {
                 .pieces()
                 .try_for_each(|p| self.run(&pieces::gemm_piece(desc, p)?, kernel)),
         }
+    }
+
+    /// Whether a launch whose invocations run `loops(gpu)` loop passes is within the device's loop
+    /// budget (`loops.rs`); `NotInitialized` before `init`.
+    fn loops_fit(&self, loops: impl FnOnce(&Gpu) -> u64) -> Result<bool> {
+        let gpu = &self.state()?.device.gpu;
+        Ok(gpu.loops_fit(loops(gpu)))
+    }
+
+    /// Whether an op over `elements` elements (0: nothing to launch, however long its dims) would
+    /// launch past the loop budget with invocations of `loops(gpu)` passes; `NotInitialized`
+    /// before `init`.
+    fn past_budget(&self, elements: usize, loops: impl FnOnce(&Gpu) -> u64) -> Result<bool> {
+        Ok(elements > 0 && !self.loops_fit(loops)?)
     }
 
     /// Whether an op of `dtype` over `acc` runs whole: its accesses fit one binding per allocation,
@@ -586,6 +654,17 @@ impl ComputeBackend for WebGpuBackend {
                 ));
             }
         }
+        if let Some(n) = self.config.max_loop_iterations {
+            if n < MIN_LOOP_ITERATIONS {
+                return Err(BackendError::invalid(
+                    "webgpu",
+                    format!(
+                        "max_loop_iterations {n} is below the smallest supported, \
+                         {MIN_LOOP_ITERATIONS}"
+                    ),
+                ));
+            }
+        }
         if let Some(n) = self.config.row_workgroup_size {
             if !n.is_power_of_two() || n > 256 {
                 return Err(BackendError::invalid(
@@ -602,6 +681,9 @@ impl ComputeBackend for WebGpuBackend {
         if let Some(n) = self.config.max_workgroups_per_dimension {
             let limit = &mut device.gpu.limits.max_compute_workgroups_per_dimension;
             *limit = (*limit).min(n);
+        }
+        if let Some(n) = self.config.max_loop_iterations {
+            device.gpu.loop_limit = device.gpu.loop_limit.min(n.into());
         }
         let poison =
             cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
@@ -818,7 +900,7 @@ impl ComputeBackend for WebGpuBackend {
 
     fn gemm(&self, desc: &GemmDesc) -> Result<()> {
         math_dtype("gemm", desc.dtype, desc)?;
-        self.gemm_with(desc, blas::gemm)
+        self.gemm_with(desc, blas::Tile::Large)
     }
 
     fn fingerprint(&self) -> String {
@@ -848,9 +930,7 @@ impl ComputeBackend for WebGpuBackend {
         match (op, tile) {
             (TunableOp::Gemm(d), Some(tile)) => {
                 math_dtype("gemm", d.dtype, d)?;
-                self.gemm_with(d, |gpu, kernels, mem, d: &GemmDesc| {
-                    blas::gemm_tiled(gpu, kernels, mem, d, tile)
-                })
+                self.gemm_with(d, tile)
             }
             _ => Err(BackendError::invalid(
                 op.name(),
@@ -862,54 +942,82 @@ impl ComputeBackend for WebGpuBackend {
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
         let dtype = desc.gemm.dtype;
         math_dtype("batched_gemm", dtype, desc)?;
+        let acc = desc.accesses()?;
+        let k = desc.gemm.k;
+        let outputs = [desc.gemm.m, desc.gemm.n, desc.batch_count];
+        let elements = outputs.iter().fold(1usize, |a, &b| a.saturating_mul(b));
+        if self.past_budget(elements, |_| loops::gemm(blas::Tile::Large.side(), k))? {
+            return self.batched_gemm_by_inner(desc);
+        }
         let run = |d: &BatchedGemmDesc| self.run(d, blas::batched_gemm);
         // Not even one product fits a binding: each runs as a GEMM, cut as GEMMs are.
         let each = |d: &BatchedGemmDesc| {
             (0..d.batch_count).try_for_each(|i| self.gemm(&pieces::batch_element(d, i)?))
         };
-        self.in_pieces_or(
-            (desc, desc.accesses()?),
-            dtype,
-            pieces::batched_gemm,
-            run,
-            each,
-        )
+        self.in_pieces_or((desc, acc), dtype, pieces::batched_gemm, run, each)
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
         math_dtype("gemv", desc.dtype, desc)?;
+        let acc = desc.accesses()?;
+        let as_gemm = |d: &GemvDesc| self.gemm(&pieces::gemv_as_gemm(d));
+        // Rows longer than a launch takes within the loop budget: as a GEMM, cut along the
+        // inner dim.
+        let (inner, outputs) = desc.vector_lens();
+        let elements = inner.saturating_mul(outputs);
+        if self.past_budget(elements, |_| loops::gemm(blas::Tile::Large.side(), inner))? {
+            return as_gemm(desc);
+        }
         let run = |d: &GemvDesc| self.run(d, blas::gemv);
         // No block of rows fits a binding (a row of A is too long, or A is untransposed and rows
         // do not narrow it): the same product as a GEMM, whose cuts include the inner dim.
-        let as_gemm = |d: &GemvDesc| self.gemm(&pieces::gemv_as_gemm(d));
-        self.in_pieces_or(
-            (desc, desc.accesses()?),
-            desc.dtype,
-            pieces::gemv,
-            run,
-            as_gemm,
-        )
+        self.in_pieces_or((desc, acc), desc.dtype, pieces::gemv, run, as_gemm)
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
         math_dtype("conv2d", desc.dtype, desc)?;
         let run = |d: &Conv2dDesc| self.run(d, conv::conv2d);
-        // Not even one image fits a binding: by channels of each image.
+        // Not even one image fits a binding, or a group's (input channel, tap) pairs are more
+        // than a launch takes within the loop budget: by channels of each image.
         let by_channels = |d: &Conv2dDesc| conv_split::conv2d(self, d);
         let acc = desc.accesses()?;
+        let [_, cg, r, s] = desc.weight_shape;
+        let outputs = desc.output_shape.iter().product();
+        if self.past_budget(outputs, |_| loops::conv2d(cg * r * s))? {
+            return by_channels(desc);
+        }
         self.in_pieces_or((desc, acc), desc.dtype, pieces::conv2d, run, by_channels)
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
         math_dtype("attention", desc.dtype, desc)?;
         self.in_pieces(desc, desc.accesses()?, pieces::attention, |d| {
-            self.run(d, attention::attention)
+            // More keys than a launch takes within the loop budget: by ranges of keys.
+            match attention::max_keys(&self.state()?.device.gpu, d) {
+                Some(span) if span >= d.seq_kv => self.run(d, attention::attention),
+                Some(span) => attention_split::attention(self, d, span),
+                None => Err(BackendError::FeatureUnavailable {
+                    feature: "WebGPU loop budget",
+                    reason: format!(
+                        "attention: one chunk of keys of head dim {} needs more loop passes than \
+                         the budget of {}",
+                        d.head_dim,
+                        self.state()?.device.gpu.loop_limit
+                    ),
+                }),
+            }
         })
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
         math_dtype("reduce", desc.dtype, desc)?;
         let acc = desc.accesses()?;
+        // Rows longer than a launch takes within the loop budget: two passes over blocks of them.
+        let len = desc.input.layout.shape()[desc.axis];
+        let elements = desc.input.layout.numel();
+        if self.past_budget(elements, |gpu| loops::reduce(gpu.row_threads, desc.op, len))? {
+            return two_pass::reduce(self, desc);
+        }
         let run = |d: &ReduceDesc| self.run(d, rows::reduce);
         // Too large for one binding and not cut by leading index (pieces::reduce cuts those that
         // reduce another dim): along the leading dim, two passes over blocks of it; along another,
@@ -959,24 +1067,35 @@ impl ComputeBackend for WebGpuBackend {
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
         math_dtype("softmax", desc.dtype, desc)?;
         let run = |d: &SoftmaxDesc| self.run(d, rows::softmax);
-        // One outer slice larger than a binding: composed of reductions and elementwise ops.
+        // One outer slice larger than a binding, or rows longer than a launch takes within the
+        // loop budget: composed of reductions and elementwise ops.
         let composed = |d: &SoftmaxDesc| composed::softmax(self, d);
-        self.in_pieces_or(
-            (desc, desc.accesses()?),
-            desc.dtype,
-            pieces::softmax,
-            run,
-            composed,
-        )
+        let acc = desc.accesses()?;
+        let dims = [desc.outer, desc.axis_len, desc.inner];
+        let elements = dims.iter().fold(1usize, |a, &b| a.saturating_mul(b));
+        if self.past_budget(elements, |gpu| {
+            loops::softmax(gpu.row_threads, desc.axis_len)
+        })? {
+            return composed(desc);
+        }
+        self.in_pieces_or((desc, acc), desc.dtype, pieces::softmax, run, composed)
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
         math_dtype("layer_norm", desc.dtype, desc)?;
         let run = |d: &LayerNormDesc| self.run(d, rows::layer_norm);
-        // One row larger than a binding: composed of reductions and elementwise ops.
+        // One row larger than a binding, or longer than a launch takes within the loop budget:
+        // composed of reductions and elementwise ops.
         let composed = |d: &LayerNormDesc| composed::layer_norm(self, d);
+        let acc = desc.accesses()?;
+        let elements = desc.rows.saturating_mul(desc.cols);
+        if self.past_budget(elements, |gpu| {
+            loops::layer_norm(gpu.row_threads, desc.cols)
+        })? {
+            return composed(desc);
+        }
         let split = pieces::layer_norm;
-        self.in_pieces_or((desc, desc.accesses()?), desc.dtype, split, run, composed)
+        self.in_pieces_or((desc, acc), desc.dtype, split, run, composed)
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
@@ -999,9 +1118,15 @@ impl ComputeBackend for WebGpuBackend {
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
         math_dtype("pool2d", desc.dtype, desc)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::pool2d, |d| {
-            self.run(d, pool::pool2d)
-        })
+        let acc = desc.accesses()?;
+        // A window of more taps than a launch takes within the loop budget: a pass along rows,
+        // then one along columns.
+        let outputs = desc.output_shape.iter().product();
+        let window = |_: &Gpu| loops::pool2d(desc.kernel[0], desc.kernel[1]);
+        if self.past_budget(outputs, window)? {
+            return composed::pool2d(self, desc);
+        }
+        self.in_pieces(desc, acc, pieces::pool2d, |d| self.run(d, pool::pool2d))
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {

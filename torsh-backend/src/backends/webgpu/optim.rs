@@ -63,6 +63,7 @@ pub(crate) fn adam_step(
             buffers: &buffers,
             params: &p,
             groups: grid_1d(d.len, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: super::loops::NONE,
         },
     )?;
     Ok(Launch::Done)
@@ -104,6 +105,7 @@ pub(crate) fn unscale_and_check(
             buffers: &buffers,
             params: &p,
             groups: grid_1d(d.len, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: super::loops::NONE,
         },
     )?;
     Ok(Launch::Done)

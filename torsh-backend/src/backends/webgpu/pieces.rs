@@ -442,7 +442,8 @@ pub(crate) fn gemm_piece(desc: &GemmDesc, [r, c, k]: [(usize, usize); 3]) -> Res
 }
 
 /// `desc` (column-major) cut into the fewest pieces whose accesses each fit one binding
-/// ([`Memory::fits`]); `None` when it fits whole, or no cut fits (the launch then reports it).
+/// ([`Memory::fits`]) and whose inner dim is at most `max_inner` (what a launch takes within the
+/// loop budget); `None` when it fits whole, or no cut fits (the launch then reports it).
 ///
 /// Blocks of C's rows and columns are independent products, and are tried first: column blocks
 /// narrow B (unless transposed) and C, row blocks narrow A when it is transposed. Only where no
@@ -450,12 +451,16 @@ pub(crate) fn gemm_piece(desc: &GemmDesc, [r, c, k]: [(usize, usize); 3]) -> Res
 /// inner dim cut too, which narrows A untransposed and B transposed; those pieces are budgeted for
 /// f32 copies of 16-bit operands, which they accumulate in (`split_k.rs`). Among cuts of each kind
 /// the fewest pieces win, column blocks before row blocks on a tie.
-pub(crate) fn gemm_cuts(mem: &Memory, desc: &GemmDesc) -> Result<Option<GemmCuts>> {
+pub(crate) fn gemm_cuts(
+    mem: &Memory,
+    desc: &GemmDesc,
+    max_inner: usize,
+) -> Result<Option<GemmCuts>> {
     let fits = |d: &GemmDesc, widen: Option<usize>| -> Result<bool> {
         let acc = d.accesses()?;
         Ok(mem.fits(&acc, widen.unwrap_or_else(|| mem.widening(d.dtype, &acc))))
     };
-    if fits(desc, None)? {
+    if desc.k <= max_inner && fits(desc, None)? {
         return Ok(None);
     }
     let (rows, cols, inner) = (cuts(desc.m), cuts(desc.n), cuts(desc.k));
@@ -464,7 +469,7 @@ pub(crate) fn gemm_cuts(mem: &Memory, desc: &GemmDesc) -> Result<Option<GemmCuts
         let mut candidates: Vec<(usize, usize, usize)> = (0..rows.len())
             .flat_map(|r| (0..cols.len()).map(move |c| (r, c)))
             .flat_map(|(r, c)| (0..inner.len()).map(move |k| (r, c, k)))
-            .filter(|&(_, _, k)| (k > 0) == cut_inner)
+            .filter(|&(_, _, k)| (k > 0) == cut_inner && inner[k].longest() <= max_inner)
             .collect();
         let count = |&(r, c, k): &(usize, usize, usize)| {
             let (rows, cols, inner) = (rows[r].count(), cols[c].count(), inner[k].count());

@@ -138,13 +138,14 @@ pub(crate) const CONV_F16: Module = wgsl!(
     ["elem_f16.wgsl", "block.wgsl", "conv.wgsl"]
 );
 
-/// `shaders/attention.wgsl`: flash-style attention (q, k, v, o), on f32 elements.
+/// `shaders/attention.wgsl`: flash-style attention (q, k, v, o, and the f32 statistics of a
+/// launch over a range of the keys), on f32 elements.
 pub(crate) const ATTENTION: Module =
-    wgsl!("attention.wgsl", 4, ["elem_f32.wgsl", "attention.wgsl"]);
+    wgsl!("attention.wgsl", 5, ["elem_f32.wgsl", "attention.wgsl"]);
 
 /// [`ATTENTION`] on f16 elements, for devices with `SHADER_F16`.
 pub(crate) const ATTENTION_F16: Module =
-    wgsl!("attention.wgsl+f16", 4, ["elem_f16.wgsl", "attention.wgsl"]);
+    wgsl!("attention.wgsl+f16", 5, ["elem_f16.wgsl", "attention.wgsl"]);
 
 /// `shaders/pool.wgsl`: max and average pooling (input, output), on f32 elements.
 pub(crate) const POOL: Module = wgsl!("pool.wgsl", 2, ["elem_f32.wgsl", "pool.wgsl"]);
@@ -390,7 +391,9 @@ impl Kernels {
     }
 
     /// Runs `entry` of `module` over `groups` workgroups with `buffers` bound at `0..module.data` and
-    /// `params` as the parameter words, in one submission.
+    /// `params` as the parameter words, in one submission. `FeatureUnavailable` when an invocation
+    /// would run more loop passes than the device's budget (`loops.rs`): the op should have cut
+    /// its work, and where it cannot, that is its answer.
     pub fn dispatch(&self, gpu: &Gpu, call: Dispatch<'_>) -> Result<()> {
         let Dispatch {
             module,
@@ -399,9 +402,21 @@ impl Kernels {
             buffers,
             params,
             groups,
+            loops,
         } = call;
         if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
             return Ok(());
+        }
+        if loops > gpu.loop_limit {
+            return Err(BackendError::FeatureUnavailable {
+                feature: "WebGPU loop budget",
+                reason: format!(
+                    "{}:{entry} would run {loops} loop passes per invocation, past the budget of {} \
+                     (software Vulkan such as lavapipe silently ends every loop of an invocation \
+                     after 65 535 in all); run it on smaller operands",
+                    module.name, gpu.loop_limit
+                ),
+            });
         }
         let limit = gpu.limits.max_compute_workgroups_per_dimension;
         if groups.0 > limit || groups.1 > limit || groups.2 > limit {
@@ -470,6 +485,8 @@ pub(crate) struct Dispatch<'a> {
     pub params: &'a [u32],
     /// Workgroups in x, y, z.
     pub groups: (u32, u32, u32),
+    /// The most loop passes one invocation runs, every loop of the kernel together (`loops.rs`).
+    pub loops: u64,
 }
 
 /// Workgroups for `n` invocations of a 1-D kernel of [`WORKGROUP`] threads, as a 2-D grid whose rows

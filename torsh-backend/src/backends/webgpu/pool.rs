@@ -9,6 +9,7 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::loops;
 use super::memory::{Binding, Memory};
 use super::pipelines::{
     combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_F16,
@@ -89,6 +90,7 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
             buffers: &[x.0, out.0],
             params: &p[..14],
             groups: grid_1d(outputs, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: loops::pool2d(d.kernel[0], d.kernel[1]),
         },
     )?;
     Ok(Launch::Done)
@@ -100,10 +102,23 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
 /// channels still fills the device (in training too, then in three launches); with a CPU implementation's workgroup of one SIMD group
 /// ([`super::context::row_threads_for`]), the whole channel, which measured fastest on lavapipe (a
 /// 70 MiB tensor of 16 channels: 23 ms, against 51–81 ms in chunks of 16 to 20 000 elements per
-/// thread). Never so small that the chunks exceed `limit`.
-fn chunk_len(per_channel: usize, wg: usize, limit: usize) -> usize {
+/// thread). Never so small that the chunks exceed `limit`, and never so long that a launch runs
+/// more than `budget` loop passes an invocation (`loops.rs`): a chunk's moments or normalisation,
+/// and in `training` a whole channel in one launch (else it is two chunks at least, so three
+/// launches).
+fn chunk_len(per_channel: usize, wg: usize, limit: usize, budget: u64, training: bool) -> usize {
+    let wg32 = wg as u32;
     let chunk = if wg >= 32 { wg * 16 } else { per_channel };
-    chunk.max(per_channel.div_ceil(limit.max(1))).max(1)
+    let mut chunk = chunk.max(per_channel.div_ceil(limit.max(1))).max(1);
+    let most = loops::longest(per_channel, budget, |c| loops::batch_norm_moments(wg32, c));
+    if let Some(most) = most.filter(|&most| most < per_channel) {
+        chunk = chunk.min(most);
+    }
+    let whole = loops::batch_norm_training(wg32, per_channel);
+    if training && chunk >= per_channel && per_channel > 1 && whole > budget {
+        chunk = per_channel.div_ceil(2);
+    }
+    chunk
 }
 
 /// Batch normalisation, training or inference, in f32, or f16 (f32 math) where the device has
@@ -151,7 +166,13 @@ pub(crate) fn batch_norm(
     // in one launch of a workgroup per channel.
     let limit = gpu.limits.max_compute_workgroups_per_dimension.max(1) as usize;
     let per_channel = d.batch * d.spatial;
-    let chunk = chunk_len(per_channel, gpu.row_threads as usize, limit);
+    let chunk = chunk_len(
+        per_channel,
+        gpu.row_threads as usize,
+        limit,
+        gpu.loop_limit,
+        d.training,
+    );
     let chunks = per_channel.div_ceil(chunk);
     let Some((cy, cz, _)) = grid_rows(d.channels, limit as u32) else {
         return Ok(Launch::Stage);
@@ -201,21 +222,36 @@ pub(crate) fn batch_norm(
     let partials = scratch.as_ref().map_or(input, Binding::whole);
     let buffers = [input, out.0, w_buf, b_buf, mean_buf, var_buf, partials];
     let wg = [("WG", u64::from(gpu.row_threads))];
-    let launches: &[(&str, (u32, u32, u32))] = if three_launches {
+    let threads = gpu.row_threads;
+    let infer = (
+        "batch_norm_infer",
+        chunked,
+        loops::batch_norm_infer(threads, chunk),
+    );
+    let launches: &[(&str, (u32, u32, u32), u64)] = if three_launches {
         &[
-            ("batch_norm_moments", chunked),
-            ("batch_norm_stats", grid_1d(d.channels, limit as u32)?),
-            ("batch_norm_infer", chunked),
+            (
+                "batch_norm_moments",
+                chunked,
+                loops::batch_norm_moments(threads, chunk),
+            ),
+            (
+                "batch_norm_stats",
+                grid_1d(d.channels, limit as u32)?,
+                loops::batch_norm_stats(chunks),
+            ),
+            infer,
         ]
     } else if d.training {
         let Some(groups) = grid_rows(d.channels, limit as u32) else {
             return Ok(Launch::Stage);
         };
-        &[("batch_norm", groups)]
+        let one = loops::batch_norm_training(threads, per_channel);
+        &[("batch_norm", groups, one)]
     } else {
-        &[("batch_norm_infer", chunked)]
+        &[infer]
     };
-    for &(entry, groups) in launches {
+    for &(entry, groups, loops) in launches {
         kernels.dispatch(
             gpu,
             Dispatch {
@@ -225,6 +261,7 @@ pub(crate) fn batch_norm(
                 buffers: &buffers,
                 params: &p,
                 groups,
+                loops,
             },
         )?;
     }
@@ -233,19 +270,24 @@ pub(crate) fn batch_norm(
 
 #[cfg(test)]
 mod tests {
-    use super::chunk_len;
+    use super::{chunk_len, loops};
 
     #[test]
     fn chunks_fill_a_gpu_and_keep_a_cpu_implementation_to_one_per_channel() {
+        let chunk = |per_channel, wg| chunk_len(per_channel, wg, 65_535, 64_000, false);
         // A GPU's 256 threads: 4096 elements a chunk, and chunks never more than the grid holds.
-        assert_eq!(chunk_len(1_000_000, 256, 65_535), 4096);
-        assert_eq!(chunk_len(10, 256, 65_535), 4096);
-        assert_eq!(
-            chunk_len(1 << 30, 256, 65_535),
-            (1usize << 30).div_ceil(65_535)
-        );
-        // A SIMD group per channel: the whole channel, whatever its size; never 0.
-        assert_eq!(chunk_len(1_000_000, 8, 65_535), 1_000_000);
-        assert_eq!(chunk_len(0, 8, 65_535), 1);
+        assert_eq!(chunk(1_000_000, 256), 4096);
+        assert_eq!(chunk(10, 256), 4096);
+        assert_eq!(chunk(1 << 30, 256), (1usize << 30).div_ceil(65_535));
+        // A SIMD group per channel: the whole channel, up to the loop budget; never 0.
+        assert_eq!(chunk(200_000, 8), 200_000);
+        assert_eq!(chunk(0, 8), 1);
+        let most = chunk(10_000_000, 8);
+        assert!(most < 300_000 && loops::batch_norm_moments(8, most) <= 64_000);
+        // Training a channel too long for one launch: two chunks at least.
+        let training = chunk_len(200_000, 8, 65_535, 64_000, true);
+        assert!(training < 200_000);
+        assert!(loops::batch_norm_training(8, 200_000) > 64_000);
+        assert_eq!(chunk_len(1000, 8, 65_535, 64_000, true), 1000);
     }
 }

@@ -62,6 +62,7 @@ pub(crate) fn random_from(
             buffers: &[buffer],
             params: &params,
             groups: grid_1d(d.len, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: super::loops::RANDOM,
         },
     )?;
     Ok(Launch::Done)

@@ -10,6 +10,7 @@ use crate::shape::{coalesce, Layout};
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::loops;
 use super::memory::{Binding, Memory};
 use super::pipelines::{
     combining, for_dtype, grid_rows, Dispatch, Kernels, Module, ROWS, ROWS_F16, ROWS_F16_SUBGROUP,
@@ -36,12 +37,12 @@ fn module(gpu: &Gpu, dtype: DType) -> Option<(Module, usize)> {
 }
 
 /// Launches `entry` of `module` over `rows` rows with the input, layer norm's weight and bias (the
-/// input where absent) and the output bound (twice: as values and as index words), and `params` as
-/// parameter words.
+/// input where absent) and the output bound (twice: as values and as index words), `params` as
+/// parameter words, and `loops` loop passes an invocation (`loops.rs`).
 fn launch(
     gpu: &Gpu,
     kernels: &Kernels,
-    (module, entry): (Module, &'static str),
+    (module, entry, loops): (Module, &'static str, u64),
     rows: usize,
     [input, weight, bias, output]: [Binding<'_>; 4],
     params: &[u32],
@@ -61,6 +62,7 @@ fn launch(
             buffers: &[input, weight, bias, output, output],
             params,
             groups,
+            loops,
         },
     )?;
     Ok(Launch::Done)
@@ -144,7 +146,7 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
     launch(
         gpu,
         kernels,
-        (module, "reduce"),
+        (module, "reduce", loops::reduce(gpu.row_threads, d.op, len)),
         rows,
         [input, input, input, output],
         &p,
@@ -184,7 +186,11 @@ pub(crate) fn softmax(
     launch(
         gpu,
         kernels,
-        (module, "softmax"),
+        (
+            module,
+            "softmax",
+            loops::softmax(gpu.row_threads, d.axis_len),
+        ),
         rows,
         [input, input, input, output],
         &p,
@@ -238,7 +244,11 @@ pub(crate) fn layer_norm(
     launch(
         gpu,
         kernels,
-        (module, "layer_norm"),
+        (
+            module,
+            "layer_norm",
+            loops::layer_norm(gpu.row_threads, d.cols),
+        ),
         d.rows,
         [input, w, b, output],
         &p,

@@ -1,11 +1,13 @@
 //! Ops over all of a tensor larger than one storage binding that no split into independent parts
 //! fits (`pieces.rs`): a reduction along the leading dim, and batch norm in training, where each
-//! output depends on elements throughout the tensor.
+//! output depends on elements throughout the tensor; and reductions along any dim whose rows are
+//! longer than one launch takes within the loop budget (`loops.rs`).
 //!
-//! Both run in two passes. The leading dim (images, for batch norm) is cut into the fewest equal
-//! blocks whose accesses fit a binding ([`pieces::blocks`]); each block is reduced on the device
-//! into partial results, which the host reads back and combines in f64, rounding once into the
-//! output:
+//! Both run in two passes. The leading dim (images, for batch norm; for a reduction, the reduced
+//! dim, moved first) is cut into the fewest equal blocks whose accesses fit a binding (and, for a
+//! reduction, whose rows a launch takes within the loop budget) ([`pieces::blocks`]); each block
+//! is reduced on the device into partial results, which the host reads back and combines in f64,
+//! rounding once into the output:
 //! - sums and means from partial f32 sums;
 //! - maxima and minima from partial extremes in the dtype (exact), a NaN anywhere giving NaN;
 //! - variances from partial f32 means and biased variances, by Chan's formula;
@@ -33,8 +35,10 @@ use crate::compute::{
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
+use super::loops;
 use super::pieces::{advance, batch_norm_images, blocks, leading, narrowed, without_dim};
 use super::WebGpuBackend;
+use crate::shape::Layout;
 
 /// Whether `dtype` operands of a sum, mean, variance or batch norm are cast to f32 blocks first.
 fn cast_first(dtype: DType) -> bool {
@@ -68,7 +72,12 @@ fn cast_to_f32(
 }
 
 /// `values` bytes of `dtype` at `ptr`, read back and decoded as f64 (indices for I64).
-fn read(be: &WebGpuBackend, ptr: DevicePtr, dtype: DType, values: usize) -> Result<Vec<f64>> {
+pub(crate) fn read(
+    be: &WebGpuBackend,
+    ptr: DevicePtr,
+    dtype: DType,
+    values: usize,
+) -> Result<Vec<f64>> {
     let size = dtype.size_in_bytes();
     let mut bytes = vec![0u8; values * size];
     be.copy_dtoh(&mut bytes, ptr)?;
@@ -82,7 +91,12 @@ fn read(be: &WebGpuBackend, ptr: DevicePtr, dtype: DType, values: usize) -> Resu
 }
 
 /// Writes `values` to `ptr` as `dtype`, each rounded once.
-fn write(be: &WebGpuBackend, ptr: DevicePtr, dtype: DType, values: &[f64]) -> Result<()> {
+pub(crate) fn write(
+    be: &WebGpuBackend,
+    ptr: DevicePtr,
+    dtype: DType,
+    values: &[f64],
+) -> Result<()> {
     let size = dtype.size_in_bytes();
     let mut bytes = vec![0u8; values.len() * size];
     for (v, b) in values.iter().zip(bytes.chunks_exact_mut(size)) {
@@ -108,8 +122,28 @@ fn partial_ops(op: ReduceOp) -> &'static [ReduceOp] {
     }
 }
 
-/// `desc`, a reduction along the leading dim of an input larger than one binding, in two passes.
+/// `desc` as a reduction along its input's leading dim: the view with the reduced dim moved first,
+/// the others in order (so the output, dense over them, is the same).
+fn reduced_dim_first(desc: &ReduceDesc) -> Result<ReduceDesc> {
+    let layout = &desc.input.layout;
+    let (mut shape, mut strides) = (layout.shape().to_vec(), layout.strides().to_vec());
+    let (len, stride) = (shape.remove(desc.axis), strides.remove(desc.axis));
+    shape.insert(0, len);
+    strides.insert(0, stride);
+    Ok(ReduceDesc {
+        input: StridedBuf {
+            ptr: desc.input.ptr,
+            layout: Layout::new(shape, strides, layout.offset())?,
+        },
+        axis: 0,
+        ..desc.clone()
+    })
+}
+
+/// `desc`, a reduction along the leading dim of an input larger than one binding, or along any dim
+/// whose rows are longer than a launch takes within the loop budget, in two passes.
 pub(crate) fn reduce(be: &WebGpuBackend, desc: &ReduceDesc) -> Result<()> {
+    let desc = &reduced_dim_first(desc)?;
     let shape = desc.input.layout.shape();
     let lead = shape[0];
     let rest: usize = shape[1..].iter().product();
@@ -127,7 +161,12 @@ pub(crate) fn reduce(be: &WebGpuBackend, desc: &ReduceDesc) -> Result<()> {
         output,
     };
     let Some(ranges) = blocks(lead, |start, len| {
-        lead_fits(be, desc, leading(&desc.input, start, len)?, widen)
+        // The partial reductions of each block (a variance's, the heaviest, two sweeps of it)
+        // within the loop budget, and its accesses within a binding.
+        Ok(
+            be.loops_fit(|gpu| loops::reduce(gpu.row_threads, desc.op, len))?
+                && lead_fits(be, desc, leading(&desc.input, start, len)?, widen)?,
+        )
     })?
     else {
         return by_columns(be, desc, widen);

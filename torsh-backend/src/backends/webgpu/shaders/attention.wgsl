@@ -5,14 +5,39 @@
 // left, as PyTorch's is_causal) row i reads only keys 0..=i: the chunks past it are never visited.
 // Thread t owns output dims t, t + 128, ... (head_dim <= 1024). Rows are indexed over a 2-D grid.
 //
+// A launch may take a range of the keys only (so that no invocation loops past the driver's limit):
+// then, with p[13] set, it writes each row's unnormalised sums (relative to its running maximum)
+// instead of the output, and the maximum and denominator to `stats`, from which the host combines
+// the ranges.
+//
 // Parameter words (`p`): [0] rows (batch * heads * seq_q), [1] seq_q, [2] seq_kv, [3] head_dim,
-// [4] scale as f32 bits, [5] causal, [6..10) element offsets of q, k, v, o.
+// [4] scale as f32 bits, [5] causal, [6..10) element offsets of q, k, v, o, [10] the first key and
+// [11] the end of the keys of this launch, [12] the offset in `stats` (f32 words) of row 0's
+// (maximum, denominator) pair, [13] 1 to write the sums and `stats` (a range of keys).
 
 @group(0) @binding(0) var<storage, read_write> q: array<elem>;
 @group(0) @binding(1) var<storage, read_write> k: array<elem>;
 @group(0) @binding(2) var<storage, read_write> v: array<elem>;
 @group(0) @binding(3) var<storage, read_write> o: array<elem>;
-@group(0) @binding(4) var<storage, read> p: array<u32>;
+@group(0) @binding(4) var<storage, read_write> stats: array<f32>;
+@group(0) @binding(5) var<storage, read> p: array<u32>;
+
+// The value stored for an output element: the sum `acc` normalised by `l` (0 for a row that sees
+// no key), or as it is where the launch takes a range of the keys.
+fn result(acc: f32, l: f32, empty: bool) -> f32 {
+    if (p[13] != 0u) {
+        return acc;
+    }
+    return select(acc / l, 0.0, empty);
+}
+
+// Row `row`'s running maximum and denominator, where the launch takes a range of the keys.
+fn store_stats(row: u32, m: f32, l: f32) {
+    if (p[13] != 0u) {
+        stats[p[12] + 2u * row] = m;
+        stats[p[12] + 2u * row + 1u] = l;
+    }
+}
 
 const WG: u32 = 128u;
 const DIMS_PER_THREAD: u32 = 8u;
@@ -40,6 +65,9 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gro
     if (p[5] != 0u) {
         visible = min(i + 1u, skv);
     }
+    // This launch's keys: p[10] up to `visible`.
+    let first = p[10];
+    visible = min(visible, p[11]);
     let q_at = p[6] + row * dim;
     let k_at = p[7] + head * skv * dim;
     let v_at = p[8] + head * skv * dim;
@@ -54,7 +82,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gro
     var m = NEG_INF;
     var l = 0.0;
     workgroupBarrier();
-    for (var j0 = 0u; j0 < visible; j0 += WG) {
+    for (var j0 = first; j0 < visible; j0 += WG) {
         let j = j0 + t;
         let real = j < visible;
         var score = NEG_INF;
@@ -111,8 +139,11 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gro
     for (var u = 0u; u < DIMS_PER_THREAD; u++) {
         let d = t + u * WG;
         if (d < dim) {
-            o[o_at + d] = store_elem(select(acc[u] / l, 0.0, visible == 0u));
+            o[o_at + d] = store_elem(result(acc[u], l, visible <= first));
         }
+    }
+    if (t == 0u) {
+        store_stats(row, m, l);
     }
 }
 
@@ -189,16 +220,18 @@ fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let k_base = p[7] + head * skv * dim;
     let v_base = p[8] + head * skv * dim;
     stage_q(p[6] + head * sq * dim, i, dim, d4, quarter, r, i < sq);
-    var kv_end = skv;
+    // This launch's keys, p[10] up to p[11], of those the tile's rows see.
+    let first = p[10];
+    var kv_end = min(skv, p[11]);
     if (causal) {
-        kv_end = min(skv, i0 + BR);
+        kv_end = min(kv_end, i0 + BR);
     }
     var a0 = vec4<f32>(0.0); var a1 = vec4<f32>(0.0); var a2 = vec4<f32>(0.0); var a3 = vec4<f32>(0.0);
     var a4 = vec4<f32>(0.0); var a5 = vec4<f32>(0.0); var a6 = vec4<f32>(0.0); var a7 = vec4<f32>(0.0);
     var m = NEG_INF;
     var l = 0.0;
-    for (var j0 = 0u; j0 < kv_end; j0 += BC) {
-        stage_kv(k_base, v_base, j0 + r, dim, d4, quarter, r, j0 + r < skv);
+    for (var j0 = first; j0 < kv_end; j0 += BC) {
+        stage_kv(k_base, v_base, j0 + r, dim, d4, quarter, r, j0 + r < kv_end);
         workgroupBarrier();
         // Scores of keys j0 + 4 quarter + x for this row.
         var dots = vec4<f32>(0.0);
@@ -212,7 +245,7 @@ fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         }
         for (var x = 0u; x < 4u; x++) {
             let key = j0 + key0 + x;
-            let visible = key < skv && (!causal || key <= i);
+            let visible = key < kv_end && (!causal || key <= i);
             s_tile[r * BC + key0 + x] = select(NEG_INF, scale * dots[x], visible);
         }
         workgroupBarrier();
@@ -257,7 +290,14 @@ fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         return;
     }
     let o_at = p[9] + (head * sq + i) * dim;
-    let empty = skv == 0u;
+    var row_end = min(skv, p[11]);
+    if (causal) {
+        row_end = min(row_end, i + 1u);
+    }
+    let empty = row_end <= first;
+    if (quarter == 0u) {
+        store_stats(head * sq + i, m, l);
+    }
     store4(o_at, quarter, dim, a0, l, empty);
     store4(o_at, quarter + 4u, dim, a1, l, empty);
     store4(o_at, quarter + 8u, dim, a2, l, empty);
@@ -268,13 +308,12 @@ fn attention_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     store4(o_at, quarter + 28u, dim, a7, l, empty);
 }
 
-// Writes acc / l (zero for a row with no keys) to dims 4 c .. 4 c + 4 of the output row at `at`,
-// inside `dim`.
+// Writes `result` of acc and l to dims 4 c .. 4 c + 4 of the output row at `at`, inside `dim`.
 fn store4(at: u32, c: u32, dim: u32, acc: vec4<f32>, l: f32, empty: bool) {
     for (var x = 0u; x < 4u; x++) {
         let d = 4u * c + x;
         if (d < dim) {
-            o[at + d] = store_elem(select(acc[x] / l, 0.0, empty));
+            o[at + d] = store_elem(result(acc[x], l, empty));
         }
     }
 }
