@@ -60,7 +60,7 @@ struct Cli {
     #[arg(long)]
     seed: Option<u64>,
     /// Backends to test, by name (default: every available one, and `webgpu-tight`, WebGPU with its
-    /// binding and grid lowered to their minimums, where WebGPU is available).
+    /// binding, grid and loop budget lowered to their minimums, where WebGPU is available).
     #[arg(long, value_delimiter = ',')]
     backends: Vec<String>,
     /// Categories to run (default: all of valid, invalid, raw, threads).
@@ -132,8 +132,9 @@ struct Setup {
     reference: Backend,
 }
 
-/// WebGPU with its binding lowered to 64 KiB and its grid to 64 workgroups a dimension, so that
-/// ordinary cases run the paths of tensors past a binding and of grids past a dimension.
+/// WebGPU with its binding lowered to 64 KiB, its grid to 64 workgroups a dimension and its loop
+/// budget to 4096 passes, so that ordinary cases run the paths of tensors past a binding, grids past
+/// a dimension and rows, products and windows past the loop budget.
 const WEBGPU_TIGHT: &str = "webgpu-tight";
 
 /// A backend by name: a backend kind's, or [`WEBGPU_TIGHT`].
@@ -143,6 +144,7 @@ fn backend(name: &str) -> Result<Backend> {
         let config = WebGpuBackendConfig {
             max_binding_size: webgpu::MIN_BINDING_SIZE,
             max_workgroups_per_dimension: Some(webgpu::MIN_WORKGROUPS_PER_DIMENSION),
+            max_loop_iterations: Some(webgpu::MIN_LOOP_ITERATIONS),
             ..Default::default()
         };
         return Backend::from_compute(Box::new(WebGpuBackend::new(config)));
