@@ -699,3 +699,53 @@ fn webgpu_copies_between_pool_blocks_further_apart_than_a_binding() -> Result<()
     assert_eq!(&bytes[1..8], &x.to_bytes()?[..7], "an unaligned copy");
     Ok(())
 }
+
+#[cfg(feature = "webgpu")]
+#[test]
+fn webgpu_composed_layer_norm_of_a_constant_row_gives_zero() -> Result<()> {
+    use torsh_backend::webgpu::{WebGpuBackend, WebGpuBackendConfig, MIN_LOOP_ITERATIONS};
+    if !Backend::available().contains(&BackendType::WebGpu) {
+        return Ok(());
+    }
+    // A row past the loop budget runs composed of reductions and elementwise ops.
+    let config = WebGpuBackendConfig {
+        max_loop_iterations: Some(MIN_LOOP_ITERATIONS),
+        ..Default::default()
+    };
+    let b = Backend::from_compute(Box::new(WebGpuBackend::new(config)))?;
+    for value in [0.1, -3.7, 1234.567] {
+        let x = b.full(&[2, 65_537], value, DType::F32)?;
+        let y = x.layer_norm(&[65_537], None, None, 1e-5)?.to_vec_f64()?;
+        assert!(y.iter().all(|&v| v == 0.0), "{value}: {:?}", &y[..4]);
+    }
+    Ok(())
+}
+
+#[cfg(feature = "webgpu")]
+#[test]
+fn webgpu_reductions_of_an_empty_leading_dim_past_a_binding() -> Result<()> {
+    use torsh_backend::webgpu::{WebGpuBackend, WebGpuBackendConfig, MIN_BINDING_SIZE};
+    if !Backend::available().contains(&BackendType::WebGpu) {
+        return Ok(());
+    }
+    for pool in [false, true] {
+        let config = WebGpuBackendConfig {
+            max_binding_size: MIN_BINDING_SIZE,
+            ..Default::default()
+        };
+        let mut b = Backend::from_compute(Box::new(WebGpuBackend::new(config)))?;
+        if pool {
+            b = b.memory_pool(MemoryPoolConfig::default())?;
+        }
+        // The outputs (450 KB) are past the binding; the reduced dim has no element.
+        let x = b.zeros(&[0, 97, 129, 9], DType::F32)?;
+        let var = x.var(0, 1, true)?.to_vec_f64()?;
+        assert!(var.iter().all(|v| v.is_nan()), "pool {pool}: var");
+        let mean = x.mean(0, false)?.to_vec_f64()?;
+        assert!(mean.iter().all(|v| v.is_nan()), "pool {pool}: mean");
+        let sum = x.sum(0, false)?.to_vec_f64()?;
+        assert!(sum.iter().all(|&v| v == 0.0), "pool {pool}: sum");
+        assert_eq!(sum.len(), 97 * 129 * 9);
+    }
+    Ok(())
+}

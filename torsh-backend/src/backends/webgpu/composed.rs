@@ -345,12 +345,9 @@ pub(crate) fn layer_norm(be: &WebGpuBackend, desc: &LayerNormDesc) -> Result<()>
             }
             None => input,
         };
-        let column = [cols, 1];
-        work.reduce_rows(ReduceOp::Mean, x, column, mean)?;
-        work.reduce_rows(ReduceOp::Var { correction: 0 }, x, column, scale)?;
-        work.with_row(BinaryOp::Add, scale, eps, [1, 1], scale)?;
-        work.unary_in_place(UnaryOp::Rsqrt, scale, 1)?;
-        // y = (x - mean) · scale, each scalar broadcast along the row.
+        // y = x - x[0], each scalar broadcast along the row: the moments are taken about the row's
+        // first value, so that a constant row normalises to exactly 0 (a mean reduced in blocks of
+        // f32 is not exactly the constant).
         let by_scalar = |op: BinaryOp, lhs: DevicePtr, scalar: DevicePtr| -> Result<()> {
             be.binary(&BinaryDesc {
                 op,
@@ -363,7 +360,14 @@ pub(crate) fn layer_norm(be: &WebGpuBackend, desc: &LayerNormDesc) -> Result<()>
                 output: y,
             })
         };
-        by_scalar(BinaryOp::Sub, x, mean)?;
+        by_scalar(BinaryOp::Sub, x, x)?;
+        let column = [cols, 1];
+        work.reduce_rows(ReduceOp::Mean, y, column, mean)?;
+        work.reduce_rows(ReduceOp::Var { correction: 0 }, y, column, scale)?;
+        work.with_row(BinaryOp::Add, scale, eps, [1, 1], scale)?;
+        work.unary_in_place(UnaryOp::Rsqrt, scale, 1)?;
+        // y = (y - mean) · scale.
+        by_scalar(BinaryOp::Sub, y, mean)?;
         by_scalar(BinaryOp::Mul, y, scale)?;
         for (op, param) in [(BinaryOp::Mul, weight), (BinaryOp::Add, bias)] {
             if let Some(p) = param {

@@ -367,11 +367,7 @@ impl WebGpuBackend {
         let mut mem = state.memory();
         mem.table.check_accesses(&acc)?;
         // Nothing to write (an empty output): nothing to launch, whatever the other extents are.
-        if acc
-            .regions
-            .iter()
-            .all(|r| !r.access.writes() || r.bytes == 0)
-        {
+        if nothing_written(&acc) {
             return Ok(());
         }
         mem.open(&acc)?;
@@ -553,9 +549,20 @@ impl WebGpuBackend {
         let state = self.state()?;
         let mut mem = state.memory();
         mem.table.check_accesses(&acc)?;
+        if nothing_written(&acc) {
+            // An empty output (a fill of no elements): nothing to bind or launch.
+            return Ok(());
+        }
         mem.open(&acc)?;
         kernel(&state.device.gpu, &state.kernels, &mem)
     }
+}
+
+/// True when no region of `acc` that the op writes has a byte: the op has nothing to do.
+fn nothing_written(acc: &Accesses) -> bool {
+    acc.regions
+        .iter()
+        .all(|r| !r.access.writes() || r.bytes == 0)
 }
 
 /// Whether the math kernels take `dtype`: f32, and f16 and bf16 through staging.

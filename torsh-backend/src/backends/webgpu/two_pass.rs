@@ -147,6 +147,26 @@ pub(crate) fn reduce(be: &WebGpuBackend, desc: &ReduceDesc) -> Result<()> {
     let shape = desc.input.layout.shape();
     let lead = shape[0];
     let rest: usize = shape[1..].iter().product();
+    if lead == 0
+        && matches!(
+            desc.op,
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Var { .. }
+        )
+    {
+        // An empty reduced dim has no blocks: every output is the empty reduction's value, as the
+        // row kernel gives it (0 for a sum, NaN for a mean or a variance).
+        let value = if desc.op == ReduceOp::Sum {
+            0.0
+        } else {
+            f64::NAN
+        };
+        return be.fill(&FillDesc {
+            dtype: desc.dtype,
+            ptr: desc.output,
+            len: rest,
+            value,
+        });
+    }
     let exact = matches!(
         desc.op,
         ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin
