@@ -3,14 +3,17 @@
 #
 # Build on the development machine (no GPU or CUDA needed there), then carry `gpu-bin/` to the GPU machine
 # (keep `gpu-bin/` in .git/info/exclude):
-#   scripts/gpu-run.sh build            # cargo test --no-run + release CLI, copies the executables into gpu-bin/
+#   scripts/gpu-run.sh build            # cargo test --no-run + release CLI and torsh-fuzz, copies the executables
+#                                       # into gpu-bin/
 #                                       # and packs them into gpu-pack/bin.tar.gz (keep gpu-pack/ excluded too)
 #   scripts/gpu-run.sh run [OUT_DIR] [PART...]
 #                                       # on the GPU machine: finds the CUDA libraries, then runs each PART (default:
 #                                       # all, in this order): `tests` (every test binary with
 #                                       # TORSH_REQUIRE=cuda,nvrtc,cudnn,webgpu), `cuda` (`parity` and `bench` on CUDA,
-#                                       # JSON, release build) and `webgpu` (the same on WebGPU over the Vulkan
-#                                       # driver). Parts let one command stay within a device call's time limit.
+#                                       # JSON, release build), `webgpu` (the same on WebGPU over the Vulkan
+#                                       # driver) and `fuzz` (the reliability suite on CUDA and WebGPU for
+#                                       # FUZZ_SECONDS, default 120). Parts let one command stay within a device
+#                                       # call's time limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,13 +29,14 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' |
         while read -r exe; do
-            # fixtures (reference only, reads files by build path) and cli (needs the cargo layout)
-            # do not belong on the GPU machine.
-            case "$(basename "$exe")" in fixtures-* | cli-*) continue ;; esac
+            # fixtures (reference only, reads files by build path), cli (needs the cargo layout) and
+            # ci (torsh-fuzz by its build path; the `fuzz` part runs it) do not belong there.
+            case "$(basename "$exe")" in fixtures-* | cli-* | ci-*) continue ;; esac
             cp "$exe" gpu-bin/
         done
-    cargo build --release -p torsh-cli
+    cargo build --release -p torsh-cli -p torsh-fuzz
     cp target/release/torsh-backend gpu-bin/torsh-backend-cli
+    cp target/release/torsh-fuzz gpu-bin/torsh-fuzz
     strip gpu-bin/*
     du -sh gpu-bin && ls -la gpu-bin
     # One archive small enough to carry to a machine that accepts at most 64 MiB.
@@ -56,7 +60,7 @@ run() {
     local out="${1:-${OUT:-gpu-out}}"
     shift || true
     local parts=("$@")
-    [ ${#parts[@]} -gt 0 ] || parts=(tests cuda webgpu)
+    [ ${#parts[@]} -gt 0 ] || parts=(tests cuda webgpu fuzz)
     mkdir -p "$out"
     find_libraries
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$out/env.txt"
@@ -72,7 +76,7 @@ run() {
         case "$part" in
             tests)
                 for exe in gpu-bin/*; do
-                    case "$(basename "$exe")" in torsh-backend-cli) continue ;; esac
+                    case "$(basename "$exe")" in torsh-backend-cli | torsh-fuzz) continue ;; esac
                     echo "== $(basename "$exe")" | tee -a "$out/tests.txt"
                     "$exe" --test-threads=4 >> "$out/tests.txt" 2>&1 || { status=1; echo "FAILED: $exe" | tee -a "$out/tests.txt"; }
                 done
@@ -83,7 +87,12 @@ run() {
                 TORSH_COMMIT="$(cat "$out/commit.txt" 2>/dev/null || true)" \
                     gpu-bin/torsh-backend-cli bench --backend "$part" --json "$out/bench-$part.json" > "$out/bench-$part.txt" 2>&1 || status=1
                 ;;
-            *) echo "unknown part $part (tests, cuda, webgpu)" >&2; status=2 ;;
+            fuzz)
+                gpu-bin/torsh-fuzz --seconds "${FUZZ_SECONDS:-120}" --backends cuda,webgpu \
+                    > "$out/fuzz.txt" 2>&1 || status=1
+                tail -n 20 "$out/fuzz.txt"
+                ;;
+            *) echo "unknown part $part (tests, cuda, webgpu, fuzz)" >&2; status=2 ;;
         esac
     done
     return $status
