@@ -749,3 +749,29 @@ fn webgpu_reductions_of_an_empty_leading_dim_past_a_binding() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn long_sums_of_equal_values_are_accurate() -> Result<()> {
+    // Equal values round alike at every step of a plain running sum, so its error grows with the
+    // row: 65 537 × 0.378 in f32 came out 8e-5 too large on WebGPU.
+    for b in backends() {
+        let name = b.backend_type();
+        for n in [65_537usize, 300_007] {
+            let x = b.full(&[1, n], 0.378, DType::F32)?;
+            let want = n as f64 * f64::from(0.378f32);
+            let sum = x.sum(1, false)?.item()?;
+            assert!(
+                (sum - want).abs() <= want * 1e-5,
+                "{name}: sum of {n}: {sum} vs {want}"
+            );
+            let soft = x.softmax(1)?.to_vec_f64()?;
+            let each = 1.0 / n as f64;
+            assert!(
+                soft.iter().all(|v| (v - each).abs() <= each * 1e-5),
+                "{name}: softmax of {n} equal values: {}",
+                soft[0]
+            );
+        }
+    }
+    Ok(())
+}

@@ -68,26 +68,44 @@ fn strided(wg: u32, len: usize) -> u64 {
     passes(ceil(len, wg as usize))
 }
 
+/// Passes of `rows.wgsl`'s blocked sum over `len` elements `wg` apart: an outer loop over blocks of
+/// [`SUM_BLOCK`] of a thread's values (one pass a block, one to leave), each an inner loop (its
+/// values, one pass to leave).
+fn blocked(wg: u32, len: usize) -> u64 {
+    let values = ceil(len, wg as usize);
+    let blocks = values.div_ceil(SUM_BLOCK);
+    values + 2 * blocks + 1
+}
+
+/// Values a thread of `rows.wgsl` adds up before adding their sum to its total.
+const SUM_BLOCK: u64 = 64;
+
 /// `rows.wgsl`'s `reduce` of `op` over rows of `len` elements with `wg` threads a row: the
-/// row-index walk (up to 8 dims), one strided pass over the row (two for variances) and a combine
-/// after each.
+/// row-index walk (up to 8 dims), one pass over the row (a strided one for extremes, a blocked sum
+/// otherwise; two for variances) and a combine after each.
 pub(crate) fn reduce(wg: u32, op: ReduceOp, len: usize) -> u64 {
+    let sweep = match op {
+        ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin => strided(wg, len),
+        _ => blocked(wg, len),
+    };
     let sweeps = if matches!(op, ReduceOp::Var { .. }) {
         2
     } else {
         1
     };
-    passes(8) + sweeps * (strided(wg, len) + combine(wg))
+    passes(8) + sweeps * (sweep + combine(wg))
 }
 
-/// `rows.wgsl`'s `softmax` over rows of `len` elements: three strided passes, two combines.
+/// `rows.wgsl`'s `softmax` over rows of `len` elements: two strided passes, a blocked sum, two
+/// combines.
 pub(crate) fn softmax(wg: u32, len: usize) -> u64 {
-    3 * strided(wg, len) + 2 * combine(wg)
+    2 * strided(wg, len) + blocked(wg, len) + 2 * combine(wg)
 }
 
-/// `rows.wgsl`'s `layer_norm` over rows of `len` elements: three strided passes, two combines.
+/// `rows.wgsl`'s `layer_norm` over rows of `len` elements: two blocked sums, a strided pass, two
+/// combines.
 pub(crate) fn layer_norm(wg: u32, len: usize) -> u64 {
-    3 * strided(wg, len) + 2 * combine(wg)
+    2 * blocked(wg, len) + strided(wg, len) + 2 * combine(wg)
 }
 
 /// `batch_norm.wgsl`'s `batch_norm_moments` over chunks of `len` values: two strided passes, two

@@ -28,6 +28,52 @@ fn xv(i: u32) -> f32 {
     return load_elem(x[i]);
 }
 
+// Sums along a row add each thread's values in blocks of SUM_BLOCK, then the blocks' sums: a plain
+// running sum rounds once per element at the size of the whole partial sum, so equal values (which
+// round alike) drift with the row's length (65 537 f32 values of 0.378 came out 2e-5 off); blocks
+// bound that growth by the block's length plus the number of blocks. (Kahan's compensated sum would
+// do better, but shader compilers may simplify its compensation away.) `loops.rs` counts these
+// loops' passes.
+const SUM_BLOCK: u32 = 64u;
+
+// Thread t's part of the sum of (x[at + j * step] - shift) over its values j = t, t + WG, ... < len,
+// added in blocks of SUM_BLOCK.
+fn part_sum(at: u32, step: u32, len: u32, t: u32, shift: f32) -> f32 {
+    var s = 0.0;
+    var j = t;
+    loop {
+        if (j >= len) {
+            break;
+        }
+        var block = 0.0;
+        for (var k = 0u; k < SUM_BLOCK && j < len; k++) {
+            block += xv(at + j * step) - shift;
+            j += WG;
+        }
+        s += block;
+    }
+    return s;
+}
+
+// Thread t's part of the sum of ((x[at + j * step] - shift) - mean)^2, blocked as in part_sum.
+fn part_squares(at: u32, step: u32, len: u32, t: u32, shift: f32, mean: f32) -> f32 {
+    var q = 0.0;
+    var j = t;
+    loop {
+        if (j >= len) {
+            break;
+        }
+        var block = 0.0;
+        for (var k = 0u; k < SUM_BLOCK && j < len; k++) {
+            let d = (xv(at + j * step) - shift) - mean;
+            block = fma(d, d, block);
+            j += WG;
+        }
+        q += block;
+    }
+    return q;
+}
+
 fn nan() -> f32 {
     return bitcast<f32>(0x7fc00000u);
 }
@@ -88,11 +134,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     if (op == 4u && len > 0u) {
         pivot = xv(base);
     }
-    var s = 0.0;
-    for (var j = t; j < len; j += WG) {
-        s += xv(base + j * stride) - pivot;
-    }
-    let total = wg_sum(s, t);
+    let total = wg_sum(part_sum(base, stride, len, t, pivot), t);
     if (op == 0u || op == 1u) {
         if (t == 0u) {
             var v = total;
@@ -105,12 +147,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     }
     // Variance: a second pass around the mean.
     let mean = total / f32(len);
-    var q = 0.0;
-    for (var j = t; j < len; j += WG) {
-        let d = (xv(base + j * stride) - pivot) - mean;
-        q = fma(d, d, q);
-    }
-    let squares = wg_sum(q, t);
+    let squares = wg_sum(part_squares(base, stride, len, t, pivot, mean), t);
     if (t == 0u) {
         let denom = max(f32(len) - f32(p[6]), 0.0);
         var v = squares / denom;
@@ -141,8 +178,17 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) group
     }
     m = wg_max(m, t);
     var s = 0.0;
-    for (var j = t; j < len; j += WG) {
-        s += exp(xv(at_in + j * inner) - m);
+    var i = t;
+    loop {
+        if (i >= len) {
+            break;
+        }
+        var block = 0.0;
+        for (var k = 0u; k < SUM_BLOCK && i < len; k++) {
+            block += exp(xv(at_in + i * inner) - m);
+            i += WG;
+        }
+        s += block;
     }
     let total = wg_sum(s, t);
     let log_total = log(total);
@@ -174,17 +220,9 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     if (len > 0u) {
         pivot = xv(at_in);
     }
-    var s = 0.0;
-    for (var j = t; j < len; j += WG) {
-        s += xv(at_in + j) - pivot;
-    }
-    let mean = wg_sum(s, t) / f32(len);
-    var q = 0.0;
-    for (var j = t; j < len; j += WG) {
-        let d = (xv(at_in + j) - pivot) - mean;
-        q = fma(d, d, q);
-    }
-    let inv = 1.0 / sqrt(wg_sum(q, t) / f32(len) + bitcast<f32>(p[6]));
+    let mean = wg_sum(part_sum(at_in, 1u, len, t, pivot), t) / f32(len);
+    let squares = wg_sum(part_squares(at_in, 1u, len, t, pivot, mean), t);
+    let inv = 1.0 / sqrt(squares / f32(len) + bitcast<f32>(p[6]));
     for (var j = t; j < len; j += WG) {
         var y = ((xv(at_in + j) - pivot) - mean) * inv;
         if (p[7] != 0u) {
