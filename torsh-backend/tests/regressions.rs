@@ -775,3 +775,61 @@ fn long_sums_of_equal_values_are_accurate() -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(feature = "webgpu")]
+#[test]
+fn webgpu_products_with_an_empty_inner_dim_past_a_binding() -> Result<()> {
+    use torsh_backend::compute::GemvDesc;
+    use torsh_backend::webgpu::{WebGpuBackend, WebGpuBackendConfig, MIN_BINDING_SIZE};
+    if !Backend::available().contains(&BackendType::WebGpu) {
+        return Ok(());
+    }
+    // Outputs past the binding are cut into pieces; with k = 0 the operands are zero-byte
+    // allocations, which a piece must not advance into.
+    let config = WebGpuBackendConfig {
+        max_binding_size: MIN_BINDING_SIZE,
+        ..Default::default()
+    };
+    let b = Backend::from_compute(Box::new(WebGpuBackend::new(config)))?;
+    for (a, w) in [
+        ([3, 0, 127], [3, 0, 129]),
+        ([1, 0, 20_000], [1, 0, 1]),
+        ([1, 0, 1], [1, 0, 20_000]),
+        ([1, 0, 300], [1, 0, 300]),
+    ] {
+        let a = b.zeros(&a, DType::F32)?.transpose(1, 2)?;
+        let w = b.zeros(&w, DType::F32)?;
+        for a in [a.clone(), a.contiguous()?] {
+            let y = a.matmul(&w)?.to_vec_f64()?;
+            assert!(
+                y.iter().all(|&v| v == 0.0),
+                "{:?} @ {:?}",
+                a.shape(),
+                w.shape()
+            );
+        }
+    }
+    // y = A·x with x empty: A is 20 000 × 0.
+    let c = b.compute();
+    let (a, x) = (upload(c, &[]), upload(c, &[]));
+    let y = upload(c, &[f32::NAN; 20_000]);
+    c.gemv(&GemvDesc {
+        dtype: DType::F32,
+        trans: Transpose::No,
+        m: 20_000,
+        n: 0,
+        alpha: 1.0,
+        a,
+        lda: 20_000,
+        x,
+        incx: 1,
+        beta: 0.0,
+        y,
+        incy: 1,
+    })?;
+    assert!(download(c, y, 20_000).iter().all(|&v| v == 0.0));
+    for p in [a, x, y] {
+        c.free(p)?;
+    }
+    Ok(())
+}

@@ -244,12 +244,7 @@ pub(crate) fn batched_gemm(
     mem: &Memory,
     d: &BatchedGemmDesc,
 ) -> Result<Launch> {
-    // With k = 0, A and B are never read (their pointers may be zero-byte allocations).
-    let (sa, sb) = if d.gemm.k == 0 {
-        (0, 0)
-    } else {
-        (d.stride_a, d.stride_b)
-    };
+    let (sa, sb) = super::pieces::operand_strides(d);
     match gemm_product(gpu, mem, &d.gemm, (sa, sb, d.stride_c), d.batch_count)? {
         Some(p) => run(gpu, kernels, p, Tile::Large),
         None => Ok(Launch::Stage),

@@ -429,12 +429,18 @@ pub(crate) fn op_offset(t: Transpose, ld: usize, row: usize, col: usize) -> Resu
 /// the inner dim (and by 1 otherwise).
 pub(crate) fn gemm_piece(desc: &GemmDesc, [r, c, k]: [(usize, usize); 3]) -> Result<GemmDesc> {
     let size = desc.dtype.size_in_bytes();
+    // With an empty inner range A and B are never read: their pointers stay where they are (a
+    // zero-byte allocation has no element to advance to).
+    let operand = |ptr: DevicePtr, offset: Result<usize>| match k.1 {
+        0 => Ok(ptr),
+        _ => advance(ptr, offset?, size),
+    };
     Ok(GemmDesc {
         m: r.1,
         n: c.1,
         k: k.1,
-        a: advance(desc.a, op_offset(desc.trans_a, desc.lda, r.0, k.0)?, size)?,
-        b: advance(desc.b, op_offset(desc.trans_b, desc.ldb, k.0, c.0)?, size)?,
+        a: operand(desc.a, op_offset(desc.trans_a, desc.lda, r.0, k.0))?,
+        b: operand(desc.b, op_offset(desc.trans_b, desc.ldb, k.0, c.0))?,
         c: advance(desc.c, op_offset(Transpose::No, desc.ldc, r.0, c.0)?, size)?,
         beta: if k.0 == 0 { desc.beta } else { 1.0 },
         ..desc.clone()
@@ -509,8 +515,13 @@ pub(crate) fn gemv(mem: &Memory, desc: &GemvDesc) -> Result<Option<Vec<GemvDesc>
                 Transpose::No => (len, desc.n),
                 Transpose::Yes => (desc.m, len),
             };
+            // With an empty x, A is never read (and may be a zero-byte allocation).
+            let a = match desc.vector_lens().0 {
+                0 => desc.a,
+                _ => advance(desc.a, start * a_step, size)?,
+            };
             Ok(GemvDesc {
-                a: advance(desc.a, start * a_step, size)?,
+                a,
                 y: advance(desc.y, start * desc.incy, size)?,
                 m,
                 n,
@@ -534,10 +545,11 @@ pub(crate) fn batched_gemm(
         desc.batch_count,
         BatchedGemmDesc::accesses,
         |start, len| {
+            let (sa, sb) = operand_strides(desc);
             Ok(BatchedGemmDesc {
                 gemm: GemmDesc {
-                    a: advance(g.a, start * desc.stride_a, size)?,
-                    b: advance(g.b, start * desc.stride_b, size)?,
+                    a: advance(g.a, start * sa, size)?,
+                    b: advance(g.b, start * sb, size)?,
                     c: advance(g.c, start * desc.stride_c, size)?,
                     ..g.clone()
                 },
@@ -558,12 +570,23 @@ pub(crate) fn batch_element(desc: &BatchedGemmDesc, index: usize) -> Result<Gemm
             .ok_or_else(|| BackendError::overflow("webgpu pieces", "batch offset overflows"))?;
         advance(ptr, elements, size)
     };
+    let (sa, sb) = operand_strides(desc);
     Ok(GemmDesc {
-        a: at(g.a, desc.stride_a)?,
-        b: at(g.b, desc.stride_b)?,
+        a: at(g.a, sa)?,
+        b: at(g.b, sb)?,
         c: at(g.c, desc.stride_c)?,
         ..g.clone()
     })
+}
+
+/// The strides between `desc`'s A and B matrices as its pieces advance by them: 0 with k = 0, where
+/// A and B are never read (and may be zero-byte allocations).
+pub(crate) fn operand_strides(desc: &BatchedGemmDesc) -> (usize, usize) {
+    if desc.gemm.k == 0 {
+        (0, 0)
+    } else {
+        (desc.stride_a, desc.stride_b)
+    }
 }
 
 /// `desc` as the GEMM of the same values transposed, `yᵀ = alpha · xᵀ · op(A)ᵀ + beta · yᵀ`: one row
