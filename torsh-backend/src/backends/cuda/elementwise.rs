@@ -5,7 +5,7 @@
 //! element width), loaded whole.
 //!
 //! - Unary and binary ops compute in the dtype's accumulator (f64 for f64, f32 otherwise) with the
-//!   formulas of `reference/math.rs`; the op travels as an `i32` code ([`unary_code`], [`binary_code`]).
+//!   formulas of `reference/math.rs`; the op travels as its `i32` code ([`UnaryOp::code`], [`BinaryOp::code`]).
 //! - Casts decode a float source as f64 and an integer source as i64, then encode as `reference/memory.rs`
 //!   does: Rust `as` semantics for float → integer (truncate, saturate, NaN → 0), wrapping for
 //!   integer → integer, round to nearest for any → float. One kernel per (source, destination) pair.
@@ -44,7 +44,7 @@ pub(crate) fn unary(gpu: &Gpu, d: &UnaryDesc) -> Result<()> {
     let (entry, operands) = unary_plan(d)?;
     let f = kernel(gpu, entry)?;
     let n = to_i64(OP, numel)?;
-    let code = unary_code(d.op);
+    let code = d.op.code() as i32;
     let mut b = gpu.stream().launch_builder(&f);
     let cfg = match &operands {
         Operands::Dense([x]) => {
@@ -78,7 +78,7 @@ pub(crate) fn binary(gpu: &Gpu, d: &BinaryDesc) -> Result<()> {
     let (entry, operands) = binary_plan(d)?;
     let f = kernel(gpu, entry)?;
     let n = to_i64(OP, numel)?;
-    let code = binary_code(d.op);
+    let code = d.op.code() as i32;
     let mut b = gpu.stream().launch_builder(&f);
     let cfg = match &operands {
         Operands::Dense([lhs, rhs]) => {
@@ -396,42 +396,6 @@ fn copy_entry(dtype: DType) -> Entry {
     ("copy", None, format!("copy_{}", width_suffix(dtype)))
 }
 
-/// The code of `op` in `unary.cu` (`UNARY_*`).
-fn unary_code(op: UnaryOp) -> i32 {
-    match op {
-        UnaryOp::Neg => 0,
-        UnaryOp::Abs => 1,
-        UnaryOp::Exp => 2,
-        UnaryOp::Log => 3,
-        UnaryOp::Sqrt => 4,
-        UnaryOp::Rsqrt => 5,
-        UnaryOp::Recip => 6,
-        UnaryOp::Square => 7,
-        UnaryOp::Relu => 8,
-        UnaryOp::Gelu => 9,
-        UnaryOp::GeluTanh => 10,
-        UnaryOp::Sigmoid => 11,
-        UnaryOp::Silu => 12,
-        UnaryOp::Tanh => 13,
-        UnaryOp::Sin => 14,
-        UnaryOp::Cos => 15,
-        UnaryOp::Erf => 16,
-    }
-}
-
-/// The code of `op` in `binary.cu` (`BINARY_*`).
-fn binary_code(op: BinaryOp) -> i32 {
-    match op {
-        BinaryOp::Add => 0,
-        BinaryOp::Sub => 1,
-        BinaryOp::Mul => 2,
-        BinaryOp::Div => 3,
-        BinaryOp::Maximum => 4,
-        BinaryOp::Minimum => 5,
-        BinaryOp::Pow => 6,
-    }
-}
-
 /// The random kernel's `(dist, a, b)`: `(RANDOM_UNIFORM, low, high)` or `(RANDOM_NORMAL, mean, std)`.
 fn distribution_args(d: Distribution) -> (i32, f64, f64) {
     match d {
@@ -500,9 +464,9 @@ mod tests {
         for &op in UnaryOp::ALL {
             let name = op.name().to_uppercase();
             assert!(
-                table.contains(&(name.clone(), unary_code(op))),
+                table.contains(&(name.clone(), op.code() as i32)),
                 "UNARY_{name} is not {} in unary.cu",
-                unary_code(op)
+                op.code()
             );
         }
     }
@@ -514,7 +478,7 @@ mod tests {
         for &op in BinaryOp::ALL {
             let name = op.name().to_uppercase();
             assert!(
-                table.contains(&(name.clone(), binary_code(op))),
+                table.contains(&(name.clone(), op.code() as i32)),
                 "BINARY_{name}"
             );
         }

@@ -7,7 +7,7 @@
 //! answers [`Launch::Stage`], as do misaligned operands and other dtypes (f16 without `SHADER_F16`);
 //! fills and copies of those go to `cast.wgsl`, and math ops are staged (`staging.rs`).
 
-use crate::compute::{BinaryDesc, BinaryOp, CopyDesc, FillDesc, StridedBuf, UnaryDesc, UnaryOp};
+use crate::compute::{BinaryDesc, CopyDesc, FillDesc, StridedBuf, UnaryDesc};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::{coalesce, Layout};
@@ -134,16 +134,6 @@ fn views<'a, const K: usize>(
     Ok(Some((shape, out)))
 }
 
-/// The code of `op` in the shader's `unary_op`.
-fn unary_code(op: UnaryOp) -> u64 {
-    UnaryOp::ALL.iter().position(|&o| o == op).unwrap_or(0) as u64
-}
-
-/// The code of `op` in the shader's `binary_op`.
-fn binary_code(op: BinaryOp) -> u64 {
-    BinaryOp::ALL.iter().position(|&o| o == op).unwrap_or(0) as u64
-}
-
 /// f32 fill at an aligned address; anything else goes to `cast.wgsl`.
 pub(crate) fn fill(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &FillDesc) -> Result<()> {
     if d.dtype == DType::F32 {
@@ -179,7 +169,7 @@ pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -
         gpu,
         kernels,
         (module, "unary"),
-        unary_code(d.op),
+        u64::from(d.op.code()),
         &shape,
         [Some(&v[0]), Some(&v[1]), None],
         0,
@@ -199,7 +189,7 @@ pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc)
         gpu,
         kernels,
         (module, "binary"),
-        binary_code(d.op),
+        u64::from(d.op.code()),
         &shape,
         [Some(&v[0]), Some(&v[1]), Some(&v[2])],
         0,
@@ -226,4 +216,27 @@ pub(crate) fn copy(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CopyDesc) -> 
         }
     }
     cast::copy(gpu, kernels, mem, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backends::webgpu::pipelines::shader_codes;
+    use crate::compute::{BinaryOp, UnaryOp};
+
+    #[test]
+    fn op_codes_match_the_shader() {
+        let src = include_str!("shaders/elementwise.wgsl");
+        let unary = shader_codes(src, "UNARY_");
+        assert_eq!(unary.len(), UnaryOp::ALL.len(), "UNARY_* constants");
+        for &op in UnaryOp::ALL {
+            let name = op.name().to_uppercase();
+            assert!(unary.contains(&(name.clone(), op.code())), "UNARY_{name}");
+        }
+        let binary = shader_codes(src, "BINARY_");
+        assert_eq!(binary.len(), BinaryOp::ALL.len(), "BINARY_* constants");
+        for &op in BinaryOp::ALL {
+            let name = op.name().to_uppercase();
+            assert!(binary.contains(&(name.clone(), op.code())), "BINARY_{name}");
+        }
+    }
 }

@@ -526,6 +526,20 @@ fn as_compile_error(kernel: &str, e: BackendError) -> BackendError {
     }
 }
 
+/// The `const <prefix><NAME>: u32 = <code>u;` lines of the WGSL source `src`, as `(NAME, code)`:
+/// how the tests check the shaders' op codes against the op enums'.
+#[cfg(test)]
+pub(crate) fn shader_codes(src: &str, prefix: &str) -> Vec<(String, u32)> {
+    src.lines()
+        .filter_map(|l| l.strip_prefix("const ")?.strip_prefix(prefix))
+        .filter_map(|l| {
+            let (name, value) = l.split_once(": u32 = ")?;
+            let code = value.strip_suffix("u;")?.parse().ok()?;
+            Some((name.to_string(), code))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::grid_1d;

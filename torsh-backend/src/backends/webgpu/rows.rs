@@ -68,19 +68,6 @@ fn launch(
     Ok(Launch::Done)
 }
 
-/// The op code of `op` in the shader.
-fn reduce_code(op: ReduceOp) -> (u32, u32) {
-    match op {
-        ReduceOp::Sum => (0, 0),
-        ReduceOp::Mean => (1, 0),
-        ReduceOp::Max => (2, 0),
-        ReduceOp::Min => (3, 0),
-        ReduceOp::Var { correction } => (4, correction),
-        ReduceOp::ArgMax => (5, 0),
-        ReduceOp::ArgMin => (6, 0),
-    }
-}
-
 /// A reduction along `d.axis`.
 pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc) -> Result<Launch> {
     let Some((module, size)) = module(gpu, d.dtype) else {
@@ -126,7 +113,11 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
     {
         return Ok(Launch::Stage);
     }
-    let (code, correction) = reduce_code(d.op);
+    let correction = match d.op {
+        ReduceOp::Var { correction } => correction,
+        _ => 0,
+    };
+    let code = d.op.code();
     let mut p = vec![0u32; 24];
     p[0] = rows as u32;
     p[1] = len as u32;
@@ -253,4 +244,20 @@ pub(crate) fn layer_norm(
         [input, w, b, output],
         &p,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::webgpu::pipelines::shader_codes;
+
+    #[test]
+    fn reduce_codes_match_the_shader() {
+        let codes = shader_codes(include_str!("shaders/rows.wgsl"), "RED_");
+        assert_eq!(codes.len(), ReduceOp::ALL.len(), "RED_* constants");
+        for &op in ReduceOp::ALL {
+            let name = op.name().to_uppercase();
+            assert!(codes.contains(&(name.clone(), op.code())), "RED_{name}");
+        }
+    }
 }

@@ -41,16 +41,24 @@ pub enum Transpose {
 /// The name seed 003 uses.
 pub type BackendTranspose = Transpose;
 
+/// An op enum with each variant's code and name: the one table the kernels' op codes follow.
+/// The CUDA sources (`#define UNARY_NEG 0`, ...) and the WGSL shaders (`const UNARY_NEG: u32 = 0u;`,
+/// ...) spell the same codes, and each backend has a test that reads its kernel source and fails
+/// where a code differs from this table or an op has none.
 macro_rules! op_enum {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident => $s:literal),* $(,)? }) => {
+    ($(#[$m:meta])* $name:ident {
+        $($(#[$vm:meta])* $v:ident = $code:literal => $s:literal),* $(,)?
+    }) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum $name { $($(#[$vm])* $v),* }
         impl $name {
-            /// Every variant.
+            /// Every variant, in code order.
             pub const ALL: &'static [$name] = &[$($name::$v),*];
             /// The lowercase name used in reports.
             pub const fn name(self) -> &'static str { match self { $($name::$v => $s),* } }
+            /// The op's code in the kernels (`0..ALL.len()`).
+            pub const fn code(self) -> u32 { match self { $($name::$v => $code),* } }
         }
     };
 }
@@ -60,39 +68,39 @@ op_enum!(
     /// PyTorch's `gelu(approximate='none'|'tanh')`.
     UnaryOp {
         /// `-x`
-        Neg => "neg",
+        Neg = 0 => "neg",
         /// `|x|`
-        Abs => "abs",
+        Abs = 1 => "abs",
         /// `eˣ`
-        Exp => "exp",
+        Exp = 2 => "exp",
         /// natural log
-        Log => "log",
+        Log = 3 => "log",
         /// `√x`
-        Sqrt => "sqrt",
+        Sqrt = 4 => "sqrt",
         /// `1/√x`
-        Rsqrt => "rsqrt",
+        Rsqrt = 5 => "rsqrt",
         /// `1/x`
-        Recip => "recip",
+        Recip = 6 => "recip",
         /// `x²`
-        Square => "square",
+        Square = 7 => "square",
         /// `max(x, 0)`
-        Relu => "relu",
+        Relu = 8 => "relu",
         /// `x·Φ(x)`
-        Gelu => "gelu",
+        Gelu = 9 => "gelu",
         /// `0.5x(1+tanh(√(2/π)(x+0.044715x³)))`
-        GeluTanh => "gelu_tanh",
+        GeluTanh = 10 => "gelu_tanh",
         /// `1/(1+e⁻ˣ)`
-        Sigmoid => "sigmoid",
+        Sigmoid = 11 => "sigmoid",
         /// `x·sigmoid(x)`
-        Silu => "silu",
+        Silu = 12 => "silu",
         /// hyperbolic tangent
-        Tanh => "tanh",
+        Tanh = 13 => "tanh",
         /// sine
-        Sin => "sin",
+        Sin = 14 => "sin",
         /// cosine
-        Cos => "cos",
+        Cos = 15 => "cos",
         /// error function
-        Erf => "erf",
+        Erf = 16 => "erf",
     }
 );
 
@@ -100,19 +108,19 @@ op_enum!(
     /// Elementwise binary ops. `Maximum`/`Minimum` propagate NaN, like `torch.maximum`.
     BinaryOp {
         /// `a + b`
-        Add => "add",
+        Add = 0 => "add",
         /// `a - b`
-        Sub => "sub",
+        Sub = 1 => "sub",
         /// `a * b`
-        Mul => "mul",
+        Mul = 2 => "mul",
         /// `a / b`
-        Div => "div",
+        Div = 3 => "div",
         /// `max(a, b)`
-        Maximum => "maximum",
+        Maximum = 4 => "maximum",
         /// `min(a, b)`
-        Minimum => "minimum",
+        Minimum = 5 => "minimum",
         /// `aᵇ`
-        Pow => "pow",
+        Pow = 6 => "pow",
     }
 );
 
@@ -223,6 +231,14 @@ pub(crate) fn check_ld(op: &'static str, name: &str, ld: usize, rows: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn op_codes_number_every_op_in_order() {
+        let codes = |c: Vec<u32>| assert_eq!(c, (0..c.len() as u32).collect::<Vec<_>>());
+        codes(UnaryOp::ALL.iter().map(|o| o.code()).collect());
+        codes(BinaryOp::ALL.iter().map(|o| o.code()).collect());
+        codes(ReduceOp::ALL.iter().map(|o| o.code()).collect());
+    }
 
     #[test]
     fn injectivity() {

@@ -43,6 +43,31 @@ impl ReduceOp {
         }
     }
 
+    /// The op's code in the kernels (`RED_SUM` = 0 ... `RED_ARGMIN` = 6 in the CUDA and WGSL
+    /// sources, which their backends' tests check against this).
+    pub const fn code(self) -> u32 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Mean => 1,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Var { .. } => 4,
+            ReduceOp::ArgMax => 5,
+            ReduceOp::ArgMin => 6,
+        }
+    }
+
+    /// Every op, with a variance of correction 0, in code order.
+    pub const ALL: &'static [ReduceOp] = &[
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Var { correction: 0 },
+        ReduceOp::ArgMax,
+        ReduceOp::ArgMin,
+    ];
+
     /// The dtype of the result for input dtype `dtype`: `I64` for the index reductions.
     pub const fn output_dtype(self, dtype: DType) -> DType {
         match self {

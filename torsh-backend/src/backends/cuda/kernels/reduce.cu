@@ -5,7 +5,7 @@
 // input view without the axis, and its lane runs `len` elements with step `axis_stride`.
 //
 // A "group" of G threads reduces one lane (G = 1, 32 or 256 = the whole block; blockDim.x is always
-// RED_BLOCK). Each thread of the group accumulates every G-th element of the lane in order, then the
+// REDUCE_BLOCK). Each thread of the group accumulates every G-th element of the lane in order, then the
 // group combines its partials with a tree (warp shuffles, then shared memory across the warps of the
 // block). The loop over output elements is uniform across a group, so every thread of a block reaches
 // every __syncthreads() (which only the G = 256 form uses, where the group is the whole block).
@@ -19,7 +19,7 @@
 //   ==, so -0 and +0 tie and the earlier one wins. max/min store that element's value, the arg forms
 //   its index as i64.
 
-#define RED_BLOCK 256
+#define REDUCE_BLOCK 256
 
 #define RED_SUM 0
 #define RED_MEAN 1
@@ -40,7 +40,7 @@ template <> __device__ __forceinline__ double red_nan<double>() {
 // group receives the total.
 template <int G, typename A>
 __device__ __forceinline__ A red_group_sum(A v) {
-    static_assert(G == 1 || G == 32 || G == RED_BLOCK, "a group is one thread, one warp or the whole block");
+    static_assert(G == 1 || G == 32 || G == REDUCE_BLOCK, "a group is one thread, one warp or the whole block");
     return torsh_group_reduce<G, TorshSum<A>>(v);
 }
 
@@ -82,9 +82,9 @@ __device__ __forceinline__ void red_group_ext(A& v, i64& i, bool is_max) {
             const i64 oi = __shfl_down_sync(TORSH_FULL_MASK, i, off);
             red_ext_fold(v, i, ov, oi, is_max);
         }
-        if constexpr (G == RED_BLOCK) {
-            __shared__ A sv[RED_BLOCK / 32];
-            __shared__ i64 si[RED_BLOCK / 32];
+        if constexpr (G == REDUCE_BLOCK) {
+            __shared__ A sv[REDUCE_BLOCK / 32];
+            __shared__ i64 si[REDUCE_BLOCK / 32];
             const int warp = threadIdx.x >> 5;
             const int lane = threadIdx.x & 31;
             if (lane == 0) {
@@ -93,8 +93,8 @@ __device__ __forceinline__ void red_group_ext(A& v, i64& i, bool is_max) {
             }
             __syncthreads();
             if (warp == 0) {
-                v = lane < RED_BLOCK / 32 ? sv[lane] : (A)0;
-                i = lane < RED_BLOCK / 32 ? si[lane] : (i64)-1;
+                v = lane < REDUCE_BLOCK / 32 ? sv[lane] : (A)0;
+                i = lane < REDUCE_BLOCK / 32 ? si[lane] : (i64)-1;
                 for (int off = 16; off > 0; off >>= 1) {
                     const A ov = __shfl_down_sync(TORSH_FULL_MASK, v, off);
                     const i64 oi = __shfl_down_sync(TORSH_FULL_MASK, i, off);
@@ -172,7 +172,7 @@ template <int G, typename T>
 __device__ void reduce_body(const T* x, void* out, Strided rest, i64 axis_stride, i64 len, i64 n_out,
                             int op, i64 correction) {
     typedef typename Num<T>::acc A;
-    const int groups = RED_BLOCK / G;
+    const int groups = REDUCE_BLOCK / G;
     const int lane = (int)(threadIdx.x % G);
     const i64 group = (i64)(threadIdx.x / G);
     const bool extreme = op == RED_MAX || op == RED_MIN || op == RED_ARGMAX || op == RED_ARGMIN;
@@ -211,7 +211,7 @@ __device__ void reduce_body(const T* x, void* out, Strided rest, i64 axis_stride
 
 // Entry points reduce_g<G>_<dtype>(x, out, rest, axis_stride, len, n_out, op, correction).
 #define ENTRY_G(S, T, G)                                                                              \
-    extern "C" __global__ void __launch_bounds__(RED_BLOCK) reduce_g##G##_##S(                        \
+    extern "C" __global__ void __launch_bounds__(REDUCE_BLOCK) reduce_g##G##_##S(                        \
         const T* x, void* out, Strided rest, i64 axis_stride, i64 len, i64 n_out, int op,           \
         i64 correction) {                                                                             \
         reduce_body<G, T>(x, out, rest, axis_stride, len, n_out, op, correction);                     \

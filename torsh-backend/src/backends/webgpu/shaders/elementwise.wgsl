@@ -124,26 +124,53 @@ fn is_nan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }
 
-// Codes follow `UnaryOp::ALL` (see unary_code in elementwise.rs).
+// Op codes, as `UnaryOp::code` and `BinaryOp::code` number them (a test in elementwise.rs reads
+// these lines). An unknown code gives NaN.
+const UNARY_NEG: u32 = 0u;
+const UNARY_ABS: u32 = 1u;
+const UNARY_EXP: u32 = 2u;
+const UNARY_LOG: u32 = 3u;
+const UNARY_SQRT: u32 = 4u;
+const UNARY_RSQRT: u32 = 5u;
+const UNARY_RECIP: u32 = 6u;
+const UNARY_SQUARE: u32 = 7u;
+const UNARY_RELU: u32 = 8u;
+const UNARY_GELU: u32 = 9u;
+const UNARY_GELU_TANH: u32 = 10u;
+const UNARY_SIGMOID: u32 = 11u;
+const UNARY_SILU: u32 = 12u;
+const UNARY_TANH: u32 = 13u;
+const UNARY_SIN: u32 = 14u;
+const UNARY_COS: u32 = 15u;
+const UNARY_ERF: u32 = 16u;
+const BINARY_ADD: u32 = 0u;
+const BINARY_SUB: u32 = 1u;
+const BINARY_MUL: u32 = 2u;
+const BINARY_DIV: u32 = 3u;
+const BINARY_MAXIMUM: u32 = 4u;
+const BINARY_MINIMUM: u32 = 5u;
+const BINARY_POW: u32 = 6u;
+
 fn unary_op(x: f32) -> f32 {
     switch OP {
-        case 0u: { return -x; }
-        case 1u: { return abs(x); }
-        case 2u: { return exp(x); }
-        case 3u: { return log(x); }
-        case 4u: { return sqrt(x); }
-        case 5u: { return 1.0 / sqrt(x); }
-        case 6u: { return 1.0 / x; }
-        case 7u: { return x * x; }
-        case 8u: { return select(0.0, x, x > 0.0 || is_nan(x)); }
-        case 9u: { return gelu(x); }
-        case 10u: { return gelu_tanh(x); }
-        case 11u: { return sigmoid(x); }
-        case 12u: { return x * sigmoid(x); }
-        case 13u: { return tanh(x); }
-        case 14u: { return sin(x); }
-        case 15u: { return cos(x); }
-        default: { return erf_f32(x); }
+        case UNARY_NEG: { return -x; }
+        case UNARY_ABS: { return abs(x); }
+        case UNARY_EXP: { return exp(x); }
+        case UNARY_LOG: { return log(x); }
+        case UNARY_SQRT: { return sqrt(x); }
+        case UNARY_RSQRT: { return 1.0 / sqrt(x); }
+        case UNARY_RECIP: { return 1.0 / x; }
+        case UNARY_SQUARE: { return x * x; }
+        case UNARY_RELU: { return select(0.0, x, x > 0.0 || is_nan(x)); }
+        case UNARY_GELU: { return gelu(x); }
+        case UNARY_GELU_TANH: { return gelu_tanh(x); }
+        case UNARY_SIGMOID: { return sigmoid(x); }
+        case UNARY_SILU: { return x * sigmoid(x); }
+        case UNARY_TANH: { return tanh(x); }
+        case UNARY_SIN: { return sin(x); }
+        case UNARY_COS: { return cos(x); }
+        case UNARY_ERF: { return erf_f32(x); }
+        default: { return bitcast<f32>(0x7fc00000u); }
     }
 }
 
@@ -163,22 +190,23 @@ fn power(x: f32, y: f32) -> f32 {
     return m;
 }
 
-// Codes follow `BinaryOp::ALL`. Maximum and minimum propagate NaN.
+// Maximum and minimum propagate NaN.
 fn binary_op(x: f32, y: f32) -> f32 {
     switch OP {
-        case 0u: { return x + y; }
-        case 1u: { return x - y; }
-        case 2u: { return x * y; }
-        case 3u: { return x / y; }
-        case 4u: {
+        case BINARY_ADD: { return x + y; }
+        case BINARY_SUB: { return x - y; }
+        case BINARY_MUL: { return x * y; }
+        case BINARY_DIV: { return x / y; }
+        case BINARY_MAXIMUM: {
             if (is_nan(x) || is_nan(y)) { return bitcast<f32>(0x7fc00000u); }
             return max(x, y);
         }
-        case 5u: {
+        case BINARY_MINIMUM: {
             if (is_nan(x) || is_nan(y)) { return bitcast<f32>(0x7fc00000u); }
             return min(x, y);
         }
-        default: { return power(x, y); }
+        case BINARY_POW: { return power(x, y); }
+        default: { return bitcast<f32>(0x7fc00000u); }
     }
 }
 

@@ -23,6 +23,16 @@
 @group(0) @binding(4) var<storage, read_write> idx: array<u32>;
 @group(0) @binding(5) var<storage, read> p: array<u32>;
 
+// Reduction op codes (word [3]), as `ReduceOp::code` numbers them (a test in rows.rs reads these
+// lines).
+const RED_SUM: u32 = 0u;
+const RED_MEAN: u32 = 1u;
+const RED_MAX: u32 = 2u;
+const RED_MIN: u32 = 3u;
+const RED_VAR: u32 = 4u;
+const RED_ARGMAX: u32 = 5u;
+const RED_ARGMIN: u32 = 6u;
+
 // Element `i` of the input, as f32.
 fn xv(i: u32) -> f32 {
     return load_elem(x[i]);
@@ -106,8 +116,8 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     let stride = p[2];
     let op = p[3];
     let base = reduce_base(r);
-    if (op == 2u || op == 3u || op == 5u || op == 6u) {
-        let is_max = op == 2u || op == 5u;
+    if (op == RED_MAX || op == RED_MIN || op == RED_ARGMAX || op == RED_ARGMIN) {
+        let is_max = op == RED_MAX || op == RED_ARGMAX;
         var v = xv(base);
         var i = 0u;
         for (var j = t; j < len; j += WG) {
@@ -119,7 +129,7 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
         }
         let best = wg_best(v, i, t, is_max);
         if (t == 0u) {
-            if (op >= 5u) {
+            if (op == RED_ARGMAX || op == RED_ARGMIN) {
                 idx[p[4] + 2u * r] = best.i;
                 idx[p[4] + 2u * r + 1u] = 0u;
             } else {
@@ -131,14 +141,14 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     // Variance takes both passes relative to the row's first value, so a constant row has
     // deviations of exactly 0 (a mean rounded in f32 would not); sum and mean shift by 0.
     var pivot = 0.0;
-    if (op == 4u && len > 0u) {
+    if (op == RED_VAR && len > 0u) {
         pivot = xv(base);
     }
     let total = wg_sum(part_sum(base, stride, len, t, pivot), t);
-    if (op == 0u || op == 1u) {
+    if (op == RED_SUM || op == RED_MEAN) {
         if (t == 0u) {
             var v = total;
-            if (op == 1u) {
+            if (op == RED_MEAN) {
                 v = select(nan(), total / f32(len), len > 0u);
             }
             out[p[4] + r] = store_elem(v);
