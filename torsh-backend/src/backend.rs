@@ -292,7 +292,7 @@ impl Backend {
     }
 
     /// Makes tensors of this backend (all its clones) allocate from a caching pool with `config`
-    /// (seed 001's `memory_pool`), returning the backend for chaining. Tensors allocated before keep
+    /// (`memory_pool`), returning the backend for chaining. Tensors allocated before keep
     /// their memory and return it to the device. `InvalidArgument` when a pool with blocks in use is
     /// already set or `initial_size` exceeds `max_size`; the device's `OutOfMemory` when it cannot
     /// reserve `initial_size`.
@@ -314,11 +314,10 @@ impl Backend {
     }
 
     /// Makes matmul, conv2d and attention on f32 tensors of this backend (all its clones) run in
-    /// `config.compute_dtype` with f32 accumulation and return f32 (seed 001's
-    /// `enable_mixed_precision`); other dtypes run as they are. Returns the backend for chaining.
-    /// `InvalidArgument` for a compute dtype other than f16/bf16, an accumulation dtype other than
-    /// f32, or a scale that is not positive and finite. Pair it with a
-    /// [`LossScaler`](crate::LossScaler) built by [`LossScaler::from_config`](crate::LossScaler::from_config).
+    /// `config.compute_dtype` with f32 accumulation and return f32; other dtypes run as they are.
+    /// Returns the backend for chaining. `InvalidArgument` for a compute dtype other than f16/bf16,
+    /// an accumulation dtype other than f32, or a scale that is not positive and finite. Pair it
+    /// with a [`LossScaler`](crate::LossScaler) built by [`LossScaler::from_config`](crate::LossScaler::from_config).
     pub fn enable_mixed_precision(self, config: MixedPrecisionConfig) -> Result<Backend> {
         config.validate()?;
         *self.inner.amp.lock().unwrap_or_else(|e| e.into_inner()) = Some(config);
@@ -628,7 +627,7 @@ fn build(config: BackendConfig) -> Result<Backend> {
     })
 }
 
-/// Configures any backend kind, as in seed 001:
+/// Configures any backend kind:
 /// `BackendBuilder::new().backend_type(BackendType::Cpu).device_id(0).build()`.
 #[derive(Clone, Debug)]
 pub struct BackendBuilder {

@@ -6,7 +6,7 @@ use crate::dtype::DType;
 /// The result type of every fallible operation in this crate.
 pub type Result<T> = std::result::Result<T, BackendError>;
 
-/// Alias kept for the name seed 003 uses on the low-level trait.
+/// Another name of [`Result`], as the low-level trait's users may spell it.
 pub type BackendResult<T> = Result<T>;
 
 /// Everything that can go wrong, from a missing driver to a pointer that belongs to no allocation.

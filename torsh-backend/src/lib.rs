@@ -18,7 +18,7 @@
 //! # }
 //! ```
 //!
-//! Layers (see DESIGN.md in the repository):
+//! Layers (docs/architecture.md in the repository has more):
 //! - [`Backend`] / [`Tensor`] and [`ops`]: the public API, shape and dtype checks, broadcasting;
 //! - [`ComputeBackend`]: the low-level, object-safe device trait over raw, validated [`DevicePtr`]s;
 //! - [`backends`]: one implementation per device kind; [`backends::reference`] is the f64 oracle;
@@ -42,7 +42,7 @@ pub mod stream;
 pub mod tensor;
 pub mod validation;
 
-/// The WebGPU backend's own API (seed 002): adapters, devices, the buffer pool, and the wgpu crate it
+/// The WebGPU backend's own API: adapters, devices, the buffer pool, and the wgpu crate it
 /// is built on.
 #[cfg(feature = "webgpu")]
 pub use backends::webgpu;

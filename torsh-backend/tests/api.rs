@@ -1,5 +1,5 @@
-//! The public API: seed 001's snippets (those that need no GPU and no runtime service), run on the CPU
-//! backend, and the tensor API's behaviour on small, hand-checked values.
+//! The public API: its documented snippets (those that need no GPU and no runtime service), run on
+//! the CPU backend, and the tensor API's behaviour on small, hand-checked values.
 
 use torsh_backend::prelude::*;
 

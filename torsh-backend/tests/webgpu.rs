@@ -386,7 +386,7 @@ fn auto_picks_webgpu_only_on_a_hardware_gpu() {
     }
 }
 
-/// Seed 002's example: doubles each element, guarded by `arrayLength`.
+/// A custom kernel: doubles each element, guarded by `arrayLength`.
 const DOUBLE: &str = r#"
 @group(0) @binding(0) var<storage, read> input: array<f32>;
 @group(0) @binding(1) var<storage, read_write> output: array<f32>;

@@ -1,7 +1,7 @@
 //! The low-level device interface: [`ComputeBackend`], [`DevicePtr`], op descriptors and the memory
 //! checks every backend applies before touching memory.
 //!
-//! The contract (seed 003, with the choices DESIGN.md records):
+//! The contract:
 //! - **Safe**: every pointer-plus-extent is checked against the backend's live allocations, and outputs
 //!   against inputs for aliasing, before any memory is touched. Bad numbers give `InvalidPointer`,
 //!   `OutOfBounds`, `Aliasing`, `ShapeMismatch`, `InvalidArgument` or `SizeOverflow`, never undefined

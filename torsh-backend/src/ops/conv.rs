@@ -7,7 +7,7 @@ use crate::tensor::Tensor;
 
 use super::{expect_rank, expect_shape};
 
-/// Window parameters of a 2-D convolution, as in seed 001:
+/// Window parameters of a 2-D convolution:
 /// `ConvConfig { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 1 }`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvConfig {

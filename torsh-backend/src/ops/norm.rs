@@ -114,7 +114,7 @@ impl Backend {
         Ok(out)
     }
 
-    /// Batch normalisation with running statistics, seed 001's signature: `mean` and `var` are the
+    /// Batch normalisation with running statistics: `mean` and `var` are the
     /// running statistics (updated in place when `training`), momentum 0.1, eps 1e-5, no affine
     /// parameters. See [`Backend::batch_norm_with`].
     pub fn batch_norm(

@@ -89,10 +89,11 @@ impl AdamState {
 }
 
 impl Backend {
-    /// One Adam/AdamW step over every parameter, in place, with moments kept in `state` (seed 001's
-    /// signature; f32 hyper-parameters are widened through their shortest decimal form, so `0.9f32` means 0.9). All inputs are validated before
-    /// anything is updated: `ShapeMismatch` when counts or shapes of params, grads and state disagree,
-    /// `DTypeMismatch`/`DeviceMismatch` for foreign operands, `InvalidArgument` for bad hyper-parameters.
+    /// One Adam/AdamW step over every parameter, in place, with moments kept in `state` (f32
+    /// hyper-parameters are widened through their shortest decimal form, so `0.9f32` means 0.9).
+    /// All inputs are validated before anything is updated: `ShapeMismatch` when counts or shapes
+    /// of params, grads and state disagree, `DTypeMismatch`/`DeviceMismatch` for foreign operands,
+    /// `InvalidArgument` for bad hyper-parameters.
     pub fn fused_adam_step(
         &self,
         params: &mut [Tensor],

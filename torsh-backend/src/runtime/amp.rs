@@ -8,7 +8,7 @@ use crate::error::{BackendError, Result};
 use crate::ops::optim::AdamState;
 use crate::tensor::Tensor;
 
-/// Settings of mixed precision (seed 001's `MixedPrecisionConfig`).
+/// Settings of mixed precision.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MixedPrecisionConfig {
     /// The dtype matmul, conv2d and attention compute in: `F16` or `BF16`.

@@ -1,4 +1,4 @@
-//! The autotuner (seed 001's `enable_autotuning` + `autotuning_cache_file`), shared by every backend.
+//! The autotuner (`enable_autotuning` and `autotuning_cache_file`), shared by every backend.
 //!
 //! A backend that can run an op several ways lists named variants for it
 //! ([`ComputeBackend::variants`]); the CPU backend, for instance, can run a GEMM on the calling thread
@@ -566,7 +566,7 @@ fn verdict(rounds: &[(f64, f64)]) -> Option<f64> {
 
 impl Backend {
     /// Turns the autotuner on or off for this backend (all its clones), returning the backend for
-    /// chaining (seed 001's `enable_autotuning`). While on, ops with several kernel variants on this
+    /// chaining. While on, ops with several kernel variants on this
     /// backend time them on first use of each shape bucket and then use the fastest that gives the
     /// default's answer. Choices made so far are kept when it is turned off.
     pub fn enable_autotuning(self, on: bool) -> Backend {
@@ -574,7 +574,7 @@ impl Backend {
         self
     }
 
-    /// Keeps the autotuner's table in the JSON file at `path` (seed 001's `autotuning_cache_file`):
+    /// Keeps the autotuner's table in the JSON file at `path`:
     /// loads its entries now when it was written by this crate version for this device, and saves
     /// the table there after every new tuning. A stale, foreign or corrupt file is ignored with a
     /// `log` warning and replaced at the next save; a missing file is created then. Returns the

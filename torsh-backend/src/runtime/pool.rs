@@ -48,7 +48,7 @@ pub enum AllocationStrategy {
     Exact,
 }
 
-/// Settings of a memory pool (seed 001's `MemoryPoolConfig`).
+/// Settings of a memory pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryPoolConfig {
     /// Bytes reserved from the backend when the pool is made (one large segment; 0 for none).

@@ -1,5 +1,5 @@
 //! The parity suite: every op, run on a backend and on the reference with identical random inputs, and
-//! compared by relative error with per-dtype bounds (DESIGN.md, "Numerics").
+//! compared by relative error with per-dtype bounds ([`tolerance`]).
 //!
 //! Each op has one generic body in [`cases`] that builds its inputs through an [`Inputs`] generator and
 //! returns its outputs. [`run_case`] runs the body twice from the same seed — once on the backend under

@@ -51,7 +51,7 @@ pub(crate) fn adapters() -> Vec<wgpu::Adapter> {
         .clone()
 }
 
-/// The adapter's descriptive fields (seed 002's `get_adapter_info`).
+/// The adapter's descriptive fields: name, vendor, device, type, driver and backend.
 pub fn get_adapter_info(adapter: &wgpu::Adapter) -> wgpu::AdapterInfo {
     adapter.get_info()
 }

@@ -1,4 +1,4 @@
-//! Custom WGSL kernels on tensors of a WebGPU backend (seed 002's `WebGpuKernelExecutor` and
+//! Custom WGSL kernels on tensors of a WebGPU backend (`WebGpuKernelExecutor` and
 //! `execute_custom_kernel`).
 //!
 //! The source is parsed with naga before anything reaches the device, so a syntax error comes back
@@ -22,7 +22,7 @@ use crate::tensor::Tensor;
 
 use super::WebGpuBackend;
 
-/// Kernel-cache figures (seed 002's `pipeline_stats`).
+/// Kernel-cache figures (`pipeline_stats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PipelineStats {
     /// Pipelines built and kept: the backend's own kernels and custom ones.

@@ -73,7 +73,7 @@ use staging::Stageable;
 /// The wgpu crate this backend is built on, for the types its API takes and returns.
 pub use wgpu;
 
-/// Settings of a WebGPU backend (seed 002's names).
+/// Settings of a WebGPU backend.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WebGpuBackendConfig {
     /// The adapter, as an index into [`enumerate_adapters`]' ranking; `None` picks by
@@ -163,7 +163,7 @@ impl Default for WebGpuBackendConfig {
     }
 }
 
-/// One opened adapter: its name, kind, limits and memory use (seed 002's `WebGpuDevice`).
+/// One opened adapter: its name, kind, limits and memory use.
 #[derive(Debug)]
 pub struct WebGpuDevice {
     gpu: Gpu,
@@ -172,7 +172,8 @@ pub struct WebGpuDevice {
 
 impl WebGpuDevice {
     /// Opens the best ranked adapter (see [`enumerate_adapters`]). `Unavailable` when there is none.
-    /// The `_device_id` of seed 002 selects among a backend's devices; wgpu opens one per adapter.
+    /// The first adapter, opened; `_device_id` is accepted for compatibility and ignored (wgpu opens
+    /// one device per adapter: [`WebGpuDevice::from_adapter_index`] picks another adapter).
     pub async fn from_best_adapter(_device_id: usize) -> Result<WebGpuDevice> {
         Self::from_adapter_index(0, 0).await
     }
@@ -262,8 +263,8 @@ struct State {
 const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
 
 impl WebGpuBackend {
-    /// An uninitialised backend; [`ComputeBackend::init`] (or seed 002's `initialize`) opens the
-    /// adapter.
+    /// An uninitialised backend; [`ComputeBackend::init`] (or [`WebGpuBackend::initialize`]) opens
+    /// the adapter.
     pub fn new(config: WebGpuBackendConfig) -> Self {
         WebGpuBackend {
             config,
@@ -271,7 +272,7 @@ impl WebGpuBackend {
         }
     }
 
-    /// Opens the configured adapter (seed 002's async `initialize`). The errors of
+    /// Opens the configured adapter, asynchronously. The errors of
     /// [`ComputeBackend::init`].
     pub async fn initialize(&mut self) -> Result<()> {
         self.init()

@@ -29,7 +29,7 @@ use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::{checked_numel, Layout};
 
-/// Whether a GEMM operand is used as stored or transposed (seed 003's `BackendTranspose`).
+/// Whether a GEMM operand is used as stored or transposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Transpose {
     /// `op(X) = X`.
@@ -38,7 +38,7 @@ pub enum Transpose {
     Yes,
 }
 
-/// The name seed 003 uses.
+/// Another name of [`Transpose`], as the low-level trait's users may spell it.
 pub type BackendTranspose = Transpose;
 
 /// An op enum with each variant's code and name: the one table the kernels' op codes follow.

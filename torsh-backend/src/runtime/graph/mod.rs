@@ -1,4 +1,4 @@
-//! Graph capture and replay (seed 001's `capture_graph` / `launch_graph`), for every backend.
+//! Graph capture and replay (`capture_graph` / `launch_graph`), for every backend.
 //!
 //! [`Backend::capture_graph`] runs a closure once, for real, while recording each device call its ops
 //! make (`tap.rs`). The memory the calls touch is either made during the capture (intermediates and
