@@ -89,7 +89,7 @@ pub(crate) fn unscale_by_parts<B: ComputeBackend + ?Sized>(
     })?;
     let mut host = [0u8; 8];
     device.copy_dtoh(&mut host[..size], worst)?;
-    let value = crate::backends::reference::memory::decode(desc.dtype, &host[..size]);
+    let value = crate::dtype::decode(desc.dtype, &host[..size]);
     if !value.is_finite() {
         device.fill(&FillDesc {
             dtype: DType::F32,

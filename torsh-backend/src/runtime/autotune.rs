@@ -47,7 +47,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
 use crate::compute::{ComputeBackend, DevicePtr, TunableOp, TuneKey};
-use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 /// The cache file layout this version reads and writes.
@@ -393,25 +392,6 @@ impl Drop for Scratch<'_> {
     }
 }
 
-/// The values of `bytes` of `dtype`, as f64.
-fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
-    fn each<T: crate::dtype::Element>(bytes: &[u8]) -> Vec<f64> {
-        bytes
-            .chunks_exact(std::mem::size_of::<T>())
-            .map(|c| bytemuck::pod_read_unaligned::<T>(c).to_f64())
-            .collect()
-    }
-    match dtype {
-        DType::F32 => each::<f32>(bytes),
-        DType::F64 => each::<f64>(bytes),
-        DType::F16 => each::<half::f16>(bytes),
-        DType::BF16 => each::<half::bf16>(bytes),
-        DType::I32 => each::<i32>(bytes),
-        DType::I64 => each::<i64>(bytes),
-        DType::U8 => each::<u8>(bytes),
-    }
-}
-
 /// Times `variants` of `op` on scratch copies of its output and returns the winner, with the number
 /// of candidates rejected for a wrong answer. The op's own output is not touched.
 fn tune(
@@ -431,7 +411,9 @@ fn tune(
         device.run_variant(&on_scratch, variant)?;
         let mut host = vec![0u8; bytes];
         device.copy_dtoh(&mut host, scratch.ptr)?;
-        Ok(decode(op.dtype(), &host))
+        let dtype = op.dtype();
+        let values = host.chunks_exact(dtype.size_in_bytes());
+        Ok(values.map(|b| crate::dtype::decode(dtype, b)).collect())
     };
     let default = variants[0];
     let yardstick = run_checked(default)?;

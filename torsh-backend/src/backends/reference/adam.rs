@@ -39,8 +39,8 @@ pub fn adam_step(mem: &mut HostMemory, d: &AdamDesc) -> Result<()> {
 pub fn unscale_and_check(mem: &mut HostMemory, d: &UnscaleDesc) -> Result<()> {
     let size = d.dtype.size_in_bytes();
     let mut bytes = [0u8; 8];
-    super::memory::encode(d.dtype, d.inv_scale, &mut bytes[..size]);
-    let inv = super::memory::decode(d.dtype, &bytes[..size]);
+    crate::dtype::encode(d.dtype, d.inv_scale, &mut bytes[..size]);
+    let inv = crate::dtype::decode(d.dtype, &bytes[..size]);
     let x = mem.load_dense(d.dtype, d.input, d.len)?;
     let out: Vec<f64> = x.iter().map(|v| v * inv).collect();
     mem.store(d.dtype, d.output, &out)?;

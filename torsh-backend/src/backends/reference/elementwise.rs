@@ -7,7 +7,8 @@ use crate::error::Result;
 use crate::rng;
 
 use super::math;
-use super::memory::{decode, decode_int, encode, encode_int, HostMemory};
+use super::memory::HostMemory;
+use crate::dtype::{decode, decode_int, encode, encode_int};
 
 /// `output[i] = op(input[i])`.
 pub fn unary(mem: &mut HostMemory, d: &UnaryDesc) -> Result<()> {

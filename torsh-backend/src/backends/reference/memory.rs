@@ -1,63 +1,16 @@
 //! Host memory of the reference and CPU backends: byte buffers behind synthetic device addresses,
 //! checked by an [`AllocationTable`], an optional cache that recycles freed buffers, and conversion of
-//! elements to and from f64.
+//! elements to and from f64 (`crate::dtype::{decode, encode}`).
 
 use std::collections::{BTreeMap, HashMap};
 
-use half::{bf16, f16};
-
 use crate::compute::{AllocationTable, DevicePtr, StridedBuf};
-use crate::dtype::DType;
+use crate::dtype::{decode, encode, DType};
 use crate::error::{BackendError, Result};
 
 /// The byte every fresh allocation is filled with: `0xFF…` is a NaN in every float dtype (and -1 in the
 /// signed integers), so an output element a kernel forgot to write cannot pass a comparison.
 pub const POISON_BYTE: u8 = 0xFF;
-
-/// Decodes one element of `dtype` from the start of `b` as f64.
-pub fn decode(dtype: DType, b: &[u8]) -> f64 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-        DType::F64 => f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])),
-        DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DType::I32 | DType::I64 | DType::U8 => decode_int(dtype, b) as f64,
-    }
-}
-
-/// Decodes one integer element of `dtype` (0 for a float dtype: callers branch on the dtype first).
-pub fn decode_int(dtype: DType, b: &[u8]) -> i64 {
-    match dtype {
-        DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
-        DType::I64 => i64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])),
-        DType::U8 => b[0] as i64,
-        _ => 0,
-    }
-}
-
-/// Encodes `v` as `dtype` into the start of `out`, rounding to nearest for floats and with Rust `as`
-/// semantics for integers.
-pub fn encode(dtype: DType, v: f64, out: &mut [u8]) {
-    match dtype {
-        DType::F32 => out[..4].copy_from_slice(&(v as f32).to_le_bytes()),
-        DType::F64 => out[..8].copy_from_slice(&v.to_le_bytes()),
-        DType::F16 => out[..2].copy_from_slice(&crate::dtype::f16_from_f64(v).to_le_bytes()),
-        DType::BF16 => out[..2].copy_from_slice(&crate::dtype::bf16_from_f64(v).to_le_bytes()),
-        DType::I32 => out[..4].copy_from_slice(&(v as i32).to_le_bytes()),
-        DType::I64 => out[..8].copy_from_slice(&(v as i64).to_le_bytes()),
-        DType::U8 => out[0] = v as u8,
-    }
-}
-
-/// Encodes integer `v` as `dtype`, wrapping for narrower integers and rounding for floats.
-pub fn encode_int(dtype: DType, v: i64, out: &mut [u8]) {
-    match dtype {
-        DType::I32 => out[..4].copy_from_slice(&(v as i32).to_le_bytes()),
-        DType::I64 => out[..8].copy_from_slice(&v.to_le_bytes()),
-        DType::U8 => out[0] = v as u8,
-        _ => encode(dtype, v as f64, out),
-    }
-}
 
 /// 64 bytes aligned to 64: the unit host buffers are made of, so every buffer starts on a cache line
 /// and SIMD kernels may assume element alignment at element offsets.

@@ -207,7 +207,7 @@ pub(crate) fn copy(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CopyDesc) -> 
 /// A fill of any dtype: the value is encoded on the host as the reference encodes it.
 pub(crate) fn fill(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &FillDesc) -> Result<()> {
     let mut bytes = [0u8; 8];
-    crate::backends::reference::memory::encode(d.dtype, d.value, &mut bytes);
+    crate::dtype::encode(d.dtype, d.value, &mut bytes);
     fill_bits(
         gpu,
         kernels,

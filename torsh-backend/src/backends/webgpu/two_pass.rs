@@ -27,12 +27,12 @@
 //! for those f32 copies. The combine waits for the device and reads the partials back (one or two
 //! values per output element and block): costs that only ops too large for one binding pay.
 
-use crate::backends::reference::memory::{decode, decode_int, encode, encode_int};
 use crate::compute::{
     BatchNormDesc, CastDesc, ComputeBackend, DevicePtr, FillDesc, ReduceDesc, ReduceOp, StridedBuf,
     Temporaries,
 };
 use crate::dtype::DType;
+use crate::dtype::{decode, decode_int, encode, encode_int};
 use crate::error::{BackendError, Result};
 
 use super::loops;
