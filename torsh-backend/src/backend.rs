@@ -468,10 +468,11 @@ fn unavailable_reason(kind: BackendType) -> Option<String> {
         BackendType::Auto => None,
         BackendType::Cuda => cuda_unavailable_reason(),
         BackendType::WebGpu => webgpu_unavailable_reason(),
-        BackendType::Rocm => Some(format!(
-            "{}; AMD GPUs run today through Vulkan: use Backend::webgpu() (BackendType::WebGpu)",
-            not_built("ROCm", cfg!(feature = "rocm"), "rocm")
-        )),
+        BackendType::Rocm => Some(
+            "torsh-backend has no ROCm backend yet; AMD GPUs run through Vulkan: use \
+             Backend::webgpu() (BackendType::WebGpu)"
+                .into(),
+        ),
         BackendType::Metal => metal_unavailable_reason(),
     }
 }
@@ -516,14 +517,6 @@ fn cuda_unavailable_reason() -> Option<String> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_unavailable_reason() -> Option<String> {
     Some("this build of torsh-backend leaves out the CUDA backend (enable the `cuda` feature, on by default)".into())
-}
-
-fn not_built(name: &str, feature_on: bool, feature: &str) -> String {
-    if feature_on {
-        format!("the `{feature}` feature is enabled, but this version of torsh-backend does not contain a {name} backend yet")
-    } else {
-        format!("this version of torsh-backend does not contain a {name} backend yet (its feature flag is `{feature}`)")
-    }
 }
 
 fn build(config: BackendConfig) -> Result<Backend> {

@@ -2819,7 +2819,7 @@ fn error_messages_are_actionable() {
         (
             // No build contains ROCm yet, so this is unavailable on every machine.
             assert_err!(Backend::new(BackendType::Rocm), Unavailable),
-            &["rocm", "feature"],
+            &["rocm", "no ROCm backend", "Backend::webgpu()"],
         ),
         (
             assert_err!(

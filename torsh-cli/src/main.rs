@@ -315,11 +315,22 @@ fn parity(json: bool, backend_names: &[String], ops: &[String]) -> ExitCode {
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Failed(_) | Outcome::Error(_)))
         .count();
+    let devices: Vec<String> = targets.iter().map(device_line).collect();
     if json {
         let rows: Vec<Value> = results.iter().map(result_json).collect();
-        let doc = json!({"results": rows, "skipped": notes, "failed": failed});
+        let doc = json!({
+            "against": REFERENCE_LINE,
+            "devices": devices,
+            "results": rows,
+            "skipped": notes,
+            "failed": failed,
+        });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
+        println!("{REFERENCE_LINE}");
+        for d in &devices {
+            println!("  {d}");
+        }
         print_table(&results, &notes);
     }
     if failed > 0 {
@@ -327,6 +338,30 @@ fn parity(json: bool, backend_names: &[String], ops: &[String]) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// What every parity result is measured against.
+const REFERENCE_LINE: &str =
+    "Each backend's answers are compared with the reference backend's (scalar \
+     kernels, f64 accumulation) on the same seeded random inputs, by relative error against the \
+     dtype's bound. Backends compared:";
+
+/// `backend`'s kind and the device it ran on: name, the API serving it and, where the backend says,
+/// its kind (a WebGPU adapter may be a CPU implementation such as lavapipe).
+fn device_line(backend: &Backend) -> String {
+    let info = backend.device_info();
+    let kind = info
+        .details
+        .iter()
+        .find(|(k, _)| k == "kind")
+        .map(|(_, v)| format!(", {v}"))
+        .unwrap_or_default();
+    format!(
+        "{}: {} ({}{kind})",
+        backend.backend_type().name(),
+        info.name,
+        info.api
+    )
 }
 
 /// A parity result's status word and message.

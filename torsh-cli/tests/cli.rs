@@ -76,9 +76,18 @@ fn parity_reports_every_op_and_dtype_and_passes() {
             .any(|r| r["op"] == "softmax" && r["dtype"] == dtype && r["status"] == "ok"));
     }
     assert_eq!(doc["failed"], 0);
+    assert!(doc["against"]
+        .as_str()
+        .unwrap()
+        .contains("reference backend"));
+    let devices = doc["devices"].as_array().unwrap();
+    assert!(devices
+        .iter()
+        .any(|d| d.as_str().unwrap().starts_with("cpu: ")));
     let table = run(&["parity", "--op", "gemv"], &[]);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("gemv") && text.contains("0 failed"), "{text}");
+    assert!(text.starts_with("Each backend's answers are compared with the reference"));
 }
 
 #[test]
