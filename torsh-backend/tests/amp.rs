@@ -6,12 +6,8 @@ use torsh_backend::prelude::*;
 use torsh_backend::validation::{self, compare};
 use torsh_backend::{AdamState, LossScaler, MixedPrecisionConfig};
 
-fn backends() -> Vec<Backend> {
-    Backend::available()
-        .into_iter()
-        .map(|kind| Backend::new(kind).expect("an available backend builds"))
-        .collect()
-}
+mod common;
+use common::backends;
 
 /// One op on a backend, giving its output.
 type Case<'a> = Box<dyn Fn(&Backend) -> Tensor + 'a>;

@@ -14,6 +14,8 @@ use torsh_backend::prelude::*;
 use torsh_backend::validation::compare;
 use torsh_backend::AutotuneStats;
 
+mod common;
+
 /// A fresh, empty folder for one test's cache files.
 fn scratch_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("torsh-autotune-{name}-{}", std::process::id()));
@@ -732,13 +734,10 @@ fn convolutions_match(
 /// without CUDA or cuDNN; `TORSH_REQUIRE=cuda` makes a missing CUDA backend fail.
 #[test]
 fn cuda_conv2d_is_tuned_among_cudnn_algorithms_and_its_kernel() {
-    let required =
-        std::env::var("TORSH_REQUIRE").is_ok_and(|v| v.split(',').any(|t| t.trim() == "cuda"));
     let b = match Backend::new(BackendType::Cuda) {
         Ok(b) => b.enable_autotuning(true),
         Err(e) => {
-            assert!(!required, "TORSH_REQUIRE names cuda: {e}");
-            eprintln!("cuda: skipped ({e})");
+            common::skip("cuda", e);
             return;
         }
     };
@@ -747,7 +746,7 @@ fn cuda_conv2d_is_tuned_among_cudnn_algorithms_and_its_kernel() {
     convolutions_match(&b, &reference, &shapes);
     let stats = b.autotuning_stats();
     if stats.tuned == 0 {
-        eprintln!("cuda: cuDNN is absent, conv2d offers no variants to tune");
+        common::skipped("cuDNN is absent, so conv2d offers no variants to tune");
         return;
     }
     assert_eq!(stats.tuned, 2, "{stats:?}");

@@ -9,20 +9,13 @@
 use torsh_backend::backends::cuda::{self, kernels};
 use torsh_backend::{Backend, BackendError, BackendType};
 
-fn required(token: &str) -> bool {
-    std::env::var("TORSH_REQUIRE")
-        .map(|v| v.split(',').any(|t| t.trim() == token))
-        .unwrap_or(false)
-}
+mod common;
+use common::required;
 
 #[test]
 fn every_kernel_compiles_under_nvrtc_for_sm80_and_sm90() {
     if let Err(reason) = cuda::nvrtc_version() {
-        assert!(
-            !required("nvrtc"),
-            "TORSH_REQUIRE names nvrtc, which cannot be loaded: {reason}"
-        );
-        eprintln!("skipped: {reason}");
+        common::skip("nvrtc", format!("NVRTC cannot be loaded: {reason}"));
         return;
     }
     for arch in ["compute_80", "compute_90"] {
@@ -37,11 +30,7 @@ fn every_kernel_compiles_under_nvrtc_for_sm80_and_sm90() {
 #[test]
 fn a_syntax_error_is_reported_with_nvrtc_log() {
     if let Err(reason) = cuda::nvrtc_version() {
-        assert!(
-            !required("nvrtc"),
-            "TORSH_REQUIRE names nvrtc, which cannot be loaded: {reason}"
-        );
-        eprintln!("skipped: {reason}");
+        common::skip("nvrtc", format!("NVRTC cannot be loaded: {reason}"));
         return;
     }
     let err = kernels::compile_source(
@@ -89,8 +78,7 @@ fn gpu() -> Option<Backend> {
     match Backend::cuda().build() {
         Ok(b) => Some(b),
         Err(e) => {
-            assert!(!required("cuda"), "TORSH_REQUIRE names cuda: {e}");
-            eprintln!("skipped: {e}");
+            common::skip("cuda", e);
             None
         }
     }

@@ -15,6 +15,9 @@ use torsh_backend::compute::{
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Layout, Transpose};
 
+mod common;
+use common::{backends, download, upload};
+
 // ---------------------------------------------------------------------------------------------------
 // Assertion helpers
 // ---------------------------------------------------------------------------------------------------
@@ -105,23 +108,6 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32) {
 // Tensor helpers
 // ---------------------------------------------------------------------------------------------------
 
-/// The backends every test runs on: the reference, the CPU, and every device backend available on
-/// this machine (CUDA where a GPU is present).
-fn backends() -> Vec<Backend> {
-    let mut all = vec![
-        Backend::reference().expect("the reference backend is always available"),
-        Backend::cpu()
-            .build()
-            .expect("the CPU backend is always available"),
-    ];
-    for kind in Backend::available() {
-        if !matches!(kind, BackendType::Cpu | BackendType::Reference) {
-            all.push(Backend::new(kind).unwrap_or_else(|e| panic!("{kind} probed available: {e}")));
-        }
-    }
-    all
-}
-
 fn t(b: &Backend, data: &[f32], shape: &[usize]) -> Tensor {
     b.from_slice(data, shape).expect("from_slice")
 }
@@ -166,18 +152,6 @@ fn f32s_of(bytes: &[u8]) -> Vec<f32> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
-}
-
-fn upload(c: &dyn ComputeBackend, data: &[f32]) -> DevicePtr {
-    let p = c.alloc(data.len() * 4).expect("alloc");
-    c.copy_htod(p, &bytes_of(data)).expect("copy_htod");
-    p
-}
-
-fn download(c: &dyn ComputeBackend, p: DevicePtr, n: usize) -> Vec<f32> {
-    let mut bytes = vec![0u8; n * 4];
-    c.copy_dtoh(&mut bytes, p).expect("copy_dtoh");
-    f32s_of(&bytes)
 }
 
 fn off(p: DevicePtr, bytes: usize) -> DevicePtr {

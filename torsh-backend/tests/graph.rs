@@ -6,13 +6,8 @@
 use torsh_backend::prelude::*;
 use torsh_backend::Graph;
 
-/// Every backend that runs here, each on its own instance.
-fn backends() -> Vec<Backend> {
-    Backend::available()
-        .into_iter()
-        .map(|kind| Backend::new(kind).expect("an available backend builds"))
-        .collect()
-}
+mod common;
+use common::backends;
 
 /// The raw bytes of each tensor, for bitwise comparison.
 fn bytes(ts: &[Tensor]) -> Vec<Vec<u8>> {

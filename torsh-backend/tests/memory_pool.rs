@@ -6,13 +6,8 @@
 use torsh_backend::prelude::*;
 use torsh_backend::{AllocationStrategy, MemoryPoolConfig};
 
-/// Every backend that runs here, each on its own instance.
-fn backends() -> Vec<Backend> {
-    Backend::available()
-        .into_iter()
-        .map(|kind| Backend::new(kind).expect("an available backend builds"))
-        .collect()
-}
+mod common;
+use common::backends;
 
 fn pooled(kind: BackendType, config: MemoryPoolConfig) -> Backend {
     Backend::new(kind)
@@ -227,7 +222,7 @@ fn a_pool_with_tensors_in_use_is_not_replaced() {
 #[test]
 fn reused_blocks_are_poisoned_in_debug_builds() {
     if !cfg!(debug_assertions) {
-        eprintln!("skipped: blocks are poisoned in debug builds (or with TORSH_POISON=1) only");
+        common::skipped("blocks are poisoned in debug builds (or with TORSH_POISON=1) only");
         return;
     }
     for plain in backends() {

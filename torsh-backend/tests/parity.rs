@@ -11,8 +11,8 @@ use torsh_backend::compute::*;
 use torsh_backend::validation::{self, cases, parity_targets, run_case, Outcome};
 use torsh_backend::{Backend, BackendType, DType, DeviceInfo, Result};
 
-#[path = "common/special_values.rs"]
-mod special_values;
+mod common;
+use common::special_values;
 
 fn check_op(op: &str) {
     let case = cases::find(op).unwrap_or_else(|| panic!("no parity case named {op}"));

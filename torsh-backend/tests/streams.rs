@@ -8,6 +8,9 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use torsh_backend::{Backend, BackendError, BackendType, DType};
 
+mod common;
+use common::backends;
+
 /// A minimal executor: polls `f` on this thread, parking between wake-ups.
 fn block_on<F: Future>(f: F) -> F::Output {
     struct Unpark(std::thread::Thread);
@@ -25,19 +28,6 @@ fn block_on<F: Future>(f: F) -> F::Output {
         }
         std::thread::park();
     }
-}
-
-fn backends() -> Vec<Backend> {
-    let mut all = vec![
-        Backend::reference().unwrap(),
-        Backend::cpu().build().unwrap(),
-    ];
-    for kind in Backend::available() {
-        if !matches!(kind, BackendType::Cpu | BackendType::Reference) {
-            all.push(Backend::new(kind).unwrap());
-        }
-    }
-    all
 }
 
 fn values(n: usize, seed: u32) -> Vec<f32> {

@@ -18,15 +18,11 @@ use torsh_backend::validation;
 use torsh_backend::webgpu::{self, WebGpuBackend, WebGpuBackendConfig};
 use torsh_backend::{Backend, BackendError, BackendType, DType, UnaryOp};
 
-#[path = "common/special_values.rs"]
-mod special_values;
+mod common;
+use common::special_values;
 
 #[path = "webgpu/loop_limit.rs"]
 mod loop_limit;
-
-fn required() -> bool {
-    std::env::var("TORSH_REQUIRE").is_ok_and(|v| v.split(',').any(|t| t.trim() == "webgpu"))
-}
 
 /// An initialised raw backend on the best adapter, or `None` (after saying why) when there is none.
 fn raw() -> Option<WebGpuBackend> {
@@ -34,8 +30,7 @@ fn raw() -> Option<WebGpuBackend> {
     match b.init() {
         Ok(()) => Some(b),
         Err(e) => {
-            assert!(!required(), "TORSH_REQUIRE names webgpu: {e}");
-            eprintln!("webgpu: skipped ({e})");
+            common::skip("webgpu", e);
             None
         }
     }
@@ -46,8 +41,7 @@ fn backend() -> Option<Backend> {
     match Backend::webgpu().build() {
         Ok(b) => Some(b),
         Err(e) => {
-            assert!(!required(), "TORSH_REQUIRE names webgpu: {e}");
-            eprintln!("webgpu: skipped ({e})");
+            common::skip("webgpu", e);
             None
         }
     }
@@ -1018,7 +1012,7 @@ fn pooling_and_batch_norm_kernels_match_the_reference() {
 fn fresh_allocations_are_poisoned_to_their_last_byte() {
     let Some(b) = raw() else { return };
     if !cfg!(debug_assertions) && std::env::var("TORSH_POISON").as_deref() != Ok("1") {
-        eprintln!("webgpu poison: skipped (release build without TORSH_POISON=1 does not poison)");
+        common::skipped("a release build without TORSH_POISON=1 does not poison");
         return;
     }
     // Larger than one poisoning chunk (1 MiB) and not a whole number of words.
