@@ -83,3 +83,13 @@ pub mod prelude {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// Compiles and runs the guide's examples (`docs/guide.md`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/guide.md")]
+pub struct GuideDoctests;
+
+/// Compiles and runs the runtime services' examples (`docs/runtime.md`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/runtime.md")]
+pub struct RuntimeDoctests;

@@ -90,7 +90,7 @@ pub struct WebGpuBackendConfig {
     /// Largest allocation the backend makes, in bytes; capped by the adapter's `max_buffer_size`.
     /// Buffers beyond the adapter's storage binding size are bound in windows covering what each
     /// op touches; ops over all of such a buffer run in pieces where they can be cut, and answer
-    /// `FeatureUnavailable` where they cannot (see the crate README).
+    /// `FeatureUnavailable` where they cannot (`docs/backends.md`).
     pub max_buffer_size: u64,
     /// Keep built pipelines for reuse (`false` builds each kernel's pipeline anew at every launch,
     /// which costs far more than the kernel on small tensors; for measuring that cost).
@@ -113,7 +113,7 @@ pub struct WebGpuBackendConfig {
     pub row_workgroup_size: Option<u32>,
     /// Largest storage binding the kernels use, in bytes; capped by the adapter's
     /// `max_storage_buffer_binding_size`. Allocations larger than a binding are bound in windows,
-    /// and ops over all of one run in pieces or two passes (see the crate README); lowering this
+    /// and ops over all of one run in pieces or two passes (`docs/backends.md`); lowering this
     /// runs those paths on small tensors, as the tests do. At least [`MIN_BINDING_SIZE`]; `init`
     /// answers `InvalidArgument` below that.
     pub max_binding_size: u64,
@@ -290,7 +290,7 @@ impl WebGpuBackend {
     }
 
     /// Kernel launches (compute dispatches) recorded so far on this backend's device, the
-    /// backend's own and custom kernels alike: an op split into pieces (see the crate README) is
+    /// backend's own and custom kernels alike: an op split into pieces (`docs/backends.md`) is
     /// one per piece, an op staged through f32 copies adds the casts'; `NotInitialized` before
     /// `init`.
     pub fn kernel_launches(&self) -> Result<u64> {
