@@ -1,0 +1,318 @@
+//! Binary ops on the CPU, broadcasting: dense, scalar and strided runs of each operand.
+
+use super::*;
+
+/// `aᵇ` in the compute type.
+trait Pow: Real {
+    /// `self` to the power `e`.
+    fn pow(self, e: Self) -> Self;
+}
+
+impl Pow for f32 {
+    #[inline(always)]
+    fn pow(self, e: f32) -> f32 {
+        self.powf(e)
+    }
+}
+
+impl Pow for f64 {
+    #[inline(always)]
+    fn pow(self, e: f64) -> f64 {
+        self.powf(e)
+    }
+}
+
+/// `output[i] = op(lhs[i], rhs[i])` over the (broadcast) views.
+pub(crate) fn binary(mem: &mut HostMemory, d: &BinaryDesc, ctx: Ctx) -> Result<()> {
+    match d.dtype {
+        DType::F32 => binary_t::<f32>(mem, d, ctx),
+        DType::F64 => binary_t::<f64>(mem, d, ctx),
+        DType::F16 => binary_t::<f16>(mem, d, ctx),
+        DType::BF16 => binary_t::<bf16>(mem, d, ctx),
+        _ => reference::binary(mem, d),
+    }
+}
+
+/// One operand of a binary op.
+#[derive(Clone, Copy, Debug)]
+struct Operand<T> {
+    /// From its first element to its last.
+    span: Span<T>,
+    /// True when the output is this operand's memory (then it is dense).
+    is_output: bool,
+}
+
+/// [`binary`] for element type `T`.
+fn binary_t<T: Lanes>(mem: &mut HostMemory, d: &BinaryDesc, ctx: Ctx) -> Result<()>
+where
+    T::Acc: Pow,
+{
+    const OP: &str = "binary";
+    let lhs = View::<T>::of(mem, OP, &d.lhs)?;
+    let rhs = View::<T>::of(mem, OP, &d.rhs)?;
+    let out = Span::<T>::of(mem, OP, d.output, lhs.numel())?;
+    let operand = |v: &View<T>| Operand {
+        span: v.span(),
+        is_output: out.same_as(&v.span()),
+    };
+    let (a, b) = (operand(&lhs), operand(&rhs));
+    if a.is_output && !lhs.is_contiguous() || b.is_output && !rhs.is_contiguous() {
+        // The checks never let an output overlap a non-dense input; the reference copes if they did.
+        return reference::binary(mem, d);
+    }
+    let dims = Dims::new(
+        d.lhs.layout.shape(),
+        [d.lhs.layout.strides(), d.rhs.layout.strides()],
+    );
+    type A<T> = <T as Element>::Acc;
+    match d.op {
+        BinaryOp::Add => zip(&dims, a, b, out, ctx, |x: A<T>, y| x + y),
+        BinaryOp::Sub => zip(&dims, a, b, out, ctx, |x: A<T>, y| x - y),
+        BinaryOp::Mul => zip(&dims, a, b, out, ctx, |x: A<T>, y| x * y),
+        BinaryOp::Div => zip(&dims, a, b, out, ctx, |x: A<T>, y| x / y),
+        BinaryOp::Maximum => zip(&dims, a, b, out, ctx, maximum::<A<T>>),
+        BinaryOp::Minimum => zip(&dims, a, b, out, ctx, minimum::<A<T>>),
+        BinaryOp::Pow => zip(&dims, a, b, out, ctx, <A<T> as Pow>::pow),
+    }
+    Ok(())
+}
+
+/// The larger of `a` and `b`, NaN if either is.
+#[inline(always)]
+fn maximum<R: Real>(a: R, b: R) -> R {
+    if a > b || a.is_nan() {
+        a
+    } else {
+        b
+    }
+}
+
+/// The smaller of `a` and `b`, NaN if either is.
+#[inline(always)]
+fn minimum<R: Real>(a: R, b: R) -> R {
+    if a < b || a.is_nan() {
+        a
+    } else {
+        b
+    }
+}
+
+/// `out[i] = f(a[i], b[i])` over the walk `dims` (operand 0 `a`, operand 1 `b`), threaded.
+fn zip<T: Lanes>(
+    dims: &Dims<2>,
+    a: Operand<T>,
+    b: Operand<T>,
+    out: Span<T>,
+    ctx: Ctx,
+    f: impl Fn(T::Acc, T::Acc) -> T::Acc + Copy + Send + Sync,
+) {
+    let (_, [sa, sb]) = dims.inner();
+    for_chunks(dims.numel(), ctx.threads, SERIAL_ELEMENTS, |range| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                let mut bufs = (scratch::<T::Acc>(), scratch::<T::Acc>());
+                dims.runs(range, |at, [pa, pb], len| {
+                    let (ra, rb) = (Run::of(a, pa, sa), Run::of(b, pb, sb));
+                    zip_run(ra, rb, out, at..at + len, &mut bufs, f);
+                });
+            },
+        )
+    });
+}
+
+/// How one operand of a binary op is read along a run.
+#[derive(Clone, Copy, Debug)]
+enum Run<T> {
+    /// The output's own elements (exact in-place).
+    Output,
+    /// Contiguous elements from this position of the span.
+    Dense(Span<T>, usize),
+    /// One element, repeated.
+    Scalar(Span<T>, usize),
+    /// Elements at this position and stride.
+    Strided(Span<T>, usize, usize),
+}
+
+impl<T: Lanes> Run<T> {
+    /// Operand `o` read from element `pos` with stride `stride`.
+    #[inline(always)]
+    fn of(o: Operand<T>, pos: usize, stride: usize) -> Run<T> {
+        match stride {
+            _ if o.is_output => Run::Output,
+            0 => Run::Scalar(o.span, pos),
+            1 => Run::Dense(o.span, pos),
+            s => Run::Strided(o.span, pos, s),
+        }
+    }
+
+    /// Reads the run's elements for output elements `r` into `buf` (`r.len()` long), widened.
+    ///
+    /// # Safety
+    /// No task writes the elements read while this runs.
+    #[inline(always)]
+    unsafe fn read(self, out: Span<T>, r: Range<usize>, buf: &mut [T::Acc]) {
+        let len = r.len();
+        match self {
+            Run::Output => T::load(out.slice(r), buf),
+            Run::Dense(span, pos) => T::load(span.slice(pos..pos + len), buf),
+            Run::Scalar(span, pos) => buf.fill(span.slice(pos..pos + 1)[0].widen()),
+            Run::Strided(span, pos, s) => {
+                let xs = span.slice(pos..pos + (len - 1) * s + 1);
+                for (k, v) in buf.iter_mut().enumerate() {
+                    *v = xs[k * s].widen();
+                }
+            }
+        }
+    }
+
+    /// The same run advanced by `k` elements.
+    #[inline(always)]
+    fn skip(self, k: usize) -> Run<T> {
+        match self {
+            Run::Output => Run::Output,
+            Run::Dense(span, pos) => Run::Dense(span, pos + k),
+            Run::Scalar(span, pos) => Run::Scalar(span, pos),
+            Run::Strided(span, pos, s) => Run::Strided(span, pos + k * s, s),
+        }
+    }
+}
+
+/// One run of [`zip`]: output elements `r` from runs `a` and `b`. Dense, scalar and in-place runs of
+/// f32 and f64 loop directly; everything else goes through the scratch blocks `bufs`.
+#[inline(always)]
+fn zip_run<T: Lanes>(
+    a: Run<T>,
+    b: Run<T>,
+    out: Span<T>,
+    r: Range<usize>,
+    bufs: &mut ([T::Acc; BLOCK], [T::Acc; BLOCK]),
+    f: impl Fn(T::Acc, T::Acc) -> T::Acc,
+) {
+    if T::DIRECT && zip_direct(a, b, out, r.clone(), &f) {
+        return;
+    }
+    for block in blocks(r.clone()) {
+        let k = block.start - r.start;
+        let n = block.len();
+        let (ba, bb) = (&mut bufs.0[..n], &mut bufs.1[..n]);
+        // SAFETY: this task owns output elements `r`; inputs other than the output itself never
+        // overlap the output, and the output block is read before its mutable slice is made.
+        unsafe {
+            a.skip(k).read(out, block.clone(), ba);
+            b.skip(k).read(out, block.clone(), bb);
+        }
+        for (x, &y) in ba.iter_mut().zip(bb.iter()) {
+            *x = f(*x, y);
+        }
+        // SAFETY: as above.
+        T::store(ba, unsafe { out.slice_mut(block) });
+    }
+}
+
+/// The direct loops of [`zip_run`] for f32 and f64 (dense, scalar and in-place runs); false for
+/// the combinations (and types) they do not handle.
+#[inline(always)]
+fn zip_direct<T: Lanes>(
+    a: Run<T>,
+    b: Run<T>,
+    out: Span<T>,
+    r: Range<usize>,
+    f: &impl Fn(T::Acc, T::Acc) -> T::Acc,
+) -> bool {
+    let len = r.len();
+    let one = |span: Span<T>, pos: usize| {
+        // SAFETY: a broadcast input never overlaps the output, so nothing writes it.
+        unsafe { span.slice(pos..pos + 1)[0].widen() }
+    };
+    // SAFETY: this task owns output elements `r`, and makes no other slice of them; inputs other
+    // than the output itself never overlap the output, so nothing writes them.
+    unsafe {
+        match (a, b) {
+            (Run::Dense(sa, pa), Run::Dense(sb, pb)) => map2(
+                sa.slice(pa..pa + len),
+                sb.slice(pb..pb + len),
+                out.slice_mut(r),
+                f,
+            ),
+            (Run::Dense(sa, pa), Run::Scalar(sb, pb)) => {
+                let y = one(sb, pb);
+                map1(sa.slice(pa..pa + len), out.slice_mut(r), |x| f(x, y))
+            }
+            (Run::Scalar(sa, pa), Run::Dense(sb, pb)) => {
+                let x = one(sa, pa);
+                map1(sb.slice(pb..pb + len), out.slice_mut(r), |y| f(x, y))
+            }
+            (Run::Output, Run::Dense(sb, pb)) => {
+                update(out.slice_mut(r), sb.slice(pb..pb + len), f)
+            }
+            (Run::Dense(sa, pa), Run::Output) => {
+                update(out.slice_mut(r), sa.slice(pa..pa + len), |o, x| f(x, o))
+            }
+            (Run::Output, Run::Scalar(sb, pb)) => {
+                let y = one(sb, pb);
+                update1(out.slice_mut(r), |o| f(o, y))
+            }
+            (Run::Scalar(sa, pa), Run::Output) => {
+                let x = one(sa, pa);
+                update1(out.slice_mut(r), |o| f(x, o))
+            }
+            (Run::Output, Run::Output) => update1(out.slice_mut(r), |o| f(o, o)),
+            _ => false,
+        }
+    }
+}
+
+/// `out[i] = f(xs[i], ys[i])` when `T` is its own compute type; false otherwise.
+#[inline(always)]
+fn map2<T: Lanes>(
+    xs: &[T],
+    ys: &[T],
+    out: &mut [T],
+    f: &impl Fn(T::Acc, T::Acc) -> T::Acc,
+) -> bool {
+    let (Some(xs), Some(ys), Some(out)) = (T::as_acc(xs), T::as_acc(ys), T::as_acc_mut(out)) else {
+        return false;
+    };
+    for ((o, &x), &y) in out.iter_mut().zip(xs).zip(ys) {
+        *o = f(x, y);
+    }
+    true
+}
+
+/// `out[i] = f(xs[i])` when `T` is its own compute type; false otherwise.
+#[inline(always)]
+fn map1<T: Lanes>(xs: &[T], out: &mut [T], f: impl Fn(T::Acc) -> T::Acc) -> bool {
+    let (Some(xs), Some(out)) = (T::as_acc(xs), T::as_acc_mut(out)) else {
+        return false;
+    };
+    for (o, &x) in out.iter_mut().zip(xs) {
+        *o = f(x);
+    }
+    true
+}
+
+/// `out[i] = f(out[i], ys[i])` when `T` is its own compute type; false otherwise.
+#[inline(always)]
+fn update<T: Lanes>(out: &mut [T], ys: &[T], f: impl Fn(T::Acc, T::Acc) -> T::Acc) -> bool {
+    let (Some(ys), Some(out)) = (T::as_acc(ys), T::as_acc_mut(out)) else {
+        return false;
+    };
+    for (o, &y) in out.iter_mut().zip(ys) {
+        *o = f(*o, y);
+    }
+    true
+}
+
+/// `out[i] = f(out[i])` when `T` is its own compute type; false otherwise.
+#[inline(always)]
+fn update1<T: Lanes>(out: &mut [T], f: impl Fn(T::Acc) -> T::Acc) -> bool {
+    let Some(out) = T::as_acc_mut(out) else {
+        return false;
+    };
+    for o in out {
+        *o = f(*o);
+    }
+    true
+}

@@ -1,0 +1,46 @@
+//! Random fills on the CPU: the crate's counter-based streams, the same values as the reference.
+
+use super::*;
+
+/// Fills with the crate's counter-based streams, bit-identical to the reference: each value in f64,
+/// rounded once.
+pub(crate) fn random(mem: &mut HostMemory, d: &RandomDesc, ctx: Ctx) -> Result<()> {
+    with_float!(d.dtype, T => random_t::<T>(mem, d, ctx), _ => reference::random(mem, d))
+}
+
+/// [`random`] for element type `T`.
+fn random_t<T: Lanes>(mem: &mut HostMemory, d: &RandomDesc, ctx: Ctx) -> Result<()> {
+    let out = Span::<T>::of(mem, "random", d.ptr, d.len)?;
+    let seed = d.seed;
+    match d.distribution {
+        Distribution::Uniform { low, high } => generate(out, ctx, SERIAL_ELEMENTS / 4, move |i| {
+            low + (high - low) * rng::uniform(seed, i)
+        }),
+        Distribution::Normal { mean, std } => generate(out, ctx, SERIAL_ELEMENTS / 16, move |i| {
+            mean + std * rng::normal(seed, i)
+        }),
+    }
+    Ok(())
+}
+
+/// `out[i] = value(i)` rounded once, threaded in chunks of at least `min_chunk`.
+fn generate<T: Lanes>(
+    out: Span<T>,
+    ctx: Ctx,
+    min_chunk: usize,
+    value: impl Fn(u64) -> f64 + Copy + Send + Sync,
+) {
+    for_chunks(out.len(), ctx.threads, min_chunk, |range| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                // SAFETY: this task owns `range` of the output.
+                let ys = unsafe { out.slice_mut(range.clone()) };
+                for (y, i) in ys.iter_mut().zip(range.start as u64..) {
+                    *y = T::from_f64(value(i));
+                }
+            },
+        )
+    });
+}

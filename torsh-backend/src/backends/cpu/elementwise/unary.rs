@@ -1,0 +1,350 @@
+//! Unary ops on the CPU: f32-family ops through `vmath`, f64 ops as the reference defines them.
+
+use super::*;
+
+/// `output[i] = op(input[i])`.
+pub(crate) fn unary(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
+    match d.dtype {
+        DType::F32 => unary_f32::<f32>(mem, d, ctx),
+        DType::F16 => unary_f32::<f16>(mem, d, ctx),
+        DType::BF16 => unary_f32::<bf16>(mem, d, ctx),
+        DType::F64 => unary_f64(mem, d, ctx),
+        _ => reference::unary(mem, d),
+    }
+}
+
+/// The input view and the output of `d`, or `None` when the output is the input's memory but the
+/// input is not dense (the checks never let that through; the reference copes if they did).
+fn unary_operands<T: Lanes>(
+    mem: &mut HostMemory,
+    d: &UnaryDesc,
+) -> Result<Option<(View<T>, Span<T>)>> {
+    let x = View::<T>::of(mem, "unary", &d.input)?;
+    let out = Span::<T>::of(mem, "unary", d.output, x.numel())?;
+    if out.same_as(&x.span()) && !x.is_contiguous() {
+        return Ok(None);
+    }
+    Ok(Some((x, out)))
+}
+
+/// [`unary`] for the types that compute in f32.
+// The closures are not redundant: passed as fn items, the ops are called through an out-of-line
+// `Fn::call` shim compiled without the SIMD features (so `mul_add` becomes a libm call); an
+// `#[inline(always)]` closure is inlined into the vector loop instead.
+#[allow(clippy::redundant_closure)]
+fn unary_f32<T: Lanes<Acc = f32>>(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
+    let Some((x, out)) = unary_operands::<T>(mem, d)? else {
+        return reference::unary(mem, d);
+    };
+    let x = &x;
+    match d.op {
+        UnaryOp::Neg => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| neg::<f32>(v),
+        ),
+        UnaryOp::Abs => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f32::abs(v),
+        ),
+        UnaryOp::Exp => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::exp_f32(v),
+        ),
+        UnaryOp::Log => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::ln_f32(v),
+        ),
+        UnaryOp::Sqrt => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f32::sqrt(v),
+        ),
+        UnaryOp::Rsqrt => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| rsqrt::<f32>(v),
+        ),
+        UnaryOp::Recip => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| recip::<f32>(v),
+        ),
+        UnaryOp::Square => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| square::<f32>(v),
+        ),
+        UnaryOp::Relu => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| relu::<f32>(v),
+        ),
+        UnaryOp::Gelu => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::gelu_f32(v),
+        ),
+        UnaryOp::GeluTanh => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::gelu_tanh_f32(v),
+        ),
+        UnaryOp::Sigmoid => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::sigmoid_f32(v),
+        ),
+        UnaryOp::Silu => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::silu_f32(v),
+        ),
+        UnaryOp::Tanh => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::tanh_f32(v),
+        ),
+        UnaryOp::Sin => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f32::sin(v),
+        ),
+        UnaryOp::Cos => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f32::cos(v),
+        ),
+        UnaryOp::Erf => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| vmath::erf_f32(v),
+        ),
+    }
+    Ok(())
+}
+
+/// [`unary`] for f64: the reference's own definitions per element (accuracy first), threaded; the
+/// ops that are plain arithmetic vectorise.
+// The closures are not redundant: passed as fn items, the ops are called through an out-of-line
+// `Fn::call` shim compiled without the SIMD features (so `mul_add` becomes a libm call); an
+// `#[inline(always)]` closure is inlined into the vector loop instead.
+#[allow(clippy::redundant_closure)]
+fn unary_f64(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
+    let Some((x, out)) = unary_operands::<f64>(mem, d)? else {
+        return reference::unary(mem, d);
+    };
+    let x = &x;
+    match d.op {
+        UnaryOp::Neg => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| neg::<f64>(v),
+        ),
+        UnaryOp::Abs => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f64::abs(v),
+        ),
+        UnaryOp::Sqrt => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| f64::sqrt(v),
+        ),
+        UnaryOp::Rsqrt => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| rsqrt::<f64>(v),
+        ),
+        UnaryOp::Recip => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| recip::<f64>(v),
+        ),
+        UnaryOp::Square => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| square::<f64>(v),
+        ),
+        UnaryOp::Relu => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            |v| relu::<f64>(v),
+        ),
+        op => map(
+            x,
+            out,
+            ctx,
+            #[inline(always)]
+            move |v| math::unary(op, v),
+        ),
+    }
+    Ok(())
+}
+
+/// `−x`.
+#[inline(always)]
+fn neg<R: Real>(x: R) -> R {
+    -x
+}
+
+/// `1/√x`.
+#[inline(always)]
+fn rsqrt<R: Real>(x: R) -> R {
+    R::ONE / x.sqrt()
+}
+
+/// `1/x`.
+#[inline(always)]
+fn recip<R: Real>(x: R) -> R {
+    R::ONE / x
+}
+
+/// `x²`.
+#[inline(always)]
+fn square<R: Real>(x: R) -> R {
+    x * x
+}
+
+/// `max(x, 0)`, keeping NaN (and turning −0 into 0), as the reference does.
+#[inline(always)]
+fn relu<R: Real>(x: R) -> R {
+    if x > R::ZERO || x.is_nan() {
+        x
+    } else {
+        R::ZERO
+    }
+}
+
+/// `out[i] = f(x[i])` over every element, threaded.
+fn map<T: Lanes>(
+    x: &View<T>,
+    out: Span<T>,
+    ctx: Ctx,
+    f: impl Fn(T::Acc) -> T::Acc + Copy + Send + Sync,
+) {
+    let in_place = out.same_as(&x.span());
+    for_chunks(out.len(), ctx.threads, SERIAL_ELEMENTS, |range| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || map_range(x, out, range, in_place, f),
+        )
+    });
+}
+
+/// [`map`] over elements `range`.
+#[inline(always)]
+fn map_range<T: Lanes>(
+    x: &View<T>,
+    out: Span<T>,
+    range: Range<usize>,
+    in_place: bool,
+    f: impl Fn(T::Acc) -> T::Acc,
+) {
+    let span = x.span();
+    if in_place {
+        // SAFETY: the output is exactly the (dense) input and this task owns `range` of it; this is
+        // the only slice of that memory the task makes.
+        let ys = unsafe { out.slice_mut(range) };
+        if let Some(ys) = T::as_acc_mut(ys) {
+            for y in ys {
+                *y = f(*y);
+            }
+            return;
+        }
+        let mut buf = scratch::<T::Acc>();
+        for ys in ys.chunks_mut(BLOCK) {
+            let b = &mut buf[..ys.len()];
+            T::load(ys, b);
+            apply(b, &f);
+            T::store(b, ys);
+        }
+    } else if x.is_contiguous() {
+        // SAFETY: the output does not overlap the input (the checks allow only exact in-place) and
+        // this task owns `range` of the output.
+        let (xs, ys) = unsafe { (span.slice(range.clone()), out.slice_mut(range)) };
+        if let (Some(xs), Some(ys)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
+            for (y, &v) in ys.iter_mut().zip(xs) {
+                *y = f(v);
+            }
+            return;
+        }
+        let mut buf = scratch::<T::Acc>();
+        for (xs, ys) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
+            let b = &mut buf[..xs.len()];
+            T::load(xs, b);
+            apply(b, &f);
+            T::store(b, ys);
+        }
+    } else {
+        let mut buf = scratch::<T::Acc>();
+        for r in blocks(range) {
+            let b = &mut buf[..r.len()];
+            // SAFETY: nothing writes the input while this runs (the output is disjoint from it).
+            unsafe { x.gather(r.start, b) };
+            apply(b, &f);
+            // SAFETY: this task owns `range` of the output.
+            T::store(b, unsafe { out.slice_mut(r) });
+        }
+    }
+}
+
+/// `b[i] = f(b[i])`.
+#[inline(always)]
+fn apply<A: Copy>(b: &mut [A], f: &impl Fn(A) -> A) {
+    for v in b {
+        *v = f(*v);
+    }
+}
