@@ -1,0 +1,346 @@
+//! Tests of the CPU conv2d against the reference.
+
+use super::*;
+use crate::backends::cpu::simd::SimdLevel;
+use crate::dtype::DType;
+use crate::rng::HostRng;
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// A convolution to test: shapes and window parameters.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    input: [usize; 4],
+    k: usize,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+    bias: bool,
+}
+
+impl Case {
+    /// A stride-1, unpadded, undilated, ungrouped convolution with bias.
+    fn new(input: [usize; 4], k: usize, kernel: [usize; 2]) -> Case {
+        Case {
+            input,
+            k,
+            kernel,
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+            bias: true,
+        }
+    }
+}
+
+/// Norm-wise relative error bound per dtype.
+fn bound(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-12,
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    }
+}
+
+/// A buffer of `n` random values in [−1, 1) of `dtype`.
+fn random(mem: &mut HostMemory, rng: &mut HostRng, dtype: DType, n: usize) -> DevicePtr {
+    let ptr = mem.alloc((n * dtype.size_in_bytes()).max(1)).unwrap();
+    mem.store(dtype, ptr, &rng.uniform_vec(n, -1.0, 1.0))
+        .unwrap();
+    ptr
+}
+
+/// Runs `f` with a context of `threads` threads, inside a pool of that size.
+fn on_threads<R: Send>(threads: usize, f: impl FnOnce(Ctx) -> R + Send) -> R {
+    let ctx = Ctx {
+        threads,
+        simd: SimdLevel::detect(),
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(|| f(ctx))
+}
+
+/// Compares the kernel with the reference for `case` in `dtype` on `threads` threads.
+fn check(case: Case, dtype: DType, threads: usize) {
+    let mut mem = HostMemory::default();
+    let mut rng = HostRng::new(case.input.iter().sum::<usize>() as u64 + case.k as u64);
+    let [n, c, _, _] = case.input;
+    let weight_shape = [case.k, c / case.groups, case.kernel[0], case.kernel[1]];
+    let output_shape = Conv2dDesc::expected_output_shape(
+        case.input,
+        weight_shape,
+        case.stride,
+        case.padding,
+        case.dilation,
+        case.groups,
+    )
+    .unwrap();
+    let outputs: usize = output_shape.iter().product();
+    let input = random(&mut mem, &mut rng, dtype, case.input.iter().product());
+    let weight = random(&mut mem, &mut rng, dtype, weight_shape.iter().product());
+    let bias = case.bias.then(|| random(&mut mem, &mut rng, dtype, case.k));
+    let size = dtype.size_in_bytes();
+    let out = mem.alloc(outputs * size).unwrap();
+    let expected = mem.alloc(outputs * size).unwrap();
+    let desc = Conv2dDesc {
+        dtype,
+        input,
+        input_shape: case.input,
+        weight,
+        weight_shape,
+        bias,
+        output: out,
+        output_shape,
+        stride: case.stride,
+        padding: case.padding,
+        dilation: case.dilation,
+        groups: case.groups,
+    };
+    desc.accesses().unwrap();
+    on_threads(threads, |ctx| conv2d(&mut mem, &desc, ctx)).unwrap();
+    let oracle = Conv2dDesc {
+        output: expected,
+        ..desc
+    };
+    reference::conv2d(&mut mem, &oracle).unwrap();
+    let got = mem.load_dense(dtype, out, outputs).unwrap();
+    let want = mem.load_dense(dtype, expected, outputs).unwrap();
+    let (mut err, mut norm) = (0.0f64, 0.0f64);
+    for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            a.is_nan(),
+            b.is_nan(),
+            "{case:?} {dtype:?} element {i} ({n} images)"
+        );
+        err += (a - b) * (a - b);
+        norm += b * b;
+    }
+    let rel = (err / norm.max(f64::MIN_POSITIVE)).sqrt();
+    assert!(
+        rel <= bound(dtype),
+        "{case:?} {dtype:?} on {threads} threads: relative error {rel:e}"
+    );
+}
+
+/// Every dtype on 1 and 2 threads.
+fn check_all(case: Case) {
+    for dtype in DTYPES {
+        for threads in [1, 2] {
+            check(case, dtype, threads);
+        }
+    }
+}
+
+#[test]
+fn padded_3x3_matches_the_reference() {
+    check_all(Case {
+        padding: [1, 1],
+        ..Case::new([2, 5, 9, 11], 7, [3, 3])
+    });
+}
+
+#[test]
+fn stride_padding_and_dilation_match_the_reference() {
+    check_all(Case {
+        stride: [2, 3],
+        padding: [1, 2],
+        dilation: [2, 1],
+        bias: false,
+        ..Case::new([3, 3, 13, 17], 4, [3, 2])
+    });
+    check_all(Case {
+        stride: [2, 2],
+        padding: [3, 3],
+        ..Case::new([1, 3, 23, 23], 8, [7, 7])
+    });
+}
+
+#[test]
+fn groups_match_the_reference() {
+    check_all(Case {
+        groups: 2,
+        padding: [1, 0],
+        bias: false,
+        ..Case::new([2, 6, 7, 5], 4, [3, 3])
+    });
+    check_all(Case {
+        groups: 3,
+        stride: [2, 1],
+        ..Case::new([1, 6, 8, 9], 9, [1, 2])
+    });
+}
+
+#[test]
+fn depthwise_matches_the_reference() {
+    // One output channel per input channel, strides 1 and 2, then a channel multiplier of 2.
+    for stride in [[1, 1], [2, 2], [1, 3]] {
+        check_all(Case {
+            groups: 8,
+            stride,
+            padding: [1, 1],
+            ..Case::new([2, 8, 11, 13], 8, [3, 3])
+        });
+    }
+    check_all(Case {
+        groups: 4,
+        padding: [2, 1],
+        dilation: [2, 2],
+        bias: false,
+        ..Case::new([1, 4, 9, 10], 8, [3, 3])
+    });
+    // A single input channel takes the same kernel.
+    check_all(Case::new([2, 1, 6, 7], 3, [2, 2]));
+}
+
+#[test]
+fn pointwise_matches_the_reference() {
+    check_all(Case::new([2, 6, 5, 7], 5, [1, 1]));
+    check_all(Case {
+        groups: 2,
+        bias: false,
+        ..Case::new([1, 4, 3, 3], 6, [1, 1])
+    });
+    // 1×1 with a stride or padding goes through im2col.
+    check_all(Case {
+        stride: [2, 2],
+        padding: [1, 0],
+        ..Case::new([1, 3, 7, 6], 4, [1, 1])
+    });
+}
+
+#[test]
+fn large_convolutions_block_and_thread() {
+    // Two column blocks of patches, items in parallel.
+    check_all(Case {
+        padding: [1, 1],
+        ..Case::new([1, 16, 41, 39], 16, [3, 3])
+    });
+    // Several images in parallel, no bias.
+    check_all(Case {
+        padding: [1, 1],
+        bias: false,
+        ..Case::new([3, 8, 29, 28], 8, [3, 3])
+    });
+    // A small image with deep channels: one block, threads inside the GEMM.
+    check_all(Case {
+        padding: [1, 1],
+        ..Case::new([1, 48, 7, 7], 48, [3, 3])
+    });
+    // Patch rows beyond the budget: the rows are split and the GEMMs accumulate.
+    check_all(Case {
+        padding: [1, 1],
+        ..Case::new([1, 260, 4, 5], 3, [3, 3])
+    });
+    // Pointwise over a large image, split across threads; a large depthwise layer.
+    check_all(Case::new([1, 32, 40, 41], 24, [1, 1]));
+    check_all(Case {
+        groups: 16,
+        padding: [1, 1],
+        ..Case::new([2, 16, 45, 47], 16, [3, 3])
+    });
+    check_all(Case {
+        groups: 6,
+        stride: [2, 2],
+        padding: [2, 3],
+        dilation: [1, 2],
+        bias: false,
+        ..Case::new([1, 6, 21, 75], 12, [3, 4])
+    });
+    // Few, wide planes: several bands of rows per plane (by the cache budget, and for threads).
+    check_all(Case {
+        groups: 2,
+        padding: [1, 1],
+        ..Case::new([1, 2, 60, 1500], 2, [3, 3])
+    });
+    check_all(Case {
+        groups: 3,
+        stride: [2, 2],
+        padding: [2, 0],
+        dilation: [2, 1],
+        ..Case::new([1, 3, 71, 901], 3, [3, 5])
+    });
+}
+
+#[test]
+fn no_input_channels_gives_the_bias() {
+    for dtype in DTYPES {
+        check(Case::new([2, 0, 4, 4], 3, [3, 3]), dtype, 1);
+    }
+}
+
+#[test]
+fn non_finite_inputs_propagate() {
+    let mut mem = HostMemory::default();
+    let mut rng = HostRng::new(7);
+    let input = random(&mut mem, &mut rng, DType::F32, 2 * 3 * 5 * 5);
+    let weight = random(&mut mem, &mut rng, DType::F32, 4 * 3 * 3 * 3);
+    mem.store(DType::F32, input, &[f64::NAN, f64::INFINITY])
+        .unwrap();
+    let [out, expected] = [0, 1].map(|_| mem.alloc(2 * 4 * 25 * 4).unwrap());
+    let desc = Conv2dDesc {
+        dtype: DType::F32,
+        input,
+        input_shape: [2, 3, 5, 5],
+        weight,
+        weight_shape: [4, 3, 3, 3],
+        bias: None,
+        output: out,
+        output_shape: [2, 4, 5, 5],
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    on_threads(1, |ctx| conv2d(&mut mem, &desc, ctx)).unwrap();
+    let oracle = Conv2dDesc {
+        output: expected,
+        ..desc
+    };
+    reference::conv2d(&mut mem, &oracle).unwrap();
+    let got = mem.load_dense(DType::F32, out, 200).unwrap();
+    let want = mem.load_dense(DType::F32, expected, 200).unwrap();
+    assert!(want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_infinite()));
+    for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+        let close = a == b || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+        assert!(
+            a.is_nan() == b.is_nan() && (b.is_nan() || close),
+            "element {i}: {a} vs {b}"
+        );
+    }
+}
+
+#[test]
+fn plans_bound_the_patch_block() {
+    let g = |input: [usize; 4], k, r, oh| Geometry {
+        n: input[0],
+        c: input[1],
+        h: input[2],
+        w: input[3],
+        k,
+        cg: input[1],
+        r,
+        s: r,
+        oh,
+        ow: oh,
+        groups: 1,
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+    };
+    let resnet = g([1, 64, 56, 56], 64, 3, 56);
+    let one = Plan::new(&resnet, 1, 4, false);
+    assert!(one.rows * one.cols * 4 <= COL_BYTES && one.rows == 576);
+    assert!(!one.parallel && one.blocks * one.cols >= 3136);
+    let two = Plan::new(&resnet, 2, 4, false);
+    assert!(two.parallel && two.blocks >= 4);
+    let deep = g([1, 512, 7, 7], 512, 3, 7);
+    let plan = Plan::new(&deep, 2, 4, false);
+    assert!(!plan.parallel && matches!(plan.inner, Parallelism::Rayon(2)));
+    assert!(plan.rows * plan.cols * 4 <= COL_BYTES.max(MIN_COLS * 4 * plan.rows));
+}
