@@ -67,10 +67,9 @@ const TIMING_ROUNDS: usize = 7;
 const CONFIRM_ROUNDS: usize = 5;
 
 /// How much faster than the default a variant must be to win, as the median of its rounds' time
-/// ratios: ties and noise keep the default. 10 %: on the shared 2-vCPU machine this was measured
-/// on, a thread pool's time drifts by more than 3 % between the tuning and later runs, and a 5 % win
-/// at tuning time became a 0.55× loss afterwards (a conv2d that the pool ran at 372 µs, timed at
-/// 709 µs while tuning against 670 µs inline).
+/// ratios: ties and noise keep the default. A thread pool's time can drift by more than a few
+/// percent between tuning and later runs, so a small win at tuning time may be a loss afterwards
+/// (`docs/runtime.md` has the measurements behind 10 %).
 const WIN_MARGIN: f64 = 0.90;
 
 /// In how many of its rounds (as a fraction) a variant must be faster than the default to win,
