@@ -515,13 +515,8 @@ pub(crate) fn gemv(mem: &Memory, desc: &GemvDesc) -> Result<Option<Vec<GemvDesc>
                 Transpose::No => (len, desc.n),
                 Transpose::Yes => (desc.m, len),
             };
-            // With an empty x, A is never read (and may be a zero-byte allocation).
-            let a = match desc.vector_lens().0 {
-                0 => desc.a,
-                _ => advance(desc.a, start * a_step, size)?,
-            };
             Ok(GemvDesc {
-                a,
+                a: advance(desc.a, start * a_step, size)?,
                 y: advance(desc.y, start * desc.incy, size)?,
                 m,
                 n,
