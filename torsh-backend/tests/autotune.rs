@@ -15,6 +15,7 @@ use torsh_backend::validation::compare;
 use torsh_backend::AutotuneStats;
 
 mod common;
+use common::through_op;
 
 /// A fresh, empty folder for one test's cache files.
 fn scratch_dir(name: &str) -> PathBuf {
@@ -289,6 +290,17 @@ fn slow_runs(b: &Backend) -> usize {
     planted_of(b).slow_runs.load(Ordering::SeqCst)
 }
 
+impl Planted {
+    /// Runs `desc` on the reference backend; the plain GEMM is the slow default (counted).
+    fn op<D: OpDesc>(&self, desc: &D) -> Result<()> {
+        if (desc as &dyn std::any::Any).is::<GemmDesc>() {
+            self.slow_runs.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        desc.run(&self.inner)
+    }
+}
+
 impl ComputeBackend for Planted {
     fn name(&self) -> &str {
         "planted"
@@ -299,38 +311,8 @@ impl ComputeBackend for Planted {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
-    fn init(&mut self) -> Result<()> {
-        self.inner.init()
-    }
-    fn is_initialized(&self) -> bool {
-        self.inner.is_initialized()
-    }
-    fn device_info(&self) -> DeviceInfo {
-        self.inner.device_info()
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize()
-    }
-    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
-        self.inner.alloc(bytes)
-    }
-    fn free(&self, ptr: DevicePtr) -> Result<()> {
-        self.inner.free(ptr)
-    }
-    fn copy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        self.inner.copy_htod(dst, src)
-    }
-    fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        self.inner.copy_dtoh(dst, src)
-    }
-    fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
-        self.inner.copy_dtod(dst, src, bytes)
-    }
-    fn gemm(&self, d: &GemmDesc) -> Result<()> {
-        self.slow_runs.fetch_add(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_millis(2));
-        self.inner.gemm(d)
-    }
+    common::forward_device!(inner);
+    torsh_backend::for_each_op!(through_op);
     fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
         match op {
             TunableOp::Gemm(_) => &["slow", "wrong", "failing", "right"],
@@ -358,51 +340,6 @@ impl ComputeBackend for Planted {
             }
             other => Err(BackendError::invalid("variant", other.to_string())),
         }
-    }
-    fn gemv(&self, d: &GemvDesc) -> Result<()> {
-        self.inner.gemv(d)
-    }
-    fn conv2d_forward(&self, d: &Conv2dDesc) -> Result<()> {
-        self.inner.conv2d_forward(d)
-    }
-    fn attention(&self, d: &AttentionDesc) -> Result<()> {
-        self.inner.attention(d)
-    }
-    fn reduce(&self, d: &ReduceDesc) -> Result<()> {
-        self.inner.reduce(d)
-    }
-    fn unary(&self, d: &UnaryDesc) -> Result<()> {
-        self.inner.unary(d)
-    }
-    fn binary(&self, d: &BinaryDesc) -> Result<()> {
-        self.inner.binary(d)
-    }
-    fn softmax(&self, d: &SoftmaxDesc) -> Result<()> {
-        self.inner.softmax(d)
-    }
-    fn layer_norm(&self, d: &LayerNormDesc) -> Result<()> {
-        self.inner.layer_norm(d)
-    }
-    fn batch_norm(&self, d: &BatchNormDesc) -> Result<()> {
-        self.inner.batch_norm(d)
-    }
-    fn pool2d(&self, d: &Pool2dDesc) -> Result<()> {
-        self.inner.pool2d(d)
-    }
-    fn adam_step(&self, d: &AdamDesc) -> Result<()> {
-        self.inner.adam_step(d)
-    }
-    fn fill(&self, d: &FillDesc) -> Result<()> {
-        self.inner.fill(d)
-    }
-    fn cast(&self, d: &CastDesc) -> Result<()> {
-        self.inner.cast(d)
-    }
-    fn copy_strided(&self, d: &CopyDesc) -> Result<()> {
-        self.inner.copy_strided(d)
-    }
-    fn random(&self, d: &RandomDesc) -> Result<()> {
-        self.inner.random(d)
     }
 }
 

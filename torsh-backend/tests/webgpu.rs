@@ -1,5 +1,5 @@
 //! The WebGPU backend on whatever adapter wgpu finds — in CI, Mesa's lavapipe (Vulkan on the CPU).
-//! The parity suite (`tests/parity.rs`) and the bad-input tests (`tests/errors.rs`) run on it as on
+//! The parity suite (`tests/parity.rs`) and the bad-input tests (`tests/errors/`) run on it as on
 //! every available backend; this file adds what is particular to it: the WGSL kernels really serve
 //! f32 ops (pipelines get built), GEMM tile edges and transposes, launches larger than one grid
 //! dimension, copies that start or end inside a 4-byte word, casts between every pair of dtypes bit

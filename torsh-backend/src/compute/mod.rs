@@ -13,6 +13,7 @@
 pub mod access;
 pub mod allocations;
 pub mod desc;
+pub mod op;
 pub mod stream;
 pub mod tunable;
 
@@ -21,6 +22,7 @@ use std::fmt::Debug;
 pub use access::{Access, Accesses, InPlace, Region};
 pub use allocations::AllocationTable;
 pub use desc::*;
+pub use op::{AnyOp, OpDesc, Operand, Slot};
 pub use stream::{EventId, HostBuffer, MemoryFence, PageableBuffer, StreamId};
 pub use tunable::{TunableOp, TuneKey};
 
@@ -150,6 +152,10 @@ impl DevicePtr {
 /// Every op takes a descriptor whose `accesses()` method performs the shape checks common to all
 /// backends; an implementation checks the resulting regions with an [`AllocationTable`] (or its own
 /// equivalent) before running.
+///
+/// Every op method has a provided body that answers `Unsupported`, so a backend adopts a new op when
+/// it is ready; the parity suite reports such cells as unsupported. [`for_each_op!`](crate::for_each_op)
+/// lists the op methods, and each descriptor's [`OpDesc`] impl says what the op touches.
 pub trait ComputeBackend: Send + Sync + Debug {
     /// Short name ("reference", "cpu", "cuda", ...).
     fn name(&self) -> &str;
@@ -202,7 +208,9 @@ pub trait ComputeBackend: Send + Sync + Debug {
     fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Column-major GEMM; see [`GemmDesc`].
-    fn gemm(&self, desc: &GemmDesc) -> Result<()>;
+    fn gemm(&self, desc: &GemmDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Strided batched GEMM; see [`BatchedGemmDesc`]. The provided implementation validates the whole
     /// descriptor (shapes, and aliasing between the regions all batches span), then issues one
@@ -219,37 +227,59 @@ pub trait ComputeBackend: Send + Sync + Debug {
     }
 
     /// Matrix-vector product; see [`GemvDesc`].
-    fn gemv(&self, desc: &GemvDesc) -> Result<()>;
+    fn gemv(&self, desc: &GemvDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// 2-D convolution forward; see [`Conv2dDesc`].
-    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()>;
+    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Scaled dot-product attention; see [`AttentionDesc`].
-    fn attention(&self, desc: &AttentionDesc) -> Result<()>;
+    fn attention(&self, desc: &AttentionDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Reduction along an axis; see [`ReduceDesc`].
-    fn reduce(&self, desc: &ReduceDesc) -> Result<()>;
+    fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Elementwise unary op; see [`UnaryDesc`].
-    fn unary(&self, desc: &UnaryDesc) -> Result<()>;
+    fn unary(&self, desc: &UnaryDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Elementwise binary op with broadcasting by strides; see [`BinaryDesc`].
-    fn binary(&self, desc: &BinaryDesc) -> Result<()>;
+    fn binary(&self, desc: &BinaryDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Softmax or log-softmax; see [`SoftmaxDesc`].
-    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()>;
+    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Layer normalisation; see [`LayerNormDesc`].
-    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()>;
+    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Batch normalisation forward with running statistics; see [`BatchNormDesc`].
-    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()>;
+    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Max or average 2-D pooling; see [`Pool2dDesc`].
-    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()>;
+    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// One fused Adam/AdamW step; see [`AdamDesc`].
-    fn adam_step(&self, desc: &AdamDesc) -> Result<()>;
+    fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Unscales gradients and notes any inf or NaN in one pass; see [`UnscaleDesc`]. The provided
     /// body composes it from `fill`, `binary`, `unary` and `reduce` on temporaries, reading one
@@ -259,16 +289,24 @@ pub trait ComputeBackend: Send + Sync + Debug {
     }
 
     /// Fills with a constant; see [`FillDesc`].
-    fn fill(&self, desc: &FillDesc) -> Result<()>;
+    fn fill(&self, desc: &FillDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Dtype conversion; see [`CastDesc`].
-    fn cast(&self, desc: &CastDesc) -> Result<()>;
+    fn cast(&self, desc: &CastDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Strided copy; see [`CopyDesc`].
-    fn copy_strided(&self, desc: &CopyDesc) -> Result<()>;
+    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// Random fill; see [`RandomDesc`].
-    fn random(&self, desc: &RandomDesc) -> Result<()>;
+    fn random(&self, desc: &RandomDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
 
     /// A string that identifies this device and the settings its kernels' speed depends on (the
     /// autotuner's cache files are valid for one fingerprint). Provided: the backend kind and the

@@ -1,7 +1,7 @@
 //! Ops whose kernel or launch configuration a backend may choose among, for the autotuner
 //! (`runtime/autotune.rs`): [`TunableOp`] and the key its choice is stored under.
 
-use super::{Accesses, ComputeBackend, Conv2dDesc, DevicePtr, GemmDesc, Transpose};
+use super::{Accesses, AnyOp, ComputeBackend, Conv2dDesc, DevicePtr, GemmDesc, Operand, Transpose};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
@@ -87,28 +87,27 @@ impl TunableOp {
         }
     }
 
+    /// The op's descriptor.
+    pub fn desc(&self) -> &dyn AnyOp {
+        match self {
+            TunableOp::Gemm(d) => d,
+            TunableOp::Conv2d(d) => d,
+        }
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
-        match self {
-            TunableOp::Gemm(d) => d.dtype,
-            TunableOp::Conv2d(d) => d.dtype,
-        }
+        self.desc().dtype()
     }
 
     /// The memory the op touches (the descriptor's shape checks run here).
     pub fn accesses(&self) -> Result<Accesses> {
-        match self {
-            TunableOp::Gemm(d) => d.accesses(),
-            TunableOp::Conv2d(d) => d.accesses(),
-        }
+        self.desc().accesses()
     }
 
     /// Runs the op the backend's plain way.
     pub fn run_default(&self, device: &dyn ComputeBackend) -> Result<()> {
-        match self {
-            TunableOp::Gemm(d) => device.gemm(d),
-            TunableOp::Conv2d(d) => device.conv2d_forward(d),
-        }
+        self.desc().run(device)
     }
 
     /// The key a tuned choice is stored under: op, dtype, shape bucket (each dim rounded up to the
@@ -168,17 +167,11 @@ impl TunableOp {
         }
     }
 
-    /// Every device pointer the op holds (for graph relocation).
-    pub(crate) fn pointers_mut(&mut self) -> Vec<&mut DevicePtr> {
+    /// Every device operand the op names (for graph relocation).
+    pub(crate) fn operands(&mut self) -> Vec<Operand<'_>> {
         match self {
-            TunableOp::Gemm(d) => vec![&mut d.a, &mut d.b, &mut d.c],
-            TunableOp::Conv2d(d) => {
-                let mut ptrs = vec![&mut d.input, &mut d.weight, &mut d.output];
-                if let Some(b) = d.bias.as_mut() {
-                    ptrs.push(b);
-                }
-                ptrs
-            }
+            TunableOp::Gemm(d) => AnyOp::operands(d),
+            TunableOp::Conv2d(d) => AnyOp::operands(d),
         }
     }
 }

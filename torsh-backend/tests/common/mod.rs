@@ -2,7 +2,7 @@
 //! `TORSH_REQUIRE` (a comma-separated list of backends or libraries whose absence fails a test
 //! instead of skipping it). Each test file takes what it needs (`mod common;`), so an item unused by
 //! one file is not dead code.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros, unused_imports)]
 
 pub mod special_values;
 
@@ -60,3 +60,66 @@ pub fn download(c: &dyn ComputeBackend, p: DevicePtr, n: usize) -> Vec<f32> {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
+
+/// Inside `impl ComputeBackend for X`, with `torsh_backend::for_each_op!(through_op)`: every op
+/// method, each handing its descriptor to X's generic `fn op<D: OpDesc>(&self, desc: &D) -> Result<()>`,
+/// which may look at the op (`(desc as &dyn Any).downcast_ref::<GemmDesc>()`) before running it on
+/// the backend it stands in front of (`desc.run(&self.inner)`).
+macro_rules! through_op {
+    ($($method:ident($desc:ty)),* $(,)?) => {
+        $(
+            fn $method(&self, desc: &$desc) -> torsh_backend::Result<()> {
+                self.op(desc)
+            }
+        )*
+    };
+}
+pub(crate) use through_op;
+
+/// Inside `impl ComputeBackend for X`: the device and memory methods every backend must have,
+/// passed to `self.$inner`.
+macro_rules! forward_device {
+    ($inner:ident) => {
+        fn init(&mut self) -> torsh_backend::Result<()> {
+            self.$inner.init()
+        }
+        fn is_initialized(&self) -> bool {
+            self.$inner.is_initialized()
+        }
+        fn device_info(&self) -> torsh_backend::DeviceInfo {
+            self.$inner.device_info()
+        }
+        fn synchronize(&self) -> torsh_backend::Result<()> {
+            self.$inner.synchronize()
+        }
+        fn alloc(&self, bytes: usize) -> torsh_backend::Result<torsh_backend::DevicePtr> {
+            self.$inner.alloc(bytes)
+        }
+        fn free(&self, ptr: torsh_backend::DevicePtr) -> torsh_backend::Result<()> {
+            self.$inner.free(ptr)
+        }
+        fn copy_htod(
+            &self,
+            dst: torsh_backend::DevicePtr,
+            src: &[u8],
+        ) -> torsh_backend::Result<()> {
+            self.$inner.copy_htod(dst, src)
+        }
+        fn copy_dtoh(
+            &self,
+            dst: &mut [u8],
+            src: torsh_backend::DevicePtr,
+        ) -> torsh_backend::Result<()> {
+            self.$inner.copy_dtoh(dst, src)
+        }
+        fn copy_dtod(
+            &self,
+            dst: torsh_backend::DevicePtr,
+            src: torsh_backend::DevicePtr,
+            bytes: usize,
+        ) -> torsh_backend::Result<()> {
+            self.$inner.copy_dtod(dst, src, bytes)
+        }
+    };
+}
+pub(crate) use forward_device;

@@ -68,7 +68,6 @@ use elementwise::Launch;
 use memory::Memory;
 pub use memory::{PoolStats, WebGpuBufferPool};
 use pipelines::Kernels;
-use staging::Stageable;
 
 /// The wgpu crate this backend is built on, for the types its API takes and returns.
 pub use wgpu;
@@ -358,7 +357,7 @@ impl WebGpuBackend {
 
     /// Checks `desc`'s regions, then runs `kernel`; where it answers [`Launch::Stage`], runs it
     /// again on staged f32 copies of the operands (`staging.rs`).
-    fn run<D: Stageable>(
+    fn run<D: OpDesc>(
         &self,
         desc: &D,
         kernel: impl Fn(&Gpu, &Kernels, &Memory, &D) -> Result<Launch>,
@@ -575,7 +574,7 @@ fn is_math_dtype(dtype: crate::dtype::DType) -> bool {
 /// Validates `desc`, then answers `Unsupported` for `op` on a `dtype` the math kernels do not take
 /// (f64 and the integers): a bad argument gets its own error whatever the dtype, as on every
 /// backend.
-fn math_dtype<D: Stageable>(op: &'static str, dtype: crate::dtype::DType, desc: &D) -> Result<()> {
+fn math_dtype<D: OpDesc>(op: &'static str, dtype: crate::dtype::DType, desc: &D) -> Result<()> {
     desc.accesses()?;
     if is_math_dtype(dtype) {
         Ok(())

@@ -22,267 +22,30 @@ use super::elementwise::Launch;
 use super::memory::Memory;
 use super::pipelines::Kernels;
 
-/// Gives a staged operand's new pointer: `(region name, element dtype) -> copy`.
-pub(crate) type StageFn<'a> = dyn FnMut(&'static str, DType) -> Result<DevicePtr> + 'a;
-
-/// A descriptor whose operands can be replaced by staged copies.
-pub(crate) trait Stageable: Sized {
-    /// The regions the op touches (the descriptor's own validation).
-    fn accesses(&self) -> Result<Accesses>;
-
-    /// This descriptor in f32 over the copies: each operand pointer becomes `to(region, dtype)`, whose
-    /// element 0 is the region's first element.
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self>;
-}
-
-/// A strided view moved onto its copy: same shape and strides, offset 0.
-fn strided(
-    buf: &StridedBuf,
-    name: &'static str,
-    dtype: DType,
-    to: &mut StageFn<'_>,
-) -> Result<StridedBuf> {
-    Ok(StridedBuf {
-        ptr: to(name, dtype)?,
-        layout: Layout::new(
-            buf.layout.shape().to_vec(),
-            buf.layout.strides().to_vec(),
-            0,
-        )?,
-    })
-}
-
-/// An optional operand moved onto its copy.
-fn optional(
-    ptr: Option<DevicePtr>,
-    name: &'static str,
-    dtype: DType,
-    to: &mut StageFn<'_>,
-) -> Result<Option<DevicePtr>> {
-    ptr.map(|_| to(name, dtype)).transpose()
-}
-
-impl Stageable for GemmDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        GemmDesc::accesses(self)
+/// `desc` in f32 over staged copies of its operands: each operand's pointer becomes
+/// `to(region name, element dtype)`, whose element 0 is the region's first element, so a strided view
+/// keeps its shape and strides with its offset moved to 0.
+fn staged<D: OpDesc>(
+    desc: &D,
+    mut to: impl FnMut(&'static str, DType) -> Result<DevicePtr>,
+) -> Result<D> {
+    let mut staged = desc.clone();
+    for operand in staged.operands() {
+        let copy = to(operand.name, operand.dtype)?;
+        match operand.slot {
+            Slot::Dense(ptr) => *ptr = copy,
+            Slot::Strided(buf) => {
+                let layout = &buf.layout;
+                let moved = Layout::new(layout.shape().to_vec(), layout.strides().to_vec(), 0)?;
+                *buf = StridedBuf {
+                    ptr: copy,
+                    layout: moved,
+                };
+            }
+        }
     }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(GemmDesc {
-            dtype: DType::F32,
-            a: to("a", self.dtype)?,
-            b: to("b", self.dtype)?,
-            c: to("c", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for BatchedGemmDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        BatchedGemmDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(BatchedGemmDesc {
-            gemm: self.gemm.staged(to)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for GemvDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        GemvDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(GemvDesc {
-            dtype: DType::F32,
-            a: to("a", self.dtype)?,
-            x: to("x", self.dtype)?,
-            y: to("y", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for Conv2dDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        Conv2dDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(Conv2dDesc {
-            dtype: DType::F32,
-            input: to("input", self.dtype)?,
-            weight: to("weight", self.dtype)?,
-            bias: optional(self.bias, "bias", self.dtype, to)?,
-            output: to("output", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for AttentionDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        AttentionDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(AttentionDesc {
-            dtype: DType::F32,
-            q: to("q", self.dtype)?,
-            k: to("k", self.dtype)?,
-            v: to("v", self.dtype)?,
-            o: to("o", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for ReduceDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        ReduceDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(ReduceDesc {
-            dtype: DType::F32,
-            input: strided(&self.input, "input", self.dtype, to)?,
-            output: to("output", self.op.output_dtype(self.dtype))?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for UnaryDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        UnaryDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(UnaryDesc {
-            dtype: DType::F32,
-            input: strided(&self.input, "input", self.dtype, to)?,
-            output: to("output", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for BinaryDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        BinaryDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(BinaryDesc {
-            dtype: DType::F32,
-            lhs: strided(&self.lhs, "lhs", self.dtype, to)?,
-            rhs: strided(&self.rhs, "rhs", self.dtype, to)?,
-            output: to("output", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for SoftmaxDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        SoftmaxDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(SoftmaxDesc {
-            dtype: DType::F32,
-            input: to("input", self.dtype)?,
-            output: to("output", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for LayerNormDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        LayerNormDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(LayerNormDesc {
-            dtype: DType::F32,
-            input: to("input", self.dtype)?,
-            weight: optional(self.weight, "weight", self.dtype, to)?,
-            bias: optional(self.bias, "bias", self.dtype, to)?,
-            output: to("output", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for BatchNormDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        BatchNormDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(BatchNormDesc {
-            dtype: DType::F32,
-            input: to("input", self.dtype)?,
-            output: to("output", self.dtype)?,
-            weight: optional(self.weight, "weight", self.dtype, to)?,
-            bias: optional(self.bias, "bias", self.dtype, to)?,
-            running_mean: optional(self.running_mean, "running_mean", self.dtype, to)?,
-            running_var: optional(self.running_var, "running_var", self.dtype, to)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for Pool2dDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        Pool2dDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(Pool2dDesc {
-            dtype: DType::F32,
-            input: to("input", self.dtype)?,
-            output: to("output", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for AdamDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        AdamDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(AdamDesc {
-            dtype: DType::F32,
-            params: to("params", self.dtype)?,
-            grads: to("grads", self.dtype)?,
-            exp_avg: to("exp_avg", self.dtype)?,
-            exp_avg_sq: to("exp_avg_sq", self.dtype)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for UnscaleDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        UnscaleDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(UnscaleDesc {
-            dtype: DType::F32,
-            input: to("input", self.dtype)?,
-            output: to("output", self.dtype)?,
-            found_inf: to("found_inf", DType::F32)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Stageable for RandomDesc {
-    fn accesses(&self) -> Result<Accesses> {
-        RandomDesc::accesses(self)
-    }
-    fn staged(&self, to: &mut StageFn<'_>) -> Result<Self> {
-        Ok(RandomDesc {
-            dtype: DType::F32,
-            ptr: to("output", self.dtype)?,
-            ..self.clone()
-        })
-    }
+    *staged.dtype_mut() = DType::F32;
+    Ok(staged)
 }
 
 /// One operand's copy.
@@ -389,7 +152,7 @@ impl Staging<'_> {
 /// `InvalidArgument` when the kernel cannot run even on aligned f32 copies (an operand past what its
 /// 32-bit indices reach, a head dim above the attention kernel's 1024, more workgroups than the
 /// device's grid holds).
-pub(crate) fn run_staged<D: Stageable>(
+pub(crate) fn run_staged<D: OpDesc>(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &mut Memory,
@@ -406,7 +169,7 @@ pub(crate) fn run_staged<D: Stageable>(
         copies: Vec::new(),
         poison,
     };
-    let staged = desc.staged(&mut |name, dtype| staging.stage(mem, name, dtype));
+    let staged = staged(desc, |name, dtype| staging.stage(mem, name, dtype));
     let result = staged.and_then(|staged| match kernel(gpu, kernels, mem, &staged)? {
         Launch::Done => staging.write_back(mem),
         // A limit of the kernels, not a mistake of the caller's: the op is valid elsewhere.

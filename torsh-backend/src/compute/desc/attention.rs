@@ -62,3 +62,10 @@ impl AttentionDesc {
         Ok(acc)
     }
 }
+
+crate::compute::op::op_desc!(AttentionDesc => attention, dtype: dtype, {
+    dense "q": q,
+    dense "k": k,
+    dense "v": v,
+    dense "o": o,
+});

@@ -259,3 +259,34 @@ impl GemvDesc {
         Ok(acc)
     }
 }
+
+crate::compute::op::op_desc!(GemmDesc => gemm, dtype: dtype, {
+    dense "a": a,
+    dense "b": b,
+    dense "c": c,
+});
+
+crate::compute::op::op_desc!(GemvDesc => gemv, dtype: dtype, {
+    dense "a": a,
+    dense "x": x,
+    dense "y": y,
+});
+
+impl crate::compute::OpDesc for BatchedGemmDesc {
+    const NAME: &'static str = "batched_gemm";
+    fn accesses(&self) -> Result<Accesses> {
+        BatchedGemmDesc::accesses(self)
+    }
+    fn operands(&mut self) -> Vec<crate::compute::Operand<'_>> {
+        crate::compute::OpDesc::operands(&mut self.gemm)
+    }
+    fn dtype(&self) -> DType {
+        self.gemm.dtype
+    }
+    fn dtype_mut(&mut self) -> &mut DType {
+        &mut self.gemm.dtype
+    }
+    fn run(&self, device: &dyn crate::compute::ComputeBackend) -> Result<()> {
+        device.batched_gemm(self)
+    }
+}

@@ -154,3 +154,10 @@ impl Conv2dDesc {
         Ok(acc)
     }
 }
+
+crate::compute::op::op_desc!(Conv2dDesc => conv2d_forward, dtype: dtype, {
+    dense "input": input,
+    dense "weight": weight,
+    optional "bias": bias,
+    dense "output": output,
+});

@@ -257,3 +257,32 @@ impl RandomDesc {
         Ok(acc)
     }
 }
+
+crate::compute::op::op_desc!(UnaryDesc => unary, dtype: dtype, {
+    strided "input": input,
+    dense "output": output,
+});
+
+crate::compute::op::op_desc!(BinaryDesc => binary, dtype: dtype, {
+    strided "lhs": lhs,
+    strided "rhs": rhs,
+    dense "output": output,
+});
+
+crate::compute::op::op_desc!(FillDesc => fill, dtype: dtype, {
+    dense "output": ptr,
+});
+
+crate::compute::op::op_desc!(CastDesc => cast, dtype: src_dtype, {
+    strided "input": input,
+    dense "output": output as |d: &CastDesc| d.dst_dtype,
+});
+
+crate::compute::op::op_desc!(CopyDesc => copy_strided, dtype: dtype, {
+    strided "src": src,
+    strided "dst": dst,
+});
+
+crate::compute::op::op_desc!(RandomDesc => random, dtype: dtype, {
+    dense "output": ptr,
+});

@@ -182,3 +182,24 @@ impl BatchNormDesc {
         Ok(acc)
     }
 }
+
+crate::compute::op::op_desc!(SoftmaxDesc => softmax, dtype: dtype, {
+    dense "input": input,
+    dense "output": output,
+});
+
+crate::compute::op::op_desc!(LayerNormDesc => layer_norm, dtype: dtype, {
+    dense "input": input,
+    optional "weight": weight,
+    optional "bias": bias,
+    dense "output": output,
+});
+
+crate::compute::op::op_desc!(BatchNormDesc => batch_norm, dtype: dtype, {
+    dense "input": input,
+    optional "weight": weight,
+    optional "bias": bias,
+    optional "running_mean": running_mean,
+    optional "running_var": running_var,
+    dense "output": output,
+});

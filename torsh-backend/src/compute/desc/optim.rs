@@ -127,3 +127,16 @@ impl UnscaleDesc {
         Ok(acc)
     }
 }
+
+crate::compute::op::op_desc!(AdamDesc => adam_step, dtype: dtype, {
+    dense "params": params,
+    dense "grads": grads,
+    dense "exp_avg": exp_avg,
+    dense "exp_avg_sq": exp_avg_sq,
+});
+
+crate::compute::op::op_desc!(UnscaleDesc => unscale_and_check, dtype: dtype, {
+    dense "input": input,
+    dense "output": output,
+    dense "found_inf": found_inf as |_: &UnscaleDesc| DType::F32,
+});

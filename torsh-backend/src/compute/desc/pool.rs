@@ -100,3 +100,8 @@ impl Pool2dDesc {
         Ok(acc)
     }
 }
+
+crate::compute::op::op_desc!(Pool2dDesc => pool2d, dtype: dtype, {
+    dense "input": input,
+    dense "output": output,
+});

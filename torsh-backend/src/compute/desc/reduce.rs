@@ -140,3 +140,8 @@ impl ReduceDesc {
         Ok(acc)
     }
 }
+
+crate::compute::op::op_desc!(ReduceDesc => reduce, dtype: dtype, {
+    strided "input": input,
+    dense "output": output as |d: &ReduceDesc| d.op.output_dtype(d.dtype),
+});

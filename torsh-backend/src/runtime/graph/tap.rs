@@ -11,10 +11,8 @@ use std::thread::ThreadId;
 
 use super::node::Node;
 use crate::compute::{
-    AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, ComputeBackend,
-    Conv2dDesc, CopyDesc, DevicePtr, EventId, FillDesc, GemmDesc, GemvDesc, HostBuffer,
-    LayerNormDesc, MemoryFence, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxDesc, StreamId,
-    TunableOp, UnaryDesc, UnscaleDesc,
+    ComputeBackend, DevicePtr, EventId, HostBuffer, MemoryFence, OpDesc, RandomDesc, StreamId,
+    TunableOp,
 };
 use crate::device::{BackendType, DeviceInfo};
 use crate::error::{BackendError, Result};
@@ -183,14 +181,29 @@ impl Tap {
     }
 }
 
-/// Op methods that run on the device and are recorded when they succeed.
+impl Tap {
+    /// Runs one op on the device and records it when it succeeds. Random fills are refused: a replay
+    /// would repeat the same values every launch.
+    fn op<D: OpDesc>(&self, desc: &D) -> Result<()> {
+        if D::NAME == RandomDesc::NAME {
+            return Err(self.refuse(
+                D::NAME,
+                "a random fill inside a capture would replay the same values every launch; draw \
+                 random tensors outside the closure and pass them in as inputs",
+            ));
+        }
+        desc.run(&*self.device)?;
+        self.record(Node::Op(Box::new(desc.clone())));
+        Ok(())
+    }
+}
+
+/// Every op method, through [`Tap::op`].
 macro_rules! recorded {
-    ($($method:ident($desc:ty) => $variant:ident),* $(,)?) => {
+    ($($method:ident($desc:ty)),* $(,)?) => {
         $(
             fn $method(&self, desc: &$desc) -> Result<()> {
-                self.device.$method(desc)?;
-                self.record(Node::$variant(desc.clone()));
-                Ok(())
+                self.op(desc)
             }
         )*
     };
@@ -266,33 +279,7 @@ impl ComputeBackend for Tap {
         Ok(())
     }
 
-    recorded! {
-        gemm(GemmDesc) => Gemm,
-        batched_gemm(BatchedGemmDesc) => BatchedGemm,
-        gemv(GemvDesc) => Gemv,
-        conv2d_forward(Conv2dDesc) => Conv2d,
-        attention(AttentionDesc) => Attention,
-        reduce(ReduceDesc) => Reduce,
-        unary(UnaryDesc) => Unary,
-        binary(BinaryDesc) => Binary,
-        softmax(SoftmaxDesc) => Softmax,
-        layer_norm(LayerNormDesc) => LayerNorm,
-        batch_norm(BatchNormDesc) => BatchNorm,
-        pool2d(Pool2dDesc) => Pool2d,
-        adam_step(AdamDesc) => Adam,
-        unscale_and_check(UnscaleDesc) => Unscale,
-        fill(FillDesc) => Fill,
-        cast(CastDesc) => Cast,
-        copy_strided(CopyDesc) => Copy,
-    }
-
-    fn random(&self, _desc: &RandomDesc) -> Result<()> {
-        Err(self.refuse(
-            "random",
-            "a random fill inside a capture would replay the same values every launch; draw random \
-             tensors outside the closure and pass them in as inputs",
-        ))
-    }
+    crate::for_each_op!(recorded);
 
     fn batch(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         self.device.batch(work)

@@ -1,0 +1,248 @@
+//! One definition per op. Every descriptor implements [`OpDesc`]: its name, the checks and regions
+//! of `accesses()`, the device operands it names and how to run it on a device. Everything that
+//! handles ops in general — graph capture and replay, relocation of captured pointers, WebGPU
+//! staging, backends that stand in front of another, the error tests — works from that trait, and
+//! [`for_each_op!`](crate::for_each_op) lists the op methods of [`ComputeBackend`] once for the
+//! places that must write one method per op.
+
+use std::any::Any;
+use std::fmt::Debug;
+
+use super::access::Accesses;
+use super::desc::StridedBuf;
+use super::{ComputeBackend, DevicePtr};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+
+/// Where a descriptor keeps one operand's address.
+#[derive(Debug)]
+pub enum Slot<'a> {
+    /// A dense operand: its base pointer.
+    Dense(&'a mut DevicePtr),
+    /// A strided view: base pointer and layout.
+    Strided(&'a mut StridedBuf),
+}
+
+/// One device operand of an op, borrowed from its descriptor.
+#[derive(Debug)]
+pub struct Operand<'a> {
+    /// The name of its region in the descriptor's `accesses()` ("a", "input", "found_inf", ...).
+    pub name: &'static str,
+    /// Its element dtype.
+    pub dtype: DType,
+    /// Where the descriptor keeps its address.
+    pub slot: Slot<'a>,
+}
+
+impl<'a> Operand<'a> {
+    /// A dense operand named `name`, of `dtype` elements, at `*ptr`.
+    pub fn dense(name: &'static str, dtype: DType, ptr: &'a mut DevicePtr) -> Self {
+        Operand {
+            name,
+            dtype,
+            slot: Slot::Dense(ptr),
+        }
+    }
+
+    /// A strided operand named `name`, of `dtype` elements, viewed by `*buf`.
+    pub fn strided(name: &'static str, dtype: DType, buf: &'a mut StridedBuf) -> Self {
+        Operand {
+            name,
+            dtype,
+            slot: Slot::Strided(buf),
+        }
+    }
+
+    /// The operand's base pointer.
+    pub fn ptr(&self) -> DevicePtr {
+        match &self.slot {
+            Slot::Dense(p) => **p,
+            Slot::Strided(b) => b.ptr,
+        }
+    }
+
+    /// The base pointer, to move the operand elsewhere.
+    pub fn ptr_mut(&mut self) -> &mut DevicePtr {
+        match &mut self.slot {
+            Slot::Dense(p) => p,
+            Slot::Strided(b) => &mut b.ptr,
+        }
+    }
+}
+
+/// An op's descriptor: what the layers that handle every op alike need to know of it.
+pub trait OpDesc: Clone + Debug + PartialEq + Send + Sync + 'static {
+    /// The op's name: the [`ComputeBackend`] method that runs it.
+    const NAME: &'static str;
+
+    /// Checks the descriptor's own numbers and lists the regions it touches (the shape checks every
+    /// backend makes first); `ShapeMismatch`, `InvalidArgument` or `SizeOverflow` on bad numbers.
+    fn accesses(&self) -> Result<Accesses>;
+
+    /// Every device operand the descriptor names, each with the name of its region in
+    /// [`OpDesc::accesses`]; optional operands that are absent are left out.
+    fn operands(&mut self) -> Vec<Operand<'_>>;
+
+    /// The element dtype the op is run in (a cast's source dtype).
+    fn dtype(&self) -> DType;
+
+    /// The element dtype, to restate the op over converted copies of its operands.
+    fn dtype_mut(&mut self) -> &mut DType;
+
+    /// Runs the op on `device` through its [`ComputeBackend`] method.
+    fn run(&self, device: &dyn ComputeBackend) -> Result<()>;
+
+    /// The `Unsupported` error a backend that lacks the op answers (the provided bodies of the op
+    /// methods).
+    fn unsupported(&self, device: &(impl ComputeBackend + ?Sized)) -> BackendError {
+        BackendError::Unsupported {
+            op: Self::NAME,
+            backend: device.backend_type(),
+            dtype: self.dtype(),
+        }
+    }
+}
+
+/// Any op as one value: [`OpDesc`] behind a pointer, for code that keeps ops of every kind (a captured
+/// graph) or inspects them one by one (a backend that stands in front of another).
+pub trait AnyOp: Debug + Send + Sync {
+    /// [`OpDesc::NAME`].
+    fn name(&self) -> &'static str;
+    /// [`OpDesc::accesses`].
+    fn accesses(&self) -> Result<Accesses>;
+    /// [`OpDesc::operands`].
+    fn operands(&mut self) -> Vec<Operand<'_>>;
+    /// [`OpDesc::dtype`].
+    fn dtype(&self) -> DType;
+    /// [`OpDesc::run`].
+    fn run(&self, device: &dyn ComputeBackend) -> Result<()>;
+    /// A copy of the descriptor.
+    fn clone_op(&self) -> Box<dyn AnyOp>;
+    /// The descriptor, to downcast to its type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<D: OpDesc> AnyOp for D {
+    fn name(&self) -> &'static str {
+        D::NAME
+    }
+    fn accesses(&self) -> Result<Accesses> {
+        OpDesc::accesses(self)
+    }
+    fn operands(&mut self) -> Vec<Operand<'_>> {
+        OpDesc::operands(self)
+    }
+    fn dtype(&self) -> DType {
+        OpDesc::dtype(self)
+    }
+    fn run(&self, device: &dyn ComputeBackend) -> Result<()> {
+        OpDesc::run(self, device)
+    }
+    fn clone_op(&self) -> Box<dyn AnyOp> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Clone for Box<dyn AnyOp> {
+    fn clone(&self) -> Self {
+        self.clone_op()
+    }
+}
+
+/// Calls the macro `$callback` with every op method of [`ComputeBackend`] and its descriptor type,
+/// as `method(Descriptor),` entries in the trait's order: the one list of ops, for code that must
+/// write one method per op (a backend in front of another, such as graph capture's recorder).
+///
+/// ```
+/// use torsh_backend::compute::{ComputeBackend, OpDesc};
+///
+/// macro_rules! names {
+///     ($($method:ident($desc:ty)),* $(,)?) => { [$(<$desc as OpDesc>::NAME),*] };
+/// }
+/// let names = torsh_backend::for_each_op!(names);
+/// assert_eq!(names[0], "gemm");
+/// assert!(names.contains(&"attention"));
+/// ```
+#[macro_export]
+macro_rules! for_each_op {
+    ($callback:ident) => {
+        $callback! {
+            gemm($crate::compute::GemmDesc),
+            batched_gemm($crate::compute::BatchedGemmDesc),
+            gemv($crate::compute::GemvDesc),
+            conv2d_forward($crate::compute::Conv2dDesc),
+            attention($crate::compute::AttentionDesc),
+            reduce($crate::compute::ReduceDesc),
+            unary($crate::compute::UnaryDesc),
+            binary($crate::compute::BinaryDesc),
+            softmax($crate::compute::SoftmaxDesc),
+            layer_norm($crate::compute::LayerNormDesc),
+            batch_norm($crate::compute::BatchNormDesc),
+            pool2d($crate::compute::Pool2dDesc),
+            adam_step($crate::compute::AdamDesc),
+            unscale_and_check($crate::compute::UnscaleDesc),
+            fill($crate::compute::FillDesc),
+            cast($crate::compute::CastDesc),
+            copy_strided($crate::compute::CopyDesc),
+            random($crate::compute::RandomDesc),
+        }
+    };
+}
+
+/// Implements [`OpDesc`] for a descriptor: its method, its dtype field and its operands, each as
+/// `dense "name": field` or `strided "name": field` (an `Option` field with `optional "name": field`),
+/// with a function of the descriptor after `as` giving the operand's dtype when it is not the
+/// descriptor's.
+macro_rules! op_desc {
+    ($desc:ty => $method:ident, dtype: $dt:ident, {
+        $($kind:ident $name:literal: $field:ident $(as $odt:expr)?),* $(,)?
+    }) => {
+        impl $crate::compute::OpDesc for $desc {
+            const NAME: &'static str = stringify!($method);
+            fn accesses(&self) -> $crate::error::Result<$crate::compute::Accesses> {
+                <$desc>::accesses(self)
+            }
+            fn operands(&mut self) -> Vec<$crate::compute::Operand<'_>> {
+                let dtype = self.$dt;
+                let dtypes = [$($crate::compute::op::op_desc!(@dtype self, dtype $(, $odt)?)),*];
+                let mut dtypes = dtypes.into_iter();
+                let mut out = Vec::new();
+                $(
+                    let operand_dtype = dtypes.next().unwrap_or(dtype);
+                    $crate::compute::op::op_desc!(@push out, $kind, $name, operand_dtype, self.$field);
+                )*
+                out
+            }
+            fn dtype(&self) -> $crate::dtype::DType {
+                self.$dt
+            }
+            fn dtype_mut(&mut self) -> &mut $crate::dtype::DType {
+                &mut self.$dt
+            }
+            fn run(&self, device: &dyn $crate::compute::ComputeBackend) -> $crate::error::Result<()> {
+                device.$method(self)
+            }
+        }
+    };
+    (@dtype $self:ident, $dtype:ident) => {
+        $dtype
+    };
+    (@dtype $self:ident, $dtype:ident, $odt:expr) => {
+        ($odt)(&*$self)
+    };
+    (@push $out:ident, dense, $name:literal, $dtype:expr, $place:expr) => {
+        $out.push($crate::compute::Operand::dense($name, $dtype, &mut $place))
+    };
+    (@push $out:ident, strided, $name:literal, $dtype:expr, $place:expr) => {
+        $out.push($crate::compute::Operand::strided($name, $dtype, &mut $place))
+    };
+    (@push $out:ident, optional, $name:literal, $dtype:expr, $place:expr) => {
+        if let Some(p) = $place.as_mut() {
+            $out.push($crate::compute::Operand::dense($name, $dtype, p))
+        }
+    };
+}
+pub(crate) use op_desc;

@@ -1,0 +1,256 @@
+//! Training ops: batch norm modes and the fused Adam step.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------------------
+// Batch norm modes
+// ---------------------------------------------------------------------------------------------------
+
+#[test]
+fn batch_norm_mode_errors() {
+    for b in backends() {
+        eprintln!("backend: {}", b.backend_type());
+        let f = DType::F32;
+        let rm = b.zeros(&[3], f).expect("zeros");
+        let rv = b.ones(&[3], f).expect("ones");
+        let x13 = seq(&b, &[1, 3]);
+        let x43 = seq(&b, &[4, 3]);
+
+        // training with one value per channel
+        let err = assert_err!(b.batch_norm(&x13, &rm, &rv, true), InvalidArgument);
+        assert_mentions(&err, &["batch_norm", "one value per channel"]);
+        assert_err!(
+            b.batch_norm(&seq(&b, &[1, 3, 1, 1]), &rm, &rv, true),
+            InvalidArgument
+        );
+        assert_err!(
+            b.batch_norm_with(
+                &x13,
+                BatchNormConfig {
+                    training: true,
+                    ..Default::default()
+                }
+            ),
+            InvalidArgument
+        );
+        // inference without running statistics
+        let err = assert_err!(
+            b.batch_norm_with(
+                &x43,
+                BatchNormConfig {
+                    training: false,
+                    ..Default::default()
+                }
+            ),
+            InvalidArgument
+        );
+        assert_mentions(&err, &["batch_norm", "running_mean"]);
+        assert_err!(x43.batch_norm(BatchNormConfig::default()), InvalidArgument);
+        assert_err!(
+            b.batch_norm_with(
+                &x43,
+                BatchNormConfig {
+                    running_mean: Some(&rm),
+                    training: false,
+                    ..Default::default()
+                }
+            ),
+            InvalidArgument
+        );
+        // bad momentum / eps
+        let with = |momentum: Option<f64>, eps: Option<f64>| BatchNormConfig {
+            running_mean: Some(&rm),
+            running_var: Some(&rv),
+            training: true,
+            momentum,
+            eps,
+            ..Default::default()
+        };
+        assert_err!(
+            b.batch_norm_with(&x43, with(Some(1.5), None)),
+            InvalidArgument
+        );
+        assert_err!(
+            b.batch_norm_with(&x43, with(Some(f64::NAN), None)),
+            InvalidArgument
+        );
+        assert_err!(
+            b.batch_norm_with(&x43, with(None, Some(-1.0))),
+            InvalidArgument
+        );
+        assert_err!(
+            b.batch_norm_with(&x43, with(None, Some(f64::INFINITY))),
+            InvalidArgument
+        );
+        assert_eq!(
+            vals(&rm),
+            vec![0.0; 3],
+            "running_mean written by a failed op"
+        );
+        assert_eq!(
+            vals(&rv),
+            vec![1.0; 3],
+            "running_var written by a failed op"
+        );
+
+        // valid calls still work: training updates the running mean by momentum · batch mean
+        let y = assert_ok!(b.batch_norm(&x43, &rm, &rv, true));
+        assert_eq!(y.shape(), &[4, 3]);
+        assert_close(&vals(&rm), &[0.0125, 0.0375, 0.0625], 1e-6);
+        // inference with one value per channel is fine
+        let y = assert_ok!(b.batch_norm(&x13, &rm, &rv, false));
+        assert_eq!(y.shape(), &[1, 3]);
+        assert_backend_works(&b);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Fused Adam
+// ---------------------------------------------------------------------------------------------------
+
+#[test]
+fn fused_adam_rejects_bad_input_without_updating_anything() {
+    for b in backends() {
+        eprintln!("backend: {}", b.backend_type());
+        let p0 = t(&b, &[1.0, 2.0], &[2]);
+        let p1 = t(&b, &[3.0, 4.0, 5.0], &[3]);
+        let g0 = t(&b, &[0.5, -0.5], &[2]);
+        let g1 = t(&b, &[1.0, 1.0, -1.0], &[3]);
+        let grads = vec![g0.clone(), g1.clone()];
+        let mut params = vec![p0.clone(), p1.clone()];
+        let mut state = AdamState::adam();
+        let snapshot = |ps: &[Tensor]| ps.iter().map(vals).collect::<Vec<_>>();
+        let before = snapshot(&params);
+        let betas = (0.9, 0.999);
+
+        // counts and shapes
+        let err = assert_err!(
+            b.fused_adam_step(&mut params, &grads[..1], &mut state, 0.1, betas),
+            ShapeMismatch
+        );
+        assert_mentions(&err, &["fused_adam_step", "2 params", "1 grads"]);
+        assert_err!(
+            b.fused_adam_step(&mut params, &[], &mut state, 0.1, betas),
+            ShapeMismatch
+        );
+        let wrong = vec![g0.clone(), t(&b, &[1.0, 1.0], &[2])];
+        let err = assert_err!(
+            b.fused_adam_step(&mut params, &wrong, &mut state, 0.1, betas),
+            ShapeMismatch
+        );
+        assert_mentions(&err, &["param 1"]);
+
+        // hyper-parameters
+        for (lr, betas) in [
+            (-0.1, (0.9, 0.999)),
+            (f32::NAN, (0.9, 0.999)),
+            (f32::INFINITY, (0.9, 0.999)),
+            (0.1, (1.0, 0.999)),
+            (0.1, (0.9, 1.0)),
+            (0.1, (0.9, 1.5)),
+            (0.1, (-0.1, 0.999)),
+        ] {
+            let err = assert_err!(
+                b.fused_adam_step(&mut params, &grads, &mut state, lr, betas),
+                InvalidArgument
+            );
+            assert_mentions(&err, &["adam"]);
+        }
+        let mut bad_eps = AdamState::adam().with_eps(-1.0);
+        assert_err!(
+            b.fused_adam_step(&mut params, &grads, &mut bad_eps, 0.1, betas),
+            InvalidArgument
+        );
+        let mut bad_wd = AdamState::adam().with_weight_decay(-0.01);
+        assert_err!(
+            b.fused_adam_step(&mut params, &grads, &mut bad_wd, 0.1, betas),
+            InvalidArgument
+        );
+
+        // dtypes and devices
+        let g64 = b.from_slice(&[0.5f64, -0.5], &[2]).expect("f64 grad");
+        assert_err!(
+            b.fused_adam_step(&mut params, &[g64, g1.clone()], &mut state, 0.1, betas),
+            DTypeMismatch
+        );
+        let other = Backend::reference().expect("reference");
+        let foreign = vec![g0.clone(), t(&other, &[1.0, 1.0, -1.0], &[3])];
+        assert_err!(
+            b.fused_adam_step(&mut params, &foreign, &mut state, 0.1, betas),
+            DeviceMismatch
+        );
+
+        assert_eq!(snapshot(&params), before, "a failed step changed params");
+        assert_eq!(state.step(), 0, "a failed step advanced the step count");
+        for s in [&state, &bad_eps, &bad_wd] {
+            for m in s.exp_avg().iter().chain(s.exp_avg_sq()) {
+                assert!(vals(m).iter().all(|&v| v == 0.0), "moments changed");
+            }
+        }
+
+        // one valid step: p -= lr · sign(g) on the first step
+        assert_ok!(b.fused_adam_step(&mut params, &grads, &mut state, 0.1, betas));
+        assert_eq!(state.step(), 1);
+        let after = snapshot(&params);
+        assert_close(&after[0], &[0.9, 2.1], 1e-5);
+        assert_close(&after[1], &[2.9, 3.9, 5.1], 1e-5);
+        let moments: Vec<Vec<f32>> = state.exp_avg().iter().map(vals).collect();
+
+        // the state now holds two parameters: one, or reshaped ones, do not fit
+        let mut one = vec![p0.clone()];
+        assert_err!(
+            b.fused_adam_step(&mut one, &grads[..1], &mut state, 0.1, betas),
+            ShapeMismatch
+        );
+        let mut reshaped = vec![assert_ok!(p0.reshape(&[2, 1])), p1.clone()];
+        let reshaped_grads = vec![assert_ok!(g0.reshape(&[2, 1])), g1.clone()];
+        assert_err!(
+            b.fused_adam_step(&mut reshaped, &reshaped_grads, &mut state, 0.1, betas),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.fused_adam_step(&mut params, &grads, &mut state, -1.0, betas),
+            InvalidArgument
+        );
+        assert_eq!(snapshot(&params), after, "a failed step changed params");
+        assert_eq!(state.step(), 1, "a failed step advanced the step count");
+        let moments_now: Vec<Vec<f32>> = state.exp_avg().iter().map(vals).collect();
+        assert_eq!(moments_now, moments, "a failed step changed the moments");
+
+        assert_backend_works(&b);
+    }
+}
+
+#[test]
+fn fused_adam_with_a_gradient_aliasing_its_parameter_updates_all_or_nothing() {
+    // The second gradient IS the second parameter. Whether the library accepts that (reading the
+    // gradient before writing) or refuses it (Aliasing), the step must be all-or-nothing: a refusal
+    // must not leave the first parameter updated.
+    for b in backends() {
+        eprintln!("backend: {}", b.backend_type());
+        let p0 = t(&b, &[1.0, 2.0], &[2]);
+        let p1 = t(&b, &[3.0, -4.0], &[2]);
+        let mut params = vec![p0.clone(), p1.clone()];
+        let grads = vec![t(&b, &[0.5, 0.5], &[2]), p1.clone()];
+        let mut state = AdamState::adam();
+        match no_panic!(b.fused_adam_step(&mut params, &grads, &mut state, 0.1, (0.9, 0.999))) {
+            Ok(()) => {
+                assert_eq!(state.step(), 1);
+                assert_close(&vals(&p0), &[0.9, 1.9], 1e-5);
+                assert_close(&vals(&p1), &[2.9, -3.9], 1e-5);
+            }
+            Err(err @ BackendError::Aliasing { .. }) => {
+                assert_mentions(&err, &["adam"]);
+                assert_eq!(
+                    vals(&p0),
+                    vec![1.0, 2.0],
+                    "fused_adam_step returned {err:?} but had already updated param 0"
+                );
+                assert_eq!(vals(&p1), vec![3.0, -4.0]);
+                assert_eq!(state.step(), 0);
+            }
+            Err(other) => panic!("expected Ok or Err(Aliasing), got {other:?}"),
+        }
+        assert_backend_works(&b);
+    }
+}
