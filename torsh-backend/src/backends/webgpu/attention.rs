@@ -7,7 +7,7 @@
 //! beyond 32 bits answer [`Launch::Stage`].
 //!
 //! A launch may take a range of the keys only ([`attention_keys`]), writing each row's unnormalised
-//! sums and its (maximum, denominator) pair for the host to combine (`attention_split.rs`): keys too
+//! sums and its (maximum, denominator) pair for the host to combine (`large/attention_split.rs`): keys too
 //! many for one launch within the loop budget (`loops.rs`).
 
 use crate::compute::{AttentionDesc, DevicePtr};
@@ -51,7 +51,7 @@ fn loops_over(gpu: &Gpu, d: &AttentionDesc, span: usize) -> u64 {
 }
 
 /// The most keys one launch of `d` takes within the device's loop budget: all of them, or fewer
-/// (`attention_split.rs` then runs ranges of them); `None` when not even one chunk of keys fits
+/// (`large/attention_split.rs` then runs ranges of them); `None` when not even one chunk of keys fits
 /// (a head dim too wide for the budget). Head dims the kernels do not take at all have no limit
 /// here (the launch answers them).
 pub(crate) fn max_keys(gpu: &Gpu, d: &AttentionDesc) -> Option<usize> {

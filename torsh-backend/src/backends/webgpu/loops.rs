@@ -17,17 +17,17 @@
 //! `FeatureUnavailable`, so a missed cut is an error, never a truncated loop. The ops cut their
 //! work so that each launch fits:
 //! - reductions whose rows are too long: blocks of the reduced dim, combined on the host in f64
-//!   (`two_pass.rs`);
+//!   (`large/two_pass.rs`);
 //! - softmax, log-softmax and layer norm: composed of such reductions and elementwise ops
-//!   (`composed.rs`);
+//!   (`large/composed.rs`);
 //! - batch norm: chunks of each channel short enough, in training in three launches;
-//! - GEMMs: ranges of the inner dim ([`super::pieces::gemm_cuts`]; `split_k.rs` accumulates
+//! - GEMMs: ranges of the inner dim (`large/pieces.rs`, `gemm_cuts`; `large/split_k.rs` accumulates
 //!   16-bit ones in f32), GEMVs as GEMMs, batched GEMMs by inner ranges (f32) or product by
 //!   product;
-//! - conv2d: blocks of input channels accumulated in f32 (`conv_split.rs`);
+//! - conv2d: blocks of input channels accumulated in f32 (`large/conv_split.rs`);
 //! - attention: ranges of keys, each row's results combined on the host in f64 from each range's
-//!   output, maximum and denominator (`attention_split.rs`);
-//! - pooling: a window too large as a row pass then a column pass (`composed.rs`).
+//!   output, maximum and denominator (`large/attention_split.rs`);
+//! - pooling: a window too large as a row pass then a column pass (`large/composed.rs`).
 //!
 //! A kernel that cannot run even its smallest cut within the budget (a convolution whose taps of
 //! one input channel, or a pooling window one of whose sides, need more passes on their own; an

@@ -6,9 +6,9 @@
 //! 128 MiB on lavapipe): kernels then bind windows of it ([`Binding`]) covering what the op
 //! touches in that allocation ([`Memory::open`]), one window for views near each other and one of
 //! its own for a view far from the rest ([`windows`]), so views into a large tensor run as any other.
-//! Ops over all of one run in pieces or two passes where they can be cut (`pieces.rs`,
-//! `two_pass.rs`); an op with a single view larger than a binding, or with overlapping views that
-//! one binding cannot hold together, answers `FeatureUnavailable`.
+//! Ops over all of one run in pieces or two passes where they can be cut (`large/`); an op with a
+//! single view larger than a binding, or with overlapping views that one binding cannot hold
+//! together, answers `FeatureUnavailable`.
 //!
 //! wgpu copies whole 4-byte words. A host-to-device copy whose ends are not word-aligned (a 16-bit
 //! dtype at an odd element) reads the edge words back and merges them, so no byte outside the

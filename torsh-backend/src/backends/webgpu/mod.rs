@@ -29,27 +29,22 @@
 
 mod adapter;
 mod attention;
-mod attention_split;
 mod blas;
 mod cast;
-mod composed;
 mod context;
 mod conv;
-mod conv_split;
 mod custom;
 mod elementwise;
 mod events;
+mod large;
 mod loops;
 mod memory;
 mod optim;
-mod pieces;
 mod pipelines;
 mod pool;
 mod random;
 mod rows;
-mod split_k;
 mod staging;
-mod two_pass;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -65,6 +60,7 @@ pub use context::block_on;
 use context::Gpu;
 pub use custom::{PipelineStats, WebGpuKernelExecutor};
 use elementwise::Launch;
+use large::{composed, conv_split, pieces, two_pass, Loops, Plan};
 use memory::Memory;
 pub use memory::{PoolStats, WebGpuBufferPool};
 use pipelines::Kernels;
@@ -384,160 +380,6 @@ impl WebGpuBackend {
                 kernel,
             ),
         }
-    }
-
-    /// Checks `acc` (the accesses of `desc`), then the pieces `split` cuts `desc` into; `None`
-    /// when it fits whole or no cut of `split` fits.
-    fn split<D, P>(
-        &self,
-        desc: &D,
-        acc: &Accesses,
-        split: impl Fn(&Memory, &D) -> Result<Option<Vec<P>>>,
-    ) -> Result<Option<Vec<P>>> {
-        let mem = self.state()?.memory();
-        mem.table.check_accesses(acc)?;
-        split(&mem, desc)
-    }
-
-    /// Checks `acc` (the accesses of `desc`), then runs `desc` with `run`: whole, or as the pieces
-    /// `split` cuts it into when an operand is larger than one binding (`pieces.rs`), each piece an
-    /// op of its own.
-    fn whole_or_pieces<D, P>(
-        &self,
-        desc: &D,
-        acc: Accesses,
-        split: impl Fn(&Memory, &D) -> Result<Option<Vec<P>>>,
-        whole: impl FnOnce(&D) -> Result<()>,
-        piece: impl Fn(&P) -> Result<()>,
-    ) -> Result<()> {
-        match self.split(desc, &acc, split)? {
-            None => whole(desc),
-            Some(parts) => parts.iter().try_for_each(piece),
-        }
-    }
-
-    /// [`WebGpuBackend::whole_or_pieces`] where the whole and each piece run alike, with `run`.
-    fn in_pieces<D>(
-        &self,
-        desc: &D,
-        acc: Accesses,
-        split: impl Fn(&Memory, &D) -> Result<Option<Vec<D>>>,
-        run: impl Fn(&D) -> Result<()>,
-    ) -> Result<()> {
-        self.whole_or_pieces(desc, acc, split, &run, &run)
-    }
-
-    /// `desc`, a batched GEMM whose inner dim is longer than a launch takes within the loop
-    /// budget: in f32 as batched GEMMs over ranges of the inner dim, each after the first adding
-    /// into C; in 16 bits product by product, as GEMMs (which accumulate such ranges in f32).
-    fn batched_gemm_by_inner(&self, desc: &BatchedGemmDesc) -> Result<()> {
-        let g = &desc.gemm;
-        if g.dtype != crate::dtype::DType::F32 {
-            return (0..desc.batch_count)
-                .try_for_each(|i| self.gemm(&pieces::batch_element(desc, i)?));
-        }
-        let most = blas::max_inner(&self.state()?.device.gpu, blas::Tile::Large).unwrap_or(1);
-        let inner = pieces::Cut {
-            total: g.k,
-            step: g.k.div_ceil(g.k.div_ceil(most)),
-        };
-        inner.ranges().try_for_each(|k| {
-            self.batched_gemm(&BatchedGemmDesc {
-                gemm: pieces::gemm_piece(g, [(0, g.m), (0, g.n), k])?,
-                ..desc.clone()
-            })
-        })
-    }
-
-    /// Runs `desc` (whose accesses are `acc`) with `run`: as the pieces `split` cuts it into, whole where it fits one
-    /// binding (or no cut of `split` fits, and the launch reports it), and otherwise, where not
-    /// even one index of the dim `split` cuts fits, with `too_large`.
-    fn in_pieces_or<D>(
-        &self,
-        (desc, acc): (&D, Accesses),
-        dtype: crate::dtype::DType,
-        split: impl Fn(&Memory, &D) -> Result<Option<Vec<D>>>,
-        run: impl Fn(&D) -> Result<()>,
-        too_large: impl FnOnce(&D) -> Result<()>,
-    ) -> Result<()> {
-        match self.split(desc, &acc, split)? {
-            Some(parts) => parts.iter().try_for_each(run),
-            None if self.fits(&acc, dtype, 1)? => run(desc),
-            None => too_large(desc),
-        }
-    }
-
-    /// A dense copy of `view` (of `dtype`) in a buffer of `temps`, as a view of the same shape.
-    fn dense_copy(
-        &self,
-        temps: &Temporaries<'_, Self>,
-        dtype: crate::dtype::DType,
-        view: &StridedBuf,
-    ) -> Result<StridedBuf> {
-        let shape = view.layout.shape().to_vec();
-        let bytes = view.layout.numel() * dtype.size_in_bytes();
-        let dense = StridedBuf::contiguous(temps.alloc(bytes)?, &shape);
-        self.copy_strided(&CopyDesc {
-            dtype,
-            src: view.clone(),
-            dst: dense.clone(),
-        })?;
-        Ok(dense)
-    }
-
-    /// Runs the GEMM `desc` with `tile`: whole, as the pieces of its cut when it is larger than
-    /// one binding or its inner dim longer than a launch takes within the loop budget
-    /// ([`pieces::gemm_cuts`]), or, for a 16-bit product cut along the inner dim, accumulating
-    /// each block of C in f32 (`split_k.rs`).
-    fn gemm_with(&self, desc: &GemmDesc, tile: blas::Tile) -> Result<()> {
-        let kernel = move |gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemmDesc| {
-            blas::gemm_tiled(gpu, kernels, mem, d, tile)
-        };
-        let acc = desc.accesses()?;
-        let state = self.state()?;
-        // A product with no output launches nothing, whatever its inner dim.
-        let max_inner = if desc.m == 0 || desc.n == 0 {
-            usize::MAX
-        } else {
-            blas::max_inner(&state.device.gpu, tile).unwrap_or(1)
-        };
-        let plan = {
-            let mem = state.memory();
-            mem.table.check_accesses(&acc)?;
-            pieces::gemm_cuts(&mem, desc, max_inner)?
-        };
-        match plan {
-            None => self.run(desc, kernel),
-            Some(plan) if plan.splits_inner() && desc.dtype != crate::dtype::DType::F32 => {
-                split_k::gemm(self, desc, &plan, |d| self.run(d, kernel))
-            }
-            Some(plan) => plan
-                .pieces()
-                .try_for_each(|p| self.run(&pieces::gemm_piece(desc, p)?, kernel)),
-        }
-    }
-
-    /// Whether a launch whose invocations run `loops(gpu)` loop passes is within the device's loop
-    /// budget (`loops.rs`); `NotInitialized` before `init`.
-    fn loops_fit(&self, loops: impl FnOnce(&Gpu) -> u64) -> Result<bool> {
-        let gpu = &self.state()?.device.gpu;
-        Ok(gpu.loops_fit(loops(gpu)))
-    }
-
-    /// Whether an op over `elements` elements (0: nothing to launch, however long its dims) would
-    /// launch past the loop budget with invocations of `loops(gpu)` passes; `NotInitialized`
-    /// before `init`.
-    fn past_budget(&self, elements: usize, loops: impl FnOnce(&Gpu) -> u64) -> Result<bool> {
-        Ok(elements > 0 && !self.loops_fit(loops)?)
-    }
-
-    /// Whether an op of `dtype` over `acc` runs whole: its accesses fit one binding per allocation,
-    /// allowing for copies `widen` times larger than its operands (or the op's own staging, when
-    /// more). The errors of the allocation table's checks of `acc`.
-    fn fits(&self, acc: &Accesses, dtype: crate::dtype::DType, widen: usize) -> Result<bool> {
-        let mem = self.state()?.memory();
-        mem.table.check_accesses(acc)?;
-        Ok(mem.fits(acc, mem.widening(dtype, acc).max(widen)))
     }
 
     /// Checks `acc`, then runs `kernel` (which covers every operand it is given).
@@ -949,198 +791,212 @@ impl ComputeBackend for WebGpuBackend {
     fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
         let dtype = desc.gemm.dtype;
         math_dtype("batched_gemm", dtype, desc)?;
-        let acc = desc.accesses()?;
-        let k = desc.gemm.k;
-        let outputs = [desc.gemm.m, desc.gemm.n, desc.batch_count];
-        let elements = outputs.iter().fold(1usize, |a, &b| a.saturating_mul(b));
-        if self.past_budget(elements, |_| loops::gemm(blas::Tile::Large.side(), k))? {
-            return self.batched_gemm_by_inner(desc);
-        }
-        let run = |d: &BatchedGemmDesc| self.run(d, blas::batched_gemm);
-        // Not even one product fits a binding: each runs as a GEMM, cut as GEMMs are.
-        let each = |d: &BatchedGemmDesc| {
-            (0..d.batch_count).try_for_each(|i| self.gemm(&pieces::batch_element(d, i)?))
+        let g = &desc.gemm;
+        let loops = Loops {
+            elements: [g.m, g.n, desc.batch_count]
+                .iter()
+                .fold(1usize, |a, &b| a.saturating_mul(b)),
+            passes: &|_| loops::gemm(blas::Tile::Large.side(), g.k),
         };
-        self.in_pieces_or((desc, acc), dtype, pieces::batched_gemm, run, each)
+        let run = |d: &BatchedGemmDesc| self.run(d, blas::batched_gemm);
+        match self.plan(desc, dtype, pieces::batched_gemm, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Not even one product fits a binding: each runs as a GEMM, cut as GEMMs are.
+            Plan::TooLarge => {
+                (0..desc.batch_count).try_for_each(|i| self.gemm(&pieces::batch_element(desc, i)?))
+            }
+            Plan::PastBudget => self.batched_gemm_by_inner(desc),
+        }
     }
 
     fn gemv(&self, desc: &GemvDesc) -> Result<()> {
         math_dtype("gemv", desc.dtype, desc)?;
-        let acc = desc.accesses()?;
-        let as_gemm = |d: &GemvDesc| self.gemm(&pieces::gemv_as_gemm(d));
-        // Rows longer than a launch takes within the loop budget: as a GEMM, cut along the
-        // inner dim.
         let (inner, outputs) = desc.vector_lens();
-        let elements = inner.saturating_mul(outputs);
-        if self.past_budget(elements, |_| loops::gemm(blas::Tile::Large.side(), inner))? {
-            return as_gemm(desc);
-        }
+        let loops = Loops {
+            elements: inner.saturating_mul(outputs),
+            passes: &|_| loops::gemm(blas::Tile::Large.side(), inner),
+        };
         let run = |d: &GemvDesc| self.run(d, blas::gemv);
-        // No block of rows fits a binding (a row of A is too long, or A is untransposed and rows
-        // do not narrow it): the same product as a GEMM, whose cuts include the inner dim.
-        self.in_pieces_or((desc, acc), desc.dtype, pieces::gemv, run, as_gemm)
+        match self.plan(desc, desc.dtype, pieces::gemv, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Rows longer than a launch takes within the loop budget, or no block of rows fits a
+            // binding (a row of A is too long, or A is untransposed and rows do not narrow it):
+            // the same product as a GEMM, whose cuts include the inner dim.
+            Plan::TooLarge | Plan::PastBudget => self.gemm(&pieces::gemv_as_gemm(desc)),
+        }
     }
 
     fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
         math_dtype("conv2d", desc.dtype, desc)?;
-        let run = |d: &Conv2dDesc| self.run(d, conv::conv2d);
-        // Not even one image fits a binding, or a group's (input channel, tap) pairs are more
-        // than a launch takes within the loop budget: by channels of each image.
-        let by_channels = |d: &Conv2dDesc| conv_split::conv2d(self, d);
-        let acc = desc.accesses()?;
         let [_, cg, r, s] = desc.weight_shape;
-        let outputs = desc.output_shape.iter().product();
-        if self.past_budget(outputs, |_| loops::conv2d(cg * r * s))? {
-            return by_channels(desc);
+        let loops = Loops {
+            elements: desc.output_shape.iter().product(),
+            passes: &|_| loops::conv2d(cg * r * s),
+        };
+        let run = |d: &Conv2dDesc| self.run(d, conv::conv2d);
+        match self.plan(desc, desc.dtype, pieces::conv2d, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Not even one image fits a binding, or a group's (input channel, tap) pairs are more
+            // than a launch takes within the loop budget: by channels of each image.
+            Plan::TooLarge | Plan::PastBudget => conv_split::conv2d(self, desc),
         }
-        self.in_pieces_or((desc, acc), desc.dtype, pieces::conv2d, run, by_channels)
     }
 
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
         math_dtype("attention", desc.dtype, desc)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::attention, |d| {
-            // More keys than a launch takes within the loop budget: by ranges of keys.
-            match attention::max_keys(&self.state()?.device.gpu, d) {
-                Some(span) if span >= d.seq_kv => self.run(d, attention::attention),
-                Some(span) => attention_split::attention(self, d, span),
-                None => Err(BackendError::FeatureUnavailable {
-                    feature: "WebGPU loop budget",
-                    reason: format!(
-                        "attention: one chunk of keys of head dim {} needs more loop passes than \
-                         the budget of {}",
-                        d.head_dim,
-                        self.state()?.device.gpu.loop_limit
-                    ),
-                }),
-            }
-        })
+        // More keys than a launch takes within the loop budget: by ranges of keys.
+        let run = |d: &AttentionDesc| match attention::max_keys(&self.state()?.device.gpu, d) {
+            Some(span) if span >= d.seq_kv => self.run(d, attention::attention),
+            Some(span) => large::attention_split::attention(self, d, span),
+            None => Err(BackendError::FeatureUnavailable {
+                feature: "WebGPU loop budget",
+                reason: format!(
+                    "attention: one chunk of keys of head dim {} needs more loop passes than the \
+                     budget of {}",
+                    d.head_dim,
+                    self.state()?.device.gpu.loop_limit
+                ),
+            }),
+        };
+        match self.plan(desc, desc.dtype, pieces::attention, None)? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // A single head larger than a binding: the launch's window check reports it.
+            _ => run(desc),
+        }
     }
 
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
         math_dtype("reduce", desc.dtype, desc)?;
-        let acc = desc.accesses()?;
-        // Rows longer than a launch takes within the loop budget: two passes over blocks of them.
         let len = desc.input.layout.shape()[desc.axis];
-        let elements = desc.input.layout.numel();
-        if self.past_budget(elements, |gpu| loops::reduce(gpu.row_threads, desc.op, len))? {
-            return two_pass::reduce(self, desc);
-        }
+        let loops = Loops {
+            elements: desc.input.layout.numel(),
+            passes: &|gpu| loops::reduce(gpu.row_threads, desc.op, len),
+        };
         let run = |d: &ReduceDesc| self.run(d, rows::reduce);
-        // Too large for one binding and not cut by leading index (pieces::reduce cuts those that
-        // reduce another dim): along the leading dim, two passes over blocks of it; along another,
-        // one index of the leading dim past a binding, a reduction of one rank less per index.
-        let too_large = |d: &ReduceDesc| match d.axis {
-            0 => two_pass::reduce(self, d),
-            _ => pieces::reduce_by_index(d)?
+        match self.plan(desc, desc.dtype, pieces::reduce, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Rows longer than a launch takes within the loop budget: two passes over blocks of
+            // them.
+            Plan::PastBudget => two_pass::reduce(self, desc),
+            // Too large for one binding and not cut by leading index (`pieces::reduce` cuts those
+            // that reduce another dim): along the leading dim, two passes over blocks of it; along
+            // another, one index of the leading dim past a binding, a reduction of one rank less
+            // per index.
+            Plan::TooLarge if desc.axis == 0 => two_pass::reduce(self, desc),
+            Plan::TooLarge => pieces::reduce_by_index(desc)?
                 .iter()
                 .try_for_each(|d| self.reduce(d)),
-        };
-        self.in_pieces_or((desc, acc), desc.dtype, pieces::reduce, run, too_large)
+        }
     }
 
     fn unary(&self, desc: &UnaryDesc) -> Result<()> {
         math_dtype("unary", desc.dtype, desc)?;
         let run = |d: &UnaryDesc| self.run(d, elementwise::unary);
-        // A strided input not even one index of whose leading dim fits a binding: a dense copy of
-        // it first (copies cut into tiles), then the op by elements.
-        let dense = |d: &UnaryDesc| {
-            let temps = Temporaries::new(self);
-            let input = self.dense_copy(&temps, d.dtype, &d.input)?;
-            self.unary(&UnaryDesc { input, ..d.clone() })
-        };
-        let acc = desc.accesses()?;
-        self.in_pieces_or((desc, acc), desc.dtype, pieces::unary, run, dense)
+        match self.plan(desc, desc.dtype, pieces::unary, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // A strided input not even one index of whose leading dim fits a binding: a dense copy
+            // of it first (copies cut into tiles), then the op by elements.
+            Plan::TooLarge => {
+                let temps = Temporaries::new(self);
+                let input = self.dense_copy(&temps, desc.dtype, &desc.input)?;
+                self.unary(&UnaryDesc {
+                    input,
+                    ..desc.clone()
+                })
+            }
+        }
     }
 
     fn binary(&self, desc: &BinaryDesc) -> Result<()> {
         math_dtype("binary", desc.dtype, desc)?;
         let run = |d: &BinaryDesc| self.run(d, elementwise::binary);
-        // Not even one index of the output's leading dim fits a binding: each is an op of one
-        // rank less.
-        let by_index = |d: &BinaryDesc| {
-            pieces::binary_by_index(d)?
+        match self.plan(desc, desc.dtype, pieces::binary, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Not even one index of the output's leading dim fits a binding: each is an op of one
+            // rank less.
+            Plan::TooLarge => pieces::binary_by_index(desc)?
                 .iter()
-                .try_for_each(|d| self.binary(d))
-        };
-        self.in_pieces_or(
-            (desc, desc.accesses()?),
-            desc.dtype,
-            pieces::binary,
-            run,
-            by_index,
-        )
+                .try_for_each(|d| self.binary(d)),
+        }
     }
 
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
         math_dtype("softmax", desc.dtype, desc)?;
+        let loops = Loops {
+            elements: [desc.outer, desc.axis_len, desc.inner]
+                .iter()
+                .fold(1usize, |a, &b| a.saturating_mul(b)),
+            passes: &|gpu| loops::softmax(gpu.row_threads, desc.axis_len),
+        };
         let run = |d: &SoftmaxDesc| self.run(d, rows::softmax);
-        // One outer slice larger than a binding, or rows longer than a launch takes within the
-        // loop budget: composed of reductions and elementwise ops.
-        let composed = |d: &SoftmaxDesc| composed::softmax(self, d);
-        let acc = desc.accesses()?;
-        let dims = [desc.outer, desc.axis_len, desc.inner];
-        let elements = dims.iter().fold(1usize, |a, &b| a.saturating_mul(b));
-        if self.past_budget(elements, |gpu| {
-            loops::softmax(gpu.row_threads, desc.axis_len)
-        })? {
-            return composed(desc);
+        match self.plan(desc, desc.dtype, pieces::softmax, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // One outer slice larger than a binding, or rows longer than a launch takes within
+            // the loop budget: composed of reductions and elementwise ops.
+            Plan::TooLarge | Plan::PastBudget => composed::softmax(self, desc),
         }
-        self.in_pieces_or((desc, acc), desc.dtype, pieces::softmax, run, composed)
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
         math_dtype("layer_norm", desc.dtype, desc)?;
+        let loops = Loops {
+            elements: desc.rows.saturating_mul(desc.cols),
+            passes: &|gpu| loops::layer_norm(gpu.row_threads, desc.cols),
+        };
         let run = |d: &LayerNormDesc| self.run(d, rows::layer_norm);
-        // One row larger than a binding, or longer than a launch takes within the loop budget:
-        // composed of reductions and elementwise ops.
-        let composed = |d: &LayerNormDesc| composed::layer_norm(self, d);
-        let acc = desc.accesses()?;
-        let elements = desc.rows.saturating_mul(desc.cols);
-        if self.past_budget(elements, |gpu| {
-            loops::layer_norm(gpu.row_threads, desc.cols)
-        })? {
-            return composed(desc);
+        match self.plan(desc, desc.dtype, pieces::layer_norm, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // One row larger than a binding, or longer than a launch takes within the loop
+            // budget: composed of reductions and elementwise ops.
+            Plan::TooLarge | Plan::PastBudget => composed::layer_norm(self, desc),
         }
-        let split = pieces::layer_norm;
-        self.in_pieces_or((desc, acc), desc.dtype, split, run, composed)
     }
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
         math_dtype("batch_norm", desc.dtype, desc)?;
-        let acc = desc.accesses()?;
-        if desc.training && !self.fits(&acc, desc.dtype, 1)? {
-            return two_pass::batch_norm(self, desc);
-        }
         let run = |d: &BatchNormDesc| self.run(d, pool::batch_norm);
-        // In inference, one image larger than a binding: by channels, and positions.
-        let by_channels = |d: &BatchNormDesc| composed::batch_norm_inference(self, d);
-        self.in_pieces_or(
-            (desc, acc),
-            desc.dtype,
-            pieces::batch_norm,
-            run,
-            by_channels,
-        )
+        match self.plan(desc, desc.dtype, pieces::batch_norm, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // In training, statistics over every image: two passes over blocks.
+            Plan::TooLarge if desc.training => two_pass::batch_norm(self, desc),
+            // In inference, one image larger than a binding: by channels, and positions.
+            Plan::TooLarge => composed::batch_norm_inference(self, desc),
+        }
     }
 
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
         math_dtype("pool2d", desc.dtype, desc)?;
-        let acc = desc.accesses()?;
-        // A window of more taps than a launch takes within the loop budget: a pass along rows,
-        // then one along columns.
-        let outputs = desc.output_shape.iter().product();
-        let window = |_: &Gpu| loops::pool2d(desc.kernel[0], desc.kernel[1]);
-        if self.past_budget(outputs, window)? {
-            return composed::pool2d(self, desc);
+        let loops = Loops {
+            elements: desc.output_shape.iter().product(),
+            passes: &|_| loops::pool2d(desc.kernel[0], desc.kernel[1]),
+        };
+        let run = |d: &Pool2dDesc| self.run(d, pool::pool2d);
+        match self.plan(desc, desc.dtype, pieces::pool2d, Some(loops))? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // A window of more taps than a launch takes within the loop budget: a pass along
+            // rows, then one along columns.
+            Plan::PastBudget => composed::pool2d(self, desc),
+            // A single plane larger than a binding: the launch's window check reports it.
+            Plan::Whole | Plan::TooLarge => run(desc),
         }
-        self.in_pieces(desc, acc, pieces::pool2d, |d| self.run(d, pool::pool2d))
     }
 
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
         math_dtype("adam_step", desc.dtype, desc)?;
-        self.in_pieces(desc, desc.accesses()?, pieces::adam, |d| {
-            self.run(d, optim::adam_step)
-        })
+        let run = |d: &AdamDesc| self.run(d, optim::adam_step);
+        match self.plan(desc, desc.dtype, pieces::adam, None)? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            _ => run(desc),
+        }
     }
 
     fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
@@ -1150,53 +1006,56 @@ impl ComputeBackend for WebGpuBackend {
             // on staged copies would not see: judge the stored values instead.
             return unscale_by_parts(self, desc);
         }
-        self.in_pieces(desc, desc.accesses()?, pieces::unscale, |d| {
-            self.run(d, optim::unscale_and_check)
-        })
+        let run = |d: &UnscaleDesc| self.run(d, optim::unscale_and_check);
+        match self.plan(desc, desc.dtype, pieces::unscale, None)? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            _ => run(desc),
+        }
     }
 
     fn random(&self, desc: &RandomDesc) -> Result<()> {
         math_dtype("random", desc.dtype, desc)?;
-        self.whole_or_pieces(
-            desc,
-            desc.accesses()?,
-            pieces::random,
-            |d| self.run(d, random::random),
-            |(first, d)| {
+        match self.plan(desc, desc.dtype, pieces::random, None)? {
+            // Each piece starts at its place in the stream.
+            Plan::Pieces(parts) => parts.iter().try_for_each(|(first, d)| {
                 self.run(d, |gpu, k, mem, d| {
                     random::random_from(gpu, k, mem, d, *first)
                 })
-            },
-        )
+            }),
+            _ => self.run(desc, random::random),
+        }
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {
-        self.in_pieces(desc, desc.accesses()?, pieces::fill, |d| {
+        let run = |d: &FillDesc| {
             self.run_direct(d.accesses()?, |gpu, k, mem| {
                 elementwise::fill(gpu, k, mem, d)
             })
-        })
+        };
+        match self.plan(desc, desc.dtype, pieces::fill, None)? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            _ => run(desc),
+        }
     }
 
     fn cast(&self, desc: &CastDesc) -> Result<()> {
         let run =
             |d: &CastDesc| self.run_direct(d.accesses()?, |gpu, k, mem| cast::cast(gpu, k, mem, d));
-        // A strided input not even one index of whose leading dim fits a binding: a dense copy
-        // of it first (copies cut into tiles), then cast by elements.
-        let dense = |d: &CastDesc| {
-            let temps = Temporaries::new(self);
-            let input = self.dense_copy(&temps, d.src_dtype, &d.input)?;
-            self.cast(&CastDesc { input, ..d.clone() })
-        };
         // Casts run in every dtype as they are, with no f32 copies to budget for: F32's widening.
-        let acc = desc.accesses()?;
-        self.in_pieces_or(
-            (desc, acc),
-            crate::dtype::DType::F32,
-            pieces::cast,
-            run,
-            dense,
-        )
+        match self.plan(desc, crate::dtype::DType::F32, pieces::cast, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // A strided input not even one index of whose leading dim fits a binding: a dense
+            // copy of it first (copies cut into tiles), then cast by elements.
+            Plan::TooLarge => {
+                let temps = Temporaries::new(self);
+                let input = self.dense_copy(&temps, desc.src_dtype, &desc.input)?;
+                self.cast(&CastDesc {
+                    input,
+                    ..desc.clone()
+                })
+            }
+        }
     }
 
     fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
@@ -1205,19 +1064,14 @@ impl ComputeBackend for WebGpuBackend {
                 elementwise::copy(gpu, k, mem, d)
             })
         };
-        // Strided views not even one index of whose leading dim fits a binding: index by index.
-        let by_index = |d: &CopyDesc| {
-            pieces::copy_by_index(d)?
+        match self.plan(desc, crate::dtype::DType::F32, pieces::copy, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Strided views not even one index of whose leading dim fits a binding: index by
+            // index.
+            Plan::TooLarge => pieces::copy_by_index(desc)?
                 .iter()
-                .try_for_each(|d| self.copy_strided(d))
-        };
-        let acc = desc.accesses()?;
-        self.in_pieces_or(
-            (desc, acc),
-            crate::dtype::DType::F32,
-            pieces::copy,
-            run,
-            by_index,
-        )
+                .try_for_each(|d| self.copy_strided(d)),
+        }
     }
 }

@@ -17,7 +17,7 @@ pub(crate) fn random(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &RandomDesc)
     random_from(gpu, kernels, mem, d, 0)
 }
 
-/// [`random`] for the piece of a fill that starts at element `first` of the stream (`pieces.rs`):
+/// [`random`] for the piece of a fill that starts at element `first` of the stream (`large/pieces.rs`):
 /// its elements are the stream's `first`, `first + 1`, ..., as if the whole fill ran at once.
 pub(crate) fn random_from(
     gpu: &Gpu,

@@ -35,9 +35,10 @@ use crate::dtype::DType;
 use crate::dtype::{decode, decode_int, encode, encode_int};
 use crate::error::{BackendError, Result};
 
-use super::loops;
-use super::pieces::{advance, batch_norm_images, blocks, leading, narrowed, without_dim};
-use super::WebGpuBackend;
+use super::super::loops;
+use super::super::WebGpuBackend;
+use super::cuts::{advance, blocks, leading, narrowed, without_dim};
+use super::pieces::batch_norm_images;
 use crate::shape::Layout;
 
 /// Whether `dtype` operands of a sum, mean, variance or batch norm are cast to f32 blocks first.

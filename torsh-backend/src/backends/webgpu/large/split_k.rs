@@ -18,8 +18,9 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::Layout;
 
-use super::pieces::{advance, op_offset, GemmCuts};
-use super::WebGpuBackend;
+use super::super::WebGpuBackend;
+use super::cuts::advance;
+use super::pieces::{op_offset, GemmCuts};
 
 /// A block of `op(X)` (X column-major at `ptr` with leading dimension `ld`): its `(start, len)`
 /// ranges of rows and columns as `op(X)` sees them.

@@ -28,9 +28,9 @@ use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::Layout;
 
-use super::conv;
-use super::pieces::{advance, cuts, Cut};
-use super::WebGpuBackend;
+use super::super::conv;
+use super::super::WebGpuBackend;
+use super::cuts::{advance, cuts, Cut};
 
 /// One piece of one image: a range of groups (several whole ones, or one), and within a single
 /// group ranges of its output and input channels, each `(start, len)`.

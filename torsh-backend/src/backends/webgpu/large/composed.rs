@@ -33,9 +33,9 @@ use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::Layout;
 
-use super::loops;
-use super::pieces::{advance, blocks};
-use super::WebGpuBackend;
+use super::super::loops;
+use super::super::WebGpuBackend;
+use super::cuts::{advance, blocks};
 
 /// The typed error for a part no cut fits.
 fn too_large(op: &'static str, what: &str) -> BackendError {

@@ -21,11 +21,11 @@ use crate::compute::{
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
-use super::attention;
-use super::elementwise::Launch;
-use super::pieces::{advance, blocks};
+use super::super::attention;
+use super::super::elementwise::Launch;
+use super::super::WebGpuBackend;
+use super::cuts::{advance, blocks};
 use super::two_pass::{read, write};
-use super::WebGpuBackend;
 
 /// One query row's running combination of key ranges.
 #[derive(Clone)]
