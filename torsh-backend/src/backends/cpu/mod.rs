@@ -8,7 +8,6 @@
 //! reference kernels on the same 64-byte aligned host memory, and so does every invalid descriptor,
 //! so that bad input gets the reference's typed errors.
 
-mod adam;
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod bf16_gemm;
@@ -18,10 +17,10 @@ mod copy;
 mod elementwise;
 mod host;
 mod norm;
+mod optim;
 mod pool;
 mod reduce;
 pub mod simd;
-mod softmax;
 mod vmath;
 
 use gemm::Parallelism;
@@ -479,7 +478,7 @@ impl ComputeBackend for CpuBackend {
         let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.softmax(desc);
         };
-        self.kernel(acc, |mem, ctx| softmax::softmax(mem, desc, ctx))
+        self.kernel(acc, |mem, ctx| norm::softmax(mem, desc, ctx))
     }
 
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
@@ -507,7 +506,7 @@ impl ComputeBackend for CpuBackend {
         let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.adam_step(desc);
         };
-        self.kernel(acc, |mem, ctx| adam::adam_step(mem, desc, ctx))
+        self.kernel(acc, |mem, ctx| optim::adam_step(mem, desc, ctx))
     }
 
     /// The reference's fused loop: one pass over the gradients, on the calling thread.

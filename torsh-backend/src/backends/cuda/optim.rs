@@ -48,7 +48,7 @@ struct AdamScalars<A> {
 }
 
 impl AdamScalars<f64> {
-    /// The scalars of `d` in f64, with the reference's expressions (`backends/reference/adam.rs`).
+    /// The scalars of `d` in f64, with the reference's expressions (`backends/reference/optim.rs`).
     fn of(d: &AdamDesc) -> AdamScalars<f64> {
         let t = d.step as f64;
         let bias_correction1 = 1.0 - d.beta1.powf(t);

@@ -7,7 +7,6 @@
 //! order. Float dtypes (f32, f64, f16, bf16) are computed in f64 and rounded once on store; integer
 //! dtypes support fill, cast and copies, and math ops on them answer `Unsupported`.
 
-pub(crate) mod adam;
 pub(crate) mod attention;
 mod blas;
 pub(crate) mod conv;
@@ -15,6 +14,7 @@ pub(crate) mod elementwise;
 pub(crate) mod math;
 pub(crate) mod memory;
 pub(crate) mod norm;
+pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 
@@ -260,13 +260,13 @@ impl ComputeBackend for ReferenceBackend {
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
         let acc = desc.accesses()?;
         self.float_only("adam_step", desc.dtype)?;
-        self.run(acc, |mem| adam::adam_step(mem, desc))
+        self.run(acc, |mem| optim::adam_step(mem, desc))
     }
 
     fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
         let acc = desc.accesses()?;
         self.float_only("unscale_and_check", desc.dtype)?;
-        self.run(acc, |mem| adam::unscale_and_check(mem, desc))
+        self.run(acc, |mem| optim::unscale_and_check(mem, desc))
     }
 
     fn fill(&self, desc: &FillDesc) -> Result<()> {

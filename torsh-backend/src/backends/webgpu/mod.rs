@@ -39,11 +39,12 @@ mod events;
 mod large;
 mod loops;
 mod memory;
+mod norm;
 mod optim;
 mod pipelines;
 mod pool;
 mod random;
-mod rows;
+mod reduce;
 mod staging;
 
 use std::sync::{Mutex, MutexGuard};
@@ -875,7 +876,7 @@ impl ComputeBackend for WebGpuBackend {
             elements: desc.input.layout.numel(),
             passes: &|gpu| loops::reduce(gpu.row_threads, desc.op, len),
         };
-        let run = |d: &ReduceDesc| self.run(d, rows::reduce);
+        let run = |d: &ReduceDesc| self.run(d, reduce::reduce);
         match self.plan(desc, desc.dtype, pieces::reduce, Some(loops))? {
             Plan::Whole => run(desc),
             Plan::Pieces(parts) => parts.iter().try_for_each(run),
@@ -934,7 +935,7 @@ impl ComputeBackend for WebGpuBackend {
                 .fold(1usize, |a, &b| a.saturating_mul(b)),
             passes: &|gpu| loops::softmax(gpu.row_threads, desc.axis_len),
         };
-        let run = |d: &SoftmaxDesc| self.run(d, rows::softmax);
+        let run = |d: &SoftmaxDesc| self.run(d, norm::softmax);
         match self.plan(desc, desc.dtype, pieces::softmax, Some(loops))? {
             Plan::Whole => run(desc),
             Plan::Pieces(parts) => parts.iter().try_for_each(run),
@@ -950,7 +951,7 @@ impl ComputeBackend for WebGpuBackend {
             elements: desc.rows.saturating_mul(desc.cols),
             passes: &|gpu| loops::layer_norm(gpu.row_threads, desc.cols),
         };
-        let run = |d: &LayerNormDesc| self.run(d, rows::layer_norm);
+        let run = |d: &LayerNormDesc| self.run(d, norm::layer_norm);
         match self.plan(desc, desc.dtype, pieces::layer_norm, Some(loops))? {
             Plan::Whole => run(desc),
             Plan::Pieces(parts) => parts.iter().try_for_each(run),
@@ -962,7 +963,7 @@ impl ComputeBackend for WebGpuBackend {
 
     fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
         math_dtype("batch_norm", desc.dtype, desc)?;
-        let run = |d: &BatchNormDesc| self.run(d, pool::batch_norm);
+        let run = |d: &BatchNormDesc| self.run(d, norm::batch_norm);
         match self.plan(desc, desc.dtype, pieces::batch_norm, None)? {
             Plan::Whole | Plan::PastBudget => run(desc),
             Plan::Pieces(parts) => parts.iter().try_for_each(run),

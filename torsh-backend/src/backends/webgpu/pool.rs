@@ -1,23 +1,18 @@
-//! Host side of `shaders/pool.wgsl` and `shaders/batch_norm.wgsl`: 2-D pooling (one invocation per
-//! output) and batch normalisation (workgroups over chunks of each channel, or one per channel), in
-//! f32, and in f16 where the device
-//! has `SHADER_F16`. Other dtypes, misaligned operands and sizes beyond the kernels' 32-bit words
+//! Host side of `shaders/pool.wgsl`: 2-D pooling, one invocation per output, in f32, and in f16
+//! where the device has `SHADER_F16`. Other dtypes, misaligned operands and sizes beyond the kernels' 32-bit words
 //! answer [`Launch::Stage`].
 
-use crate::compute::{BatchNormDesc, DevicePtr, Pool2dDesc, PoolKind};
+use crate::compute::{Pool2dDesc, PoolKind};
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::loops;
-use super::memory::{Binding, Memory};
-use super::pipelines::{
-    combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_F16,
-    BATCH_NORM_F16_SUBGROUP, BATCH_NORM_SUBGROUP, POOL, POOL_F16,
-};
+use super::memory::Memory;
+use super::pipelines::{for_dtype, grid_1d, Dispatch, Kernels, POOL, POOL_F16};
 
 /// `values` as parameter words, or `None` when one does not fit in 32 bits.
-fn words(values: &[usize]) -> Option<Vec<u32>> {
+pub(super) fn words(values: &[usize]) -> Option<Vec<u32>> {
     values.iter().map(|&v| u32::try_from(v).ok()).collect()
 }
 
@@ -94,200 +89,4 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
         },
     )?;
     Ok(Launch::Done)
-}
-
-/// Elements of a channel per workgroup of `wg` threads (a chunk), for channels of
-/// `per_channel` elements and grids of at most `limit` workgroups per dimension: with a GPU's wide
-/// workgroups (32 threads or more), chunks of 16 elements per thread, so that a tensor of few
-/// channels still fills the device (in training too, then in three launches); with a CPU implementation's workgroup of one SIMD group
-/// ([`super::context::row_threads_for`]), the whole channel, which measured fastest on lavapipe (a
-/// 70 MiB tensor of 16 channels: 23 ms, against 51–81 ms in chunks of 16 to 20 000 elements per
-/// thread). Never so small that the chunks exceed `limit`, and never so long that a launch runs
-/// more than `budget` loop passes an invocation (`loops.rs`): a chunk's moments or normalisation,
-/// and in `training` a whole channel in one launch (else it is two chunks at least, so three
-/// launches).
-fn chunk_len(per_channel: usize, wg: usize, limit: usize, budget: u64, training: bool) -> usize {
-    let wg32 = wg as u32;
-    let chunk = if wg >= 32 { wg * 16 } else { per_channel };
-    let mut chunk = chunk.max(per_channel.div_ceil(limit.max(1))).max(1);
-    let most = loops::longest(per_channel, budget, |c| loops::batch_norm_moments(wg32, c));
-    if let Some(most) = most.filter(|&most| most < per_channel) {
-        chunk = chunk.min(most);
-    }
-    let whole = loops::batch_norm_training(wg32, per_channel);
-    if training && chunk >= per_channel && per_channel > 1 && whole > budget {
-        chunk = per_channel.div_ceil(2);
-    }
-    chunk
-}
-
-/// Batch normalisation, training or inference, in f32, or f16 (f32 math) where the device has
-/// `SHADER_F16`.
-pub(crate) fn batch_norm(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    mem: &Memory,
-    d: &BatchNormDesc,
-) -> Result<Launch> {
-    let Some((module, size)) = for_dtype(
-        gpu,
-        d.dtype,
-        combining(gpu, BATCH_NORM, BATCH_NORM_SUBGROUP),
-        combining(gpu, BATCH_NORM_F16, BATCH_NORM_F16_SUBGROUP),
-    ) else {
-        return Ok(Launch::Stage);
-    };
-    let n = d.batch * d.channels * d.spatial;
-    if n == 0 {
-        return Ok(Launch::Stage);
-    }
-    let (Some(x), Some(out)) = (
-        mem.elements_u32(d.input, n, size)?,
-        mem.elements_u32(d.output, n, size)?,
-    ) else {
-        return Ok(Launch::Stage);
-    };
-    let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(Binding<'_>, u32)>>> {
-        match ptr {
-            None => Ok(Some(None)),
-            Some(p) => Ok(mem.elements_u32(p, d.channels, size)?.map(Some)),
-        }
-    };
-    let (Some(weight), Some(bias), Some(mean), Some(var)) = (
-        optional(d.weight)?,
-        optional(d.bias)?,
-        optional(d.running_mean)?,
-        optional(d.running_var)?,
-    ) else {
-        return Ok(Launch::Stage);
-    };
-    // Chunks of each channel ([`chunk_len`]): several (a GPU) run training in three launches and
-    // inference over a grid of chunks; one (a CPU implementation, or a small channel) runs training
-    // in one launch of a workgroup per channel.
-    let limit = gpu.limits.max_compute_workgroups_per_dimension.max(1) as usize;
-    let per_channel = d.batch * d.spatial;
-    let chunk = chunk_len(
-        per_channel,
-        gpu.row_threads as usize,
-        limit,
-        gpu.loop_limit,
-        d.training,
-    );
-    let chunks = per_channel.div_ceil(chunk);
-    let Some((cy, cz, _)) = grid_rows(d.channels, limit as u32) else {
-        return Ok(Launch::Stage);
-    };
-    // Per (chunk, channel): grid_rows gives the channels as (x ≤ limit, rows of x), here y and z.
-    let chunked = (chunks as u32, cy, cz);
-    // The chunks' moments and the batch's statistics, f32 (see `shaders/batch_norm.wgsl`).
-    let partial_bytes = 4 * (2 * d.channels * chunks + 2 * d.channels) as u64;
-    let three_launches = d.training && chunks > 1 && partial_bytes <= mem.binding_limit().bytes;
-    let offset = |o: Option<(Binding<'_>, u32)>| o.map_or(0, |o| o.1 as usize);
-    let Some(mut p) = words(&[
-        d.batch,
-        d.channels,
-        d.spatial,
-        usize::from(d.training),
-        usize::from(weight.is_some()),
-        usize::from(bias.is_some()),
-        usize::from(mean.is_some() && var.is_some()),
-        0,
-        0,
-        x.1 as usize,
-        out.1 as usize,
-        offset(weight),
-        offset(bias),
-        offset(mean),
-        offset(var),
-        chunk,
-        chunks,
-        usize::from(three_launches),
-    ]) else {
-        return Ok(Launch::Stage);
-    };
-    p[7] = (d.momentum as f32).to_bits();
-    p[8] = (d.eps as f32).to_bits();
-    let input = x.0;
-    let [w_buf, b_buf, mean_buf, var_buf] =
-        [weight, bias, mean, var].map(|o| o.map_or(input, |o| o.0));
-    // Dropped once encoded: wgpu keeps it alive until the launches that use it have run.
-    let scratch = three_launches.then(|| {
-        gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("batch_norm partial statistics"),
-            size: partial_bytes,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        })
-    });
-    let partials = scratch.as_ref().map_or(input, Binding::whole);
-    let buffers = [input, out.0, w_buf, b_buf, mean_buf, var_buf, partials];
-    let wg = [("WG", u64::from(gpu.row_threads))];
-    let threads = gpu.row_threads;
-    let infer = (
-        "batch_norm_infer",
-        chunked,
-        loops::batch_norm_infer(threads, chunk),
-    );
-    let launches: &[(&str, (u32, u32, u32), u64)] = if three_launches {
-        &[
-            (
-                "batch_norm_moments",
-                chunked,
-                loops::batch_norm_moments(threads, chunk),
-            ),
-            (
-                "batch_norm_stats",
-                grid_1d(d.channels, limit as u32)?,
-                loops::batch_norm_stats(chunks),
-            ),
-            infer,
-        ]
-    } else if d.training {
-        let Some(groups) = grid_rows(d.channels, limit as u32) else {
-            return Ok(Launch::Stage);
-        };
-        let one = loops::batch_norm_training(threads, per_channel);
-        &[("batch_norm", groups, one)]
-    } else {
-        &[infer]
-    };
-    for &(entry, groups, loops) in launches {
-        kernels.dispatch(
-            gpu,
-            Dispatch {
-                module,
-                entry,
-                constants: &wg,
-                buffers: &buffers,
-                params: &p,
-                groups,
-                loops,
-            },
-        )?;
-    }
-    Ok(Launch::Done)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{chunk_len, loops};
-
-    #[test]
-    fn chunks_fill_a_gpu_and_keep_a_cpu_implementation_to_one_per_channel() {
-        let chunk = |per_channel, wg| chunk_len(per_channel, wg, 65_535, 64_000, false);
-        // A GPU's 256 threads: 4096 elements a chunk, and chunks never more than the grid holds.
-        assert_eq!(chunk(1_000_000, 256), 4096);
-        assert_eq!(chunk(10, 256), 4096);
-        assert_eq!(chunk(1 << 30, 256), (1usize << 30).div_ceil(65_535));
-        // A SIMD group per channel: the whole channel, up to the loop budget; never 0.
-        assert_eq!(chunk(200_000, 8), 200_000);
-        assert_eq!(chunk(0, 8), 1);
-        let most = chunk(10_000_000, 8);
-        assert!(most < 300_000 && loops::batch_norm_moments(8, most) <= 64_000);
-        // Training a channel too long for one launch: two chunks at least.
-        let training = chunk_len(200_000, 8, 65_535, 64_000, true);
-        assert!(training < 200_000);
-        assert!(loops::batch_norm_training(8, 200_000) > 64_000);
-        assert_eq!(chunk_len(1000, 8, 65_535, 64_000, true), 1000);
-    }
 }

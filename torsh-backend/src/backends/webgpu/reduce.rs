@@ -1,9 +1,9 @@
-//! Host side of `shaders/rows.wgsl`: reductions along an axis, softmax and log-softmax, and layer
-//! norm in f32, and in f16 where the device has `SHADER_F16` (f32 math, one rounding per stored
-//! value), one workgroup per row. Other dtypes, misaligned operands and views whose offsets do not
+//! Reductions along an axis, through the row kernels of `shaders/rows.wgsl` (which `norm.rs`
+//! launches too, for softmax and layer norm): in f32, and in f16 where the device has `SHADER_F16`
+//! (f32 math, one rounding per stored value), one workgroup per row. Other dtypes, misaligned operands and views whose offsets do not
 //! fit the kernels' 32-bit words answer [`Launch::Stage`].
 
-use crate::compute::{DevicePtr, LayerNormDesc, ReduceDesc, ReduceOp, SoftmaxDesc};
+use crate::compute::{ReduceDesc, ReduceOp};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::{coalesce, Layout};
@@ -21,13 +21,13 @@ use super::pipelines::{
 const MAX_RANK: usize = 8;
 
 /// `v` as a parameter word, if it fits.
-fn word(v: usize) -> Option<u32> {
+pub(super) fn word(v: usize) -> Option<u32> {
     u32::try_from(v).ok()
 }
 
 /// The row module that serves `dtype` on this device with its element size; `None` for dtypes that
 /// are staged.
-fn module(gpu: &Gpu, dtype: DType) -> Option<(Module, usize)> {
+pub(super) fn module(gpu: &Gpu, dtype: DType) -> Option<(Module, usize)> {
     for_dtype(
         gpu,
         dtype,
@@ -39,7 +39,7 @@ fn module(gpu: &Gpu, dtype: DType) -> Option<(Module, usize)> {
 /// Launches `entry` of `module` over `rows` rows with the input, layer norm's weight and bias (the
 /// input where absent) and the output bound (twice: as values and as index words), `params` as
 /// parameter words, and `loops` loop passes an invocation (`loops.rs`).
-fn launch(
+pub(super) fn launch(
     gpu: &Gpu,
     kernels: &Kernels,
     (module, entry, loops): (Module, &'static str, u64),
@@ -140,108 +140,6 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
         (module, "reduce", loops::reduce(gpu.row_threads, d.op, len)),
         rows,
         [input, input, input, output],
-        &p,
-    )
-}
-
-/// Softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim.
-pub(crate) fn softmax(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    mem: &Memory,
-    d: &SoftmaxDesc,
-) -> Result<Launch> {
-    let Some((module, size)) = module(gpu, d.dtype) else {
-        return Ok(Launch::Stage);
-    };
-    let (Some((input, in_off)), Some((output, out_off))) =
-        (mem.elements(d.input, size)?, mem.elements(d.output, size)?)
-    else {
-        return Ok(Launch::Stage);
-    };
-    let n = d.outer * d.axis_len * d.inner;
-    let rows = d.outer * d.inner;
-    let fits = [n + in_off, n + out_off, d.axis_len, d.inner, rows]
-        .iter()
-        .all(|&v| word(v).is_some());
-    if !fits {
-        return Ok(Launch::Stage);
-    }
-    let mut p = vec![0u32; 8];
-    p[0] = rows as u32;
-    p[1] = d.axis_len as u32;
-    p[4] = out_off as u32;
-    p[5] = in_off as u32;
-    p[6] = d.inner.max(1) as u32;
-    p[7] = u32::from(d.log);
-    launch(
-        gpu,
-        kernels,
-        (
-            module,
-            "softmax",
-            loops::softmax(gpu.row_threads, d.axis_len),
-        ),
-        rows,
-        [input, input, input, output],
-        &p,
-    )
-}
-
-/// Layer norm over the last `cols` elements of each of `rows` rows.
-pub(crate) fn layer_norm(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    mem: &Memory,
-    d: &LayerNormDesc,
-) -> Result<Launch> {
-    let Some((module, size)) = module(gpu, d.dtype) else {
-        return Ok(Launch::Stage);
-    };
-    let (Some((input, in_off)), Some((output, out_off))) =
-        (mem.elements(d.input, size)?, mem.elements(d.output, size)?)
-    else {
-        return Ok(Launch::Stage);
-    };
-    let optional = |ptr: Option<DevicePtr>| -> Result<Option<Option<(Binding<'_>, usize)>>> {
-        match ptr {
-            None => Ok(Some(None)),
-            Some(p) => Ok(mem.elements(p, size)?.map(Some)),
-        }
-    };
-    let (Some(weight), Some(bias)) = (optional(d.weight)?, optional(d.bias)?) else {
-        return Ok(Launch::Stage);
-    };
-    let n = d.rows * d.cols;
-    let fits = [n + in_off, n + out_off, d.rows, d.cols]
-        .iter()
-        .chain(weight.iter().map(|w| &w.1))
-        .chain(bias.iter().map(|b| &b.1))
-        .all(|&v| word(v + d.cols).is_some());
-    if !fits {
-        return Ok(Launch::Stage);
-    }
-    let mut p = vec![0u32; 11];
-    p[0] = d.rows as u32;
-    p[1] = d.cols as u32;
-    p[4] = out_off as u32;
-    p[5] = in_off as u32;
-    p[6] = (d.eps as f32).to_bits();
-    p[7] = u32::from(weight.is_some());
-    p[8] = u32::from(bias.is_some());
-    p[9] = weight.map_or(0, |w| w.1 as u32);
-    p[10] = bias.map_or(0, |b| b.1 as u32);
-    let (w, b) = (weight.map_or(input, |w| w.0), bias.map_or(input, |b| b.0));
-    launch(
-        gpu,
-        kernels,
-        (
-            module,
-            "layer_norm",
-            loops::layer_norm(gpu.row_threads, d.cols),
-        ),
-        d.rows,
-        [input, w, b, output],
         &p,
     )
 }

@@ -11,7 +11,7 @@ use super::host::{
     SERIAL_ELEMENTS,
 };
 use super::reduce::{as_acc, as_acc_mut};
-use crate::backends::reference::{adam as reference, memory::HostMemory};
+use crate::backends::reference::{memory::HostMemory, optim as reference};
 use crate::compute::AdamDesc;
 use crate::error::Result;
 

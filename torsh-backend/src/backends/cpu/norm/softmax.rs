@@ -15,9 +15,11 @@
 
 use rayon::prelude::*;
 
-use super::elementwise::Lanes;
-use super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS};
-use super::vmath;
+use super::super::elementwise::Lanes;
+use super::super::host::{
+    for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS,
+};
+use super::super::vmath;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::SoftmaxDesc;
 use crate::error::Result;

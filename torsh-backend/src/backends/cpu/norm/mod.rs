@@ -1,10 +1,14 @@
-//! Layer norm and batch norm on the CPU.
+//! Softmax (`softmax.rs`), layer norm and batch norm on the CPU.
 //!
-//! Both compute their statistics with the reduction kernels' [`Moments`] (two passes over each block
+//! Layer norm and batch norm compute their statistics with the reduction kernels' [`Moments`] (two passes over each block
 //! while it is in L1, blocks merged in f64 with Chan's formula; Welford per column where the runs are
 //! short), then normalise in the compute type with the mean split into a high and a low part, so a
 //! large common offset costs no accuracy. Layer norm is threaded over rows; batch norm over
 //! `(sample, channel)` runs or rows for its statistics and its output.
+
+mod softmax;
+
+pub(crate) use softmax::softmax;
 
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
