@@ -36,71 +36,26 @@ use crate::shape::{coalesce, Layout};
 /// `output[i] = op(input[i])` in the dtype's accumulator.
 pub(crate) fn unary(gpu: &Gpu, d: &UnaryDesc) -> Result<()> {
     const OP: &str = "unary";
-    let numel = d.input.layout.numel();
-    if numel == 0 {
+    if d.input.layout.numel() == 0 {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.input.ptr, d.output])?;
-    let (entry, operands) = unary_plan(d)?;
-    let f = kernel(gpu, entry)?;
-    let n = to_i64(OP, numel)?;
-    let code = d.op.code() as i32;
-    let mut b = gpu.stream().launch_builder(&f);
-    let cfg = match &operands {
-        Operands::Dense([x]) => {
-            b.arg(x).arg(&d.output.0).arg(&n).arg(&code);
-            vector_grid(gpu, numel, d.dtype, d.dtype)
-        }
-        Operands::Strided([x]) => {
-            b.arg(&d.input.ptr.0)
-                .arg(x)
-                .arg(&d.output.0)
-                .arg(&n)
-                .arg(&code);
-            gpu.grid(numel)
-        }
-    };
-    // SAFETY: the caller checked every region against live allocations and for aliasing; the
-    // arguments match `unary_vec_<dtype>(const T*, T*, i64, int)` (dense, 16-byte aligned operands) or
-    // `unary_<dtype>(const T*, Strided, T*, i64, int)`.
-    unsafe { b.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
-    Ok(())
+    let code = Some(d.op.code() as i32);
+    let dtypes = (d.dtype, d.dtype);
+    launch_elementwise(gpu, OP, unary_plan(d)?, [&d.input], d.output, dtypes, code)
 }
 
 /// `output[i] = op(lhs[i], rhs[i])` over the (broadcast) views, in the dtype's accumulator.
 pub(crate) fn binary(gpu: &Gpu, d: &BinaryDesc) -> Result<()> {
     const OP: &str = "binary";
-    let numel = d.lhs.layout.numel();
-    if numel == 0 {
+    if d.lhs.layout.numel() == 0 {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.lhs.ptr, d.rhs.ptr, d.output])?;
-    let (entry, operands) = binary_plan(d)?;
-    let f = kernel(gpu, entry)?;
-    let n = to_i64(OP, numel)?;
-    let code = d.op.code() as i32;
-    let mut b = gpu.stream().launch_builder(&f);
-    let cfg = match &operands {
-        Operands::Dense([lhs, rhs]) => {
-            b.arg(lhs).arg(rhs).arg(&d.output.0).arg(&n).arg(&code);
-            vector_grid(gpu, numel, d.dtype, d.dtype)
-        }
-        Operands::Strided([lhs, rhs]) => {
-            b.arg(&d.lhs.ptr.0)
-                .arg(lhs)
-                .arg(&d.rhs.ptr.0)
-                .arg(rhs)
-                .arg(&d.output.0)
-                .arg(&n)
-                .arg(&code);
-            gpu.grid(numel)
-        }
-    };
-    // SAFETY: regions checked by the caller; the arguments match
-    // `binary_vec_<dtype>(const T*, const T*, T*, i64, int)` (dense, 16-byte aligned operands) or
-    // `binary_<dtype>(const T*, Strided, const T*, Strided, T*, i64, int)`.
-    unsafe { b.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
-    Ok(())
+    let code = Some(d.op.code() as i32);
+    let inputs = [&d.lhs, &d.rhs];
+    let dtypes = (d.dtype, d.dtype);
+    launch_elementwise(gpu, OP, binary_plan(d)?, inputs, d.output, dtypes, code)
 }
 
 /// Sets `len` elements to `value`, encoded on the host exactly as the reference encodes it.
@@ -193,30 +148,58 @@ pub(crate) fn random(gpu: &Gpu, d: &RandomDesc) -> Result<()> {
 /// Converts a strided input of one dtype into a dense output of another (any pair of dtypes).
 pub(crate) fn cast(gpu: &Gpu, d: &CastDesc) -> Result<()> {
     const OP: &str = "cast";
-    let numel = d.input.layout.numel();
-    if numel == 0 {
+    if d.input.layout.numel() == 0 {
         return Ok(());
     }
     check_aligned(OP, d.src_dtype, &[d.input.ptr])?;
     check_aligned(OP, d.dst_dtype, &[d.output])?;
-    let (entry, operands) = cast_plan(d)?;
+    let dtypes = (d.src_dtype, d.dst_dtype);
+    launch_elementwise(gpu, OP, cast_plan(d)?, [&d.input], d.output, dtypes, None)
+}
+
+/// Launches an elementwise kernel over the elements of `inputs` (each of the output's shape): on
+/// [`Operands::Dense`] ones `entry(x₀, …, output, n[, code])`, on [`Operands::Strided`] ones
+/// `entry(ptr₀, strided₀, …, output, n[, code])`, where `code` is the op's code for the unary and
+/// binary kernels (`None` for casts) and `(src, dst)` are the input and output dtypes, which size the
+/// vector kernels' grid. The caller checked the regions and the pointers' alignment.
+fn launch_elementwise<const K: usize>(
+    gpu: &Gpu,
+    op: &'static str,
+    (entry, operands): (Entry, Operands<K>),
+    inputs: [&StridedBuf; K],
+    output: DevicePtr,
+    (src, dst): (DType, DType),
+    code: Option<i32>,
+) -> Result<()> {
+    let numel = inputs.first().map_or(0, |b| b.layout.numel());
     let f = kernel(gpu, entry)?;
-    let n = to_i64(OP, numel)?;
+    let n = to_i64(op, numel)?;
     let mut b = gpu.stream().launch_builder(&f);
     let cfg = match &operands {
-        Operands::Dense([x]) => {
-            b.arg(x).arg(&d.output.0).arg(&n);
-            vector_grid(gpu, numel, d.src_dtype, d.dst_dtype)
+        Operands::Dense(addresses) => {
+            for x in addresses {
+                b.arg(x);
+            }
+            vector_grid(gpu, numel, src, dst)
         }
-        Operands::Strided([x]) => {
-            b.arg(&d.input.ptr.0).arg(x).arg(&d.output.0).arg(&n);
+        Operands::Strided(views) => {
+            for (buf, view) in inputs.iter().zip(views) {
+                b.arg(&buf.ptr.0).arg(view);
+            }
             gpu.grid(numel)
         }
     };
-    // SAFETY: regions checked by the caller; the arguments match
-    // `cast_vec_<src>_<dst>(const S*, D*, i64)` (float to float, dense, 16-byte aligned operands) or
-    // `cast_<src>_<dst>(const S*, Strided, D*, i64)`.
-    unsafe { b.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
+    b.arg(&output.0).arg(&n);
+    if let Some(code) = &code {
+        b.arg(code);
+    }
+    // SAFETY: the caller checked every region against live allocations and for aliasing, and every
+    // pointer's alignment; the arguments match the kernels' signatures:
+    // `unary_vec_<dtype>(const T*, T*, i64, int)`, `unary_<dtype>(const T*, Strided, T*, i64, int)`,
+    // `binary_vec_<dtype>(const T*, const T*, T*, i64, int)`,
+    // `binary_<dtype>(const T*, Strided, const T*, Strided, T*, i64, int)`,
+    // `cast_vec_<src>_<dst>(const S*, D*, i64)` and `cast_<src>_<dst>(const S*, Strided, D*, i64)`.
+    unsafe { b.launch(cfg) }.map_err(|e| driver_error(op, e))?;
     Ok(())
 }
 

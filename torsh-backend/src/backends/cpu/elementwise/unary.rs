@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// `match $op { $pattern => map($x, $out, $ctx, |v| ...), ... }`, each closure marked
+/// `#[inline(always)]`. The closures are not redundant: passed as fn items, the ops are called
+/// through an out-of-line `Fn::call` shim compiled without the SIMD features (so `mul_add` becomes a
+/// libm call); an `#[inline(always)]` closure is inlined into the vector loop instead.
+macro_rules! map_by_op {
+    ($op:expr, $x:expr, $out:expr, $ctx:expr, { $($pat:pat => |$v:ident| $f:expr),* $(,)? }) => {
+        match $op {
+            $($pat => map($x, $out, $ctx, #[inline(always)] move |$v| $f),)*
+        }
+    };
+}
+
 /// `output[i] = op(input[i])`.
 pub(crate) fn unary(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
     match d.dtype {
@@ -28,208 +40,52 @@ fn unary_operands<T: Lanes>(
 }
 
 /// [`unary`] for the types that compute in f32.
-// The closures are not redundant: passed as fn items, the ops are called through an out-of-line
-// `Fn::call` shim compiled without the SIMD features (so `mul_add` becomes a libm call); an
-// `#[inline(always)]` closure is inlined into the vector loop instead.
 #[allow(clippy::redundant_closure)]
 fn unary_f32<T: Lanes<Acc = f32>>(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
     let Some((x, out)) = unary_operands::<T>(mem, d)? else {
         return reference::unary(mem, d);
     };
     let x = &x;
-    match d.op {
-        UnaryOp::Neg => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| neg::<f32>(v),
-        ),
-        UnaryOp::Abs => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| f32::abs(v),
-        ),
-        UnaryOp::Exp => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| vmath::exp_f32(v),
-        ),
-        UnaryOp::Log => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| vmath::ln_f32(v),
-        ),
-        UnaryOp::Sqrt => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| f32::sqrt(v),
-        ),
-        UnaryOp::Rsqrt => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| rsqrt::<f32>(v),
-        ),
-        UnaryOp::Recip => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| recip::<f32>(v),
-        ),
-        UnaryOp::Square => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| square::<f32>(v),
-        ),
-        UnaryOp::Relu => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| relu::<f32>(v),
-        ),
-        UnaryOp::Gelu => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| vmath::gelu_f32(v),
-        ),
-        UnaryOp::GeluTanh => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| vmath::gelu_tanh_f32(v),
-        ),
-        UnaryOp::Sigmoid => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| vmath::sigmoid_f32(v),
-        ),
-        UnaryOp::Silu => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| vmath::silu_f32(v),
-        ),
-        UnaryOp::Tanh => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| vmath::tanh_f32(v),
-        ),
-        UnaryOp::Sin => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| f32::sin(v),
-        ),
-        UnaryOp::Cos => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| f32::cos(v),
-        ),
-        UnaryOp::Erf => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| vmath::erf_f32(v),
-        ),
-    }
+    map_by_op!(d.op, x, out, ctx, {
+        UnaryOp::Neg => |v| neg::<f32>(v),
+        UnaryOp::Abs => |v| f32::abs(v),
+        UnaryOp::Exp => |v| vmath::exp_f32(v),
+        UnaryOp::Log => |v| vmath::ln_f32(v),
+        UnaryOp::Sqrt => |v| f32::sqrt(v),
+        UnaryOp::Rsqrt => |v| rsqrt::<f32>(v),
+        UnaryOp::Recip => |v| recip::<f32>(v),
+        UnaryOp::Square => |v| square::<f32>(v),
+        UnaryOp::Relu => |v| relu::<f32>(v),
+        UnaryOp::Gelu => |v| vmath::gelu_f32(v),
+        UnaryOp::GeluTanh => |v| vmath::gelu_tanh_f32(v),
+        UnaryOp::Sigmoid => |v| vmath::sigmoid_f32(v),
+        UnaryOp::Silu => |v| vmath::silu_f32(v),
+        UnaryOp::Tanh => |v| vmath::tanh_f32(v),
+        UnaryOp::Sin => |v| f32::sin(v),
+        UnaryOp::Cos => |v| f32::cos(v),
+        UnaryOp::Erf => |v| vmath::erf_f32(v),
+    });
     Ok(())
 }
 
 /// [`unary`] for f64: the reference's own definitions per element (accuracy first), threaded; the
 /// ops that are plain arithmetic vectorise.
-// The closures are not redundant: passed as fn items, the ops are called through an out-of-line
-// `Fn::call` shim compiled without the SIMD features (so `mul_add` becomes a libm call); an
-// `#[inline(always)]` closure is inlined into the vector loop instead.
 #[allow(clippy::redundant_closure)]
 fn unary_f64(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
     let Some((x, out)) = unary_operands::<f64>(mem, d)? else {
         return reference::unary(mem, d);
     };
     let x = &x;
-    match d.op {
-        UnaryOp::Neg => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| neg::<f64>(v),
-        ),
-        UnaryOp::Abs => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| f64::abs(v),
-        ),
-        UnaryOp::Sqrt => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| f64::sqrt(v),
-        ),
-        UnaryOp::Rsqrt => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| rsqrt::<f64>(v),
-        ),
-        UnaryOp::Recip => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| recip::<f64>(v),
-        ),
-        UnaryOp::Square => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| square::<f64>(v),
-        ),
-        UnaryOp::Relu => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            |v| relu::<f64>(v),
-        ),
-        op => map(
-            x,
-            out,
-            ctx,
-            #[inline(always)]
-            move |v| math::unary(op, v),
-        ),
-    }
+    map_by_op!(d.op, x, out, ctx, {
+        UnaryOp::Neg => |v| neg::<f64>(v),
+        UnaryOp::Abs => |v| f64::abs(v),
+        UnaryOp::Sqrt => |v| f64::sqrt(v),
+        UnaryOp::Rsqrt => |v| rsqrt::<f64>(v),
+        UnaryOp::Recip => |v| recip::<f64>(v),
+        UnaryOp::Square => |v| square::<f64>(v),
+        UnaryOp::Relu => |v| relu::<f64>(v),
+        op => |v| math::unary(op, v),
+    });
     Ok(())
 }
 
