@@ -192,6 +192,31 @@ macro_rules! for_each_op {
     };
 }
 
+/// A built-in backend's implementation of the op `D`, written in the backend's file of the op's
+/// family (`backends/cpu/elementwise/`, `backends/cuda/norm.rs`, ...). The backend's
+/// `ComputeBackend` impl writes every op method with [`ops_by_impl!`], each calling
+/// `OpImpl::<D>::op`. A backend that does not run an op yet writes the impl empty: the provided
+/// body answers `Unsupported`.
+pub(crate) trait OpImpl<D: OpDesc>: ComputeBackend {
+    /// Runs `desc`; the errors of the op's trait method.
+    fn op(&self, desc: &D) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+}
+
+/// Inside a built-in backend's `impl ComputeBackend`, with `crate::for_each_op!(ops_by_impl)`:
+/// every op method, each running the backend's [`OpImpl`] of its descriptor.
+macro_rules! ops_by_impl {
+    ($($method:ident($desc:ty)),* $(,)?) => {
+        $(
+            fn $method(&self, desc: &$desc) -> $crate::error::Result<()> {
+                $crate::compute::op::OpImpl::<$desc>::op(self, desc)
+            }
+        )*
+    };
+}
+pub(crate) use ops_by_impl;
+
 /// Implements [`OpDesc`] for a descriptor: its method, its dtype field and its operands, each as
 /// `dense "name": field` or `strided "name": field` (an `Option` field with `optional "name": field`),
 /// with a function of the descriptor after `as` giving the operand's dtype when it is not the

@@ -27,8 +27,11 @@ use rayon::prelude::*;
 
 use super::conv::{out_of_memory, parallel_items, zeroed, Product, Raw, Wide, NO_REPACK_COLS};
 use super::host::{with_float, with_simd, Ctx, Real};
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{attention as reference, memory::HostMemory};
+use crate::compute::op::OpImpl;
 use crate::compute::AttentionDesc;
+use crate::compute::ComputeBackend;
 use crate::error::Result;
 
 /// The op name in errors.
@@ -448,6 +451,15 @@ fn softmax_step<A: Exp>(s: &mut Scratch<A>, rows: usize, cols: usize, ld: usize)
 fn scale_into<A: Real>(acc: &[A], scale: A, out: &mut [A]) {
     for (o, &a) in out.iter_mut().zip(acc) {
         *o = a * scale;
+    }
+}
+
+impl OpImpl<AttentionDesc> for CpuBackend {
+    fn op(&self, desc: &AttentionDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.attention(desc);
+        };
+        self.kernel(acc, |mem, ctx| attention(mem, desc, ctx))
     }
 }
 

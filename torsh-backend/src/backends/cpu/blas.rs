@@ -10,7 +10,11 @@
 use gemm::Parallelism;
 use half::{bf16, f16};
 
+use super::{gemm_is_parallel, parallelism, BatchedGemmDesc, SimdLevel, INLINE_MACS};
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::memory::HostMemory;
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 use crate::compute::{DevicePtr, GemmDesc, GemvDesc, Transpose};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -331,4 +335,63 @@ fn widened_gemv(
         &y,
         (0..rows).map(|i| i * incy),
     )
+}
+
+impl OpImpl<GemmDesc> for CpuBackend {
+    fn op(&self, desc: &GemmDesc) -> Result<()> {
+        self.gemm_threaded(desc, None)
+    }
+}
+
+impl OpImpl<BatchedGemmDesc> for CpuBackend {
+    /// Checks every batch's regions under one lock, then runs the batches, each on the pool or the
+    /// calling thread as a single GEMM of its size would; nothing is written unless every batch can
+    /// be.
+    fn op(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        let g = &desc.gemm;
+        let acc = match desc.accesses() {
+            Ok(acc) if self.simd_gemm(g) => acc,
+            _ => return self.scalar.batched_gemm(desc),
+        };
+        let parallel = gemm_is_parallel(g);
+        self.scalar.run(acc, |mem| {
+            for gemm in desc.batches() {
+                let gemm = gemm?;
+                let regions = crate::backends::reference::gemm_regions(&gemm)?;
+                // Per-batch pointers keep the element alignment of the bases (offsets are whole
+                // elements).
+                self.on_pool(parallel, |threads| {
+                    self.gemm_kernel(mem, &gemm, regions, threads)
+                })?;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl OpImpl<GemvDesc> for CpuBackend {
+    fn op(&self, desc: &GemvDesc) -> Result<()> {
+        let simd = self.simd != SimdLevel::Scalar
+            && matches!(desc.dtype, DType::F32 | DType::F64 | DType::F16)
+            && desc.m > 0
+            && desc.n > 0
+            && aligned(desc.dtype, &[desc.a.0, desc.x.0, desc.y.0]);
+        if !simd {
+            return self.scalar.gemv(desc);
+        }
+        let Ok(acc) = desc.accesses() else {
+            return self.scalar.gemv(desc);
+        };
+        let regions = [
+            acc.regions[0].bytes,
+            acc.regions[1].bytes,
+            acc.regions[2].bytes,
+        ];
+        let macs = desc.m.saturating_mul(desc.n);
+        self.scalar.run(acc, |mem| {
+            self.on_pool(macs >= INLINE_MACS, |threads| {
+                gemv(mem, desc, regions, parallelism(threads))
+            })
+        })
+    }
 }

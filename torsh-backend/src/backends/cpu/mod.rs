@@ -27,6 +27,7 @@ use gemm::Parallelism;
 
 use crate::backends::reference::memory::HostMemory;
 use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::ops_by_impl;
 use crate::compute::*;
 use crate::device::{host_core_count, host_memory_bytes, BackendType, DeviceInfo};
 use crate::dtype::DType;
@@ -334,34 +335,8 @@ impl ComputeBackend for CpuBackend {
         })
     }
 
-    fn gemm(&self, desc: &GemmDesc) -> Result<()> {
-        self.gemm_threaded(desc, None)
-    }
-
-    /// Checks every batch's regions under one lock, then runs the batches, each on the pool or the
-    /// calling thread as a single GEMM of its size would; nothing is written unless every batch can
-    /// be.
-    fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
-        let g = &desc.gemm;
-        let acc = match desc.accesses() {
-            Ok(acc) if self.simd_gemm(g) => acc,
-            _ => return self.scalar.batched_gemm(desc),
-        };
-        let parallel = gemm_is_parallel(g);
-        self.scalar.run(acc, |mem| {
-            for gemm in desc.batches() {
-                let gemm = gemm?;
-                let regions = crate::backends::reference::gemm_regions(&gemm)?;
-                // Per-batch pointers keep the element alignment of the bases (offsets are whole
-                // elements).
-                self.on_pool(parallel, |threads| {
-                    self.gemm_kernel(mem, &gemm, regions, threads)
-                })?;
-            }
-            Ok(())
-        })
-    }
-
+    // Every op method runs this backend's `OpImpl` of its descriptor, in the file of its family.
+    crate::for_each_op!(ops_by_impl);
     fn fingerprint(&self) -> String {
         format!(
             "cpu/{}/threads={}/simd={}",
@@ -412,138 +387,5 @@ impl ComputeBackend for CpuBackend {
                 format!("the cpu backend has no variant `{variant}` of this op"),
             )),
         }
-    }
-
-    fn gemv(&self, desc: &GemvDesc) -> Result<()> {
-        let simd = self.simd != SimdLevel::Scalar
-            && matches!(desc.dtype, DType::F32 | DType::F64 | DType::F16)
-            && desc.m > 0
-            && desc.n > 0
-            && blas::aligned(desc.dtype, &[desc.a.0, desc.x.0, desc.y.0]);
-        if !simd {
-            return self.scalar.gemv(desc);
-        }
-        let Ok(acc) = desc.accesses() else {
-            return self.scalar.gemv(desc);
-        };
-        let regions = [
-            acc.regions[0].bytes,
-            acc.regions[1].bytes,
-            acc.regions[2].bytes,
-        ];
-        let macs = desc.m.saturating_mul(desc.n);
-        self.scalar.run(acc, |mem| {
-            self.on_pool(macs >= INLINE_MACS, |threads| {
-                blas::gemv(mem, desc, regions, parallelism(threads))
-            })
-        })
-    }
-
-    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.conv2d_forward(desc);
-        };
-        self.kernel(acc, |mem, ctx| conv::conv2d(mem, desc, ctx))
-    }
-
-    fn attention(&self, desc: &AttentionDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.attention(desc);
-        };
-        self.kernel(acc, |mem, ctx| attention::attention(mem, desc, ctx))
-    }
-
-    fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.reduce(desc);
-        };
-        self.kernel(acc, |mem, ctx| reduce::reduce(mem, desc, ctx))
-    }
-
-    fn unary(&self, desc: &UnaryDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.unary(desc);
-        };
-        self.kernel(acc, |mem, ctx| elementwise::unary(mem, desc, ctx))
-    }
-
-    fn binary(&self, desc: &BinaryDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.binary(desc);
-        };
-        self.kernel(acc, |mem, ctx| elementwise::binary(mem, desc, ctx))
-    }
-
-    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.softmax(desc);
-        };
-        self.kernel(acc, |mem, ctx| norm::softmax(mem, desc, ctx))
-    }
-
-    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.layer_norm(desc);
-        };
-        self.kernel(acc, |mem, ctx| norm::layer_norm(mem, desc, ctx))
-    }
-
-    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.batch_norm(desc);
-        };
-        self.kernel(acc, |mem, ctx| norm::batch_norm(mem, desc, ctx))
-    }
-
-    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.pool2d(desc);
-        };
-        self.kernel(acc, |mem, ctx| pool::pool2d(mem, desc, ctx))
-    }
-
-    fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.adam_step(desc);
-        };
-        self.kernel(acc, |mem, ctx| optim::adam_step(mem, desc, ctx))
-    }
-
-    /// The reference's fused loop: one pass over the gradients, on the calling thread.
-    fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
-        self.scalar.unscale_and_check(desc)
-    }
-
-    fn fill(&self, desc: &FillDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.fill(desc);
-        };
-        self.kernel(acc, |mem, ctx| elementwise::fill(mem, desc, ctx))
-    }
-
-    fn cast(&self, desc: &CastDesc) -> Result<()> {
-        let Ok(acc) = desc.accesses() else {
-            return self.scalar.cast(desc);
-        };
-        let aligned = blas::aligned(desc.src_dtype, &[acc.regions[0].ptr.0])
-            && blas::aligned(desc.dst_dtype, &[acc.regions[1].ptr.0]);
-        if self.simd == SimdLevel::Scalar || !aligned {
-            return self.scalar.cast(desc);
-        }
-        self.kernel(acc, |mem, ctx| elementwise::cast(mem, desc, ctx))
-    }
-
-    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.copy_strided(desc);
-        };
-        self.kernel(acc, |mem, ctx| elementwise::copy_strided(mem, desc, ctx))
-    }
-
-    fn random(&self, desc: &RandomDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.random(desc);
-        };
-        self.kernel(acc, |mem, ctx| elementwise::random(mem, desc, ctx))
     }
 }

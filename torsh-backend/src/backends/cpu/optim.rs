@@ -11,8 +11,12 @@ use super::host::{
     SERIAL_ELEMENTS,
 };
 use super::reduce::{as_acc, as_acc_mut};
+use super::UnscaleDesc;
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, optim as reference};
+use crate::compute::op::OpImpl;
 use crate::compute::AdamDesc;
+use crate::compute::ComputeBackend;
 use crate::error::Result;
 
 /// How the weight decay enters the step.
@@ -199,6 +203,22 @@ fn step_with<A: Real, const MODE: u8>(
         *p = param - k.step_size * mm / denom;
         *m = mm;
         *v = vv;
+    }
+}
+
+impl OpImpl<AdamDesc> for CpuBackend {
+    fn op(&self, desc: &AdamDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.adam_step(desc);
+        };
+        self.kernel(acc, |mem, ctx| adam_step(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<UnscaleDesc> for CpuBackend {
+    /// The reference's fused loop: one pass over the gradients, on the calling thread.
+    fn op(&self, desc: &UnscaleDesc) -> Result<()> {
+        self.scalar.unscale_and_check(desc)
     }
 }
 

@@ -10,7 +10,10 @@ use std::ops::Range;
 
 use super::host::{for_chunks, with_float, with_simd, Ctx, Element, Real, Span};
 use super::reduce::{as_acc_mut, Source};
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, pool as reference};
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 use crate::compute::{Pool2dDesc, PoolKind};
 use crate::error::Result;
 
@@ -277,6 +280,15 @@ fn write<T: Element>(out: &mut [T], acc: &[T::Acc]) {
     match as_acc_mut(out) {
         Some(o) => o.copy_from_slice(acc),
         None => super::host::narrow_into(acc, out),
+    }
+}
+
+impl OpImpl<Pool2dDesc> for CpuBackend {
+    fn op(&self, desc: &Pool2dDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.pool2d(desc);
+        };
+        self.kernel(acc, |mem, ctx| pool2d(mem, desc, ctx))
     }
 }
 

@@ -18,8 +18,11 @@
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
+use super::launch;
 use super::launch::{suffix, to_i64};
 use super::Gpu;
+use crate::backends::cuda::CudaBackend;
+use crate::compute::op::OpImpl;
 use crate::compute::AttentionDesc;
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -195,6 +198,18 @@ fn launch(
     // is launched only for its head_dim and with 16-byte aligned operands.
     unsafe { b.launch(cfg) }.map_err(|e| super::driver_error("attention", e))?;
     Ok(())
+}
+
+impl OpImpl<AttentionDesc> for CudaBackend {
+    fn op(&self, desc: &AttentionDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("attention", desc.dtype)?;
+        self.run(acc, |gpu| {
+            let ptrs = [desc.q, desc.k, desc.v, desc.o];
+            launch::check_aligned("attention", desc.dtype, &ptrs)?;
+            attention(gpu, desc)
+        })
+    }
 }
 
 #[cfg(test)]

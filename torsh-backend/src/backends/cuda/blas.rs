@@ -21,6 +21,8 @@ use cudarc::driver::CudaStream;
 
 use super::launch::{check_aligned, to_i32};
 use super::{loader, Gpu};
+use crate::backends::cuda::CudaBackend;
+use crate::compute::op::OpImpl;
 use crate::compute::{BatchedGemmDesc, GemmDesc, GemvDesc, Transpose};
 use crate::device::BackendType;
 use crate::dtype::DType;
@@ -298,4 +300,28 @@ pub(crate) fn gemv(gpu: &Gpu, d: &GemvDesc) -> Result<()> {
             ldc: d.incy,
         },
     )
+}
+
+impl OpImpl<GemmDesc> for CudaBackend {
+    fn op(&self, desc: &GemmDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("gemm", desc.dtype)?;
+        self.run(acc, |gpu| gemm(gpu, desc))
+    }
+}
+
+impl OpImpl<BatchedGemmDesc> for CudaBackend {
+    fn op(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("batched_gemm", desc.gemm.dtype)?;
+        self.run(acc, |gpu| batched_gemm(gpu, desc))
+    }
+}
+
+impl OpImpl<GemvDesc> for CudaBackend {
+    fn op(&self, desc: &GemvDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("gemv", desc.dtype)?;
+        self.run(acc, |gpu| gemv(gpu, desc))
+    }
 }

@@ -4,8 +4,11 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
+use super::cudnn;
 use super::launch::{beyond_reach, check_aligned, suffix, to_i32, to_i64};
 use super::Gpu;
+use crate::backends::cuda::CudaBackend;
+use crate::compute::op::OpImpl;
 use crate::compute::*;
 use crate::error::{BackendError, Result};
 
@@ -228,6 +231,23 @@ pub(crate) fn conv2d(gpu: &Gpu, d: &Conv2dDesc) -> Result<()> {
     // the kernel's parameters (four pointers as u64, then `ConvParams` by value, same layout).
     unsafe { b.launch(params.launch_config()) }.map_err(|e| super::driver_error(OP, e))?;
     Ok(())
+}
+
+impl OpImpl<Conv2dDesc> for CudaBackend {
+    fn op(&self, desc: &Conv2dDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("conv2d", desc.dtype)?;
+        self.run_with_memory(acc, |gpu, mem| {
+            if desc.output_shape.contains(&0) {
+                return Ok(());
+            }
+            // cuDNN when enabled and loadable; whenever it declines, the implicit-GEMM kernel.
+            match gpu.cudnn().map(|dnn| dnn.conv2d(gpu, mem, desc, None)) {
+                Some(Ok(())) => Ok(()),
+                Some(Err(cudnn::Declined(_))) | None => conv2d(gpu, desc),
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@ use cudarc::driver::{result as drv, CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::launch::{check_aligned, suffix, to_i64, StridedArg};
 use super::{driver_error, Gpu};
+use crate::backends::cuda::CudaBackend;
+use crate::compute::op::OpImpl;
 use crate::compute::*;
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -420,6 +422,48 @@ fn strided_arg(
 ) -> Result<StridedArg> {
     let layout = Layout::new(shape.to_vec(), strides, buf.layout.offset())?;
     StridedArg::new(op, &layout)
+}
+
+impl OpImpl<UnaryDesc> for CudaBackend {
+    fn op(&self, desc: &UnaryDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("unary", desc.dtype)?;
+        self.run(acc, |gpu| unary(gpu, desc))
+    }
+}
+
+impl OpImpl<BinaryDesc> for CudaBackend {
+    fn op(&self, desc: &BinaryDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("binary", desc.dtype)?;
+        self.run(acc, |gpu| binary(gpu, desc))
+    }
+}
+
+impl OpImpl<FillDesc> for CudaBackend {
+    fn op(&self, desc: &FillDesc) -> Result<()> {
+        self.run(desc.accesses()?, |gpu| fill(gpu, desc))
+    }
+}
+
+impl OpImpl<CastDesc> for CudaBackend {
+    fn op(&self, desc: &CastDesc) -> Result<()> {
+        self.run(desc.accesses()?, |gpu| cast(gpu, desc))
+    }
+}
+
+impl OpImpl<CopyDesc> for CudaBackend {
+    fn op(&self, desc: &CopyDesc) -> Result<()> {
+        self.run(desc.accesses()?, |gpu| copy_strided(gpu, desc))
+    }
+}
+
+impl OpImpl<RandomDesc> for CudaBackend {
+    fn op(&self, desc: &RandomDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("random", desc.dtype)?;
+        self.run(acc, |gpu| random(gpu, desc))
+    }
 }
 
 #[cfg(test)]

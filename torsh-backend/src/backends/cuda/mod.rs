@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::{result as drv, sys, CudaContext, CudaStream, DriverError, LaunchConfig};
 
+use crate::compute::op::ops_by_impl;
 use crate::compute::*;
 use crate::device::{BackendType, DeviceInfo};
 use crate::dtype::DType;
@@ -466,39 +467,8 @@ impl ComputeBackend for CudaBackend {
         })
     }
 
-    fn gemm(&self, desc: &GemmDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("gemm", desc.dtype)?;
-        self.run(acc, |gpu| blas::gemm(gpu, desc))
-    }
-
-    fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("batched_gemm", desc.gemm.dtype)?;
-        self.run(acc, |gpu| blas::batched_gemm(gpu, desc))
-    }
-
-    fn gemv(&self, desc: &GemvDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("gemv", desc.dtype)?;
-        self.run(acc, |gpu| blas::gemv(gpu, desc))
-    }
-
-    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("conv2d", desc.dtype)?;
-        self.run_with_memory(acc, |gpu, mem| {
-            if desc.output_shape.contains(&0) {
-                return Ok(());
-            }
-            // cuDNN when enabled and loadable; whenever it declines, the implicit-GEMM kernel.
-            match gpu.cudnn().map(|dnn| dnn.conv2d(gpu, mem, desc, None)) {
-                Some(Ok(())) => Ok(()),
-                Some(Err(cudnn::Declined(_))) | None => conv::conv2d(gpu, desc),
-            }
-        })
-    }
-
+    // Every op method runs this backend's `OpImpl` of its descriptor, in the file of its family.
+    crate::for_each_op!(ops_by_impl);
     fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
         let with_cudnn =
             self.gpu.as_ref().is_some_and(|g| g.options.cudnn) && loader::cudnn().is_ok();
@@ -546,82 +516,6 @@ impl ComputeBackend for CudaBackend {
             dnn.conv2d(gpu, mem, desc, Some(algo))
                 .map_err(|cudnn::Declined(reason)| declined(reason))
         })
-    }
-
-    fn attention(&self, desc: &AttentionDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("attention", desc.dtype)?;
-        self.run(acc, |gpu| {
-            let ptrs = [desc.q, desc.k, desc.v, desc.o];
-            launch::check_aligned("attention", desc.dtype, &ptrs)?;
-            attention::attention(gpu, desc)
-        })
-    }
-
-    fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("reduce", desc.dtype)?;
-        self.run(acc, |gpu| reduce::reduce(gpu, desc))
-    }
-
-    fn unary(&self, desc: &UnaryDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("unary", desc.dtype)?;
-        self.run(acc, |gpu| elementwise::unary(gpu, desc))
-    }
-
-    fn binary(&self, desc: &BinaryDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("binary", desc.dtype)?;
-        self.run(acc, |gpu| elementwise::binary(gpu, desc))
-    }
-
-    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("softmax", desc.dtype)?;
-        self.run(acc, |gpu| norm::softmax(gpu, desc))
-    }
-
-    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("layer_norm", desc.dtype)?;
-        self.run(acc, |gpu| norm::layer_norm(gpu, desc))
-    }
-
-    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("batch_norm", desc.dtype)?;
-        self.run(acc, |gpu| norm::batch_norm(gpu, desc))
-    }
-
-    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("pool2d", desc.dtype)?;
-        self.run(acc, |gpu| pool::pool2d(gpu, desc))
-    }
-
-    fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("adam_step", desc.dtype)?;
-        self.run(acc, |gpu| optim::adam_step(gpu, desc))
-    }
-
-    fn fill(&self, desc: &FillDesc) -> Result<()> {
-        self.run(desc.accesses()?, |gpu| elementwise::fill(gpu, desc))
-    }
-
-    fn cast(&self, desc: &CastDesc) -> Result<()> {
-        self.run(desc.accesses()?, |gpu| elementwise::cast(gpu, desc))
-    }
-
-    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        self.run(desc.accesses()?, |gpu| elementwise::copy_strided(gpu, desc))
-    }
-
-    fn random(&self, desc: &RandomDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        Self::float_only("random", desc.dtype)?;
-        self.run(acc, |gpu| elementwise::random(gpu, desc))
     }
 
     fn create_stream(&self) -> Result<StreamId> {

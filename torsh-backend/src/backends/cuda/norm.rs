@@ -8,6 +8,8 @@ use cudarc::driver::{CudaFunction, PushKernelArg};
 use super::launch::{check_aligned, suffix, to_i64};
 use super::reduce::{group_launch, group_size};
 use super::Gpu;
+use crate::backends::cuda::CudaBackend;
+use crate::compute::op::OpImpl;
 use crate::compute::{BatchNormDesc, DevicePtr, LayerNormDesc, SoftmaxDesc};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -126,6 +128,30 @@ pub(crate) fn batch_norm(gpu: &Gpu, d: &BatchNormDesc) -> Result<()> {
     unsafe { b.launch(group_launch(d.channels, group, gpu.sm_count())) }
         .map_err(|e| super::driver_error(op, e))?;
     Ok(())
+}
+
+impl OpImpl<SoftmaxDesc> for CudaBackend {
+    fn op(&self, desc: &SoftmaxDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("softmax", desc.dtype)?;
+        self.run(acc, |gpu| softmax(gpu, desc))
+    }
+}
+
+impl OpImpl<LayerNormDesc> for CudaBackend {
+    fn op(&self, desc: &LayerNormDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("layer_norm", desc.dtype)?;
+        self.run(acc, |gpu| layer_norm(gpu, desc))
+    }
+}
+
+impl OpImpl<BatchNormDesc> for CudaBackend {
+    fn op(&self, desc: &BatchNormDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("batch_norm", desc.dtype)?;
+        self.run(acc, |gpu| batch_norm(gpu, desc))
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,9 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::launch::{check_aligned, suffix, to_i64};
 use super::Gpu;
+use super::UnscaleDesc;
+use crate::backends::cuda::CudaBackend;
+use crate::compute::op::OpImpl;
 use crate::compute::AdamDesc;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -161,6 +164,21 @@ fn launch<A: DeviceRepr>(
     // arguments match `ADAM_PARAMS(T, A)` in `adam.cu`, with `A` the entry point's accumulator type.
     unsafe { b.launch(config) }.map_err(|e| super::driver_error(OP, e))?;
     Ok(())
+}
+
+impl OpImpl<AdamDesc> for CudaBackend {
+    fn op(&self, desc: &AdamDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("adam_step", desc.dtype)?;
+        self.run(acc, |gpu| adam_step(gpu, desc))
+    }
+}
+
+impl OpImpl<UnscaleDesc> for CudaBackend {
+    /// Composed from `fill`, `binary`, `unary` and `reduce`, reading one value back per call.
+    fn op(&self, desc: &UnscaleDesc) -> Result<()> {
+        crate::compute::unscale_by_parts(self, desc)
+    }
 }
 
 #[cfg(test)]

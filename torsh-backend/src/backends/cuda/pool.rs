@@ -5,6 +5,8 @@ use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 use super::launch::{check_aligned, suffix, to_i64};
 use super::Gpu;
+use crate::backends::cuda::CudaBackend;
+use crate::compute::op::OpImpl;
 use crate::compute::{Pool2dDesc, PoolKind};
 use crate::error::{BackendError, Result};
 
@@ -133,6 +135,14 @@ pub(crate) fn pool2d(gpu: &Gpu, d: &Pool2dDesc) -> Result<()> {
     // match `pool2d_<dtype>(T* y, const T* x, PoolGeometry g)`.
     unsafe { b.launch(config) }.map_err(|e| super::driver_error(OP, e))?;
     Ok(())
+}
+
+impl OpImpl<Pool2dDesc> for CudaBackend {
+    fn op(&self, desc: &Pool2dDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("pool2d", desc.dtype)?;
+        self.run(acc, |gpu| pool2d(gpu, desc))
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::launch::{check_aligned, suffix, to_i64, StridedArg, BLOCK, MAX_GRID_X};
 use super::Gpu;
+use crate::backends::cuda::CudaBackend;
+use crate::compute::op::OpImpl;
 use crate::compute::{ReduceDesc, ReduceOp};
 use crate::error::{BackendError, Result};
 use crate::shape::{checked_numel, coalesce, Layout};
@@ -136,6 +138,14 @@ pub(crate) fn reduce(gpu: &Gpu, d: &ReduceDesc) -> Result<()> {
     unsafe { b.launch(group_launch(n_out, group, gpu.sm_count())) }
         .map_err(|e| super::driver_error(op, e))?;
     Ok(())
+}
+
+impl OpImpl<ReduceDesc> for CudaBackend {
+    fn op(&self, desc: &ReduceDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("reduce", desc.dtype)?;
+        self.run(acc, |gpu| reduce(gpu, desc))
+    }
 }
 
 #[cfg(test)]

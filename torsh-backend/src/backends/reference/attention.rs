@@ -5,6 +5,8 @@ use crate::compute::AttentionDesc;
 use crate::error::Result;
 
 use super::memory::HostMemory;
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::OpImpl;
 
 /// `O[b, h, i] = Σ_j softmax_j(scale · Q[b, h, i] · K[b, h, j]) · V[b, h, j]`, with `j ≤ i` when causal.
 pub fn attention(mem: &mut HostMemory, d: &AttentionDesc) -> Result<()> {
@@ -44,4 +46,12 @@ pub fn attention(mem: &mut HostMemory, d: &AttentionDesc) -> Result<()> {
         }
     }
     mem.store(d.dtype, d.o, &out)
+}
+
+impl OpImpl<AttentionDesc> for ReferenceBackend {
+    fn op(&self, desc: &AttentionDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("attention", desc.dtype)?;
+        self.run(acc, |mem| attention(mem, desc))
+    }
 }

@@ -3,7 +3,11 @@
 use crate::compute::{GemmDesc, GemvDesc, Transpose};
 use crate::error::Result;
 
+use super::gemm_regions;
 use super::memory::HostMemory;
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::OpImpl;
+use crate::compute::BatchedGemmDesc;
 
 /// Element `(i, j)` of `op(X)` where `X` is column-major with leading dimension `ld`.
 fn at(x: &[f64], trans: Transpose, ld: usize, i: usize, j: usize) -> f64 {
@@ -73,4 +77,41 @@ pub fn gemv(mem: &mut HostMemory, d: &GemvDesc, regions: [usize; 3]) -> Result<(
 
 fn offset(p: crate::compute::DevicePtr, elems: usize, size: usize) -> crate::compute::DevicePtr {
     crate::compute::DevicePtr(p.0 + (elems * size) as u64)
+}
+
+impl OpImpl<GemmDesc> for ReferenceBackend {
+    fn op(&self, desc: &GemmDesc) -> Result<()> {
+        let regions = gemm_regions(desc)?;
+        self.float_only("gemm", desc.dtype)?;
+        self.run(desc.accesses()?, |mem| gemm(mem, desc, regions))
+    }
+}
+
+impl OpImpl<BatchedGemmDesc> for ReferenceBackend {
+    /// Checks every batch's regions (bounds and aliasing) under one lock, then runs the batches;
+    /// nothing is written unless every batch can be.
+    fn op(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("batched_gemm", desc.gemm.dtype)?;
+        self.run(acc, |mem| {
+            for one in desc.batches() {
+                let one = one?;
+                gemm(mem, &one, gemm_regions(&one)?)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl OpImpl<GemvDesc> for ReferenceBackend {
+    fn op(&self, desc: &GemvDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("gemv", desc.dtype)?;
+        let regions = [
+            acc.regions[0].bytes,
+            acc.regions[1].bytes,
+            acc.regions[2].bytes,
+        ];
+        self.run(acc, |mem| gemv(mem, desc, regions))
+    }
 }

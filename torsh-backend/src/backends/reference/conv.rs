@@ -4,6 +4,8 @@ use crate::compute::Conv2dDesc;
 use crate::error::Result;
 
 use super::memory::HostMemory;
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::OpImpl;
 
 /// Output `[n, k, oh, ow] = bias[k] + Σ_{c, r, s} input[n, g·C/G + c, oh·sh - ph + r·dh, ow·sw - pw + s·dw]
 /// · weight[k, c, r, s]`, with zero padding, where `g` is the group of `k`.
@@ -64,4 +66,12 @@ pub(super) fn window_index(
     padding: usize,
 ) -> i128 {
     out as i128 * stride as i128 + tap as i128 * dilation as i128 - padding as i128
+}
+
+impl OpImpl<Conv2dDesc> for ReferenceBackend {
+    fn op(&self, desc: &Conv2dDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("conv2d", desc.dtype)?;
+        self.run(acc, |mem| conv2d(mem, desc))
+    }
 }

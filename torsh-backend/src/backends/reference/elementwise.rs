@@ -8,6 +8,8 @@ use crate::rng;
 
 use super::math;
 use super::memory::HostMemory;
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::OpImpl;
 use crate::dtype::{decode, decode_int, encode, encode_int};
 
 /// `output[i] = op(input[i])`.
@@ -84,4 +86,46 @@ pub fn random(mem: &mut HostMemory, d: &RandomDesc) -> Result<()> {
         })
         .collect();
     mem.store(d.dtype, d.ptr, &values)
+}
+
+impl OpImpl<UnaryDesc> for ReferenceBackend {
+    fn op(&self, desc: &UnaryDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("unary", desc.dtype)?;
+        self.run(acc, |mem| unary(mem, desc))
+    }
+}
+
+impl OpImpl<BinaryDesc> for ReferenceBackend {
+    fn op(&self, desc: &BinaryDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("binary", desc.dtype)?;
+        self.run(acc, |mem| binary(mem, desc))
+    }
+}
+
+impl OpImpl<FillDesc> for ReferenceBackend {
+    fn op(&self, desc: &FillDesc) -> Result<()> {
+        self.run(desc.accesses()?, |mem| fill(mem, desc))
+    }
+}
+
+impl OpImpl<CastDesc> for ReferenceBackend {
+    fn op(&self, desc: &CastDesc) -> Result<()> {
+        self.run(desc.accesses()?, |mem| cast(mem, desc))
+    }
+}
+
+impl OpImpl<CopyDesc> for ReferenceBackend {
+    fn op(&self, desc: &CopyDesc) -> Result<()> {
+        self.run(desc.accesses()?, |mem| copy_strided(mem, desc))
+    }
+}
+
+impl OpImpl<RandomDesc> for ReferenceBackend {
+    fn op(&self, desc: &RandomDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("random", desc.dtype)?;
+        self.run(acc, |mem| random(mem, desc))
+    }
 }

@@ -22,6 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use memory::POISON_BYTE;
 
+use crate::compute::op::ops_by_impl;
 use crate::compute::*;
 use crate::device::{host_memory_bytes, BackendType, Device, DeviceInfo};
 use crate::dtype::DType;
@@ -172,120 +173,8 @@ impl ComputeBackend for ReferenceBackend {
         })
     }
 
-    fn gemm(&self, desc: &GemmDesc) -> Result<()> {
-        let regions = gemm_regions(desc)?;
-        self.float_only("gemm", desc.dtype)?;
-        self.run(desc.accesses()?, |mem| blas::gemm(mem, desc, regions))
-    }
-
-    /// Checks every batch's regions (bounds and aliasing) under one lock, then runs the batches;
-    /// nothing is written unless every batch can be.
-    fn batched_gemm(&self, desc: &BatchedGemmDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("batched_gemm", desc.gemm.dtype)?;
-        self.run(acc, |mem| {
-            for gemm in desc.batches() {
-                let gemm = gemm?;
-                blas::gemm(mem, &gemm, gemm_regions(&gemm)?)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn gemv(&self, desc: &GemvDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("gemv", desc.dtype)?;
-        let regions = [
-            acc.regions[0].bytes,
-            acc.regions[1].bytes,
-            acc.regions[2].bytes,
-        ];
-        self.run(acc, |mem| blas::gemv(mem, desc, regions))
-    }
-
-    fn conv2d_forward(&self, desc: &Conv2dDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("conv2d", desc.dtype)?;
-        self.run(acc, |mem| conv::conv2d(mem, desc))
-    }
-
-    fn attention(&self, desc: &AttentionDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("attention", desc.dtype)?;
-        self.run(acc, |mem| attention::attention(mem, desc))
-    }
-
-    fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("reduce", desc.dtype)?;
-        self.run(acc, |mem| reduce::reduce(mem, desc))
-    }
-
-    fn unary(&self, desc: &UnaryDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("unary", desc.dtype)?;
-        self.run(acc, |mem| elementwise::unary(mem, desc))
-    }
-
-    fn binary(&self, desc: &BinaryDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("binary", desc.dtype)?;
-        self.run(acc, |mem| elementwise::binary(mem, desc))
-    }
-
-    fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("softmax", desc.dtype)?;
-        self.run(acc, |mem| norm::softmax(mem, desc))
-    }
-
-    fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("layer_norm", desc.dtype)?;
-        self.run(acc, |mem| norm::layer_norm(mem, desc))
-    }
-
-    fn batch_norm(&self, desc: &BatchNormDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("batch_norm", desc.dtype)?;
-        self.run(acc, |mem| norm::batch_norm(mem, desc))
-    }
-
-    fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("pool2d", desc.dtype)?;
-        self.run(acc, |mem| pool::pool2d(mem, desc))
-    }
-
-    fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("adam_step", desc.dtype)?;
-        self.run(acc, |mem| optim::adam_step(mem, desc))
-    }
-
-    fn unscale_and_check(&self, desc: &UnscaleDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("unscale_and_check", desc.dtype)?;
-        self.run(acc, |mem| optim::unscale_and_check(mem, desc))
-    }
-
-    fn fill(&self, desc: &FillDesc) -> Result<()> {
-        self.run(desc.accesses()?, |mem| elementwise::fill(mem, desc))
-    }
-
-    fn cast(&self, desc: &CastDesc) -> Result<()> {
-        self.run(desc.accesses()?, |mem| elementwise::cast(mem, desc))
-    }
-
-    fn copy_strided(&self, desc: &CopyDesc) -> Result<()> {
-        self.run(desc.accesses()?, |mem| elementwise::copy_strided(mem, desc))
-    }
-
-    fn random(&self, desc: &RandomDesc) -> Result<()> {
-        let acc = desc.accesses()?;
-        self.float_only("random", desc.dtype)?;
-        self.run(acc, |mem| elementwise::random(mem, desc))
-    }
+    // Every op method runs this backend's `OpImpl` of its descriptor, in the file of its family.
+    crate::for_each_op!(ops_by_impl);
 }
 
 /// The byte sizes of a GEMM's A, B and C regions; the errors of [`GemmDesc::accesses`].

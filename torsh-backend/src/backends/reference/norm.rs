@@ -4,6 +4,8 @@ use crate::compute::{BatchNormDesc, LayerNormDesc, SoftmaxDesc};
 use crate::error::Result;
 
 use super::memory::HostMemory;
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::OpImpl;
 
 /// Softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim, max-subtracted.
 pub fn softmax(mem: &mut HostMemory, d: &SoftmaxDesc) -> Result<()> {
@@ -141,4 +143,28 @@ pub fn batch_norm(mem: &mut HostMemory, d: &BatchNormDesc) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl OpImpl<SoftmaxDesc> for ReferenceBackend {
+    fn op(&self, desc: &SoftmaxDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("softmax", desc.dtype)?;
+        self.run(acc, |mem| softmax(mem, desc))
+    }
+}
+
+impl OpImpl<LayerNormDesc> for ReferenceBackend {
+    fn op(&self, desc: &LayerNormDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("layer_norm", desc.dtype)?;
+        self.run(acc, |mem| layer_norm(mem, desc))
+    }
+}
+
+impl OpImpl<BatchNormDesc> for ReferenceBackend {
+    fn op(&self, desc: &BatchNormDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("batch_norm", desc.dtype)?;
+        self.run(acc, |mem| batch_norm(mem, desc))
+    }
 }

@@ -6,6 +6,8 @@ use crate::dtype::DType;
 use crate::error::Result;
 
 use super::memory::HostMemory;
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::OpImpl;
 
 /// Updates params, exp_avg and exp_avg_sq in place.
 pub fn adam_step(mem: &mut HostMemory, d: &AdamDesc) -> Result<()> {
@@ -50,4 +52,20 @@ pub fn unscale_and_check(mem: &mut HostMemory, d: &UnscaleDesc) -> Result<()> {
         mem.store(DType::F32, d.found_inf, &[1.0])?;
     }
     Ok(())
+}
+
+impl OpImpl<AdamDesc> for ReferenceBackend {
+    fn op(&self, desc: &AdamDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("adam_step", desc.dtype)?;
+        self.run(acc, |mem| adam_step(mem, desc))
+    }
+}
+
+impl OpImpl<UnscaleDesc> for ReferenceBackend {
+    fn op(&self, desc: &UnscaleDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("unscale_and_check", desc.dtype)?;
+        self.run(acc, |mem| unscale_and_check(mem, desc))
+    }
 }

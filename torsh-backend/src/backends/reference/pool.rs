@@ -5,6 +5,8 @@ use crate::error::Result;
 
 use super::conv::window_index;
 use super::memory::HostMemory;
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::OpImpl;
 
 /// Pools each window; padding never wins a max, and a NaN in a window makes its max NaN.
 pub fn pool2d(mem: &mut HostMemory, d: &Pool2dDesc) -> Result<()> {
@@ -50,4 +52,12 @@ pub fn pool2d(mem: &mut HostMemory, d: &Pool2dDesc) -> Result<()> {
         }
     }
     mem.store(d.dtype, d.output, &out)
+}
+
+impl OpImpl<Pool2dDesc> for ReferenceBackend {
+    fn op(&self, desc: &Pool2dDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("pool2d", desc.dtype)?;
+        self.run(acc, |mem| pool2d(mem, desc))
+    }
 }

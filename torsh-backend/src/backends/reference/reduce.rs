@@ -5,6 +5,8 @@ use crate::dtype::DType;
 use crate::error::Result;
 
 use super::memory::HostMemory;
+use crate::backends::reference::ReferenceBackend;
+use crate::compute::op::OpImpl;
 
 /// Reduces `d.input` along `d.axis` into the contiguous output.
 pub fn reduce(mem: &mut HostMemory, d: &ReduceDesc) -> Result<()> {
@@ -66,4 +68,12 @@ fn extreme(lane: &[f64], better: impl Fn(f64, f64) -> bool) -> (usize, f64) {
         }
     }
     best
+}
+
+impl OpImpl<ReduceDesc> for ReferenceBackend {
+    fn op(&self, desc: &ReduceDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("reduce", desc.dtype)?;
+        self.run(acc, |mem| reduce(mem, desc))
+    }
 }

@@ -18,6 +18,9 @@ use super::elementwise::Launch;
 use super::loops;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, ATTENTION, ATTENTION_F16};
+use super::{large, math_dtype, pieces, BackendError, Plan};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
 
 /// Largest head dim the row kernel's per-thread accumulators cover (128 threads × 8 dims).
 const MAX_HEAD_DIM: usize = 1024;
@@ -148,4 +151,29 @@ pub(crate) fn attention_keys(
         },
     )?;
     Ok(Launch::Done)
+}
+
+impl OpImpl<AttentionDesc> for WebGpuBackend {
+    fn op(&self, desc: &AttentionDesc) -> Result<()> {
+        math_dtype("attention", desc.dtype, desc)?;
+        // More keys than a launch takes within the loop budget: by ranges of keys.
+        let run = |d: &AttentionDesc| match max_keys(&self.state()?.device.gpu, d) {
+            Some(span) if span >= d.seq_kv => self.run(d, attention),
+            Some(span) => large::attention_split::attention(self, d, span),
+            None => Err(BackendError::FeatureUnavailable {
+                feature: "WebGPU loop budget",
+                reason: format!(
+                    "attention: one chunk of keys of head dim {} needs more loop passes than the \
+                     budget of {}",
+                    d.head_dim,
+                    self.state()?.device.gpu.loop_limit
+                ),
+            }),
+        };
+        match self.plan(desc, desc.dtype, pieces::attention, None)? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // A single head larger than a binding: the launch's window check reports it.
+            _ => run(desc),
+        }
+    }
 }

@@ -15,6 +15,10 @@ use super::elementwise::Launch;
 use super::loops;
 use super::memory::{Binding, Memory};
 use super::pipelines::{for_dtype, Dispatch, Kernels, Module, GEMM, GEMM_F16};
+use super::{math_dtype, pieces, Loops, Plan};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 
 /// Rows and columns of C per workgroup (the shader's `TILE` override): the autotuner's GEMM variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,4 +287,55 @@ pub(crate) fn gemv(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GemvDesc) -> 
         },
         Tile::Large,
     )
+}
+
+impl OpImpl<GemmDesc> for WebGpuBackend {
+    fn op(&self, desc: &GemmDesc) -> Result<()> {
+        math_dtype("gemm", desc.dtype, desc)?;
+        self.gemm_with(desc, Tile::Large)
+    }
+}
+
+impl OpImpl<BatchedGemmDesc> for WebGpuBackend {
+    fn op(&self, desc: &BatchedGemmDesc) -> Result<()> {
+        let dtype = desc.gemm.dtype;
+        math_dtype("batched_gemm", dtype, desc)?;
+        let g = &desc.gemm;
+        let loops = Loops {
+            elements: [g.m, g.n, desc.batch_count]
+                .iter()
+                .fold(1usize, |a, &b| a.saturating_mul(b)),
+            passes: &|_| loops::gemm(Tile::Large.side(), g.k),
+        };
+        let run = |d: &BatchedGemmDesc| self.run(d, batched_gemm);
+        match self.plan(desc, dtype, pieces::batched_gemm, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Not even one product fits a binding: each runs as a GEMM, cut as GEMMs are.
+            Plan::TooLarge => {
+                (0..desc.batch_count).try_for_each(|i| self.gemm(&pieces::batch_element(desc, i)?))
+            }
+            Plan::PastBudget => self.batched_gemm_by_inner(desc),
+        }
+    }
+}
+
+impl OpImpl<GemvDesc> for WebGpuBackend {
+    fn op(&self, desc: &GemvDesc) -> Result<()> {
+        math_dtype("gemv", desc.dtype, desc)?;
+        let (inner, outputs) = desc.vector_lens();
+        let loops = Loops {
+            elements: inner.saturating_mul(outputs),
+            passes: &|_| loops::gemm(Tile::Large.side(), inner),
+        };
+        let run = |d: &GemvDesc| self.run(d, gemv);
+        match self.plan(desc, desc.dtype, pieces::gemv, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Rows longer than a launch takes within the loop budget, or no block of rows fits a
+            // binding (a row of A is too long, or A is untransposed and rows do not narrow it):
+            // the same product as a GEMM, whose cuts include the inner dim.
+            Plan::TooLarge | Plan::PastBudget => self.gemm(&pieces::gemv_as_gemm(desc)),
+        }
+    }
 }

@@ -11,6 +11,10 @@ use crate::shape::{coalesce, Layout};
 use super::context::Gpu;
 use super::memory::{Binding, Memory};
 use super::pipelines::{grid_1d, Dispatch, Kernels, CAST};
+use super::{pieces, Plan, Temporaries};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 
 /// Most dims the kernel indexes after coalescing.
 const MAX_RANK: usize = 8;
@@ -239,4 +243,25 @@ pub(crate) fn fill_bits(
         &out,
         dtype,
     )
+}
+
+impl OpImpl<CastDesc> for WebGpuBackend {
+    fn op(&self, desc: &CastDesc) -> Result<()> {
+        let run = |d: &CastDesc| self.run_direct(d.accesses()?, |gpu, k, mem| cast(gpu, k, mem, d));
+        // Casts run in every dtype as they are, with no f32 copies to budget for: F32's widening.
+        match self.plan(desc, crate::dtype::DType::F32, pieces::cast, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // A strided input not even one index of whose leading dim fits a binding: a dense
+            // copy of it first (copies cut into tiles), then cast by elements.
+            Plan::TooLarge => {
+                let temps = Temporaries::new(self);
+                let input = self.dense_copy(&temps, desc.src_dtype, &desc.input)?;
+                self.cast(&CastDesc {
+                    input,
+                    ..desc.clone()
+                })
+            }
+        }
+    }
 }

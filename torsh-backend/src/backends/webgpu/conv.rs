@@ -12,6 +12,9 @@ use super::elementwise::Launch;
 use super::loops;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, CONV, CONV_F16};
+use super::{conv_split, math_dtype, pieces, Loops, Plan};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
 
 /// Rows (output channels) and columns (output pixels) of a workgroup's tile.
 pub(crate) const TILE: usize = 64;
@@ -124,4 +127,23 @@ pub(crate) fn conv2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Conv2dDesc)
         },
     )?;
     Ok(Launch::Done)
+}
+
+impl OpImpl<Conv2dDesc> for WebGpuBackend {
+    fn op(&self, desc: &Conv2dDesc) -> Result<()> {
+        math_dtype("conv2d", desc.dtype, desc)?;
+        let [_, cg, r, s] = desc.weight_shape;
+        let loops = Loops {
+            elements: desc.output_shape.iter().product(),
+            passes: &|_| loops::conv2d(cg * r * s),
+        };
+        let run = |d: &Conv2dDesc| self.run(d, conv2d);
+        match self.plan(desc, desc.dtype, pieces::conv2d, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Not even one image fits a binding, or a group's (input channel, tap) pairs are more
+            // than a launch takes within the loop budget: by channels of each image.
+            Plan::TooLarge | Plan::PastBudget => conv_split::conv2d(self, desc),
+        }
+    }
 }

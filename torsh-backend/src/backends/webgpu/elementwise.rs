@@ -18,6 +18,10 @@ use super::memory::{Binding, Memory};
 use super::pipelines::{
     for_dtype, grid_1d, Dispatch, Kernels, Module, ELEMENTWISE, ELEMENTWISE_F16,
 };
+use super::{math_dtype, pieces, Plan, Temporaries};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 
 /// Most dims the kernels index.
 const MAX_RANK: usize = 8;
@@ -216,6 +220,68 @@ pub(crate) fn copy(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &CopyDesc) -> 
         }
     }
     cast::copy(gpu, kernels, mem, d)
+}
+
+impl OpImpl<UnaryDesc> for WebGpuBackend {
+    fn op(&self, desc: &UnaryDesc) -> Result<()> {
+        math_dtype("unary", desc.dtype, desc)?;
+        let run = |d: &UnaryDesc| self.run(d, unary);
+        match self.plan(desc, desc.dtype, pieces::unary, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // A strided input not even one index of whose leading dim fits a binding: a dense copy
+            // of it first (copies cut into tiles), then the op by elements.
+            Plan::TooLarge => {
+                let temps = Temporaries::new(self);
+                let input = self.dense_copy(&temps, desc.dtype, &desc.input)?;
+                self.unary(&UnaryDesc {
+                    input,
+                    ..desc.clone()
+                })
+            }
+        }
+    }
+}
+
+impl OpImpl<BinaryDesc> for WebGpuBackend {
+    fn op(&self, desc: &BinaryDesc) -> Result<()> {
+        math_dtype("binary", desc.dtype, desc)?;
+        let run = |d: &BinaryDesc| self.run(d, binary);
+        match self.plan(desc, desc.dtype, pieces::binary, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Not even one index of the output's leading dim fits a binding: each is an op of one
+            // rank less.
+            Plan::TooLarge => pieces::binary_by_index(desc)?
+                .iter()
+                .try_for_each(|d| self.binary(d)),
+        }
+    }
+}
+
+impl OpImpl<FillDesc> for WebGpuBackend {
+    fn op(&self, desc: &FillDesc) -> Result<()> {
+        let run = |d: &FillDesc| self.run_direct(d.accesses()?, |gpu, k, mem| fill(gpu, k, mem, d));
+        match self.plan(desc, desc.dtype, pieces::fill, None)? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            _ => run(desc),
+        }
+    }
+}
+
+impl OpImpl<CopyDesc> for WebGpuBackend {
+    fn op(&self, desc: &CopyDesc) -> Result<()> {
+        let run = |d: &CopyDesc| self.run_direct(d.accesses()?, |gpu, k, mem| copy(gpu, k, mem, d));
+        match self.plan(desc, crate::dtype::DType::F32, pieces::copy, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Strided views not even one index of whose leading dim fits a binding: index by
+            // index.
+            Plan::TooLarge => pieces::copy_by_index(desc)?
+                .iter()
+                .try_for_each(|d| self.copy_strided(d)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,9 @@ use super::pipelines::{
 };
 use super::pool::words;
 use super::reduce::{launch, module, word};
+use super::{composed, math_dtype, pieces, two_pass, Loops, Plan};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
 
 /// Softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim.
 pub(crate) fn softmax(
@@ -291,6 +294,59 @@ pub(crate) fn batch_norm(
         )?;
     }
     Ok(Launch::Done)
+}
+
+impl OpImpl<SoftmaxDesc> for WebGpuBackend {
+    fn op(&self, desc: &SoftmaxDesc) -> Result<()> {
+        math_dtype("softmax", desc.dtype, desc)?;
+        let loops = Loops {
+            elements: [desc.outer, desc.axis_len, desc.inner]
+                .iter()
+                .fold(1usize, |a, &b| a.saturating_mul(b)),
+            passes: &|gpu| loops::softmax(gpu.row_threads, desc.axis_len),
+        };
+        let run = |d: &SoftmaxDesc| self.run(d, softmax);
+        match self.plan(desc, desc.dtype, pieces::softmax, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // One outer slice larger than a binding, or rows longer than a launch takes within
+            // the loop budget: composed of reductions and elementwise ops.
+            Plan::TooLarge | Plan::PastBudget => composed::softmax(self, desc),
+        }
+    }
+}
+
+impl OpImpl<LayerNormDesc> for WebGpuBackend {
+    fn op(&self, desc: &LayerNormDesc) -> Result<()> {
+        math_dtype("layer_norm", desc.dtype, desc)?;
+        let loops = Loops {
+            elements: desc.rows.saturating_mul(desc.cols),
+            passes: &|gpu| loops::layer_norm(gpu.row_threads, desc.cols),
+        };
+        let run = |d: &LayerNormDesc| self.run(d, layer_norm);
+        match self.plan(desc, desc.dtype, pieces::layer_norm, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // One row larger than a binding, or longer than a launch takes within the loop
+            // budget: composed of reductions and elementwise ops.
+            Plan::TooLarge | Plan::PastBudget => composed::layer_norm(self, desc),
+        }
+    }
+}
+
+impl OpImpl<BatchNormDesc> for WebGpuBackend {
+    fn op(&self, desc: &BatchNormDesc) -> Result<()> {
+        math_dtype("batch_norm", desc.dtype, desc)?;
+        let run = |d: &BatchNormDesc| self.run(d, batch_norm);
+        match self.plan(desc, desc.dtype, pieces::batch_norm, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // In training, statistics over every image: two passes over blocks.
+            Plan::TooLarge if desc.training => two_pass::batch_norm(self, desc),
+            // In inference, one image larger than a binding: by channels, and positions.
+            Plan::TooLarge => composed::batch_norm_inference(self, desc),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,9 @@ use super::memory::Memory;
 use super::pipelines::{
     for_dtype, grid_1d, Dispatch, Kernels, OPTIM, OPTIM_F16, UNSCALE, UNSCALE_F16,
 };
+use super::{math_dtype, pieces, unscale_by_parts, Plan};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
 
 /// An Adam or AdamW step in f32 or (with `SHADER_F16`) f16; `Stage` for other dtypes, misaligned
 /// operands or offsets beyond 32 bits.
@@ -109,4 +112,31 @@ pub(crate) fn unscale_and_check(
         },
     )?;
     Ok(Launch::Done)
+}
+
+impl OpImpl<AdamDesc> for WebGpuBackend {
+    fn op(&self, desc: &AdamDesc) -> Result<()> {
+        math_dtype("adam_step", desc.dtype, desc)?;
+        let run = |d: &AdamDesc| self.run(d, adam_step);
+        match self.plan(desc, desc.dtype, pieces::adam, None)? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            _ => run(desc),
+        }
+    }
+}
+
+impl OpImpl<UnscaleDesc> for WebGpuBackend {
+    fn op(&self, desc: &UnscaleDesc) -> Result<()> {
+        math_dtype("unscale_and_check", desc.dtype, desc)?;
+        if desc.dtype != crate::dtype::DType::F32 && desc.inv_scale.abs() > 1.0 {
+            // A scale below 1 can grow a 16-bit value past its dtype's range, which the f32 kernel
+            // on staged copies would not see: judge the stored values instead.
+            return unscale_by_parts(self, desc);
+        }
+        let run = |d: &UnscaleDesc| self.run(d, unscale_and_check);
+        match self.plan(desc, desc.dtype, pieces::unscale, None)? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            _ => run(desc),
+        }
+    }
 }

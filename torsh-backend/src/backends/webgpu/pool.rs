@@ -10,6 +10,9 @@ use super::elementwise::Launch;
 use super::loops;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_1d, Dispatch, Kernels, POOL, POOL_F16};
+use super::{composed, math_dtype, pieces, Loops, Plan};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
 
 /// `values` as parameter words, or `None` when one does not fit in 32 bits.
 pub(super) fn words(values: &[usize]) -> Option<Vec<u32>> {
@@ -89,4 +92,23 @@ pub(crate) fn pool2d(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &Pool2dDesc)
         },
     )?;
     Ok(Launch::Done)
+}
+
+impl OpImpl<Pool2dDesc> for WebGpuBackend {
+    fn op(&self, desc: &Pool2dDesc) -> Result<()> {
+        math_dtype("pool2d", desc.dtype, desc)?;
+        let loops = Loops {
+            elements: desc.output_shape.iter().product(),
+            passes: &|_| loops::pool2d(desc.kernel[0], desc.kernel[1]),
+        };
+        let run = |d: &Pool2dDesc| self.run(d, pool2d);
+        match self.plan(desc, desc.dtype, pieces::pool2d, Some(loops))? {
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // A window of more taps than a launch takes within the loop budget: a pass along
+            // rows, then one along columns.
+            Plan::PastBudget => composed::pool2d(self, desc),
+            // A single plane larger than a binding: the launch's window check reports it.
+            Plan::Whole | Plan::TooLarge => run(desc),
+        }
+    }
 }

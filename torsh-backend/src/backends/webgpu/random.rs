@@ -10,6 +10,9 @@ use super::context::Gpu;
 use super::elementwise::Launch;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_1d, Dispatch, Kernels, RANDOM, RANDOM_F16};
+use super::{math_dtype, pieces, Plan};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
 
 /// A random fill of f32, or (with `SHADER_F16`) of f16 rounded once from the f32 values; `Stage` for
 /// other dtypes, a misaligned output or more than 2^32 elements.
@@ -66,4 +69,17 @@ pub(crate) fn random_from(
         },
     )?;
     Ok(Launch::Done)
+}
+
+impl OpImpl<RandomDesc> for WebGpuBackend {
+    fn op(&self, desc: &RandomDesc) -> Result<()> {
+        math_dtype("random", desc.dtype, desc)?;
+        match self.plan(desc, desc.dtype, pieces::random, None)? {
+            // Each piece starts at its place in the stream.
+            Plan::Pieces(parts) => parts.iter().try_for_each(|(first, d)| {
+                self.run(d, |gpu, k, mem, d| random_from(gpu, k, mem, d, *first))
+            }),
+            _ => self.run(desc, random),
+        }
+    }
 }

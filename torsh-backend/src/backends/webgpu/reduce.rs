@@ -16,6 +16,10 @@ use super::pipelines::{
     combining, for_dtype, grid_rows, Dispatch, Kernels, Module, ROWS, ROWS_F16, ROWS_F16_SUBGROUP,
     ROWS_SUBGROUP,
 };
+use super::{math_dtype, pieces, two_pass, Loops, Plan};
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 
 /// Most dims of a reduction's row index.
 const MAX_RANK: usize = 8;
@@ -142,6 +146,33 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
         [input, input, input, output],
         &p,
     )
+}
+
+impl OpImpl<ReduceDesc> for WebGpuBackend {
+    fn op(&self, desc: &ReduceDesc) -> Result<()> {
+        math_dtype("reduce", desc.dtype, desc)?;
+        let len = desc.input.layout.shape()[desc.axis];
+        let loops = Loops {
+            elements: desc.input.layout.numel(),
+            passes: &|gpu| loops::reduce(gpu.row_threads, desc.op, len),
+        };
+        let run = |d: &ReduceDesc| self.run(d, reduce);
+        match self.plan(desc, desc.dtype, pieces::reduce, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Rows longer than a launch takes within the loop budget: two passes over blocks of
+            // them.
+            Plan::PastBudget => two_pass::reduce(self, desc),
+            // Too large for one binding and not cut by leading index (`pieces::reduce` cuts those
+            // that reduce another dim): along the leading dim, two passes over blocks of it; along
+            // another, one index of the leading dim past a binding, a reduction of one rank less
+            // per index.
+            Plan::TooLarge if desc.axis == 0 => two_pass::reduce(self, desc),
+            Plan::TooLarge => pieces::reduce_by_index(desc)?
+                .iter()
+                .try_for_each(|d| self.reduce(d)),
+        }
+    }
 }
 
 #[cfg(test)]

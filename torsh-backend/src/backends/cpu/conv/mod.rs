@@ -29,7 +29,10 @@ use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use super::host::{with_float, with_simd, Ctx, Element, Real};
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{conv as reference, memory::HostMemory};
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 use crate::compute::{Conv2dDesc, DevicePtr};
 use crate::error::{BackendError, Result};
 
@@ -1141,6 +1144,15 @@ fn fill_zero<A: Real>(dst: &mut [A]) {
         d.copy_from_slice(&[A::ZERO; RUN]);
     }
     dst[n - RUN..].copy_from_slice(&[A::ZERO; RUN]);
+}
+
+impl OpImpl<Conv2dDesc> for CpuBackend {
+    fn op(&self, desc: &Conv2dDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.conv2d_forward(desc);
+        };
+        self.kernel(acc, |mem, ctx| conv2d(mem, desc, ctx))
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,11 @@ use super::host::{
     for_chunks, with_float, with_simd, Ctx, Element, Real, Span, View, BLOCK, SERIAL_ELEMENTS,
 };
 use super::vmath;
+use super::{blas, SimdLevel};
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{elementwise as reference, math, memory::HostMemory};
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 use crate::compute::{
     BinaryDesc, BinaryOp, CastDesc, CopyDesc, DevicePtr, Distribution, FillDesc, RandomDesc,
     StridedBuf, UnaryDesc, UnaryOp,
@@ -249,6 +253,66 @@ mod binary;
 mod cast;
 mod copy;
 mod random;
+
+impl OpImpl<UnaryDesc> for CpuBackend {
+    fn op(&self, desc: &UnaryDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.unary(desc);
+        };
+        self.kernel(acc, |mem, ctx| unary(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<BinaryDesc> for CpuBackend {
+    fn op(&self, desc: &BinaryDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.binary(desc);
+        };
+        self.kernel(acc, |mem, ctx| binary(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<FillDesc> for CpuBackend {
+    fn op(&self, desc: &FillDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.fill(desc);
+        };
+        self.kernel(acc, |mem, ctx| fill(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<CastDesc> for CpuBackend {
+    fn op(&self, desc: &CastDesc) -> Result<()> {
+        let Ok(acc) = desc.accesses() else {
+            return self.scalar.cast(desc);
+        };
+        let aligned = blas::aligned(desc.src_dtype, &[acc.regions[0].ptr.0])
+            && blas::aligned(desc.dst_dtype, &[acc.regions[1].ptr.0]);
+        if self.simd == SimdLevel::Scalar || !aligned {
+            return self.scalar.cast(desc);
+        }
+        self.kernel(acc, |mem, ctx| cast(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<CopyDesc> for CpuBackend {
+    fn op(&self, desc: &CopyDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.copy_strided(desc);
+        };
+        self.kernel(acc, |mem, ctx| copy_strided(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<RandomDesc> for CpuBackend {
+    fn op(&self, desc: &RandomDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.random(desc);
+        };
+        self.kernel(acc, |mem, ctx| random(mem, desc, ctx))
+    }
+}
+
 #[cfg(test)]
 mod tests;
 mod unary;

@@ -20,7 +20,11 @@ use super::host::{
 use super::reduce::{
     acc_of, as_acc_mut, columns, lane_state, lanes, Grid, Matrices, Moments, Source,
 };
+use super::SoftmaxDesc;
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 use crate::compute::{BatchNormDesc, DevicePtr, LayerNormDesc};
 use crate::error::Result;
 
@@ -431,6 +435,33 @@ fn normalise_rows<T: Element>(
             },
         )
     });
+}
+
+impl OpImpl<SoftmaxDesc> for CpuBackend {
+    fn op(&self, desc: &SoftmaxDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.softmax(desc);
+        };
+        self.kernel(acc, |mem, ctx| softmax(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<LayerNormDesc> for CpuBackend {
+    fn op(&self, desc: &LayerNormDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.layer_norm(desc);
+        };
+        self.kernel(acc, |mem, ctx| layer_norm(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<BatchNormDesc> for CpuBackend {
+    fn op(&self, desc: &BatchNormDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.batch_norm(desc);
+        };
+        self.kernel(acc, |mem, ctx| batch_norm(mem, desc, ctx))
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,10 @@ use super::host::{
     for_chunks, widen_into, with_float, with_simd, Ctx, Element, Real, Span, View, BLOCK,
     SERIAL_ELEMENTS,
 };
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, reduce as reference};
+use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 use crate::compute::{ReduceDesc, ReduceOp};
 use crate::error::{BackendError, Result};
 
@@ -460,6 +463,16 @@ fn gather<T: Element>(view: &View<T>, ctx: Ctx) -> Result<Vec<T::Acc>> {
 
 mod drivers;
 mod states;
+
+impl OpImpl<ReduceDesc> for CpuBackend {
+    fn op(&self, desc: &ReduceDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.reduce(desc);
+        };
+        self.kernel(acc, |mem, ctx| reduce(mem, desc, ctx))
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests;
 
