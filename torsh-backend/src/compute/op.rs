@@ -2,8 +2,8 @@
 //! of `accesses()`, the device operands it names and how to run it on a device. Everything that
 //! handles ops in general — graph capture and replay, relocation of captured pointers, WebGPU
 //! staging, backends that stand in front of another, the error tests — works from that trait, and
-//! [`for_each_op!`](crate::for_each_op) lists the op methods of [`ComputeBackend`] once for the
-//! places that must write one method per op.
+//! [`for_each_op!`](crate::for_each_op), next to the trait in `compute/mod.rs`, lists the op methods
+//! of [`ComputeBackend`] once for the places that must write one method per op.
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -150,46 +150,6 @@ impl Clone for Box<dyn AnyOp> {
     fn clone(&self) -> Self {
         self.clone_op()
     }
-}
-
-/// Calls the macro `$callback` with every op method of [`ComputeBackend`] and its descriptor type,
-/// as `method(Descriptor),` entries in the trait's order: the one list of ops, for code that must
-/// write one method per op (a backend in front of another, such as graph capture's recorder).
-///
-/// ```
-/// use torsh_backend::compute::{ComputeBackend, OpDesc};
-///
-/// macro_rules! names {
-///     ($($method:ident($desc:ty)),* $(,)?) => { [$(<$desc as OpDesc>::NAME),*] };
-/// }
-/// let names = torsh_backend::for_each_op!(names);
-/// assert_eq!(names[0], "gemm");
-/// assert!(names.contains(&"attention"));
-/// ```
-#[macro_export]
-macro_rules! for_each_op {
-    ($callback:ident) => {
-        $callback! {
-            gemm($crate::compute::GemmDesc),
-            batched_gemm($crate::compute::BatchedGemmDesc),
-            gemv($crate::compute::GemvDesc),
-            conv2d_forward($crate::compute::Conv2dDesc),
-            attention($crate::compute::AttentionDesc),
-            reduce($crate::compute::ReduceDesc),
-            unary($crate::compute::UnaryDesc),
-            binary($crate::compute::BinaryDesc),
-            softmax($crate::compute::SoftmaxDesc),
-            layer_norm($crate::compute::LayerNormDesc),
-            batch_norm($crate::compute::BatchNormDesc),
-            pool2d($crate::compute::Pool2dDesc),
-            adam_step($crate::compute::AdamDesc),
-            unscale_and_check($crate::compute::UnscaleDesc),
-            fill($crate::compute::FillDesc),
-            cast($crate::compute::CastDesc),
-            copy_strided($crate::compute::CopyDesc),
-            random($crate::compute::RandomDesc),
-        }
-    };
 }
 
 /// A built-in backend's implementation of the op `D`, written in the backend's file of the op's

@@ -316,3 +316,12 @@ fn update1<T: Lanes>(out: &mut [T], f: impl Fn(T::Acc) -> T::Acc) -> bool {
     }
     true
 }
+
+impl OpImpl<BinaryDesc> for CpuBackend {
+    fn op(&self, desc: &BinaryDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.binary(desc);
+        };
+        self.kernel(acc, |mem, ctx| binary(mem, desc, ctx))
+    }
+}

@@ -153,3 +153,17 @@ fn convert_range<S: Lanes, D: Put<S::Acc>>(
         }
     }
 }
+
+impl OpImpl<CastDesc> for CpuBackend {
+    fn op(&self, desc: &CastDesc) -> Result<()> {
+        let Ok(acc) = desc.accesses() else {
+            return self.scalar.cast(desc);
+        };
+        let aligned = blas::aligned(desc.src_dtype, &[acc.regions[0].ptr.0])
+            && blas::aligned(desc.dst_dtype, &[acc.regions[1].ptr.0]);
+        if self.simd == SimdLevel::Scalar || !aligned {
+            return self.scalar.cast(desc);
+        }
+        self.kernel(acc, |mem, ctx| cast(mem, desc, ctx))
+    }
+}

@@ -191,3 +191,21 @@ impl Transpose {
         }
     }
 }
+
+impl OpImpl<FillDesc> for CpuBackend {
+    fn op(&self, desc: &FillDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.fill(desc);
+        };
+        self.kernel(acc, |mem, ctx| fill(mem, desc, ctx))
+    }
+}
+
+impl OpImpl<CopyDesc> for CpuBackend {
+    fn op(&self, desc: &CopyDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.copy_strided(desc);
+        };
+        self.kernel(acc, |mem, ctx| copy_strided(mem, desc, ctx))
+    }
+}

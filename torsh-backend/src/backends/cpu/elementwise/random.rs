@@ -44,3 +44,12 @@ fn generate<T: Lanes>(
         )
     });
 }
+
+impl OpImpl<RandomDesc> for CpuBackend {
+    fn op(&self, desc: &RandomDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.random(desc);
+        };
+        self.kernel(acc, |mem, ctx| random(mem, desc, ctx))
+    }
+}

@@ -1,6 +1,13 @@
 //! Tests of the CPU elementwise kernels against the reference.
 
 use super::*;
+use super::{
+    binary::binary,
+    cast::cast,
+    copy::{copy_strided, fill},
+    random::random,
+    unary::unary,
+};
 use crate::backends::cpu::simd::SimdLevel;
 use crate::rng::HostRng;
 use crate::shape::Layout;

@@ -204,3 +204,12 @@ fn apply<A: Copy>(b: &mut [A], f: &impl Fn(A) -> A) {
         *v = f(*v);
     }
 }
+
+impl OpImpl<UnaryDesc> for CpuBackend {
+    fn op(&self, desc: &UnaryDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.unary(desc);
+        };
+        self.kernel(acc, |mem, ctx| unary(mem, desc, ctx))
+    }
+}

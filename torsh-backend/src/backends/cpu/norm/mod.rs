@@ -8,8 +8,6 @@
 
 mod softmax;
 
-pub(crate) use softmax::softmax;
-
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
 
@@ -20,7 +18,6 @@ use super::host::{
 use super::reduce::{
     acc_of, as_acc_mut, columns, lane_state, lanes, Grid, Matrices, Moments, Source,
 };
-use super::SoftmaxDesc;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
@@ -435,15 +432,6 @@ fn normalise_rows<T: Element>(
             },
         )
     });
-}
-
-impl OpImpl<SoftmaxDesc> for CpuBackend {
-    fn op(&self, desc: &SoftmaxDesc) -> Result<()> {
-        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
-            return self.scalar.softmax(desc);
-        };
-        self.kernel(acc, |mem, ctx| softmax(mem, desc, ctx))
-    }
 }
 
 impl OpImpl<LayerNormDesc> for CpuBackend {

@@ -20,8 +20,10 @@ use super::super::host::{
     for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS,
 };
 use super::super::vmath;
+use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
-use crate::compute::SoftmaxDesc;
+use crate::compute::op::OpImpl;
+use crate::compute::{ComputeBackend, SoftmaxDesc};
 use crate::error::Result;
 
 /// Independent accumulators per reduction: four AVX-512 registers of f32.
@@ -443,6 +445,15 @@ where
             },
         )
     });
+}
+
+impl OpImpl<SoftmaxDesc> for CpuBackend {
+    fn op(&self, desc: &SoftmaxDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.softmax(desc);
+        };
+        self.kernel(acc, |mem, ctx| softmax(mem, desc, ctx))
+    }
 }
 
 #[cfg(test)]
