@@ -112,7 +112,11 @@ enum Command {
 
 /// Parses the command line and runs the subcommand.
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::BenchPeer { .. }) {
+        explain_device_select_messages();
+    }
+    match cli.command {
         Command::Devices { json } => devices(json),
         Command::Parity {
             json,
@@ -421,4 +425,30 @@ fn print_table(results: &[ParityResult], notes: &[String]) {
         "\n{passed} passed, {failed} failed, {} skipped",
         results.len() - passed - failed
     );
+}
+
+/// Mesa's Vulkan device-select layer looks for a Wayland display while adapters are listed, and where
+/// `XDG_RUNTIME_DIR` is unset (a headless machine, a container, an ssh session without a login
+/// session) libwayland prints `error: XDG_RUNTIME_DIR is invalid or not set in the environment.`
+/// once or twice. It is harmless, and the backend cannot stop it without setting environment
+/// variables or leaving out extensions that wgpu requires; this says so first, where the layer is
+/// installed and the variables that quiet it are not set.
+fn explain_device_select_messages() {
+    if !cfg!(target_os = "linux")
+        || std::env::var_os("XDG_RUNTIME_DIR").is_some()
+        || std::env::var_os("NODEVICE_SELECT").is_some()
+    {
+        return;
+    }
+    let layer = [
+        "/usr/share/vulkan/implicit_layer.d/VkLayer_MESA_device_select.json",
+        "/etc/vulkan/implicit_layer.d/VkLayer_MESA_device_select.json",
+    ];
+    if layer.iter().any(|p| std::path::Path::new(p).exists()) {
+        eprintln!(
+            "note: Mesa's Vulkan device-select layer may print \"XDG_RUNTIME_DIR is invalid or not \
+             set\" while adapters are listed; it is harmless (set XDG_RUNTIME_DIR, or \
+             NODEVICE_SELECT=1, to quiet it)"
+        );
+    }
 }
