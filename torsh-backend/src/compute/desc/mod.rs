@@ -12,16 +12,14 @@ mod optim;
 mod pool;
 mod reduce;
 
-pub use attention::AttentionDesc;
-pub use blas::{BatchedGemmDesc, GemmDesc, GemvDesc};
-pub use conv::{window_output_size, Conv2dDesc};
-pub use elementwise::{
-    is_injective, BinaryDesc, CastDesc, CopyDesc, Distribution, FillDesc, RandomDesc, UnaryDesc,
-};
-pub use norm::{BatchNormDesc, LayerNormDesc, SoftmaxDesc};
-pub use optim::{AdamDesc, UnscaleDesc};
-pub use pool::{Pool2dDesc, PoolKind};
-pub use reduce::{ReduceDesc, ReduceOp};
+pub use attention::*;
+pub use blas::*;
+pub use conv::*;
+pub use elementwise::*;
+pub use norm::*;
+pub use optim::*;
+pub use pool::*;
+pub use reduce::*;
 
 use crate::compute::access::{Access, Accesses};
 use crate::compute::DevicePtr;
