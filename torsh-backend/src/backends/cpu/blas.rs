@@ -10,10 +10,11 @@
 use gemm::Parallelism;
 use half::{bf16, f16};
 
-use super::{gemm_is_parallel, parallelism, BatchedGemmDesc, SimdLevel, INLINE_MACS};
+use super::{gemm_is_parallel, parallelism, SimdLevel, INLINE_MACS};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::memory::HostMemory;
 use crate::compute::op::OpImpl;
+use crate::compute::BatchedGemmDesc;
 use crate::compute::ComputeBackend;
 use crate::compute::{DevicePtr, GemmDesc, GemvDesc, Transpose};
 use crate::dtype::DType;

@@ -11,12 +11,12 @@ use super::host::{
     SERIAL_ELEMENTS,
 };
 use super::reduce::{as_acc, as_acc_mut};
-use super::UnscaleDesc;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, optim as reference};
 use crate::compute::op::OpImpl;
 use crate::compute::AdamDesc;
 use crate::compute::ComputeBackend;
+use crate::compute::UnscaleDesc;
 use crate::error::Result;
 
 /// How the weight decay enters the step.

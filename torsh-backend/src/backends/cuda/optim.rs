@@ -7,10 +7,10 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::launch::{check_aligned, suffix, to_i64};
 use super::Gpu;
-use super::UnscaleDesc;
 use crate::backends::cuda::CudaBackend;
 use crate::compute::op::OpImpl;
 use crate::compute::AdamDesc;
+use crate::compute::UnscaleDesc;
 use crate::dtype::DType;
 use crate::error::Result;
 

@@ -3,7 +3,6 @@
 use crate::compute::{GemmDesc, GemvDesc, Transpose};
 use crate::error::Result;
 
-use super::gemm_regions;
 use super::memory::HostMemory;
 use crate::backends::reference::ReferenceBackend;
 use crate::compute::op::OpImpl;
@@ -77,6 +76,16 @@ pub fn gemv(mem: &mut HostMemory, d: &GemvDesc, regions: [usize; 3]) -> Result<(
 
 fn offset(p: crate::compute::DevicePtr, elems: usize, size: usize) -> crate::compute::DevicePtr {
     crate::compute::DevicePtr(p.0 + (elems * size) as u64)
+}
+
+/// The byte sizes of a GEMM's A, B and C regions; the errors of [`GemmDesc::accesses`].
+pub(crate) fn gemm_regions(desc: &GemmDesc) -> Result<[usize; 3]> {
+    let acc = desc.accesses()?;
+    Ok([
+        acc.regions[0].bytes,
+        acc.regions[1].bytes,
+        acc.regions[2].bytes,
+    ])
 }
 
 impl OpImpl<GemmDesc> for ReferenceBackend {

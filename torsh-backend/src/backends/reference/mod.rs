@@ -18,6 +18,7 @@ pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 
+pub(crate) use blas::gemm_regions;
 use std::sync::{Mutex, MutexGuard};
 
 pub use memory::POISON_BYTE;
@@ -175,14 +176,4 @@ impl ComputeBackend for ReferenceBackend {
 
     // Every op method runs this backend's `OpImpl` of its descriptor, in the file of its family.
     crate::for_each_op!(ops_by_impl);
-}
-
-/// The byte sizes of a GEMM's A, B and C regions; the errors of [`GemmDesc::accesses`].
-pub(crate) fn gemm_regions(desc: &GemmDesc) -> Result<[usize; 3]> {
-    let acc = desc.accesses()?;
-    Ok([
-        acc.regions[0].bytes,
-        acc.regions[1].bytes,
-        acc.regions[2].bytes,
-    ])
 }

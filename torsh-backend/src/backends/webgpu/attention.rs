@@ -15,12 +15,14 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::large::{pieces, Plan};
 use super::loops;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, ATTENTION, ATTENTION_F16};
-use super::{large, math_dtype, pieces, BackendError, Plan};
+use super::{large, math_dtype};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
+use crate::error::BackendError;
 
 /// Largest head dim the row kernel's per-thread accumulators cover (128 threads × 8 dims).
 const MAX_HEAD_DIM: usize = 1024;

@@ -12,10 +12,11 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::large::{pieces, Loops, Plan};
 use super::loops;
+use super::math_dtype;
 use super::memory::{Binding, Memory};
 use super::pipelines::{for_dtype, Dispatch, Kernels, Module, GEMM, GEMM_F16};
-use super::{math_dtype, pieces, Loops, Plan};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
@@ -248,7 +249,7 @@ pub(crate) fn batched_gemm(
     mem: &Memory,
     d: &BatchedGemmDesc,
 ) -> Result<Launch> {
-    let (sa, sb) = super::pieces::operand_strides(d);
+    let (sa, sb) = pieces::operand_strides(d);
     match gemm_product(gpu, mem, &d.gemm, (sa, sb, d.stride_c), d.batch_count)? {
         Some(p) => run(gpu, kernels, p, Tile::Large),
         None => Ok(Launch::Stage),

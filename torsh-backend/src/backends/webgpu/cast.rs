@@ -9,12 +9,13 @@ use crate::error::{BackendError, Result};
 use crate::shape::{coalesce, Layout};
 
 use super::context::Gpu;
+use super::large::{pieces, Plan};
 use super::memory::{Binding, Memory};
 use super::pipelines::{grid_1d, Dispatch, Kernels, CAST};
-use super::{pieces, Plan, Temporaries};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
+use crate::compute::Temporaries;
 
 /// Most dims the kernel indexes after coalescing.
 const MAX_RANK: usize = 8;

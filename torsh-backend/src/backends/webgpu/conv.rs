@@ -9,10 +9,11 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::large::{conv_split, pieces, Loops, Plan};
 use super::loops;
+use super::math_dtype;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, CONV, CONV_F16};
-use super::{conv_split, math_dtype, pieces, Loops, Plan};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 

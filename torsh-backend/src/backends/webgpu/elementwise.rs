@@ -14,14 +14,16 @@ use crate::shape::{coalesce, Layout};
 
 use super::cast;
 use super::context::Gpu;
+use super::large::{pieces, Plan};
+use super::math_dtype;
 use super::memory::{Binding, Memory};
 use super::pipelines::{
     for_dtype, grid_1d, Dispatch, Kernels, Module, ELEMENTWISE, ELEMENTWISE_F16,
 };
-use super::{math_dtype, pieces, Plan, Temporaries};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
+use crate::compute::Temporaries;
 
 /// Most dims the kernels index.
 const MAX_RANK: usize = 8;

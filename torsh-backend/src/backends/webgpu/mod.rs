@@ -62,7 +62,6 @@ pub use context::block_on;
 use context::Gpu;
 pub use custom::{PipelineStats, WebGpuKernelExecutor};
 use elementwise::Launch;
-use large::{composed, conv_split, pieces, two_pass, Loops, Plan};
 use memory::Memory;
 pub use memory::{PoolStats, WebGpuBufferPool};
 use pipelines::Kernels;

@@ -10,7 +10,9 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::large::{composed, pieces, two_pass, Loops, Plan};
 use super::loops;
+use super::math_dtype;
 use super::memory::{Binding, Memory};
 use super::pipelines::{
     combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_F16,
@@ -18,7 +20,6 @@ use super::pipelines::{
 };
 use super::pool::words;
 use super::reduce::{launch, module, word};
-use super::{composed, math_dtype, pieces, two_pass, Loops, Plan};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 

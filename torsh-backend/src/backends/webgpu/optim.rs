@@ -8,13 +8,15 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::large::{pieces, Plan};
+use super::math_dtype;
 use super::memory::Memory;
 use super::pipelines::{
     for_dtype, grid_1d, Dispatch, Kernels, OPTIM, OPTIM_F16, UNSCALE, UNSCALE_F16,
 };
-use super::{math_dtype, pieces, unscale_by_parts, Plan};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
+use crate::compute::unscale_by_parts;
 
 /// An Adam or AdamW step in f32 or (with `SHADER_F16`) f16; `Stage` for other dtypes, misaligned
 /// operands or offsets beyond 32 bits.

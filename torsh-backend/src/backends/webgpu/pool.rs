@@ -7,10 +7,11 @@ use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::large::{composed, pieces, Loops, Plan};
 use super::loops;
+use super::math_dtype;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_1d, Dispatch, Kernels, POOL, POOL_F16};
-use super::{composed, math_dtype, pieces, Loops, Plan};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 

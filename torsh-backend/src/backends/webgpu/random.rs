@@ -8,9 +8,10 @@ use crate::rng::{mix64, GOLDEN};
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::large::{pieces, Plan};
+use super::math_dtype;
 use super::memory::Memory;
 use super::pipelines::{for_dtype, grid_1d, Dispatch, Kernels, RANDOM, RANDOM_F16};
-use super::{math_dtype, pieces, Plan};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 

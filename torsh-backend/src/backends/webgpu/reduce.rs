@@ -10,13 +10,14 @@ use crate::shape::{coalesce, Layout};
 
 use super::context::Gpu;
 use super::elementwise::Launch;
+use super::large::{pieces, two_pass, Loops, Plan};
 use super::loops;
+use super::math_dtype;
 use super::memory::{Binding, Memory};
 use super::pipelines::{
     combining, for_dtype, grid_rows, Dispatch, Kernels, Module, ROWS, ROWS_F16, ROWS_F16_SUBGROUP,
     ROWS_SUBGROUP,
 };
-use super::{math_dtype, pieces, two_pass, Loops, Plan};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
