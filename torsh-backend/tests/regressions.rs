@@ -212,6 +212,31 @@ fn ops_called_from_rayon_workers_do_not_deadlock() {
 }
 
 #[test]
+fn backends_opened_from_many_threads_at_once_do_not_deadlock() {
+    // Eight threads open every backend together (each GPU backend its own context or device) and
+    // use it: concurrent CUDA context and Vulkan device creation on one NVIDIA GPU hung before
+    // device opening was serialised.
+    within(
+        Duration::from_secs(120),
+        "eight threads opening every backend at once",
+        || {
+            let start = std::sync::Barrier::new(8);
+            std::thread::scope(|s| {
+                for _ in 0..8 {
+                    s.spawn(|| {
+                        start.wait();
+                        for b in backends() {
+                            let x = b.full(&[1000], 2.0, DType::F32).unwrap();
+                            assert_eq!(x.sum_all().unwrap().item().unwrap(), 2000.0);
+                        }
+                    });
+                }
+            });
+        },
+    );
+}
+
+#[test]
 fn threads_sharing_every_backend_get_right_answers() {
     for b in backends() {
         let name = b.backend_type();
@@ -431,7 +456,11 @@ fn unscale_checks_its_flag_even_with_nothing_to_unscale() {
             };
             for (len, what) in [(0, "no elements"), (4, "four elements")] {
                 let out = c.alloc(16).unwrap();
-                for (flag, kind) in [(foreign, "foreign"), (short, "short")] {
+                // Freed just before the call: a caching allocator would hand its address to the
+                // next allocation, so the op must check the flag before allocating anything.
+                let freed = c.alloc(4).unwrap();
+                c.free(freed).unwrap();
+                for (flag, kind) in [(foreign, "foreign"), (short, "short"), (freed, "freed")] {
                     let err = c
                         .unscale_and_check(&desc(len, out, flag))
                         .expect_err("a bad flag pointer");

@@ -45,11 +45,13 @@ pub(crate) fn unscale_by_parts<B: ComputeBackend + ?Sized>(
             dtype: desc.dtype,
         });
     }
+    // The flag is an operand even when nothing is unscaled or nothing overflows: reading it checks
+    // its pointer (a foreign, freed or short flag fails here). It is read before any temporary is
+    // allocated: a caching allocator may hand a just-freed flag's address to a temporary, which a
+    // device-side copy would then report as aliasing instead of the stale pointer it is.
+    let mut probe = [0u8; 4];
+    device.copy_dtoh(&mut probe, desc.found_inf)?;
     let scratch = Temporaries::new(device);
-    // The flag is an operand even when nothing is unscaled or nothing overflows: a copy of it checks
-    // its pointer (a foreign or short flag fails here) without waiting for the device.
-    let flag = scratch.alloc(4)?;
-    device.copy_dtod(flag, desc.found_inf, 4)?;
     if desc.len == 0 {
         return Ok(());
     }

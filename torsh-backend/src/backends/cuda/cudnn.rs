@@ -108,6 +108,7 @@ impl Cudnn {
     /// failed). The caller has bound the backend's context.
     pub(crate) fn new(tensor_cores: bool) -> std::result::Result<Cudnn, String> {
         let version = loader::cudnn()?;
+        let _setup = crate::backends::device_setup();
         let handle = loader::guarded("creating the cuDNN handle", dnn::create_handle)?
             .map_err(|e| decline("cudnnCreate", e).0)?;
         Ok(Cudnn {

@@ -325,6 +325,7 @@ impl ComputeBackend for CudaBackend {
             ));
         }
         let props = device::properties(ordinal)?;
+        let _setup = crate::backends::device_setup();
         let ctx = loader::guarded("creating the CUDA context", || CudaContext::new(ordinal))
             .map_err(|reason| BackendError::Unavailable {
                 backend: BackendType::Cuda,

@@ -78,14 +78,25 @@ impl PoolGeometry {
             out_width: to_i64(OP, ow)?,
             kernel_h: to_i64(OP, d.kernel[0])?,
             kernel_w: to_i64(OP, d.kernel[1])?,
-            stride_h: to_i64(OP, d.stride[0])?,
-            stride_w: to_i64(OP, d.stride[1])?,
+            stride_h: to_i64(OP, used_stride(d.stride[0], oh))?,
+            stride_w: to_i64(OP, used_stride(d.stride[1], ow))?,
             pad_h: to_i64(OP, d.padding[0])?,
             pad_w: to_i64(OP, d.padding[1])?,
             area: d.kernel[0] as f64 * d.kernel[1] as f64,
             mode: mode(d.kind),
             pad: 0,
         })
+    }
+}
+
+/// The stride as the kernel uses it: a dim of one window never steps, so any stride gives the same
+/// windows there and 1 stands in (a stride past `i64` is legal and means one window); a dim of more
+/// windows steps within the padded extent, which `padded_fits` bounds by `i64`.
+fn used_stride(stride: usize, windows: usize) -> usize {
+    if windows <= 1 {
+        1
+    } else {
+        stride
     }
 }
 

@@ -128,11 +128,13 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
+        let setup = crate::backends::device_setup();
         let (device, queue) =
             block_on(adapter.request_device(&desc)).map_err(|e| BackendError::Unavailable {
                 backend: BackendType::WebGpu,
                 reason: format!("the adapter {} refused to open a device: {e}", info.name),
             })?;
+        drop(setup);
         let lost = Arc::new(Mutex::new(None));
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
         {
