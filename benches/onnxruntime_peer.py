@@ -195,6 +195,20 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
         node = helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.BFLOAT16)
         m = model([node], [tensor("X", dense)], [tensor("Y", dense, TensorProto.BFLOAT16)])
         return [Graph(m, {"X": x}, {"Y": None}, "Cast to bfloat16")]
+    if op in ("gather", "index_select"):
+        # The same work as ours, on other random indices: each element from a random column of its
+        # row (GatherElements), or `rows` random rows of the table (Gather, an embedding lookup).
+        if op == "gather":
+            index = np.random.default_rng(3).integers(0, cols, dense, dtype=np.int64)
+            node = helper.make_node("GatherElements", ["X", "I"], ["Y"], axis=1)
+            how = "GatherElements (axis 1)"
+        else:
+            index = np.random.default_rng(3).integers(0, rows, (rows,), dtype=np.int64)
+            node = helper.make_node("Gather", ["X", "I"], ["Y"], axis=0)
+            how = "Gather (axis 0)"
+        m = model([node], [tensor("X", dense), tensor("I", index.shape, TensorProto.INT64)],
+                  [tensor("Y", dense)])
+        return [Graph(m, {"X": x, "I": index}, {"Y": np.empty(dense, np.float32)}, how)]
     if op == "copy" and variant == "transposed":
         node = helper.make_node("Transpose", ["X"], ["Y"], perm=[1, 0])
         m = model([node], [tensor("X", dense)], [tensor("Y", (cols, rows))])

@@ -87,6 +87,20 @@ pub enum BackendError {
         allocation_size: usize,
     },
 
+    /// An index tensor holds a value outside `0..size` for the dim it indexes (`gather`,
+    /// `index_select`, `embedding`, ...). The reference and CPU backends raise it before writing
+    /// anything; GPU backends skip the bad elements and raise it at the latest by the next
+    /// `synchronize` or host read (see [`crate::compute::GatherDesc`]).
+    #[error("{op}: index {index} is out of range for a dim of size {size}")]
+    IndexOutOfRange {
+        /// The operation whose index was bad.
+        op: &'static str,
+        /// The offending index value.
+        index: i64,
+        /// The size of the indexed dim.
+        size: usize,
+    },
+
     /// An output overlaps an input (or another output) in a way the op cannot allow.
     #[error("{op}: aliasing: {details}")]
     Aliasing {

@@ -81,7 +81,8 @@ impl Tensor {
         })
     }
 
-    fn view(&self, layout: Layout) -> Tensor {
+    /// The same storage under another layout (the caller checked that it fits the storage).
+    pub(crate) fn view(&self, layout: Layout) -> Tensor {
         Tensor {
             storage: self.storage.clone(),
             layout,

@@ -67,6 +67,16 @@ impl Ctx<'_> {
         self.backend.from_f64(&a.data, &a.shape, self.dtype)
     }
 
+    /// An input of integers, as an `I64` index tensor.
+    fn index_input(&self, name: &str) -> Result<Tensor> {
+        let a = self
+            .case
+            .inputs
+            .get(name)
+            .unwrap_or_else(|| panic!("case {}: no input {name:?}", self.case.name));
+        self.backend.from_f64(&a.data, &a.shape, DType::I64)
+    }
+
     fn opt_input(&self, name: &str) -> Result<Option<Tensor>> {
         if self.case.inputs.contains_key(name) {
             self.input(name).map(Some)
@@ -456,6 +466,21 @@ fn pool() {
             ("avg_incl".to_string(), x.avg_pool2d(config)?),
             ("avg_excl".to_string(), x.avg_pool2d(excl)?),
         ])
+    });
+}
+
+#[test]
+fn index() {
+    run_family("index", |c| {
+        let index = c.index_input("index")?;
+        let dim = c.int("dim") as isize;
+        let out = match c.param("op").as_str() {
+            Some("gather") => c.input("x")?.gather(dim, &index)?,
+            Some("index_select") => c.input("x")?.index_select(dim, &index)?,
+            Some("embedding") => c.input("weight")?.embedding(&index)?,
+            other => panic!("case {}: unknown op {other:?}", c.case.name),
+        };
+        Ok(vec![("out".to_string(), out)])
     });
 }
 

@@ -111,6 +111,7 @@ pub fn error_kind(e: &BackendError) -> &'static str {
         BackendError::InvalidPointer { .. } => "InvalidPointer",
         BackendError::OutOfBounds { .. } => "OutOfBounds",
         BackendError::Aliasing { .. } => "Aliasing",
+        BackendError::IndexOutOfRange { .. } => "IndexOutOfRange",
         BackendError::DeviceMismatch { .. } => "DeviceMismatch",
         BackendError::OutOfMemory { .. } => "OutOfMemory",
         BackendError::MemoryPoolExhausted { .. } => "MemoryPoolExhausted",

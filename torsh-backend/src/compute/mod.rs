@@ -310,6 +310,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// Gathers elements by an index tensor; see [`GatherDesc`].
+    fn gather(&self, desc: &GatherDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// A string that identifies this device and the settings its kernels' speed depends on (the
     /// autotuner's cache files are valid for one fingerprint). Provided: the backend kind and the
     /// device name.
@@ -485,6 +490,7 @@ macro_rules! for_each_op {
             cast($crate::compute::CastDesc),
             copy_strided($crate::compute::CopyDesc),
             random($crate::compute::RandomDesc),
+            gather($crate::compute::GatherDesc),
         }
     };
 }

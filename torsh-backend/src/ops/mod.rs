@@ -6,6 +6,7 @@ pub mod attention;
 pub mod conv;
 pub mod create;
 pub mod elementwise;
+pub mod index;
 pub mod matmul;
 pub mod norm;
 pub mod optim;

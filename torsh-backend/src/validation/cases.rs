@@ -102,6 +102,11 @@ pub fn all() -> Vec<ParityCase> {
             dtypes: FLOATS,
             body: random,
         },
+        ParityCase {
+            op: "gather",
+            dtypes: FLOATS,
+            body: gather,
+        },
     ]
 }
 
@@ -450,4 +455,36 @@ fn random(i: &mut Inputs) -> Result<Vec<Tensor>> {
         b.arange(-2.0, 5.0, 0.5, dtype)?,
         b.full(&[3, 2], -0.375, dtype)?,
     ])
+}
+
+fn gather(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let (i32_, i64_) = (DType::I32, DType::I64);
+    let mut out = Vec::new();
+    // Along the last dim, repeats included; along the first with the index longer there and shorter
+    // elsewhere; from a transposed input by a narrowed index.
+    let x = i.normal(&[5, 7])?;
+    out.push(x.gather(1, &i.indices(&[5, 3], 7, i64_)?)?);
+    let x = i.normal(&[6, 4, 3])?;
+    out.push(x.gather(0, &i.indices(&[11, 4, 2], 6, i32_)?)?);
+    let xt = i.normal(&[7, 5])?.t()?;
+    let index = i.indices(&[5, 9], 7, i64_)?.narrow(1, 2, 6)?;
+    out.push(xt.gather(-1, &index)?);
+    out.push(
+        i.normal(&[1, 1])?
+            .gather(0, &i.indices(&[1, 1], 1, i32_)?)?,
+    );
+    out.push(x.gather(2, &i.indices(&[0, 4, 3], 3, i64_)?)?);
+    // index_select and embedding: rows looked up with repeats, by 1-D, 0-d and 2-D indices.
+    let table = i.normal(&[13, 6])?;
+    out.push(table.index_select(0, &i.indices(&[17], 13, i64_)?)?);
+    out.push(table.index_select(1, &i.indices(&[4], 6, i32_)?)?);
+    out.push(table.index_select(-1, &i.indices(&[], 6, i64_)?)?);
+    out.push(table.embedding(&i.indices(&[3, 4], 13, i64_)?)?);
+    out.push(table.embedding(&i.indices(&[], 13, i32_)?)?);
+    out.push(
+        i.normal(&[6, 13])?
+            .t()?
+            .embedding(&i.indices(&[2, 3, 5], 13, i32_)?)?,
+    );
+    Ok(out)
 }

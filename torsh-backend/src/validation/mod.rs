@@ -87,6 +87,20 @@ impl<'a> Inputs<'a> {
         self.backend.from_f64(&v, shape, self.dtype)
     }
 
+    /// Random indices in `0..high` of the index dtype `dtype`, repeats included; with at least two
+    /// elements, the first is 0 and the last `high - 1` (the boundaries).
+    pub fn indices(&mut self, shape: &[usize], high: usize, dtype: DType) -> Result<Tensor> {
+        let n = crate::shape::checked_numel("inputs", shape)?;
+        let mut v: Vec<f64> = (0..n)
+            .map(|_| (self.rng.next_u64() % high.max(1) as u64) as f64)
+            .collect();
+        if n >= 2 {
+            v[0] = 0.0;
+            v[n - 1] = (high.max(1) - 1) as f64;
+        }
+        self.backend.from_f64(&v, shape, dtype)
+    }
+
     /// A random seed for ops that take one.
     pub fn seed(&mut self) -> u64 {
         self.rng.next_u64()

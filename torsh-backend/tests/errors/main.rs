@@ -264,6 +264,7 @@ fn raw_works(c: &dyn ComputeBackend) {
 mod api;
 mod attention;
 mod construction;
+mod index;
 mod memory;
 mod shapes;
 mod sizes;

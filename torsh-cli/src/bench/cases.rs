@@ -114,6 +114,12 @@ pub enum MemOp {
     CastBf16,
     /// Fill with a constant (writes only).
     Fill,
+    /// `x.gather(1, index)` with a random `I64` index of `x`'s shape: each element read from a
+    /// random column of its row.
+    Gather,
+    /// `x.index_select(0, index)` with `rows` random `I64` row indices (an embedding lookup of
+    /// `rows` tokens into a table of `rows` rows).
+    IndexSelect,
 }
 
 impl MemOp {
@@ -133,6 +139,8 @@ impl MemOp {
             MemOp::BatchNormTraining | MemOp::BatchNormInference => "batch_norm",
             MemOp::CastBf16 => "cast",
             MemOp::Fill => "fill",
+            MemOp::Gather => "gather",
+            MemOp::IndexSelect => "index_select",
         }
     }
 
@@ -218,7 +226,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 17] = [
+pub const OP_NAMES: [&str; 19] = [
     "matmul",
     "memcpy",
     "copy",
@@ -233,6 +241,8 @@ pub const OP_NAMES: [&str; 17] = [
     "max",
     "cast",
     "fill",
+    "gather",
+    "index_select",
     "attention",
     "conv2d",
     "adam",
@@ -335,6 +345,8 @@ impl Case {
                 MemOp::CopyTransposed => format!("{rows}x{cols} .t()"),
                 MemOp::CastBf16 => format!("{rows}x{cols} -> bf16"),
                 MemOp::SumColumns => format!("{rows}x{cols} cols"),
+                MemOp::Gather => format!("{rows}x{cols} by {rows}x{cols}"),
+                MemOp::IndexSelect => format!("{rows}x{cols} by {rows} rows"),
                 MemOp::BatchNormTraining => {
                     format!(
                         "{rows}x{BATCH_NORM_CHANNELS}x{} train",
@@ -422,6 +434,9 @@ impl Case {
                     MemOp::SumColumns => n * size + cols as f64 * size,
                     MemOp::CastBf16 => n * (size + DType::BF16.size_in_bytes() as f64),
                     MemOp::Fill => n * size,
+                    // Elements read and written, and the I64 indices.
+                    MemOp::Gather => n * (2.0 * size + 8.0),
+                    MemOp::IndexSelect => 2.0 * n * size + rows as f64 * 8.0,
                     _ => 2.0 * n * size,
                 })
             }

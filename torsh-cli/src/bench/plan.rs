@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 16] = [
+const MEMORY_OPS: [MemOp; 18] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -53,6 +53,8 @@ const MEMORY_OPS: [MemOp; 16] = [
     MemOp::Max,
     MemOp::CastBf16,
     MemOp::Fill,
+    MemOp::Gather,
+    MemOp::IndexSelect,
 ];
 
 /// A convolution with "same" padding (`r / 2`).

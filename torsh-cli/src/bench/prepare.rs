@@ -6,8 +6,8 @@
 //! measure the kernel's traffic and not the allocator or the page faults of a fresh 64 MiB buffer.
 
 use torsh_backend::compute::{
-    BatchNormDesc, BinaryDesc, CastDesc, FillDesc, LayerNormDesc, ReduceDesc, SoftmaxDesc,
-    StridedBuf, UnaryDesc,
+    BatchNormDesc, BinaryDesc, CastDesc, FillDesc, GatherDesc, LayerNormDesc, ReduceDesc,
+    SoftmaxDesc, StridedBuf, UnaryDesc,
 };
 use torsh_backend::{
     AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
@@ -257,6 +257,55 @@ fn memory(
             Box::new(move || {
                 let _keep = (&x, &cast);
                 b.compute().cast(&desc).map_err(text)
+            })
+        }
+        MemOp::Gather | MemOp::IndexSelect => {
+            // Random indices from a fixed host stream, so every backend gathers the same elements.
+            let (count, high) = if op == MemOp::Gather {
+                (rows * cols, cols)
+            } else {
+                (rows, rows)
+            };
+            let mut rng = torsh_backend::rng::HostRng::new(0x1d5);
+            let picks: Vec<i64> = (0..count)
+                .map(|_| (rng.next_u64() % high as u64) as i64)
+                .collect();
+            let out = dense_out()?;
+            let desc = if op == MemOp::Gather {
+                let index = backend.from_slice(&picks, &[rows, cols])?;
+                (
+                    index.clone(),
+                    GatherDesc {
+                        dtype: dt,
+                        index_dtype: DType::I64,
+                        input: dense(&x),
+                        dim: 1,
+                        index: index.strided_buf(),
+                        output: out.data_ptr(),
+                    },
+                )
+            } else {
+                let index = backend.from_slice(&picks, &[rows])?;
+                let spread = torsh_backend::Layout::new(vec![rows, cols], vec![1, 0], 0)?;
+                (
+                    index.clone(),
+                    GatherDesc {
+                        dtype: dt,
+                        index_dtype: DType::I64,
+                        input: dense(&x),
+                        dim: 0,
+                        index: StridedBuf {
+                            ptr: index.data_ptr(),
+                            layout: spread,
+                        },
+                        output: out.data_ptr(),
+                    },
+                )
+            };
+            let (index, desc) = desc;
+            Box::new(move || {
+                let _keep = (&x, &out, &index);
+                b.compute().gather(&desc).map_err(text)
             })
         }
         MemOp::Fill => {

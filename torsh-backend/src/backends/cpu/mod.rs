@@ -16,6 +16,7 @@ mod conv;
 mod copy;
 mod elementwise;
 mod host;
+mod index;
 mod norm;
 mod optim;
 mod pool;

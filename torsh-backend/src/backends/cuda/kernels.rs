@@ -36,6 +36,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("binary", include_str!("kernels/binary.cu")),
     ("cast", include_str!("kernels/cast.cu")),
     ("copy", include_str!("kernels/copy.cu")),
+    ("index", include_str!("kernels/index.cu")),
     ("random", include_str!("kernels/random.cu")),
     ("reduce", include_str!("kernels/reduce.cu")),
     ("norm", include_str!("kernels/norm.cu")),

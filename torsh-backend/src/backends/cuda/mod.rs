@@ -16,6 +16,7 @@ mod conv;
 mod cudnn;
 mod device;
 mod elementwise;
+mod index;
 pub mod kernels;
 mod launch;
 pub(crate) mod loader;
@@ -88,6 +89,8 @@ pub(crate) struct Gpu {
     memory: Mutex<DeviceMemory>,
     /// Fill fresh allocations with NaN bytes (debug builds, or `TORSH_POISON=1`).
     poison: bool,
+    /// The flag of kernels that check indices on the device (`index.rs`).
+    errors: index::ErrorFlag,
 }
 
 impl Gpu {
@@ -351,6 +354,7 @@ impl ComputeBackend for CudaBackend {
             blas,
             cudnn: OnceLock::new(),
             poison,
+            errors: index::ErrorFlag::default(),
         });
         Ok(())
     }
@@ -401,7 +405,9 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.gpu()?.streams.synchronize_all()
+        let gpu = self.gpu()?;
+        gpu.streams.synchronize_all()?;
+        gpu.errors.take(gpu.stream())
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
@@ -451,7 +457,8 @@ impl ComputeBackend for CudaBackend {
         let gpu = self.enqueue_dtoh(dst, src)?;
         gpu.stream()
             .synchronize()
-            .map_err(|e| driver_error("synchronizing after a device-to-host copy", e))
+            .map_err(|e| driver_error("synchronizing after a device-to-host copy", e))?;
+        gpu.errors.take(gpu.stream())
     }
 
     fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {

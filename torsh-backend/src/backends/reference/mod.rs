@@ -11,6 +11,7 @@ pub(crate) mod attention;
 mod blas;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
+pub(crate) mod index;
 pub(crate) mod math;
 pub(crate) mod memory;
 pub(crate) mod norm;

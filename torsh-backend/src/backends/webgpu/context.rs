@@ -68,6 +68,11 @@ pub(crate) struct Gpu {
     submissions: AtomicU64,
     /// Kernel dispatches so far.
     launches: AtomicU64,
+    /// The error flag of kernels that check their input on the device (`shaders/index.wgsl`):
+    /// words [raised, op code, index low, index high, size, 0, 0, 0].
+    pub error_flag: wgpu::Buffer,
+    /// Whether a kernel that may raise the flag was dispatched since the flag was last read.
+    pub flag_armed: std::sync::atomic::AtomicBool,
 }
 
 /// What the queue lock guards.
@@ -135,6 +140,15 @@ impl Gpu {
                 reason: format!("the adapter {} refused to open a device: {e}", info.name),
             })?;
         drop(setup);
+        // wgpu zero-initialises new buffers: the flag starts lowered.
+        let error_flag = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("torsh error flag"),
+            size: 32,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let lost = Arc::new(Mutex::new(None));
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
         {
@@ -166,6 +180,8 @@ impl Gpu {
             queued: Mutex::new(Queued::default()),
             submissions: AtomicU64::new(0),
             launches: AtomicU64::new(0),
+            error_flag,
+            flag_armed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -591,7 +591,7 @@ pub(crate) fn read_bytes(gpu: &Gpu, at: Place<'_>, len: usize) -> Result<Vec<u8>
 
 /// Reads the word-aligned range `[offset, offset + len)` of `buffer`: a copy into a mappable staging
 /// buffer, then a blocking map.
-fn read(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+pub(crate) fn read(gpu: &Gpu, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
     let staging = gpu.scoped("creating a staging buffer", len as usize, || {
         let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("torsh read-back"),

@@ -36,6 +36,7 @@ mod conv;
 mod custom;
 mod elementwise;
 mod events;
+mod index;
 mod large;
 mod loops;
 mod memory;
@@ -612,7 +613,9 @@ impl ComputeBackend for WebGpuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.state()?.device.gpu.wait()
+        let gpu = &self.state()?.device.gpu;
+        gpu.wait()?;
+        index::take_error(gpu)
     }
 
     fn batch(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<()> {
@@ -668,7 +671,7 @@ impl ComputeBackend for WebGpuBackend {
         let at = mem.place(src, dst.len())?;
         let bytes = memory::read_bytes(&state.device.gpu, at, dst.len())?;
         dst.copy_from_slice(&bytes);
-        Ok(())
+        index::take_error(&state.device.gpu)
     }
 
     fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {

@@ -205,6 +205,9 @@ pub(crate) const BATCH_NORM_F16_SUBGROUP: Module = wgsl!(
 /// `shaders/cast.wgsl`: conversion and copy between any dtypes (source, destination).
 pub(crate) const CAST: Module = wgsl!("cast.wgsl", 2, ["cast.wgsl"]);
 
+/// `shaders/index.wgsl`: gathers by index tensors (input, output, index, error flag).
+pub(crate) const INDEX: Module = wgsl!("index.wgsl", 4, ["index.wgsl"]);
+
 /// `shaders/random.wgsl`: uniform and normal fills (output) of f32 elements.
 pub(crate) const RANDOM: Module = wgsl!("random.wgsl", 1, ["elem_f32.wgsl", "random.wgsl"]);
 

@@ -1,0 +1,156 @@
+//! Host side of `shaders/index.wgsl`: gathers by index tensors, and the device error flag that
+//! reports an index out of range.
+//!
+//! The kernel checks each index on the device: a bad one is never followed (its output element is
+//! left as it was) and raises the flag of the device (`Gpu::error_flag`). [`take_error`], called by
+//! `synchronize` and `copy_dtoh` once the queue is idle, reads the flag when a kernel that may have
+//! raised it ran since the last read, lowers it, and returns `IndexOutOfRange` naming the op, the
+//! first index reported and the size. The error goes to whichever caller synchronizes or reads
+//! first, on any thread sharing the backend.
+
+use std::sync::atomic::Ordering;
+
+use crate::backends::webgpu::WebGpuBackend;
+use crate::compute::op::OpImpl;
+use crate::compute::{GatherDesc, StridedBuf};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+
+use super::context::Gpu;
+use super::memory::{self, Binding, Memory};
+use super::pipelines::{grid_1d, Dispatch, Kernels, INDEX};
+
+/// Most dims the kernel indexes.
+const MAX_RANK: usize = 8;
+/// Parameter words: n, rank, shape[8], the input's byte address and strides, the index's element
+/// offset and strides, the output's byte address, the size along the dim, the op's code.
+const WORDS: usize = 2 + MAX_RANK + 2 * (1 + MAX_RANK) + 3;
+/// The ops that raise the flag, by the code the kernel records.
+const FLAG_OPS: [&str; 1] = ["gather"];
+
+/// Reads and lowers the device's error flag when a kernel that may raise it ran since the last
+/// read; `IndexOutOfRange` when it was raised. The caller has waited for the queue (the read waits
+/// again, which costs nothing then).
+pub(crate) fn take_error(gpu: &Gpu) -> Result<()> {
+    if !gpu.flag_armed.swap(false, Ordering::AcqRel) {
+        return Ok(());
+    }
+    let bytes = memory::read(gpu, &gpu.error_flag, 0, 32)?;
+    let word = |k: usize| {
+        u32::from_le_bytes([
+            bytes[4 * k],
+            bytes[4 * k + 1],
+            bytes[4 * k + 2],
+            bytes[4 * k + 3],
+        ])
+    };
+    if word(0) == 0 {
+        return Ok(());
+    }
+    gpu.queue.write_buffer(&gpu.error_flag, 0, &[0u8; 32]);
+    Err(BackendError::IndexOutOfRange {
+        op: FLAG_OPS
+            .get(word(1) as usize)
+            .copied()
+            .unwrap_or("an indexing op"),
+        index: ((u64::from(word(3)) << 32) | u64::from(word(2))) as i64,
+        size: word(4) as usize,
+    })
+}
+
+/// A view's binding, the element offset of its first element there, and its strides as words;
+/// `None` when the view is not aligned to its elements or its numbers pass 32 bits.
+fn placed<'m>(
+    mem: &'m Memory,
+    buf: &StridedBuf,
+    dtype: DType,
+) -> Result<Option<(Binding<'m>, u32, Vec<u32>)>> {
+    let size = dtype.size_in_bytes();
+    let span = buf.layout.span_elements()? - buf.layout.offset();
+    let Some((binding, first)) = mem.view_elements(buf.ptr, buf.layout.offset(), size)? else {
+        return Ok(None);
+    };
+    let fits = first
+        .checked_add(span)
+        .and_then(|end| end.checked_mul(size))
+        .is_some_and(|end| u32::try_from(end).is_ok());
+    let strides: Option<Vec<u32>> = buf
+        .layout
+        .strides()
+        .iter()
+        .map(|&s| u32::try_from(s).ok())
+        .collect();
+    Ok(match (fits, strides) {
+        (true, Some(strides)) => Some((binding, first as u32, strides)),
+        _ => None,
+    })
+}
+
+/// The gather of `d` in one launch.
+fn gather(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GatherDesc) -> Result<()> {
+    let shape = d.index.layout.shape();
+    let n: usize = shape.iter().product();
+    let size = d.dtype.size_in_bytes();
+    let out = StridedBuf::contiguous(d.output, shape);
+    let beyond = |what: &str| {
+        BackendError::FeatureUnavailable {
+        feature: "WebGPU gather",
+        reason: format!(
+            "the kernel indexes at most {MAX_RANK} dims with 32-bit offsets and operands aligned to \
+             their elements; {what} does not fit (shape {shape:?})"
+        ),
+    }
+    };
+    if shape.len() > MAX_RANK {
+        return Err(beyond("the rank"));
+    }
+    let (Some(input), Some(index), Some(output)) = (
+        placed(mem, &d.input, d.dtype)?,
+        placed(mem, &d.index, d.index_dtype)?,
+        placed(mem, &out, d.dtype)?,
+    ) else {
+        return Err(beyond("an operand"));
+    };
+    let word = |v: usize| u32::try_from(v).map_err(|_| beyond("the element count"));
+    let mut p = vec![0u32; WORDS];
+    p[0] = word(n)?;
+    p[1] = shape.len() as u32;
+    for (k, &e) in shape.iter().enumerate() {
+        p[2 + k] = word(e)?;
+    }
+    let at = |first: u32| {
+        first
+            .checked_mul(size as u32)
+            .ok_or_else(|| beyond("an operand"))
+    };
+    p[10] = at(input.1)?;
+    p[11..11 + shape.len()].copy_from_slice(&input.2);
+    p[19] = index.1;
+    p[20..20 + shape.len()].copy_from_slice(&index.2);
+    p[28] = at(output.1)?;
+    p[29] = u32::try_from(d.input.layout.shape()[d.dim]).unwrap_or(u32::MAX);
+    p[30] = 0;
+    gpu.flag_armed.store(true, Ordering::Release);
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: INDEX,
+            entry: "gather",
+            constants: &[
+                ("WIDTH", size as u64),
+                ("INDEX64", u64::from(d.index_dtype == DType::I64)),
+                ("DIM", d.dim as u64),
+            ],
+            buffers: &[input.0, output.0, index.0, Binding::whole(&gpu.error_flag)],
+            params: &p,
+            groups: grid_1d(n, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: super::loops::passes(MAX_RANK as u64),
+        },
+    )
+}
+
+impl OpImpl<GatherDesc> for WebGpuBackend {
+    fn op(&self, desc: &GatherDesc) -> Result<()> {
+        self.run_direct(desc.accesses()?, |gpu, k, mem| gather(gpu, k, mem, desc))
+    }
+}
