@@ -209,6 +209,15 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
         m = model([node], [tensor("X", dense), tensor("I", index.shape, TensorProto.INT64)],
                   [tensor("Y", dense)])
         return [Graph(m, {"X": x, "I": index}, {"Y": np.empty(dense, np.float32)}, how)]
+    if op == "index_add":
+        # ScatterElements with reduction "add" along axis 0, the indices spread along the rows.
+        rows_ix = np.random.default_rng(4).integers(0, rows, (rows, 1), dtype=np.int64)
+        index = np.repeat(rows_ix, cols, axis=1)
+        node = helper.make_node("ScatterElements", ["X", "I", "U"], ["Y"], axis=0, reduction="add")
+        m = model([node], [tensor("X", dense), tensor("I", dense, TensorProto.INT64),
+                           tensor("U", dense)], [tensor("Y", dense)], opset=18)
+        return [Graph(m, {"X": np.zeros(dense, np.float32), "I": index, "U": x},
+                      {"Y": np.empty(dense, np.float32)}, "ScatterElements (add, axis 0)")]
     if op == "copy" and variant == "transposed":
         node = helper.make_node("Transpose", ["X"], ["Y"], perm=[1, 0])
         m = model([node], [tensor("X", dense)], [tensor("Y", (cols, rows))])

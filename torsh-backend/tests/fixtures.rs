@@ -478,6 +478,12 @@ fn index() {
             Some("gather") => c.input("x")?.gather(dim, &index)?,
             Some("index_select") => c.input("x")?.index_select(dim, &index)?,
             Some("embedding") => c.input("weight")?.embedding(&index)?,
+            Some("scatter") => c.input("x")?.scatter(dim, &index, &c.input("src")?)?,
+            Some("scatter_add") => c.input("x")?.scatter_add(dim, &index, &c.input("src")?)?,
+            Some("index_add") => {
+                c.input("x")?
+                    .index_add(dim, &index, &c.input("src")?, c.f64("alpha"))?
+            }
             other => panic!("case {}: unknown op {other:?}", c.case.name),
         };
         Ok(vec![("out".to_string(), out)])

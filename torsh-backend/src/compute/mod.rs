@@ -315,6 +315,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// Scatters elements by an index tensor, assigning or adding; see [`ScatterDesc`].
+    fn scatter(&self, desc: &ScatterDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// A string that identifies this device and the settings its kernels' speed depends on (the
     /// autotuner's cache files are valid for one fingerprint). Provided: the backend kind and the
     /// device name.
@@ -491,6 +496,7 @@ macro_rules! for_each_op {
             copy_strided($crate::compute::CopyDesc),
             random($crate::compute::RandomDesc),
             gather($crate::compute::GatherDesc),
+            scatter($crate::compute::ScatterDesc),
         }
     };
 }

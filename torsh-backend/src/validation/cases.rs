@@ -107,6 +107,11 @@ pub fn all() -> Vec<ParityCase> {
             dtypes: FLOATS,
             body: gather,
         },
+        ParityCase {
+            op: "scatter",
+            dtypes: FLOATS,
+            body: scatter,
+        },
     ]
 }
 
@@ -486,5 +491,30 @@ fn gather(i: &mut Inputs) -> Result<Vec<Tensor>> {
             .t()?
             .embedding(&i.indices(&[2, 3, 5], 13, i32_)?)?,
     );
+    Ok(out)
+}
+
+fn scatter(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let (i32_, i64_) = (DType::I32, DType::I64);
+    let mut out = Vec::new();
+    // Repeated indices: the last assignment wins, additions sum in order, on every backend.
+    let x = i.normal(&[5, 4])?;
+    let index = i.indices(&[7, 3], 5, i64_)?;
+    out.push(x.scatter(0, &index, &i.normal(&[7, 3])?)?);
+    out.push(x.scatter_add(0, &index, &i.normal(&[8, 4])?)?);
+    let x3 = i.normal(&[3, 4, 6])?;
+    let index = i.indices(&[2, 4, 9], 6, i32_)?;
+    out.push(x3.scatter_add(-1, &index, &i.normal(&[2, 4, 9])?)?);
+    // A transposed source, a broadcast one, a narrowed index.
+    let src = i.normal(&[3, 7])?.t()?;
+    out.push(x.scatter(0, &i.indices(&[7, 3], 5, i32_)?, &src)?);
+    let one = i.normal(&[1, 1])?.broadcast_to(&[4, 4])?;
+    out.push(x.scatter_add(1, &i.indices(&[4, 6], 4, i64_)?.narrow(1, 1, 4)?, &one)?);
+    out.push(x.scatter_add(0, &i.indices(&[0, 4], 5, i64_)?, &i.normal(&[0, 4])?)?);
+    // index_add (an embedding's gradient) along each dim, and one_hot.
+    let x = i.normal(&[6, 5])?;
+    out.push(x.index_add(0, &i.indices(&[9], 6, i64_)?, &i.normal(&[9, 5])?, 0.5)?);
+    out.push(x.index_add(1, &i.indices(&[3], 5, i32_)?, &i.normal(&[6, 3])?, -2.0)?);
+    out.push(i.indices(&[3, 4], 7, i64_)?.one_hot(7, i.dtype())?);
     Ok(out)
 }

@@ -184,3 +184,83 @@ fn index_dtypes_ranks_lengths_and_dims_are_checked() {
         assert_backend_works(&b);
     }
 }
+
+#[test]
+fn scatters_check_indices_dtypes_and_shapes() {
+    for b in backends() {
+        let name = b.backend_type();
+        let x = seq(&b, &[3, 4]);
+        let src = seq(&b, &[2, 4]);
+        for bad in [-1i64, 3, 1 << 40] {
+            let ix = index(&b, &[0, 1, 2, 1, 2, bad, 0, 1], &[2, 4]);
+            // One op at a time: on a GPU the flag holds every error since the last read.
+            for what in ["scatter", "scatter_add"] {
+                let result = if what == "scatter" {
+                    b.scatter(&x, 0, &ix, &src)
+                } else {
+                    b.scatter_add(&x, 0, &ix, &src)
+                };
+                let err = deferred_error(result);
+                assert!(
+                    matches!(err, BackendError::IndexOutOfRange { index, size: 3, .. } if index == bad),
+                    "{name} {what}: index {bad}: {err:?}"
+                );
+            }
+            assert_ok!(b.synchronize());
+        }
+        let err =
+            deferred_error(b.index_add(&x, 1, &index(&b, &[4], &[1]), &seq(&b, &[3, 1]), 1.0));
+        assert!(
+            matches!(
+                err,
+                BackendError::IndexOutOfRange {
+                    index: 4,
+                    size: 4,
+                    ..
+                }
+            ),
+            "{name}: {err:?}"
+        );
+        let err = deferred_error(b.one_hot(&index(&b, &[2, 5], &[2]), 5, DType::F32));
+        assert!(
+            matches!(
+                err,
+                BackendError::IndexOutOfRange {
+                    index: 5,
+                    size: 5,
+                    ..
+                }
+            ),
+            "{name}: {err:?}"
+        );
+        // Dtypes: a float index, a source of another dtype, an addition of integers.
+        let good = index(&b, &[0, 1, 2, 0, 1, 2, 0, 1], &[2, 4]);
+        assert_err!(b.scatter(&x, 0, &src, &src), DTypeMismatch);
+        let src64 = assert_ok!(src.cast(DType::F64));
+        assert_err!(b.scatter(&x, 0, &good, &src64), DTypeMismatch);
+        let ints = assert_ok!(x.cast(DType::I32));
+        let int_src = assert_ok!(src.cast(DType::I32));
+        assert_err!(b.scatter_add(&ints, 0, &good, &int_src), Unsupported);
+        let moved = assert_ok!(b.scatter(&ints, 0, &good, &int_src));
+        assert_eq!(moved.shape(), &[3, 4], "{name}: integers assign");
+        // Shapes: a source shorter than the index, an index longer than the output off `dim`,
+        // `index_add`'s source and index, a dim out of range.
+        assert_err!(b.scatter(&x, 0, &good, &seq(&b, &[2, 3])), ShapeMismatch);
+        assert_err!(
+            b.scatter(&x, 0, &index(&b, &[0; 10], &[2, 5]), &seq(&b, &[2, 5])),
+            ShapeMismatch
+        );
+        assert_err!(b.index_add(&x, 0, &good, &src, 1.0), ShapeMismatch);
+        assert_err!(
+            b.index_add(&x, 0, &index(&b, &[0, 1], &[2]), &seq(&b, &[3, 4]), 1.0),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.index_add(&x, 0, &index(&b, &[0, 1], &[2]), &src, f64::NAN),
+            InvalidArgument
+        );
+        assert_err!(b.scatter(&x, 2, &good, &src), InvalidArgument);
+        assert_err!(b.one_hot(&src, 3, DType::F32), DTypeMismatch);
+        assert_backend_works(&b);
+    }
+}

@@ -120,6 +120,9 @@ pub enum MemOp {
     /// `x.index_select(0, index)` with `rows` random `I64` row indices (an embedding lookup of
     /// `rows` tokens into a table of `rows` rows).
     IndexSelect,
+    /// `index_add` in place: `rows` rows of a source added into random rows of the output (an
+    /// embedding's gradient), repeats summing.
+    IndexAdd,
 }
 
 impl MemOp {
@@ -141,6 +144,7 @@ impl MemOp {
             MemOp::Fill => "fill",
             MemOp::Gather => "gather",
             MemOp::IndexSelect => "index_select",
+            MemOp::IndexAdd => "index_add",
         }
     }
 
@@ -226,7 +230,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 19] = [
+pub const OP_NAMES: [&str; 20] = [
     "matmul",
     "memcpy",
     "copy",
@@ -243,6 +247,7 @@ pub const OP_NAMES: [&str; 19] = [
     "fill",
     "gather",
     "index_select",
+    "index_add",
     "attention",
     "conv2d",
     "adam",
@@ -347,6 +352,7 @@ impl Case {
                 MemOp::SumColumns => format!("{rows}x{cols} cols"),
                 MemOp::Gather => format!("{rows}x{cols} by {rows}x{cols}"),
                 MemOp::IndexSelect => format!("{rows}x{cols} by {rows} rows"),
+                MemOp::IndexAdd => format!("{rows}x{cols} into {rows} rows"),
                 MemOp::BatchNormTraining => {
                     format!(
                         "{rows}x{BATCH_NORM_CHANNELS}x{} train",
@@ -437,6 +443,8 @@ impl Case {
                     // Elements read and written, and the I64 indices.
                     MemOp::Gather => n * (2.0 * size + 8.0),
                     MemOp::IndexSelect => 2.0 * n * size + rows as f64 * 8.0,
+                    // The source read, the output read and written, the indices.
+                    MemOp::IndexAdd => 3.0 * n * size + rows as f64 * 8.0,
                     _ => 2.0 * n * size,
                 })
             }

@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 18] = [
+const MEMORY_OPS: [MemOp; 19] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -55,6 +55,7 @@ const MEMORY_OPS: [MemOp; 18] = [
     MemOp::Fill,
     MemOp::Gather,
     MemOp::IndexSelect,
+    MemOp::IndexAdd,
 ];
 
 /// A convolution with "same" padding (`r / 2`).

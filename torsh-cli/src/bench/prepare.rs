@@ -7,7 +7,7 @@
 
 use torsh_backend::compute::{
     BatchNormDesc, BinaryDesc, CastDesc, FillDesc, GatherDesc, LayerNormDesc, ReduceDesc,
-    SoftmaxDesc, StridedBuf, UnaryDesc,
+    ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf, UnaryDesc,
 };
 use torsh_backend::{
     AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
@@ -306,6 +306,32 @@ fn memory(
             Box::new(move || {
                 let _keep = (&x, &out, &index);
                 b.compute().gather(&desc).map_err(text)
+            })
+        }
+        MemOp::IndexAdd => {
+            let mut rng = torsh_backend::rng::HostRng::new(0x1d6);
+            let picks: Vec<i64> = (0..rows)
+                .map(|_| (rng.next_u64() % rows as u64) as i64)
+                .collect();
+            let index = backend.from_slice(&picks, &[rows])?;
+            let out = backend.zeros(&[rows, cols], dt)?;
+            let desc = ScatterDesc {
+                dtype: dt,
+                index_dtype: DType::I64,
+                reduce: ScatterReduce::Add,
+                output: out.data_ptr(),
+                output_shape: vec![rows, cols],
+                dim: 0,
+                index: StridedBuf {
+                    ptr: index.data_ptr(),
+                    layout: torsh_backend::Layout::new(vec![rows, cols], vec![1, 0], 0)?,
+                },
+                src: dense(&x),
+                alpha: 1.0,
+            };
+            Box::new(move || {
+                let _keep = (&x, &out, &index);
+                b.compute().scatter(&desc).map_err(text)
             })
         }
         MemOp::Fill => {

@@ -1,18 +1,26 @@
-//! Gathering by index tensors on the CPU: every index is checked first (so a bad one leaves the
-//! output untouched), then the output is written in row-major order by runs along its last dim,
-//! spread over the backend's threads. Elements move as raw bits of their width, so every dtype
-//! gathers. A run whose index repeats along the last dim (`index_select` and `embedding` rows) and
-//! whose input is dense there is one `memcpy`.
+//! Gathering and scattering by index tensors on the CPU: every index is checked first (so a bad one
+//! leaves the output untouched), then the work is spread over the backend's threads.
+//!
+//! A gather writes its output in row-major order by runs along the last dim. Elements move as raw
+//! bits of their width, so every dtype gathers. A run whose index repeats along the last dim
+//! (`index_select` and `embedding` rows) and whose input is dense there is one `memcpy`.
+//!
+//! A scatter runs by columns: the index positions that share every coordinate but `dim`, which land
+//! on output elements no other column touches. Each column is walked along `dim` in order, so
+//! repeated indices assign (the last wins) or add (in the index's order) exactly as the reference
+//! does, whatever the thread count; additions accumulate in the dtype's compute type (f32 for f16 and
+//! bf16, rounded at each addition).
 
-use super::host::{for_chunks, Ctx, Span, SERIAL_ELEMENTS};
+use super::host::{for_chunks, Ctx, Element, Real, Span, SERIAL_ELEMENTS};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::index::step;
 use crate::backends::reference::memory::HostMemory;
 use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
-use crate::compute::{check_index, DevicePtr, GatherDesc, StridedBuf};
+use crate::compute::{check_index, DevicePtr, GatherDesc, ScatterDesc, ScatterReduce, StridedBuf};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::shape::contiguous_strides;
 
 /// An index element type.
 trait IndexValue: bytemuck::Pod + Send + Sync {
@@ -51,6 +59,42 @@ impl<T: bytemuck::Pod> Strided<T> {
     }
 }
 
+/// `IndexOutOfRange` for the first index of the view `buf` (held by `index`) outside `0..size`,
+/// checked in the index's memory order over the backend's threads (a broadcast index is read once).
+fn check_all<I: IndexValue>(
+    op: &'static str,
+    index: &Strided<I>,
+    buf: &StridedBuf,
+    size: usize,
+    ctx: Ctx,
+) -> Result<()> {
+    // SAFETY: the span is the index view's extent and nothing writes it during the op.
+    let raw = unsafe { index.span.slice(0..index.span.len()) };
+    let bad = std::sync::atomic::AtomicBool::new(false);
+    let limit = size as u64;
+    for_chunks(raw.len(), ctx.threads, SERIAL_ELEMENTS, |range| {
+        // As unsigned, a negative index is past every size.
+        if raw[range].iter().any(|i| i.get() as u64 >= limit) {
+            bad.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    if bad.into_inner() {
+        // The view may skip elements of its span: the first bad index it reads, if any.
+        let offset = buf.layout.offset();
+        let mut first_bad = None;
+        buf.layout.for_each_index(|e| {
+            let v = raw[e - offset].get();
+            if first_bad.is_none() && check_index(op, v, size).is_err() {
+                first_bad = Some(v);
+            }
+        });
+        if let Some(v) = first_bad {
+            return check_index(op, v, size);
+        }
+    }
+    Ok(())
+}
+
 /// The gather of `d` with elements of width `W` and indices of type `I`.
 fn gather_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     mem: &mut HostMemory,
@@ -67,31 +111,7 @@ fn gather_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     let index = Strided::<I>::of(mem, op, &d.index)?;
     let out = Span::<W>::of(mem, op, d.output, n)?;
     let size = d.input.layout.shape()[d.dim];
-    // Every index first, in the index's memory order (a broadcast index is read once).
-    // SAFETY: the span is the index view's extent and nothing writes it during the op.
-    let raw = unsafe { index.span.slice(0..index.span.len()) };
-    let bad = std::sync::atomic::AtomicBool::new(false);
-    let limit = size as u64;
-    for_chunks(raw.len(), ctx.threads, SERIAL_ELEMENTS, |range| {
-        // As unsigned, a negative index is past every size.
-        if raw[range].iter().any(|i| i.get() as u64 >= limit) {
-            bad.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-    if bad.into_inner() {
-        // The view may skip elements of its span: the first bad index it reads, if any.
-        let offset = d.index.layout.offset();
-        let mut first_bad = None;
-        d.index.layout.for_each_index(|e| {
-            let v = raw[e - offset].get();
-            if first_bad.is_none() && check_index(op, v, size).is_err() {
-                first_bad = Some(v);
-            }
-        });
-        if let Some(v) = first_bad {
-            return check_index(op, v, size);
-        }
-    }
+    check_all(op, &index, &d.index, size, ctx)?;
     let rank = shape.len();
     let last = rank - 1;
     let len = shape[last];
@@ -167,6 +187,154 @@ fn gather(mem: &mut HostMemory, d: &GatherDesc, ctx: Ctx) -> Result<()> {
         2 => by_index!(u16),
         4 => by_index!(u32),
         _ => by_index!(u64),
+    }
+}
+
+/// `out[t] += alpha · src[s]` for elements of `W` (see [`add_into`]).
+type AddFn<W> = unsafe fn(Span<W>, usize, Span<W>, usize, f64);
+
+/// Where each column of a scatter starts in the index, the source and the output, and the steps
+/// along `dim` of each.
+struct Columns {
+    /// The index's shape without `dim`.
+    outer: Vec<usize>,
+    /// The strides of index, source and output over `outer`.
+    strides: [Vec<usize>; 3],
+    /// Positions along `dim`, and the step of index, source and output along it.
+    len: usize,
+    steps: [usize; 3],
+}
+
+impl Columns {
+    fn of(d: &ScatterDesc, index: &[usize], src: &[usize]) -> Columns {
+        let out = contiguous_strides(&d.output_shape);
+        let shape = d.index.layout.shape();
+        let others = |v: &[usize]| -> Vec<usize> {
+            v.iter()
+                .enumerate()
+                .filter(|&(k, _)| k != d.dim)
+                .map(|(_, &x)| x)
+                .collect()
+        };
+        Columns {
+            outer: others(shape),
+            strides: [others(index), others(src), others(&out)],
+            len: shape[d.dim],
+            steps: [index[d.dim], src[d.dim], out[d.dim]],
+        }
+    }
+
+    /// The number of columns.
+    fn count(&self) -> usize {
+        self.outer.iter().product()
+    }
+
+    /// Where column `c` starts in index, source and output.
+    fn start(&self, mut c: usize) -> [usize; 3] {
+        let mut at = [0usize; 3];
+        for k in (0..self.outer.len()).rev() {
+            let i = c % self.outer[k];
+            c /= self.outer[k];
+            for (a, s) in at.iter_mut().zip(&self.strides) {
+                *a += i * s[k];
+            }
+        }
+        at
+    }
+}
+
+/// The scatter of `d` with elements of width `W` (assign) or of float type `T` (add), indices of
+/// type `I`. `add` is `None` for assign.
+fn scatter_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
+    mem: &mut HostMemory,
+    d: &ScatterDesc,
+    ctx: Ctx,
+    add: Option<AddFn<W>>,
+) -> Result<()> {
+    let op = "scatter";
+    let n: usize = d.index.layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let index = Strided::<I>::of(mem, op, &d.index)?;
+    let src = Strided::<W>::of(mem, op, &d.src)?;
+    let total: usize = d.output_shape.iter().product();
+    let out = Span::<W>::of(mem, op, d.output, total)?;
+    let size = d.output_shape[d.dim];
+    check_all(op, &index, &d.index, size, ctx)?;
+    let cols = Columns::of(d, &index.strides, &src.strides);
+    let min = SERIAL_ELEMENTS.div_ceil(cols.len.max(1)).max(1);
+    for_chunks(cols.count(), ctx.threads, min, |range| {
+        for c in range {
+            let [mut at_ix, mut at_src, base] = cols.start(c);
+            for _ in 0..cols.len {
+                // SAFETY: every index was checked to lie in `0..size`, so each target is inside the
+                // output; columns touch disjoint output elements, and the output overlaps no input.
+                unsafe {
+                    let t = base + index.span.read(at_ix).get() as usize * cols.steps[2];
+                    match add {
+                        None => out.write(t, src.span.read(at_src)),
+                        Some(f) => f(out, t, src.span, at_src, d.alpha),
+                    }
+                }
+                at_ix += cols.steps[0];
+                at_src += cols.steps[1];
+            }
+        }
+    });
+    Ok(())
+}
+
+/// `out[t] += alpha · src[s]` in `T`'s compute type.
+///
+/// # Safety
+/// `t` and `s` are inside their spans and no other task touches `out[t]` meanwhile.
+unsafe fn add_into<T: Element>(out: Span<T>, t: usize, src: Span<T>, s: usize, alpha: f64) {
+    // SAFETY: as the function's contract.
+    unsafe {
+        let v = out.read(t).widen() + <T::Acc as Real>::from_f64(alpha) * src.read(s).widen();
+        out.write(t, T::narrow(v));
+    }
+}
+
+/// The scatter of `d`, by element width (assign) or dtype (add) and index type.
+fn scatter(mem: &mut HostMemory, d: &ScatterDesc, ctx: Ctx) -> Result<()> {
+    macro_rules! by_index {
+        ($w:ty, $add:expr) => {
+            match d.index_dtype {
+                DType::I32 => scatter_typed::<$w, i32>(mem, d, ctx, $add),
+                _ => scatter_typed::<$w, i64>(mem, d, ctx, $add),
+            }
+        };
+    }
+    match (d.reduce, d.dtype) {
+        (ScatterReduce::Add, DType::F32) => by_index!(f32, Some(add_into::<f32>)),
+        (ScatterReduce::Add, DType::F64) => by_index!(f64, Some(add_into::<f64>)),
+        (ScatterReduce::Add, DType::F16) => by_index!(half::f16, Some(add_into::<half::f16>)),
+        (ScatterReduce::Add, _) => by_index!(half::bf16, Some(add_into::<half::bf16>)),
+        (ScatterReduce::Assign, dtype) => match dtype.size_in_bytes() {
+            1 => by_index!(u8, None),
+            2 => by_index!(u16, None),
+            4 => by_index!(u32, None),
+            _ => by_index!(u64, None),
+        },
+    }
+}
+
+impl OpImpl<ScatterDesc> for CpuBackend {
+    fn op(&self, desc: &ScatterDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        let math = desc.reduce == ScatterReduce::Add;
+        let aligned = acc
+            .regions
+            .iter()
+            .zip([desc.index_dtype, desc.dtype, desc.dtype])
+            .all(|(r, t)| r.ptr.0.is_multiple_of(t.size_in_bytes() as u64));
+        if !aligned || (math && !desc.dtype.is_float()) {
+            // Misaligned operands, or an addition of integers: the reference's answer.
+            return self.scalar.scatter(desc);
+        }
+        self.kernel(acc, |mem, ctx| scatter(mem, desc, ctx))
     }
 }
 

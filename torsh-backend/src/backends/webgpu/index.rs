@@ -1,5 +1,5 @@
-//! Host side of `shaders/index.wgsl`: gathers by index tensors, and the device error flag that
-//! reports an index out of range.
+//! Host side of `shaders/index.wgsl`: gathers and scatters by index tensors, and the device error
+//! flag that reports an index out of range.
 //!
 //! The kernel checks each index on the device: a bad one is never followed (its output element is
 //! left as it was) and raises the flag of the device (`Gpu::error_flag`). [`take_error`], called by
@@ -12,9 +12,10 @@ use std::sync::atomic::Ordering;
 
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
-use crate::compute::{GatherDesc, StridedBuf};
+use crate::compute::{GatherDesc, OpDesc, ScatterDesc, ScatterReduce, StridedBuf};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
+use crate::shape::contiguous_strides;
 
 use super::context::Gpu;
 use super::memory::{self, Binding, Memory};
@@ -26,7 +27,9 @@ const MAX_RANK: usize = 8;
 /// offset and strides, the output's byte address, the size along the dim, the op's code.
 const WORDS: usize = 2 + MAX_RANK + 2 * (1 + MAX_RANK) + 3;
 /// The ops that raise the flag, by the code the kernel records.
-const FLAG_OPS: [&str; 1] = ["gather"];
+const FLAG_OPS: [&str; 2] = ["gather", "scatter"];
+/// Parameter words of a scatter: a gather's, the output's strides and alpha.
+const SCATTER_WORDS: usize = WORDS + MAX_RANK + 1;
 
 /// Reads and lowers the device's error flag when a kernel that may raise it ran since the last
 /// read; `IndexOutOfRange` when it was raised. The caller has waited for the queue (the read waits
@@ -147,6 +150,89 @@ fn gather(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GatherDesc) -> Result<
             loops: super::loops::passes(MAX_RANK as u64),
         },
     )
+}
+
+/// The scatter of `d` in one launch, one invocation per column of the index.
+fn scatter(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ScatterDesc) -> Result<()> {
+    let shape = d.index.layout.shape();
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return Ok(());
+    }
+    let size = d.dtype.size_in_bytes();
+    let out = StridedBuf::contiguous(d.output, &d.output_shape);
+    let beyond = |what: &str| {
+        BackendError::FeatureUnavailable {
+        feature: "WebGPU scatter",
+        reason: format!(
+            "the kernel indexes at most {MAX_RANK} dims with 32-bit offsets and operands aligned to \
+             their elements; {what} does not fit (index shape {shape:?})"
+        ),
+    }
+    };
+    if shape.len() > MAX_RANK {
+        return Err(beyond("the rank"));
+    }
+    let (Some(src), Some(index), Some(output)) = (
+        placed(mem, &d.src, d.dtype)?,
+        placed(mem, &d.index, d.index_dtype)?,
+        placed(mem, &out, d.dtype)?,
+    ) else {
+        return Err(beyond("an operand"));
+    };
+    let word = |v: usize| u32::try_from(v).map_err(|_| beyond("a size"));
+    let len = shape[d.dim];
+    let mut p = vec![0u32; SCATTER_WORDS];
+    p[0] = word(n / len)?;
+    p[1] = shape.len() as u32;
+    for (k, &e) in shape.iter().enumerate() {
+        p[2 + k] = word(e)?;
+    }
+    let at = |first: u32| {
+        first
+            .checked_mul(size as u32)
+            .ok_or_else(|| beyond("an operand"))
+    };
+    p[10] = at(src.1)?;
+    p[11..11 + shape.len()].copy_from_slice(&src.2);
+    p[19] = index.1;
+    p[20..20 + shape.len()].copy_from_slice(&index.2);
+    p[28] = at(output.1)?;
+    p[29] = u32::try_from(d.output_shape[d.dim]).unwrap_or(u32::MAX);
+    p[30] = 1;
+    for (k, s) in contiguous_strides(&d.output_shape).into_iter().enumerate() {
+        p[WORDS + k] = word(s)?;
+    }
+    p[WORDS + MAX_RANK] = (d.alpha as f32).to_bits();
+    gpu.flag_armed.store(true, Ordering::Release);
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module: INDEX,
+            entry: "scatter",
+            constants: &[
+                ("WIDTH", size as u64),
+                ("INDEX64", u64::from(d.index_dtype == DType::I64)),
+                ("DIM", d.dim as u64),
+                ("ADD", u64::from(d.reduce == ScatterReduce::Add)),
+            ],
+            buffers: &[src.0, output.0, index.0, Binding::whole(&gpu.error_flag)],
+            params: &p,
+            groups: grid_1d(n / len, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: super::loops::passes(MAX_RANK as u64) + super::loops::passes(len as u64),
+        },
+    )
+}
+
+impl OpImpl<ScatterDesc> for WebGpuBackend {
+    fn op(&self, desc: &ScatterDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        // Additions run in f32; other dtypes would need staging through f32 copies.
+        if desc.reduce == ScatterReduce::Add && desc.dtype != DType::F32 {
+            return Err(desc.unsupported(self));
+        }
+        self.run_direct(acc, |gpu, k, mem| scatter(gpu, k, mem, desc))
+    }
 }
 
 impl OpImpl<GatherDesc> for WebGpuBackend {

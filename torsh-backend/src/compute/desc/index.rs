@@ -1,4 +1,4 @@
-//! Indexing descriptors: gathering elements by integer index tensors.
+//! Indexing descriptors: gathering and scattering elements by integer index tensors.
 //!
 //! Index tensors hold `I32` or `I64` values; any other dtype is `DTypeMismatch`. An index outside
 //! `0..size` of the dim it indexes is [`BackendError::IndexOutOfRange`], naming the op, the value and
@@ -103,6 +103,102 @@ impl GatherDesc {
         Ok(acc)
     }
 }
+
+/// How [`ScatterDesc`] combines a source element with the output element it lands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScatterReduce {
+    /// The source element replaces it (any dtype). Where several land on one element, the last in
+    /// the index's row-major order wins, on every backend.
+    Assign,
+    /// `alpha ·` the source element is added to it (float dtypes). Where several land on one
+    /// element, they are summed in the index's row-major order, on every backend (the reference in
+    /// f64, rounding once; the others in their kernels' accumulation type), so results are
+    /// deterministic.
+    Add,
+}
+
+/// PyTorch's `scatter` / `scatter_add`, in place on a dense output: for every position `i` of the
+/// index, `output[i with its coordinate along dim replaced by index[i]]` receives `src[i]` (see
+/// [`ScatterReduce`]). `index` and `src` have the same shape and the output's rank; along every dim
+/// but `dim` the index is no longer than the output. Elements of the output no index names are left
+/// as they are. `src` may be strided or broadcast (stride 0: one value scattered everywhere, as
+/// `one_hot` does). Errors as [`GatherDesc`], with `IndexOutOfRange` for an index outside
+/// `0..output_shape[dim]`; `Unsupported` for `Add` on a non-float dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScatterDesc {
+    /// Element type of output and source.
+    pub dtype: DType,
+    /// Element type of the index, `I32` or `I64`.
+    pub index_dtype: DType,
+    /// Assign or add.
+    pub reduce: ScatterReduce,
+    /// The dense output, read and written in place.
+    pub output: DevicePtr,
+    /// The output's shape.
+    pub output_shape: Vec<usize>,
+    /// The dim the index selects along.
+    pub dim: usize,
+    /// The indices.
+    pub index: StridedBuf,
+    /// The values scattered, with the index's shape.
+    pub src: StridedBuf,
+    /// The scale of the source for `Add` (`index_add`'s alpha); ignored by `Assign`.
+    pub alpha: f64,
+}
+
+impl ScatterDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "scatter";
+        check_index_dtype(op, self.index_dtype)?;
+        let (out, index) = (&self.output_shape[..], self.index.layout.shape());
+        if self.src.layout.shape() != index {
+            return Err(BackendError::shape(
+                op,
+                format!(
+                    "src {:?} must have the index's shape {index:?}",
+                    self.src.layout.shape()
+                ),
+            ));
+        }
+        if out.len() != index.len() {
+            return Err(BackendError::shape(
+                op,
+                format!("output {out:?} and index {index:?} must have the same rank"),
+            ));
+        }
+        check_dim(op, self.dim, out.len())?;
+        if let Some(d) = (0..out.len()).find(|&d| d != self.dim && index[d] > out[d]) {
+            return Err(BackendError::shape(
+                op,
+                format!(
+                    "index {index:?} is longer than output {out:?} along dim {d} (only dim {} may differ freely)",
+                    self.dim
+                ),
+            ));
+        }
+        if !self.alpha.is_finite() {
+            return Err(BackendError::invalid(
+                op,
+                format!("alpha must be finite, got {}", self.alpha),
+            ));
+        }
+        let mut acc = Accesses::new(op, InPlace::Forbidden);
+        self.index
+            .add_region(&mut acc, "index", self.index_dtype, Access::Read)?;
+        self.src
+            .add_region(&mut acc, "src", self.dtype, Access::Read)?;
+        let bytes = dense_bytes(op, out, self.dtype)?;
+        acc.push("output", self.output, bytes, Access::ReadWrite, true);
+        Ok(acc)
+    }
+}
+
+crate::compute::op::op_desc!(ScatterDesc => scatter, dtype: dtype, {
+    strided "index": index as |d: &ScatterDesc| d.index_dtype,
+    strided "src": src,
+    dense "output": output,
+});
 
 crate::compute::op::op_desc!(GatherDesc => gather, dtype: dtype, {
     strided "input": input,

@@ -67,3 +67,111 @@ __device__ void gather_body(const W* x, const I* index, W* y, const GatherGeomet
 TORSH_WIDTHS(ENTRY)
 #undef ENTRY
 #undef TORSH_WIDTHS
+
+// ------------------------------------------------------------------------------------------ scatter
+//
+// `scatter_<width>_<index>` assigns (elements moved as bits) and `scatter_add_<dtype>_<index>` adds
+// alpha * src in the dtype's accumulator type (rounded at each addition), with one thread per column
+// of the index (the positions sharing every coordinate but `dim`, which land on output elements no
+// other column touches), walking `dim` in order: repeated indices resolve as the reference resolves
+// them (the last assignment wins, additions sum in order), deterministically.
+
+// The launch's geometry (`ScatterGeometry` in index.rs, same layout).
+struct ScatterGeometry {
+    i64 shape[TORSH_MAX_RANK];       // the index's (= the source's) shape
+    i64 src_strides[TORSH_MAX_RANK];
+    i64 ix_strides[TORSH_MAX_RANK];
+    i64 out_strides[TORSH_MAX_RANK]; // the dense output's
+    i64 src_offset;
+    i64 ix_offset;
+    i64 columns;
+    i64 size;                        // the output's length along `dim`
+    i64 op;                          // the op's code for the flag
+    double alpha;
+    int rank;
+    int dim;
+};
+
+// Records index `v` in the flag (as `raise_index_error`, for a scatter's geometry).
+__device__ void raise_scatter_error(u64* flag, i64 v, const ScatterGeometry& g) {
+    if (atomicAdd(&flag[0], 1ull) == 0ull) {
+        flag[1] = (u64)g.op;
+        flag[2] = (u64)v;
+        flag[3] = (u64)g.size;
+    }
+}
+
+// Calls `f(out_offset, src_offset)` for each valid position of column `c`, in order along `dim`.
+template <typename I, typename F>
+__device__ void scatter_column(const I* index, const ScatterGeometry& g, i64 c, u64* flag, F f) {
+    i64 at_ix = g.ix_offset;
+    i64 at_src = g.src_offset;
+    i64 at_out = 0;
+    for (int d = g.rank - 1; d >= 0; --d) {
+        if (d == g.dim) {
+            continue;
+        }
+        const i64 x = c % g.shape[d];
+        c /= g.shape[d];
+        at_ix += x * g.ix_strides[d];
+        at_src += x * g.src_strides[d];
+        at_out += x * g.out_strides[d];
+    }
+    for (i64 j = 0; j < g.shape[g.dim]; ++j) {
+        const i64 v = (i64)index[at_ix];
+        if (v < 0 || v >= g.size) {
+            raise_scatter_error(flag, v, g);
+        } else {
+            f(at_out + v * g.out_strides[g.dim], at_src);
+        }
+        at_ix += g.ix_strides[g.dim];
+        at_src += g.src_strides[g.dim];
+    }
+}
+
+template <typename W, typename I>
+__device__ void scatter_body(const W* src, const I* index, W* y, const ScatterGeometry& g, u64* flag) {
+    TORSH_GRID_STRIDE(c, g.columns) {
+        scatter_column(index, g, c, flag, [&](i64 t, i64 s) { y[t] = src[s]; });
+    }
+}
+
+template <typename T, typename I>
+__device__ void scatter_add_body(const T* src, const I* index, T* y, const ScatterGeometry& g,
+                                 u64* flag) {
+    typedef typename Num<T>::acc A;
+    const A alpha = (A)g.alpha;
+    TORSH_GRID_STRIDE(c, g.columns) {
+        scatter_column(index, g, c, flag, [&](i64 t, i64 s) {
+            y[t] = Num<T>::store(Num<T>::load(y[t]) + alpha * Num<T>::load(src[s]));
+        });
+    }
+}
+
+#define TORSH_WIDTHS(X) X(u8, u8) X(u16, u16) X(u32, u32) X(u64, u64)
+#define ENTRY(S, W)                                                                              \
+    extern "C" __global__ void scatter_##S##_i32(const W* src, const i32* index, W* y,           \
+                                                 ScatterGeometry g, u64* flag) {                 \
+        scatter_body<W, i32>(src, index, y, g, flag);                                            \
+    }                                                                                            \
+    extern "C" __global__ void scatter_##S##_i64(const W* src, const i64* index, W* y,           \
+                                                 ScatterGeometry g, u64* flag) {                 \
+        scatter_body<W, i64>(src, index, y, g, flag);                                            \
+    }
+TORSH_WIDTHS(ENTRY)
+#undef ENTRY
+#undef TORSH_WIDTHS
+
+#define TORSH_ADD_TYPES(X) X(f32, float) X(f64, double) X(f16, f16_t) X(bf16, bf16_t)
+#define ENTRY(S, T)                                                                              \
+    extern "C" __global__ void scatter_add_##S##_i32(const T* src, const i32* index, T* y,       \
+                                                     ScatterGeometry g, u64* flag) {             \
+        scatter_add_body<T, i32>(src, index, y, g, flag);                                        \
+    }                                                                                            \
+    extern "C" __global__ void scatter_add_##S##_i64(const T* src, const i64* index, T* y,       \
+                                                     ScatterGeometry g, u64* flag) {             \
+        scatter_add_body<T, i64>(src, index, y, g, flag);                                        \
+    }
+TORSH_ADD_TYPES(ENTRY)
+#undef ENTRY
+#undef TORSH_ADD_TYPES
