@@ -112,6 +112,11 @@ pub fn all() -> Vec<ParityCase> {
             dtypes: FLOATS,
             body: scatter,
         },
+        ParityCase {
+            op: "shape",
+            dtypes: FLOATS,
+            body: shape,
+        },
     ]
 }
 
@@ -516,5 +521,38 @@ fn scatter(i: &mut Inputs) -> Result<Vec<Tensor>> {
     out.push(x.index_add(0, &i.indices(&[9], 6, i64_)?, &i.normal(&[9, 5])?, 0.5)?);
     out.push(x.index_add(1, &i.indices(&[3], 5, i32_)?, &i.normal(&[6, 3])?, -2.0)?);
     out.push(i.indices(&[3, 4], 7, i64_)?.one_hot(7, i.dtype())?);
+    Ok(out)
+}
+
+fn shape(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let mut out = Vec::new();
+    // cat along each dim, with a transposed, an empty and a one-element operand; stack.
+    let (a, c) = (i.normal(&[3, 5])?, i.normal(&[4, 5])?);
+    let t = i.normal(&[5, 2])?.t()?;
+    let empty = i.normal(&[0, 5])?;
+    out.push(b.cat(&[&a, &c, &empty, &t], 0)?);
+    out.push(b.cat(
+        &[
+            &a,
+            &i.normal(&[3, 1])?,
+            &i.normal(&[3, 7])?.narrow(1, 2, 4)?,
+        ],
+        -1,
+    )?);
+    out.push(b.stack(&[&a, &i.normal(&[3, 5])?], 1)?);
+    out.push(b.stack(&[&i.normal(&[])?], 0)?);
+    // Constant padding of the last two dims, of a strided input; repeat with new leading dims.
+    let x = i.normal(&[2, 3, 4])?;
+    out.push(x.pad(&[(1, 2), (0, 3)], -0.5)?);
+    out.push(x.transpose(0, 2)?.pad(&[(2, 0)], 1.5)?);
+    out.push(x.repeat(&[2, 1, 3, 1])?);
+    out.push(i.normal(&[3])?.repeat(&[2, 2])?);
+    // Reductions over several dims (NCHW statistics), with and without keepdim.
+    let y = i.normal(&[3, 4, 5, 7])?;
+    out.push(y.sum_dims(&[0, 2, 3], false)?);
+    out.push(y.mean_dims(&[0, -1], true)?);
+    out.push(y.max_dims(&[1, 2], false)?);
+    out.push(y.transpose(1, 3)?.min_dims(&[3, 0], true)?);
     Ok(out)
 }

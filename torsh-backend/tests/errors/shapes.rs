@@ -680,3 +680,39 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
         assert_backend_works(&b);
     }
 }
+
+#[test]
+fn joins_pads_repeats_and_multi_dim_reductions_check_their_arguments() {
+    let other = Backend::reference().unwrap();
+    for b in backends() {
+        let a = seq(&b, &[2, 3]);
+        let c = seq(&b, &[4, 3]);
+        assert_err!(b.cat(&[], 0), InvalidArgument);
+        assert_err!(b.stack(&[], 0), InvalidArgument);
+        let err = assert_err!(b.cat(&[&a, &c], 1), ShapeMismatch);
+        assert_mentions(&err, &["cat", "dim 1"]);
+        assert_err!(b.cat(&[&a, &seq(&b, &[2, 3, 1])], 0), ShapeMismatch);
+        assert_err!(b.cat(&[&a, &c], 2), InvalidArgument);
+        let wide = assert_ok!(a.cast(DType::F64));
+        assert_err!(b.cat(&[&a, &wide], 0), DTypeMismatch);
+        if !b.same_instance(&other) {
+            assert_err!(b.cat(&[&a, &seq(&other, &[2, 3])], 0), DeviceMismatch);
+        }
+        assert_err!(b.stack(&[&a, &c], 0), ShapeMismatch);
+        assert_err!(b.stack(&[&a, &a], 3), InvalidArgument);
+        assert_err!(a.pad(&[(1, 1), (1, 1), (1, 1)], 0.0), InvalidArgument);
+        assert_err!(a.pad(&[(usize::MAX, 1)], 0.0), SizeOverflow);
+        assert_err!(a.repeat(&[2]), InvalidArgument);
+        assert_err!(a.repeat(&[usize::MAX, 2]), SizeOverflow);
+        assert_err!(a.sum_dims(&[0, -2], false), InvalidArgument);
+        assert_err!(a.mean_dims(&[2], true), InvalidArgument);
+        // Valid joins give the right values.
+        let joined = assert_ok!(b.cat(&[&a, &c], 0));
+        assert_eq!(vals(&joined)[..6], vals(&a)[..]);
+        assert_eq!(vals(&joined)[6..], vals(&c)[..]);
+        let sums = assert_ok!(c.sum_dims(&[0, 1], true));
+        assert_eq!(sums.shape(), &[1, 1]);
+        assert_close(&vals(&sums), &[vals(&c).iter().sum()], 1e-5);
+        assert_backend_works(&b);
+    }
+}

@@ -193,6 +193,9 @@ fn gather(mem: &mut HostMemory, d: &GatherDesc, ctx: Ctx) -> Result<()> {
 /// `out[t] += alpha · src[s]` for elements of `W` (see [`add_into`]).
 type AddFn<W> = unsafe fn(Span<W>, usize, Span<W>, usize, f64);
 
+/// Columns a scatter task advances along `dim` together.
+const COLUMN_BLOCK: usize = 1024;
+
 /// Where each column of a scatter starts in the index, the source and the output, and the steps
 /// along `dim` of each.
 struct Columns {
@@ -265,20 +268,27 @@ fn scatter_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     let cols = Columns::of(d, &index.strides, &src.strides);
     let min = SERIAL_ELEMENTS.div_ceil(cols.len.max(1)).max(1);
     for_chunks(cols.count(), ctx.threads, min, |range| {
-        for c in range {
-            let [mut at_ix, mut at_src, base] = cols.start(c);
-            for _ in 0..cols.len {
-                // SAFETY: every index was checked to lie in `0..size`, so each target is inside the
-                // output; columns touch disjoint output elements, and the output overlaps no input.
-                unsafe {
-                    let t = base + index.span.read(at_ix).get() as usize * cols.steps[2];
-                    match add {
-                        None => out.write(t, src.span.read(at_src)),
-                        Some(f) => f(out, t, src.span, at_src, d.alpha),
+        // Blocks of neighbouring columns advance along `dim` together, so each step reads and
+        // writes runs of neighbouring elements; each column still walks `dim` in order.
+        let (start, end) = (range.start, range.end);
+        let mut starts = Vec::with_capacity(COLUMN_BLOCK.min(end - start));
+        for first in (start..end).step_by(COLUMN_BLOCK) {
+            starts.clear();
+            starts.extend((first..(first + COLUMN_BLOCK).min(end)).map(|c| cols.start(c)));
+            for j in 0..cols.len {
+                let (dix, dsrc) = (j * cols.steps[0], j * cols.steps[1]);
+                for &[at_ix, at_src, base] in &starts {
+                    // SAFETY: every index was checked to lie in `0..size`, so each target is inside
+                    // the output; columns touch disjoint output elements, the output overlaps no
+                    // input, and this task owns these columns.
+                    unsafe {
+                        let t = base + index.span.read(at_ix + dix).get() as usize * cols.steps[2];
+                        match add {
+                            None => out.write(t, src.span.read(at_src + dsrc)),
+                            Some(f) => f(out, t, src.span, at_src + dsrc, d.alpha),
+                        }
                     }
                 }
-                at_ix += cols.steps[0];
-                at_src += cols.steps[1];
             }
         }
     });

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
-use crate::compute::{GatherDesc, OpDesc, ScatterDesc, ScatterReduce, StridedBuf};
+use crate::compute::{DevicePtr, GatherDesc, OpDesc, ScatterDesc, ScatterReduce, StridedBuf};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::contiguous_strides;
@@ -89,67 +89,119 @@ fn placed<'m>(
     })
 }
 
-/// The gather of `d` in one launch.
+/// What both kernels bind and the parameter words they share.
+struct Launch<'m> {
+    /// Input (gather) or source (scatter), output, index, error flag.
+    buffers: [Binding<'m>; 4],
+    /// The parameter words, [`WORDS`] of them filled.
+    words: Vec<u32>,
+}
+
+impl<'m> Launch<'m> {
+    /// The bindings and words of a launch of `n` invocations over the index's `shape`, reading
+    /// `data` (of `dtype`, as the output) and `index`, writing the dense output of `out_shape`, whose
+    /// flag records `size` (the length indexed along the dim).
+    /// `FeatureUnavailable` (naming `feature`) when a number or an operand does not fit the kernel.
+    /// `code` is the op's code for the flag and `words` the length of the parameter words.
+    fn new(
+        gpu: &'m Gpu,
+        mem: &'m Memory,
+        feature: &'static str,
+        (data, index, output): (&StridedBuf, &StridedBuf, DevicePtr),
+        (dtype, index_dtype): (DType, DType),
+        (n, out_shape, size): (usize, &[usize], usize),
+        (code, words): (u32, usize),
+    ) -> Result<Launch<'m>> {
+        let shape = index.layout.shape();
+        let beyond = |what: &str| BackendError::FeatureUnavailable {
+            feature,
+            reason: format!(
+                "the kernel indexes at most {MAX_RANK} dims with 32-bit offsets and operands \
+                 aligned to their elements; {what} does not fit (index shape {shape:?})"
+            ),
+        };
+        if shape.len() > MAX_RANK {
+            return Err(beyond("the rank"));
+        }
+        let out = StridedBuf::contiguous(output, out_shape);
+        let (Some(data), Some(ix), Some(out)) = (
+            placed(mem, data, dtype)?,
+            placed(mem, index, index_dtype)?,
+            placed(mem, &out, dtype)?,
+        ) else {
+            return Err(beyond("an operand"));
+        };
+        let word = |v: usize| u32::try_from(v).map_err(|_| beyond("a size"));
+        let at = |first: u32| {
+            first
+                .checked_mul(dtype.size_in_bytes() as u32)
+                .ok_or_else(|| beyond("an operand"))
+        };
+        let mut p = vec![0u32; words];
+        p[0] = word(n)?;
+        p[1] = shape.len() as u32;
+        for (k, &e) in shape.iter().enumerate() {
+            p[2 + k] = word(e)?;
+        }
+        p[10] = at(data.1)?;
+        p[11..11 + shape.len()].copy_from_slice(&data.2);
+        p[19] = ix.1;
+        p[20..20 + shape.len()].copy_from_slice(&ix.2);
+        p[28] = at(out.1)?;
+        p[29] = u32::try_from(size).unwrap_or(u32::MAX);
+        p[30] = code;
+        Ok(Launch {
+            buffers: [data.0, out.0, ix.0, Binding::whole(&gpu.error_flag)],
+            words: p,
+        })
+    }
+
+    /// Dispatches `entry` of `index.wgsl` with `constants` over `invocations`, arming the flag.
+    fn dispatch(
+        self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        entry: &'static str,
+        constants: &[(&'static str, u64)],
+        invocations: usize,
+        loops: u64,
+    ) -> Result<()> {
+        gpu.flag_armed.store(true, Ordering::Release);
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module: INDEX,
+                entry,
+                constants,
+                buffers: &self.buffers,
+                params: &self.words,
+                groups: grid_1d(invocations, gpu.limits.max_compute_workgroups_per_dimension)?,
+                loops,
+            },
+        )
+    }
+}
+
+/// The gather of `d` in one launch, one invocation per output element.
 fn gather(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &GatherDesc) -> Result<()> {
     let shape = d.index.layout.shape();
     let n: usize = shape.iter().product();
-    let size = d.dtype.size_in_bytes();
-    let out = StridedBuf::contiguous(d.output, shape);
-    let beyond = |what: &str| {
-        BackendError::FeatureUnavailable {
-        feature: "WebGPU gather",
-        reason: format!(
-            "the kernel indexes at most {MAX_RANK} dims with 32-bit offsets and operands aligned to \
-             their elements; {what} does not fit (shape {shape:?})"
-        ),
-    }
-    };
-    if shape.len() > MAX_RANK {
-        return Err(beyond("the rank"));
-    }
-    let (Some(input), Some(index), Some(output)) = (
-        placed(mem, &d.input, d.dtype)?,
-        placed(mem, &d.index, d.index_dtype)?,
-        placed(mem, &out, d.dtype)?,
-    ) else {
-        return Err(beyond("an operand"));
-    };
-    let word = |v: usize| u32::try_from(v).map_err(|_| beyond("the element count"));
-    let mut p = vec![0u32; WORDS];
-    p[0] = word(n)?;
-    p[1] = shape.len() as u32;
-    for (k, &e) in shape.iter().enumerate() {
-        p[2 + k] = word(e)?;
-    }
-    let at = |first: u32| {
-        first
-            .checked_mul(size as u32)
-            .ok_or_else(|| beyond("an operand"))
-    };
-    p[10] = at(input.1)?;
-    p[11..11 + shape.len()].copy_from_slice(&input.2);
-    p[19] = index.1;
-    p[20..20 + shape.len()].copy_from_slice(&index.2);
-    p[28] = at(output.1)?;
-    p[29] = u32::try_from(d.input.layout.shape()[d.dim]).unwrap_or(u32::MAX);
-    p[30] = 0;
-    gpu.flag_armed.store(true, Ordering::Release);
-    kernels.dispatch(
+    let launch = Launch::new(
         gpu,
-        Dispatch {
-            module: INDEX,
-            entry: "gather",
-            constants: &[
-                ("WIDTH", size as u64),
-                ("INDEX64", u64::from(d.index_dtype == DType::I64)),
-                ("DIM", d.dim as u64),
-            ],
-            buffers: &[input.0, output.0, index.0, Binding::whole(&gpu.error_flag)],
-            params: &p,
-            groups: grid_1d(n, gpu.limits.max_compute_workgroups_per_dimension)?,
-            loops: super::loops::passes(MAX_RANK as u64),
-        },
-    )
+        mem,
+        "WebGPU gather",
+        (&d.input, &d.index, d.output),
+        (d.dtype, d.index_dtype),
+        (n, shape, d.input.layout.shape()[d.dim]),
+        (0, WORDS),
+    )?;
+    let constants = [
+        ("WIDTH", d.dtype.size_in_bytes() as u64),
+        ("INDEX64", u64::from(d.index_dtype == DType::I64)),
+        ("DIM", d.dim as u64),
+    ];
+    let loops = super::loops::passes(MAX_RANK as u64);
+    launch.dispatch(gpu, kernels, "gather", &constants, n, loops)
 }
 
 /// The scatter of `d` in one launch, one invocation per column of the index.
@@ -159,69 +211,35 @@ fn scatter(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ScatterDesc) -> Resul
     if n == 0 {
         return Ok(());
     }
-    let size = d.dtype.size_in_bytes();
-    let out = StridedBuf::contiguous(d.output, &d.output_shape);
-    let beyond = |what: &str| {
-        BackendError::FeatureUnavailable {
-        feature: "WebGPU scatter",
-        reason: format!(
-            "the kernel indexes at most {MAX_RANK} dims with 32-bit offsets and operands aligned to \
-             their elements; {what} does not fit (index shape {shape:?})"
-        ),
-    }
-    };
-    if shape.len() > MAX_RANK {
-        return Err(beyond("the rank"));
-    }
-    let (Some(src), Some(index), Some(output)) = (
-        placed(mem, &d.src, d.dtype)?,
-        placed(mem, &d.index, d.index_dtype)?,
-        placed(mem, &out, d.dtype)?,
-    ) else {
-        return Err(beyond("an operand"));
-    };
-    let word = |v: usize| u32::try_from(v).map_err(|_| beyond("a size"));
     let len = shape[d.dim];
-    let mut p = vec![0u32; SCATTER_WORDS];
-    p[0] = word(n / len)?;
-    p[1] = shape.len() as u32;
-    for (k, &e) in shape.iter().enumerate() {
-        p[2 + k] = word(e)?;
-    }
-    let at = |first: u32| {
-        first
-            .checked_mul(size as u32)
-            .ok_or_else(|| beyond("an operand"))
-    };
-    p[10] = at(src.1)?;
-    p[11..11 + shape.len()].copy_from_slice(&src.2);
-    p[19] = index.1;
-    p[20..20 + shape.len()].copy_from_slice(&index.2);
-    p[28] = at(output.1)?;
-    p[29] = u32::try_from(d.output_shape[d.dim]).unwrap_or(u32::MAX);
-    p[30] = 1;
-    for (k, s) in contiguous_strides(&d.output_shape).into_iter().enumerate() {
-        p[WORDS + k] = word(s)?;
-    }
-    p[WORDS + MAX_RANK] = (d.alpha as f32).to_bits();
-    gpu.flag_armed.store(true, Ordering::Release);
-    kernels.dispatch(
+    let mut launch = Launch::new(
         gpu,
-        Dispatch {
-            module: INDEX,
-            entry: "scatter",
-            constants: &[
-                ("WIDTH", size as u64),
-                ("INDEX64", u64::from(d.index_dtype == DType::I64)),
-                ("DIM", d.dim as u64),
-                ("ADD", u64::from(d.reduce == ScatterReduce::Add)),
-            ],
-            buffers: &[src.0, output.0, index.0, Binding::whole(&gpu.error_flag)],
-            params: &p,
-            groups: grid_1d(n / len, gpu.limits.max_compute_workgroups_per_dimension)?,
-            loops: super::loops::passes(MAX_RANK as u64) + super::loops::passes(len as u64),
-        },
-    )
+        mem,
+        "WebGPU scatter",
+        (&d.src, &d.index, d.output),
+        (d.dtype, d.index_dtype),
+        (n / len, &d.output_shape, d.output_shape[d.dim]),
+        (1, SCATTER_WORDS),
+    )?;
+    for (k, s) in contiguous_strides(&d.output_shape).into_iter().enumerate() {
+        launch.words[WORDS + k] =
+            u32::try_from(s).map_err(|_| BackendError::FeatureUnavailable {
+                feature: "WebGPU scatter",
+                reason: format!(
+                    "an output of shape {:?} needs offsets past 32 bits",
+                    d.output_shape
+                ),
+            })?;
+    }
+    launch.words[WORDS + MAX_RANK] = (d.alpha as f32).to_bits();
+    let constants = [
+        ("WIDTH", d.dtype.size_in_bytes() as u64),
+        ("INDEX64", u64::from(d.index_dtype == DType::I64)),
+        ("DIM", d.dim as u64),
+        ("ADD", u64::from(d.reduce == ScatterReduce::Add)),
+    ];
+    let loops = super::loops::passes(MAX_RANK as u64) + super::loops::passes(len as u64);
+    launch.dispatch(gpu, kernels, "scatter", &constants, n / len, loops)
 }
 
 impl OpImpl<ScatterDesc> for WebGpuBackend {

@@ -22,12 +22,13 @@ struct GatherGeometry {
     int dim;
 };
 
-// Records index `v` in the flag; the first thread to raise it writes the details.
-__device__ void raise_index_error(u64* flag, i64 v, const GatherGeometry& g) {
+// Records index `v` of op `op` along a dim of `size` in the flag; the first thread to raise it
+// writes the details.
+__device__ void raise_index_error(u64* flag, i64 v, i64 op, i64 size) {
     if (atomicAdd(&flag[0], 1ull) == 0ull) {
-        flag[1] = (u64)g.op;
+        flag[1] = (u64)op;
         flag[2] = (u64)v;
-        flag[3] = (u64)g.size;
+        flag[3] = (u64)size;
     }
 }
 
@@ -47,7 +48,7 @@ __device__ void gather_body(const W* x, const I* index, W* y, const GatherGeomet
         }
         const i64 v = (i64)index[at_ix];
         if (v < 0 || v >= g.size) {
-            raise_index_error(flag, v, g);
+            raise_index_error(flag, v, g.op, g.size);
             continue;
         }
         y[i] = x[at_in + v * g.in_strides[g.dim]];
@@ -92,15 +93,6 @@ struct ScatterGeometry {
     int dim;
 };
 
-// Records index `v` in the flag (as `raise_index_error`, for a scatter's geometry).
-__device__ void raise_scatter_error(u64* flag, i64 v, const ScatterGeometry& g) {
-    if (atomicAdd(&flag[0], 1ull) == 0ull) {
-        flag[1] = (u64)g.op;
-        flag[2] = (u64)v;
-        flag[3] = (u64)g.size;
-    }
-}
-
 // Calls `f(out_offset, src_offset)` for each valid position of column `c`, in order along `dim`.
 template <typename I, typename F>
 __device__ void scatter_column(const I* index, const ScatterGeometry& g, i64 c, u64* flag, F f) {
@@ -120,7 +112,7 @@ __device__ void scatter_column(const I* index, const ScatterGeometry& g, i64 c, 
     for (i64 j = 0; j < g.shape[g.dim]; ++j) {
         const i64 v = (i64)index[at_ix];
         if (v < 0 || v >= g.size) {
-            raise_scatter_error(flag, v, g);
+            raise_index_error(flag, v, g.op, g.size);
         } else {
             f(at_out + v * g.out_strides[g.dim], at_src);
         }
