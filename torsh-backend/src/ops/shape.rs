@@ -1,6 +1,6 @@
-//! Shape ops composed of views and strided copies, so they run on every backend: `cat`, `stack`,
-//! `pad` (constant), `repeat`, and reductions over several dims (`sum_dims`, `mean_dims`,
-//! `max_dims`, `min_dims`) with `keepdim`.
+//! Shape ops composed of views, strided copies and other ops, so they run on every backend: `cat`,
+//! `stack`, `pad` (constant), `repeat`, `flip`, `clamp`, and reductions over several dims
+//! (`sum_dims`, `mean_dims`, `max_dims`, `min_dims`) with `keepdim`.
 
 use crate::backend::Backend;
 use crate::compute::ReduceOp;
@@ -153,6 +153,59 @@ impl Backend {
             .reshape(&shape)
     }
 
+    /// PyTorch's `flip`: `x` with the order of its elements reversed along each of `dims` (negative
+    /// count from the end). One `index_select` by a reversed index per dim, so every backend runs
+    /// it (a pass over the tensor per dim). Errors: `InvalidArgument` for a dim out of range or named
+    /// twice.
+    pub fn flip(&self, x: &Tensor, dims: &[isize]) -> Result<Tensor> {
+        let op = "flip";
+        self.check_owner(op, x)?;
+        let rank = x.rank().max(1);
+        let mut seen = Vec::with_capacity(dims.len());
+        for &d in dims {
+            let d = normalize_axis(op, d, rank)?;
+            if seen.contains(&d) {
+                return Err(BackendError::invalid(
+                    op,
+                    format!("dims {dims:?} name one dim twice"),
+                ));
+            }
+            seen.push(d);
+        }
+        let mut out = x.copy()?;
+        for d in seen {
+            let n = out.shape().get(d).copied().unwrap_or(1);
+            if n > 1 {
+                let reversed: Vec<i64> = (0..n as i64).rev().collect();
+                let index = self.from_slice(&reversed, &[n])?;
+                out = out.index_select(d as isize, &index)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// PyTorch's `clamp`: each element of `x` limited to `[min, max]` (either bound optional), as
+    /// `minimum(maximum(x, min), max)`, so NaN stays NaN and `min > max` gives `max` everywhere.
+    /// Errors: `InvalidArgument` when neither bound is given, and those of the elementwise ops.
+    pub fn clamp(&self, x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
+        let op = "clamp";
+        self.check_owner(op, x)?;
+        let mut out = match (min, max) {
+            (None, None) => {
+                return Err(BackendError::invalid(
+                    op,
+                    "clamp needs a min, a max or both",
+                ))
+            }
+            (Some(lo), _) => x.maximum_scalar(lo)?,
+            (None, Some(_)) => x.clone(),
+        };
+        if let Some(hi) = max {
+            out = out.minimum_scalar(hi)?;
+        }
+        Ok(out)
+    }
+
     /// Reduces `x` over several dims at once (negative counts from the end; no dims: a copy), the
     /// result dropping them or keeping them with size 1 when `keepdim`, as `x.sum((0, 2, 3))` does in
     /// PyTorch. The reduced dims are moved last and merged, so one reduction kernel runs (after a
@@ -213,6 +266,16 @@ impl Tensor {
     /// This tensor tiled; see [`Backend::repeat`].
     pub fn repeat(&self, times: &[usize]) -> Result<Tensor> {
         self.backend().repeat(self, times)
+    }
+
+    /// This tensor reversed along `dims`; see [`Backend::flip`].
+    pub fn flip(&self, dims: &[isize]) -> Result<Tensor> {
+        self.backend().flip(self, dims)
+    }
+
+    /// This tensor limited to `[min, max]`; see [`Backend::clamp`].
+    pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
+        self.backend().clamp(self, min, max)
     }
 
     /// Sum over `dims`; see [`Backend::reduce_dims`].

@@ -548,6 +548,12 @@ fn shape(i: &mut Inputs) -> Result<Vec<Tensor>> {
     out.push(x.transpose(0, 2)?.pad(&[(2, 0)], 1.5)?);
     out.push(x.repeat(&[2, 1, 3, 1])?);
     out.push(i.normal(&[3])?.repeat(&[2, 2])?);
+    // Flips of one and several dims (of a strided view), and clamps with either bound or both.
+    out.push(x.flip(&[-1])?);
+    out.push(x.transpose(0, 1)?.flip(&[0, 2])?);
+    out.push(x.clamp(Some(-0.5), Some(0.75))?);
+    out.push(x.clamp(None, Some(0.25))?);
+    out.push(x.clamp(Some(0.5), Some(-0.5))?);
     // Reductions over several dims (NCHW statistics), with and without keepdim.
     let y = i.normal(&[3, 4, 5, 7])?;
     out.push(y.sum_dims(&[0, 2, 3], false)?);

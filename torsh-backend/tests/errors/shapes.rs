@@ -706,6 +706,15 @@ fn joins_pads_repeats_and_multi_dim_reductions_check_their_arguments() {
         assert_err!(a.repeat(&[usize::MAX, 2]), SizeOverflow);
         assert_err!(a.sum_dims(&[0, -2], false), InvalidArgument);
         assert_err!(a.mean_dims(&[2], true), InvalidArgument);
+        assert_err!(a.flip(&[0, -2]), InvalidArgument);
+        assert_err!(a.flip(&[2]), InvalidArgument);
+        assert_err!(a.clamp(None, None), InvalidArgument);
+        let flipped = assert_ok!(a.flip(&[0, 1]));
+        let mut reversed = vals(&a);
+        reversed.reverse();
+        assert_eq!(vals(&flipped), reversed);
+        let clamped = assert_ok!(a.clamp(Some(-0.5), Some(0.0)));
+        assert!(vals(&clamped).iter().all(|v| (-0.5..=0.0).contains(v)));
         // Valid joins give the right values.
         let joined = assert_ok!(b.cat(&[&a, &c], 0));
         assert_eq!(vals(&joined)[..6], vals(&a)[..]);
