@@ -209,6 +209,13 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
         m = model([node], [tensor("X", dense), tensor("I", index.shape, TensorProto.INT64)],
                   [tensor("Y", dense)])
         return [Graph(m, {"X": x, "I": index}, {"Y": np.empty(dense, np.float32)}, how)]
+    if op == "cat":
+        half = cols // 2
+        left, right = (rows, half), (rows, cols - half)
+        node = helper.make_node("Concat", ["A", "B"], ["Y"], axis=1)
+        m = model([node], [tensor("A", left), tensor("B", right)], [tensor("Y", dense)])
+        return [Graph(m, {"A": randn(left, 1), "B": randn(right, 2)},
+                      {"Y": np.empty(dense, np.float32)}, "Concat (axis 1)")]
     if op == "index_add":
         # ScatterElements with reduction "add" along axis 0, the indices spread along the rows.
         rows_ix = np.random.default_rng(4).integers(0, rows, (rows, 1), dtype=np.int64)

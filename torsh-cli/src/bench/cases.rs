@@ -123,6 +123,9 @@ pub enum MemOp {
     /// `index_add` in place: `rows` rows of a source added into random rows of the output (an
     /// embedding's gradient), repeats summing.
     IndexAdd,
+    /// `cat` of the two halves of the columns, `[rows, cols / 2]` each, along dim 1, through the
+    /// tensor API (which allocates its output each call).
+    Cat,
 }
 
 impl MemOp {
@@ -145,6 +148,7 @@ impl MemOp {
             MemOp::Gather => "gather",
             MemOp::IndexSelect => "index_select",
             MemOp::IndexAdd => "index_add",
+            MemOp::Cat => "cat",
         }
     }
 
@@ -230,7 +234,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 20] = [
+pub const OP_NAMES: [&str; 21] = [
     "matmul",
     "memcpy",
     "copy",
@@ -248,6 +252,7 @@ pub const OP_NAMES: [&str; 20] = [
     "gather",
     "index_select",
     "index_add",
+    "cat",
     "attention",
     "conv2d",
     "adam",
@@ -353,6 +358,7 @@ impl Case {
                 MemOp::Gather => format!("{rows}x{cols} by {rows}x{cols}"),
                 MemOp::IndexSelect => format!("{rows}x{cols} by {rows} rows"),
                 MemOp::IndexAdd => format!("{rows}x{cols} into {rows} rows"),
+                MemOp::Cat => format!("2 x {rows}x{} along 1", cols / 2),
                 MemOp::BatchNormTraining => {
                     format!(
                         "{rows}x{BATCH_NORM_CHANNELS}x{} train",

@@ -334,6 +334,12 @@ fn memory(
                 b.compute().scatter(&desc).map_err(text)
             })
         }
+        MemOp::Cat => {
+            let half = cols / 2;
+            let left = backend.randn(&[rows, half], dt)?;
+            let right = backend.randn(&[rows, cols - half], dt)?;
+            Box::new(move || b.cat(&[&left, &right], 1).map(drop).map_err(text))
+        }
         MemOp::Fill => {
             let out = dense_out()?;
             let desc = FillDesc {
