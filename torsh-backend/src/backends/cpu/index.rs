@@ -190,8 +190,50 @@ fn gather(mem: &mut HostMemory, d: &GatherDesc, ctx: Ctx) -> Result<()> {
     }
 }
 
-/// `out[t] += alpha · src[s]` for elements of `W` (see [`add_into`]).
-type AddFn<W> = unsafe fn(Span<W>, usize, Span<W>, usize, f64);
+/// How a scatter combines a source element with the output element it lands on.
+trait Combine<W>: Copy + Send + Sync {
+    /// Combines `src[s]` into `out[t]`.
+    ///
+    /// # Safety
+    /// `t` and `s` are inside their spans and no other task touches `out[t]` meanwhile.
+    unsafe fn apply(self, out: Span<W>, t: usize, src: Span<W>, s: usize);
+}
+
+/// `out[t] = src[s]`, bits moved.
+#[derive(Clone, Copy)]
+struct Assign;
+
+impl<W: bytemuck::Pod + Send + Sync> Combine<W> for Assign {
+    #[inline(always)]
+    unsafe fn apply(self, out: Span<W>, t: usize, src: Span<W>, s: usize) {
+        // SAFETY: as the trait method's contract.
+        unsafe { out.write(t, src.read(s)) }
+    }
+}
+
+/// `out[t] += alpha · src[s]` in `T`'s compute type, rounded once per addition.
+struct AddScaled<T: Element> {
+    alpha: T::Acc,
+}
+
+impl<T: Element> Clone for AddScaled<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: Element> Copy for AddScaled<T> {}
+
+impl<T: Element> Combine<T> for AddScaled<T> {
+    #[inline(always)]
+    unsafe fn apply(self, out: Span<T>, t: usize, src: Span<T>, s: usize) {
+        // SAFETY: as the trait method's contract.
+        unsafe {
+            let v = out.read(t).widen() + self.alpha * src.read(s).widen();
+            out.write(t, T::narrow(v));
+        }
+    }
+}
 
 /// Columns a scatter task advances along `dim` together.
 const COLUMN_BLOCK: usize = 1024;
@@ -246,13 +288,12 @@ impl Columns {
     }
 }
 
-/// The scatter of `d` with elements of width `W` (assign) or of float type `T` (add), indices of
-/// type `I`. `add` is `None` for assign.
+/// The scatter of `d` with elements `W` combined by `combine`, indices of type `I`.
 fn scatter_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     mem: &mut HostMemory,
     d: &ScatterDesc,
     ctx: Ctx,
-    add: Option<AddFn<W>>,
+    combine: impl Combine<W>,
 ) -> Result<()> {
     let op = "scatter";
     let n: usize = d.index.layout.numel();
@@ -283,10 +324,7 @@ fn scatter_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
                     // input, and this task owns these columns.
                     unsafe {
                         let t = base + index.span.read(at_ix + dix).get() as usize * cols.steps[2];
-                        match add {
-                            None => out.write(t, src.span.read(at_src + dsrc)),
-                            Some(f) => f(out, t, src.span, at_src + dsrc, d.alpha),
-                        }
+                        combine.apply(out, t, src.span, at_src + dsrc);
                     }
                 }
             }
@@ -295,38 +333,31 @@ fn scatter_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     Ok(())
 }
 
-/// `out[t] += alpha · src[s]` in `T`'s compute type.
-///
-/// # Safety
-/// `t` and `s` are inside their spans and no other task touches `out[t]` meanwhile.
-unsafe fn add_into<T: Element>(out: Span<T>, t: usize, src: Span<T>, s: usize, alpha: f64) {
-    // SAFETY: as the function's contract.
-    unsafe {
-        let v = out.read(t).widen() + <T::Acc as Real>::from_f64(alpha) * src.read(s).widen();
-        out.write(t, T::narrow(v));
-    }
-}
-
 /// The scatter of `d`, by element width (assign) or dtype (add) and index type.
 fn scatter(mem: &mut HostMemory, d: &ScatterDesc, ctx: Ctx) -> Result<()> {
     macro_rules! by_index {
-        ($w:ty, $add:expr) => {
+        ($w:ty, $combine:expr) => {
             match d.index_dtype {
-                DType::I32 => scatter_typed::<$w, i32>(mem, d, ctx, $add),
-                _ => scatter_typed::<$w, i64>(mem, d, ctx, $add),
+                DType::I32 => scatter_typed::<$w, i32>(mem, d, ctx, $combine),
+                _ => scatter_typed::<$w, i64>(mem, d, ctx, $combine),
             }
         };
     }
+    fn add<T: Element>(alpha: f64) -> AddScaled<T> {
+        AddScaled {
+            alpha: <T::Acc as Real>::from_f64(alpha),
+        }
+    }
     match (d.reduce, d.dtype) {
-        (ScatterReduce::Add, DType::F32) => by_index!(f32, Some(add_into::<f32>)),
-        (ScatterReduce::Add, DType::F64) => by_index!(f64, Some(add_into::<f64>)),
-        (ScatterReduce::Add, DType::F16) => by_index!(half::f16, Some(add_into::<half::f16>)),
-        (ScatterReduce::Add, _) => by_index!(half::bf16, Some(add_into::<half::bf16>)),
+        (ScatterReduce::Add, DType::F32) => by_index!(f32, add::<f32>(d.alpha)),
+        (ScatterReduce::Add, DType::F64) => by_index!(f64, add::<f64>(d.alpha)),
+        (ScatterReduce::Add, DType::F16) => by_index!(half::f16, add::<half::f16>(d.alpha)),
+        (ScatterReduce::Add, _) => by_index!(half::bf16, add::<half::bf16>(d.alpha)),
         (ScatterReduce::Assign, dtype) => match dtype.size_in_bytes() {
-            1 => by_index!(u8, None),
-            2 => by_index!(u16, None),
-            4 => by_index!(u32, None),
-            _ => by_index!(u64, None),
+            1 => by_index!(u8, Assign),
+            2 => by_index!(u16, Assign),
+            4 => by_index!(u32, Assign),
+            _ => by_index!(u64, Assign),
         },
     }
 }
