@@ -9,8 +9,9 @@
 
 use torsh_backend::compute::{
     AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, Conv2dDesc, CopyDesc,
-    Distribution, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dDesc, PoolKind, RandomDesc,
-    ReduceDesc, ReduceOp, SoftmaxDesc, StridedBuf, UnaryDesc, UnaryOp, UnscaleDesc,
+    Distribution, FillDesc, GatherDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dDesc, PoolKind,
+    RandomDesc, ReduceDesc, ReduceOp, ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf,
+    UnaryDesc, UnaryOp, UnscaleDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -34,6 +35,8 @@ struct RawOp {
     operands: Vec<Operand>,
     /// The op runs in place when an output's pointer is exactly its input's.
     in_place: bool,
+    /// Operands filled with zero bytes rather than ones (index tensors: index 0 is valid).
+    zeroed: Vec<usize>,
     call: Call,
 }
 
@@ -64,6 +67,7 @@ fn op(
             .map(|&(bytes, writes)| Operand { bytes, writes })
             .collect(),
         in_place,
+        zeroed: Vec::new(),
         call: Box::new(call),
     }
 }
@@ -93,7 +97,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 18) {
+    match rng.range(0, 20) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -332,6 +336,45 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                 })
             },
         ),
+        18 => RawOp {
+            zeroed: vec![1],
+            ..op(
+                "gather",
+                &[(bytes, false), (8 * n, false), (bytes, true)],
+                false,
+                move |c, p| {
+                    c.gather(&GatherDesc {
+                        dtype: F32,
+                        index_dtype: DType::I64,
+                        input: StridedBuf::contiguous(p[0], &[n]),
+                        dim: 0,
+                        index: StridedBuf::contiguous(p[1], &[n]),
+                        output: p[2],
+                    })
+                },
+            )
+        },
+        19 => RawOp {
+            zeroed: vec![0],
+            ..op(
+                "scatter_add",
+                &[(4 * n, false), (bytes, false), (bytes, true)],
+                false,
+                move |c, p| {
+                    c.scatter(&ScatterDesc {
+                        dtype: F32,
+                        index_dtype: DType::I32,
+                        reduce: ScatterReduce::Add,
+                        output: p[2],
+                        output_shape: vec![n],
+                        dim: 0,
+                        index: StridedBuf::contiguous(p[0], &[n]),
+                        src: StridedBuf::contiguous(p[1], &[n]),
+                        alpha: 1.0,
+                    })
+                },
+            )
+        },
         16 => op("random", &[(bytes, true)], false, move |c, p| {
             c.random(&RandomDesc {
                 dtype: F32,
@@ -557,14 +600,15 @@ fn pick_mutation(rng: &mut Rng, op: &RawOp, target: usize) -> Mutation {
     }
 }
 
-/// Allocates `op`'s operands (inputs filled with ones), runs `f` on their pointers, frees them.
+/// Allocates `op`'s operands (filled with ones, its `zeroed` ones with zeros), runs `f` on their
+/// pointers, frees them.
 fn with_operands(
     c: &dyn ComputeBackend,
     op: &RawOp,
     f: impl FnOnce(&[DevicePtr]) -> Outcome,
 ) -> Outcome {
     let mut ptrs = Vec::new();
-    for o in &op.operands {
+    for (k, o) in op.operands.iter().enumerate() {
         match c.alloc(o.bytes) {
             Ok(p) => ptrs.push(p),
             Err(e) => {
@@ -572,7 +616,8 @@ fn with_operands(
                 return Outcome::Error(format!("alloc of {} bytes: {e}", o.bytes));
             }
         }
-        let ones: Vec<u8> = std::iter::repeat_n(1.0f32.to_le_bytes(), o.bytes / 4)
+        let fill = if op.zeroed.contains(&k) { 0.0f32 } else { 1.0 };
+        let ones: Vec<u8> = std::iter::repeat_n(fill.to_le_bytes(), o.bytes / 4)
             .flatten()
             .collect();
         if let Err(e) = c.copy_htod(*ptrs.last().unwrap(), &ones) {
@@ -668,6 +713,10 @@ fn mutated(
                 Ok(p) => {
                     bad[target] = DevicePtr(p.0 + 1);
                     scratch = Some(p);
+                    // An index operand keeps valid contents (zeros) at its new address.
+                    if op.zeroed.contains(&target) {
+                        let _ = c.copy_htod(p, &vec![0; bytes + 4]);
+                    }
                 }
                 Err(e) => return Outcome::Error(format!("alloc: {e}")),
             }

@@ -49,7 +49,7 @@ pub fn generate(rng: &mut Rng) -> Case {
     if rng.chance(0.03) {
         return large(rng);
     }
-    match rng.range(0, 16) {
+    match rng.range(0, 17) {
         0 | 1 => unary(rng),
         2 | 3 => binary(rng),
         4 | 5 => reduce(rng),
@@ -62,6 +62,7 @@ pub fn generate(rng: &mut Rng) -> Case {
         12 => pool2d(rng),
         13 => attention(rng),
         14 => adam(rng),
+        15 => index(rng),
         _ => cast_copy(rng),
     }
 }
@@ -668,6 +669,51 @@ fn cast_copy(rng: &mut Rng) -> Case {
                 t[0].contiguous()?
             } else {
                 t[0].cast(to)?
+            }])
+        },
+    )
+}
+
+/// `gather`, `scatter` or `scatter_add` along a random dim of a random view, by random `I32` or
+/// `I64` indices with repeats (where several land on one element every backend resolves them in
+/// index order) and now and then one out of range, which must be `IndexOutOfRange` on every backend
+/// (GPUs report it at the host read of the output).
+fn index(rng: &mut Rng) -> Case {
+    let dtype = rng.pick(&DType::FLOATS);
+    let rank = rng.range(1, 3);
+    let shape = rng.shape(rank, true, CAP);
+    let dim = rng.range(0, rank - 1);
+    let x = view(rng, &shape, Values::Normal);
+    let mut ishape: Vec<usize> = shape.iter().map(|&s| rng.range(0, s)).collect();
+    ishape[dim] = rng.range(0, 9);
+    let n: usize = ishape.iter().product();
+    let size = shape[dim];
+    let mut picks: Vec<i64> = (0..n)
+        .map(|_| rng.range(0, size.saturating_sub(1)) as i64)
+        .collect();
+    if n > 0 && rng.chance(0.05) {
+        let k = rng.range(0, n - 1);
+        picks[k] = rng.pick(&[-1, size as i64, i64::MAX]);
+    }
+    let index_dtype = rng.pick(&[DType::I32, DType::I64]);
+    let which = rng.pick(&["gather", "scatter", "scatter_add"]);
+    let mut inputs = vec![x];
+    if which != "gather" {
+        inputs.push(view(rng, &ishape, Values::Normal));
+    }
+    let ishape_desc = ishape.clone();
+    case(
+        "index",
+        format!("{which} dim {dim} by {index_dtype} {ishape_desc:?}"),
+        dtype,
+        inputs,
+        move |b, t| {
+            let ix = b.from_slice(&picks, &ishape)?.cast(index_dtype)?;
+            let d = dim as isize;
+            Ok(vec![match which {
+                "gather" => t[0].gather(d, &ix)?,
+                "scatter" => t[0].scatter(d, &ix, &t[1])?,
+                _ => t[0].scatter_add(d, &ix, &t[1])?,
             }])
         },
     )

@@ -221,6 +221,21 @@ fn scatters_check_indices_dtypes_and_shapes() {
             ),
             "{name}: {err:?}"
         );
+        // An empty output dim: no index fits, although nothing would be written.
+        let empty = assert_ok!(b.zeros(&[2, 0], DType::F32));
+        let err =
+            deferred_error(b.scatter(&empty, 1, &index(&b, &[0, 0], &[2, 1]), &seq(&b, &[2, 1])));
+        assert!(
+            matches!(
+                err,
+                BackendError::IndexOutOfRange {
+                    index: 0,
+                    size: 0,
+                    ..
+                }
+            ),
+            "{name}: {err:?}"
+        );
         let err = deferred_error(b.one_hot(&index(&b, &[2, 5], &[2]), 5, DType::F32));
         assert!(
             matches!(

@@ -3,8 +3,9 @@
 //!
 //! The kernels check each index on the device: a bad one is never followed (its output element is
 //! left as it was) and raises the backend's flag ([`ErrorFlag`]). `synchronize` and `copy_dtoh` read
-//! the flag once the device is idle, when a kernel that may have raised it ran since the last read,
-//! lower it, and return `IndexOutOfRange` naming the op, the first index reported and the size. The
+//! the flag after their wait, once any kernel that may raise it has been launched, lower it, and
+//! return `IndexOutOfRange` naming the op, the first index reported and the size (a kernel still
+//! running on another stream at a `copy_dtoh` is reported by the next read). The
 //! error goes to whichever caller synchronizes or reads first, on any thread sharing the backend.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,9 @@ use crate::shape::contiguous_strides;
 const FLAG_OPS: [&str; 2] = ["gather", "scatter"];
 
 /// The device words `[raised, op code, index, size]` of the kernels that check indices, allocated
-/// zeroed on first use, and whether such a kernel ran since they were last read.
+/// zeroed on first use, and whether such a kernel has been launched (from then on every
+/// synchronize and host read reads them: a kernel still running on another stream may raise the
+/// flag after a read, so it is never taken as settled).
 #[derive(Debug, Default)]
 pub(crate) struct ErrorFlag {
     words: Mutex<Option<CudaSlice<u64>>>,
@@ -51,10 +54,11 @@ impl ErrorFlag {
         Ok(ptr)
     }
 
-    /// Reads and lowers the flag when a kernel that may raise it ran since the last read;
-    /// `IndexOutOfRange` when it was raised. The caller has synchronized the device.
+    /// Reads and lowers the flag once a kernel that may raise it has been launched (a 32-byte copy
+    /// on `stream`); `IndexOutOfRange` when it was raised. The caller has synchronized `stream`; a
+    /// kernel on another stream that has not finished is reported by a later read.
     pub(crate) fn take(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        if !self.armed.swap(false, Ordering::AcqRel) {
+        if !self.armed.load(Ordering::Acquire) {
             return Ok(());
         }
         let mut words = self.words.lock().unwrap_or_else(|e| e.into_inner());

@@ -71,7 +71,8 @@ pub(crate) struct Gpu {
     /// The error flag of kernels that check their input on the device (`shaders/index.wgsl`):
     /// words [raised, op code, index low, index high, size, 0, 0, 0].
     pub error_flag: wgpu::Buffer,
-    /// Whether a kernel that may raise the flag was dispatched since the flag was last read.
+    /// Whether a kernel that may raise the flag has been dispatched on this device (from then on,
+    /// every synchronize and host read reads the flag).
     pub flag_armed: std::sync::atomic::AtomicBool,
 }
 

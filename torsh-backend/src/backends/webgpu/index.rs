@@ -3,16 +3,19 @@
 //!
 //! The kernel checks each index on the device: a bad one is never followed (its output element is
 //! left as it was) and raises the flag of the device (`Gpu::error_flag`). [`take_error`], called by
-//! `synchronize` and `copy_dtoh` once the queue is idle, reads the flag when a kernel that may have
-//! raised it ran since the last read, lowers it, and returns `IndexOutOfRange` naming the op, the
-//! first index reported and the size. The error goes to whichever caller synchronizes or reads
+//! `synchronize` and `copy_dtoh` once the queue is idle, reads the flag once any kernel that may
+//! raise it has run on the device, lowers it, and returns `IndexOutOfRange` naming the op, the first
+//! index reported and the size. The error goes to whichever caller synchronizes or reads
 //! first, on any thread sharing the backend.
 
 use std::sync::atomic::Ordering;
 
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
-use crate::compute::{DevicePtr, GatherDesc, OpDesc, ScatterDesc, ScatterReduce, StridedBuf};
+use crate::compute::{
+    check_index, ComputeBackend, DevicePtr, GatherDesc, OpDesc, ScatterDesc, ScatterReduce,
+    StridedBuf,
+};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::contiguous_strides;
@@ -31,11 +34,13 @@ const FLAG_OPS: [&str; 2] = ["gather", "scatter"];
 /// Parameter words of a scatter: a gather's, the output's strides and alpha.
 const SCATTER_WORDS: usize = WORDS + MAX_RANK + 1;
 
-/// Reads and lowers the device's error flag when a kernel that may raise it ran since the last
-/// read; `IndexOutOfRange` when it was raised. The caller has waited for the queue (the read waits
-/// again, which costs nothing then).
+/// Reads and lowers the device's error flag once a kernel that may raise it has been launched on
+/// the device; `IndexOutOfRange` when it was raised. From the first such launch on, every call reads
+/// the flag (a 32-byte copy): a launch another thread's open batch still holds may raise it after
+/// this read, so the flag is never taken as settled. The caller has waited for the queue (the read
+/// waits again, which costs nothing then).
 pub(crate) fn take_error(gpu: &Gpu) -> Result<()> {
-    if !gpu.flag_armed.swap(false, Ordering::AcqRel) {
+    if !gpu.flag_armed.load(Ordering::Acquire) {
         return Ok(());
     }
     let bytes = memory::read(gpu, &gpu.error_flag, 0, 32)?;
@@ -248,6 +253,26 @@ impl OpImpl<ScatterDesc> for WebGpuBackend {
         // Additions run in f32; other dtypes would need staging through f32 copies.
         if desc.reduce == ScatterReduce::Add && desc.dtype != DType::F32 {
             return Err(desc.unsupported(self));
+        }
+        if desc.output_shape[desc.dim] == 0 && desc.index.layout.numel() > 0 {
+            // No index fits an empty dim, and with no output to write nothing would launch: the
+            // first index is read to report it, as the reference does, once every pointer is
+            // checked.
+            self.run_direct(acc, |_, _, _| Ok(()))?;
+            let size = desc.index_dtype.size_in_bytes();
+            let first = desc
+                .index
+                .ptr
+                .offset(desc.index.layout.offset() * size)
+                .ok_or_else(|| BackendError::overflow("scatter", "index offset overflows"))?;
+            let mut bytes = [0u8; 8];
+            self.copy_dtoh(&mut bytes[..size], first)?;
+            let index = if size == 4 {
+                i64::from(i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+            } else {
+                i64::from_le_bytes(bytes)
+            };
+            return check_index("scatter", index, 0);
         }
         self.run_direct(acc, |gpu, k, mem| scatter(gpu, k, mem, desc))
     }
