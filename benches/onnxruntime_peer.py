@@ -216,6 +216,14 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
         m = model([node], [tensor("A", left), tensor("B", right)], [tensor("Y", dense)])
         return [Graph(m, {"A": randn(left, 1), "B": randn(right, 2)},
                       {"Y": np.empty(dense, np.float32)}, "Concat (axis 1)")]
+    if op == "where":
+        # Where over a random boolean mask (ours is a U8 mask of the same density).
+        cond = np.random.default_rng(5).integers(0, 2, dense).astype(bool)
+        node = helper.make_node("Where", ["C", "X", "Z"], ["Y"])
+        m = model([node], [tensor("C", dense, TensorProto.BOOL), tensor("X", dense),
+                           tensor("Z", dense)], [tensor("Y", dense)])
+        return [Graph(m, {"C": cond, "X": x, "Z": randn(dense, 2)},
+                      {"Y": np.empty(dense, np.float32)}, "Where")]
     if op == "index_add":
         # ScatterElements with reduction "add" along axis 0, the indices spread along the rows.
         rows_ix = np.random.default_rng(4).integers(0, rows, (rows, 1), dtype=np.int64)

@@ -190,6 +190,14 @@ pub(crate) fn encode(dtype: DType, v: f64, out: &mut [u8]) {
     }
 }
 
+/// `v` encoded as one element of `dtype` (as [`encode`] does), in the low bits of a little-endian
+/// word.
+pub(crate) fn element_bits(dtype: DType, v: f64) -> u64 {
+    let mut b = [0u8; 8];
+    encode(dtype, v, &mut b);
+    u64::from_le_bytes(b)
+}
+
 /// Encodes integer `v` as `dtype`, wrapping for narrower integers and rounding for floats.
 pub(crate) fn encode_int(dtype: DType, v: i64, out: &mut [u8]) {
     match dtype {

@@ -67,6 +67,16 @@ impl Ctx<'_> {
         self.backend.from_f64(&a.data, &a.shape, self.dtype)
     }
 
+    /// An input of 0s and 1s, as a `U8` mask.
+    fn mask_input(&self, name: &str) -> Result<Tensor> {
+        let a = self
+            .case
+            .inputs
+            .get(name)
+            .unwrap_or_else(|| panic!("case {}: no input {name:?}", self.case.name));
+        self.backend.from_f64(&a.data, &a.shape, DType::U8)
+    }
+
     /// An input of integers, as an `I64` index tensor.
     fn index_input(&self, name: &str) -> Result<Tensor> {
         let a = self
@@ -213,11 +223,11 @@ fn compare_values(
     }
 }
 
-/// Compares an output tensor with the expected array: exactly for `I64` outputs, else by
-/// [`compare_values`] at `tol`.
+/// Compares an output tensor with the expected array: exactly for integer outputs (`I64` indices,
+/// `U8` masks), else by [`compare_values`] at `tol`.
 fn compare(what: &str, got: &Tensor, want: &Array, tol: f64) -> std::result::Result<(), String> {
-    if got.dtype() == DType::I64 {
-        let values = got.to_vec::<i64>().map_err(|e| format!("{what}: {e}"))?;
+    if !got.dtype().is_float() {
+        let values = got.to_vec_f64().map_err(|e| format!("{what}: {e}"))?;
         if got.shape() != want.shape.as_slice() {
             return Err(format!(
                 "{what}: shape {:?}, expected {:?}",
@@ -225,11 +235,7 @@ fn compare(what: &str, got: &Tensor, want: &Array, tol: f64) -> std::result::Res
                 want.shape
             ));
         }
-        if let Some(i) = values
-            .iter()
-            .zip(&want.data)
-            .position(|(&g, &w)| g as f64 != w)
-        {
+        if let Some(i) = values.iter().zip(&want.data).position(|(&g, &w)| g != w) {
             return Err(format!(
                 "{what}: index {} at {:?}, expected {}",
                 values[i],
@@ -275,7 +281,7 @@ fn run_family(family: &str, run: impl Fn(&Ctx) -> Result<Outputs>) {
                 match case.expected.get(name) {
                     None => failures.push(format!("{what}: not in the fixture")),
                     Some(want) => {
-                        if tensor.dtype() != DType::I64 && tensor.dtype() != dtype {
+                        if tensor.dtype().is_float() && tensor.dtype() != dtype {
                             failures.push(format!("{what}: dtype {}", tensor.dtype()));
                         } else if let Err(msg) = compare(&what, tensor, want, tol) {
                             failures.push(msg);
@@ -484,6 +490,56 @@ fn index() {
                 c.input("x")?
                     .index_add(dim, &index, &c.input("src")?, c.f64("alpha"))?
             }
+            other => panic!("case {}: unknown op {other:?}", c.case.name),
+        };
+        Ok(vec![("out".to_string(), out)])
+    });
+}
+
+#[test]
+fn select() {
+    run_family("select", |c| match c.param("op").as_str() {
+        Some("compare") => {
+            let a = c.input("a")?;
+            let b = match c.opt_f64("scalar") {
+                Some(_) => None,
+                None => Some(c.input("b")?),
+            };
+            CompareOp::ALL
+                .iter()
+                .map(|&op| {
+                    let out = match &b {
+                        Some(b) => a.backend().compare(op, &a, b)?,
+                        None => a.backend().compare_scalar(op, &a, c.f64("scalar"))?,
+                    };
+                    Ok((op.name().to_string(), out))
+                })
+                .collect()
+        }
+        Some("where") => {
+            let cond = c.mask_input("cond")?;
+            let out = c.input("x")?.where_(&cond, &c.input("y")?)?;
+            Ok(vec![("out".to_string(), out)])
+        }
+        Some("masked_fill") => {
+            let out = c
+                .input("x")?
+                .masked_fill(&c.mask_input("mask")?, c.f64("value"))?;
+            Ok(vec![("out".to_string(), out)])
+        }
+        other => panic!("case {}: unknown op {other:?}", c.case.name),
+    });
+}
+
+#[test]
+fn shape() {
+    run_family("shape", |c| {
+        let xs = (0..c.int("n"))
+            .map(|i| c.input(&format!("x{i}")))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = xs.iter().collect();
+        let out = match c.param("op").as_str() {
+            Some("cat") => c.backend.cat(&refs, c.int("axis") as isize)?,
             other => panic!("case {}: unknown op {other:?}", c.case.name),
         };
         Ok(vec![("out".to_string(), out)])

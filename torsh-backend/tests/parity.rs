@@ -252,3 +252,115 @@ fn gather_moves_elements_of_every_dtype_exactly() {
         }
     }
 }
+
+#[test]
+fn comparisons_follow_ieee_on_every_backend() {
+    // NaN compares unequal to everything, itself included; -0 == +0; ±∞ order at the ends.
+    let values = [f64::NAN, -0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY, 1.5];
+    let n = values.len();
+    for b in common::backends() {
+        for dtype in DType::FLOATS {
+            let x = b.from_f64(&values, &[n, 1], dtype).unwrap();
+            let y = b.from_f64(&values, &[1, n], dtype).unwrap();
+            let run = |op| b.compare(op, &x, &y).unwrap().to_vec_f64().unwrap();
+            let (eq, ne, lt, ge) = (
+                run(CompareOp::Eq),
+                run(CompareOp::Ne),
+                run(CompareOp::Lt),
+                run(CompareOp::Ge),
+            );
+            for i in 0..n {
+                for j in 0..n {
+                    let (a, c) = (values[i], values[j]);
+                    let at = i * n + j;
+                    let name = format!("{} {dtype} {a} vs {c}", b.backend_type());
+                    assert_eq!(eq[at], f64::from(u8::from(a == c)), "eq {name}");
+                    assert_eq!(ne[at], f64::from(u8::from(a != c)), "ne {name}");
+                    assert_eq!(lt[at], f64::from(u8::from(a < c)), "lt {name}");
+                    assert_eq!(ge[at], f64::from(u8::from(a >= c)), "ge {name}");
+                }
+            }
+            assert_eq!(eq[n + 2], 1.0, "-0 == +0 on {}", b.backend_type());
+            let nan = x.isnan().unwrap().to_vec_f64().unwrap();
+            let inf = x.isinf().unwrap().to_vec_f64().unwrap();
+            let finite = x.isfinite().unwrap().to_vec_f64().unwrap();
+            assert_eq!(nan, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], "{dtype}");
+            assert_eq!(inf, [0.0, 0.0, 0.0, 1.0, 1.0, 0.0], "{dtype}");
+            assert_eq!(finite, [0.0, 1.0, 1.0, 0.0, 0.0, 1.0], "{dtype}");
+            // Logical ops: NaN is true, either zero is false.
+            let not = x.logical_not().unwrap().to_vec_f64().unwrap();
+            assert_eq!(not, [0.0, 1.0, 1.0, 0.0, 0.0, 0.0], "{dtype}");
+        }
+    }
+}
+
+#[test]
+fn masks_and_selections_land_at_any_byte_offset() {
+    // Outputs of one byte (masks) or two (f16) that start inside a word: the neighbouring bytes,
+    // poisoned, must stay as they were; an unwritten element would keep the poison.
+    for b in common::backends() {
+        let c = b.compute();
+        let name = b.backend_type();
+        for (len, offset) in [(1usize, 1usize), (5, 3), (9, 2), (13, 1)] {
+            let values: Vec<f64> = (0..len).map(|i| (i % 3) as f64 - 1.0).collect();
+            let x = b.from_f64(&values, &[len], DType::F16).unwrap();
+            let buf = c.alloc(64).unwrap();
+            c.copy_htod(buf, &[0xa5; 64]).unwrap();
+            let out = DevicePtr(buf.0 + offset as u64);
+            c.compare(&CompareDesc {
+                op: CompareOp::Gt,
+                dtype: DType::F16,
+                lhs: StridedBuf::contiguous(x.data_ptr(), &[len]),
+                rhs: Value::Scalar(0.0),
+                output: out,
+            })
+            .unwrap();
+            let mut got = vec![0u8; 64];
+            c.copy_dtoh(&mut got, buf).unwrap();
+            let want: Vec<u8> = values.iter().map(|&v| u8::from(v > 0.0)).collect();
+            assert_eq!(
+                &got[offset..offset + len],
+                &want[..],
+                "{name} mask at +{offset}"
+            );
+            assert!(got[..offset].iter().all(|&v| v == 0xa5), "{name} before");
+            assert!(
+                got[offset + len..].iter().all(|&v| v == 0xa5),
+                "{name} after"
+            );
+            // where into f16 elements at an odd element offset: the mask picks x or 7.
+            let mask = StridedBuf::contiguous(out, &[len]);
+            let dst = DevicePtr(buf.0 + 32 + 2 * offset as u64);
+            c.copy_htod(DevicePtr(buf.0 + 32), &[0x5a; 32]).unwrap();
+            c.where_(&WhereDesc {
+                dtype: DType::F16,
+                cond_dtype: DType::U8,
+                cond: mask,
+                on_true: Value::Tensor(StridedBuf::contiguous(x.data_ptr(), &[len])),
+                on_false: Value::Scalar(7.0),
+                output: dst,
+            })
+            .unwrap();
+            c.copy_dtoh(&mut got[32..], DevicePtr(buf.0 + 32)).unwrap();
+            let at = 32 + 2 * offset;
+            assert!(
+                got[32..at].iter().all(|&v| v == 0x5a),
+                "{name} where before"
+            );
+            assert!(
+                got[at + 2 * len..].iter().all(|&v| v == 0x5a),
+                "{name} where after"
+            );
+            let picked: Vec<f64> = got[at..at + 2 * len]
+                .chunks_exact(2)
+                .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f64())
+                .collect();
+            let want: Vec<f64> = values
+                .iter()
+                .map(|&v| if v > 0.0 { v } else { 7.0 })
+                .collect();
+            assert_eq!(picked, want, "{name} where at +{offset}");
+            c.free(buf).unwrap();
+        }
+    }
+}

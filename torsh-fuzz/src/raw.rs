@@ -8,10 +8,10 @@
 //! `main.rs`), so a crash or hang is caught and reported with its case.
 
 use torsh_backend::compute::{
-    AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, Conv2dDesc, CopyDesc,
-    Distribution, FillDesc, GatherDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dDesc, PoolKind,
-    RandomDesc, ReduceDesc, ReduceOp, ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf,
-    UnaryDesc, UnaryOp, UnscaleDesc,
+    AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, CompareDesc,
+    CompareOp, Conv2dDesc, CopyDesc, Distribution, FillDesc, GatherDesc, GemmDesc, GemvDesc,
+    LayerNormDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScatterDesc,
+    ScatterReduce, SoftmaxDesc, StridedBuf, UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -97,7 +97,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 20) {
+    match rng.range(0, 22) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -375,6 +375,35 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                 },
             )
         },
+        20 => op(
+            "compare",
+            &[(bytes, false), (n, true)],
+            false,
+            move |c, p| {
+                c.compare(&CompareDesc {
+                    op: CompareOp::Lt,
+                    dtype: F32,
+                    lhs: StridedBuf::contiguous(p[0], &[n]),
+                    rhs: Value::Scalar(0.5),
+                    output: p[1],
+                })
+            },
+        ),
+        21 => op(
+            "where",
+            &[(n, false), (bytes, false), (bytes, true)],
+            false,
+            move |c, p| {
+                c.where_(&WhereDesc {
+                    dtype: F32,
+                    cond_dtype: DType::U8,
+                    cond: StridedBuf::contiguous(p[0], &[n]),
+                    on_true: Value::Tensor(StridedBuf::contiguous(p[1], &[n])),
+                    on_false: Value::Scalar(-1.0),
+                    output: p[2],
+                })
+            },
+        ),
         16 => op("random", &[(bytes, true)], false, move |c, p| {
             c.random(&RandomDesc {
                 dtype: F32,

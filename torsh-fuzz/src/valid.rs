@@ -8,7 +8,7 @@
 //! inner dims). Where the reference answers with an error (an input the generator could not keep
 //! valid), the backend must answer with an error of the same kind.
 
-use torsh_backend::compute::{BinaryOp, ReduceOp, UnaryOp};
+use torsh_backend::compute::{BinaryOp, CompareOp, ReduceOp, UnaryOp};
 use torsh_backend::prelude::*;
 use torsh_backend::validation::{compare, tolerance};
 
@@ -53,7 +53,7 @@ pub fn generate(rng: &mut Rng) -> Case {
     if rng.chance(0.03) {
         return large(rng);
     }
-    match rng.range(0, 17) {
+    match rng.range(0, 18) {
         0 | 1 => unary(rng),
         2 | 3 => binary(rng),
         4 | 5 => reduce(rng),
@@ -67,6 +67,7 @@ pub fn generate(rng: &mut Rng) -> Case {
         13 => attention(rng),
         14 => adam(rng),
         15 => index(rng),
+        16 => select(rng),
         _ => cast_copy(rng),
     }
 }
@@ -728,6 +729,70 @@ fn index(rng: &mut Rng) -> Case {
     Case {
         device_error,
         ..built
+    }
+}
+
+/// A comparison (with a broadcast tensor or a scalar), or a `where` / `masked_fill` by a mask
+/// that a comparison made, in any dtype, over broadcast views. Values are rounded to halves, so
+/// ties are common.
+fn select(rng: &mut Rng) -> Case {
+    let dtype = rng.pick(&DType::ALL);
+    let rank = rng.range(1, 4);
+    let out = rng.shape(rank, true, CAP);
+    let (sa, sb) = broadcast_pair(rng, &out);
+    let mut inputs = vec![
+        view(rng, &sa, Values::Normal),
+        view(rng, &sb, Values::Normal),
+    ];
+    for input in inputs.iter_mut() {
+        for v in input.data.iter_mut() {
+            *v = (*v * 2.0).round() * 0.5 + 1.0;
+        }
+    }
+    let scalar = (rng.normal() * 2.0).round() * 0.5 + 1.0;
+    match rng.range(0, 3) {
+        0 => {
+            let op = rng.pick(CompareOp::ALL);
+            case(
+                "select",
+                format!("{} {sa:?} with {sb:?}", op.name()),
+                dtype,
+                inputs,
+                move |b, t| Ok(vec![b.compare(op, &t[0], &t[1])?]),
+            )
+        }
+        1 => {
+            let op = rng.pick(CompareOp::ALL);
+            inputs.truncate(1);
+            case(
+                "select",
+                format!("{} {sa:?} with scalar {scalar}", op.name()),
+                dtype,
+                inputs,
+                move |b, t| Ok(vec![b.compare_scalar(op, &t[0], scalar)?]),
+            )
+        }
+        _ => {
+            let fill = rng.chance(0.3);
+            inputs.push(view(rng, &out, Values::Normal));
+            case(
+                "select",
+                format!(
+                    "{} by {sa:?} > 1",
+                    if fill { "masked_fill" } else { "where" }
+                ),
+                dtype,
+                inputs,
+                move |b, t| {
+                    let mask = t[0].gt_scalar(1.0)?;
+                    Ok(vec![if fill {
+                        t[2].masked_fill(&mask, 2.0)?
+                    } else {
+                        b.where_(&mask, &t[1], &t[2])?
+                    }])
+                },
+            )
+        }
     }
 }
 

@@ -320,6 +320,16 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// Compares two operands into a `U8` mask; see [`CompareDesc`].
+    fn compare(&self, desc: &CompareDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
+    /// Picks each element from one of two operands by a mask; see [`WhereDesc`].
+    fn where_(&self, desc: &WhereDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// A string that identifies this device and the settings its kernels' speed depends on (the
     /// autotuner's cache files are valid for one fingerprint). Provided: the backend kind and the
     /// device name.
@@ -497,6 +507,8 @@ macro_rules! for_each_op {
             random($crate::compute::RandomDesc),
             gather($crate::compute::GatherDesc),
             scatter($crate::compute::ScatterDesc),
+            compare($crate::compute::CompareDesc),
+            where_($crate::compute::WhereDesc),
         }
     };
 }

@@ -178,7 +178,8 @@ macro_rules! ops_by_impl {
 pub(crate) use ops_by_impl;
 
 /// Implements [`OpDesc`] for a descriptor: its method, its dtype field and its operands, each as
-/// `dense "name": field` or `strided "name": field` (an `Option` field with `optional "name": field`),
+/// `dense "name": field` or `strided "name": field` (an `Option` field with `optional "name": field`,
+/// a [`Value`](crate::compute::Value) field with `value "name": field`),
 /// with a function of the descriptor after `as` giving the operand's dtype when it is not the
 /// descriptor's.
 macro_rules! op_desc {
@@ -223,6 +224,11 @@ macro_rules! op_desc {
     };
     (@push $out:ident, strided, $name:literal, $dtype:expr, $place:expr) => {
         $out.push($crate::compute::Operand::strided($name, $dtype, &mut $place))
+    };
+    (@push $out:ident, value, $name:literal, $dtype:expr, $place:expr) => {
+        if let $crate::compute::Value::Tensor(b) = &mut $place {
+            $out.push($crate::compute::Operand::strided($name, $dtype, b))
+        }
     };
     (@push $out:ident, optional, $name:literal, $dtype:expr, $place:expr) => {
         if let Some(p) = $place.as_mut() {

@@ -3,7 +3,7 @@
 //! wherever the op accepts them.
 
 use super::{Inputs, ParityCase};
-use crate::compute::{BinaryOp, Distribution, ReduceOp, UnaryOp};
+use crate::compute::{BinaryOp, CompareOp, Distribution, ReduceOp, UnaryOp};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvConfig;
@@ -116,6 +116,11 @@ pub fn all() -> Vec<ParityCase> {
             op: "shape",
             dtypes: FLOATS,
             body: shape,
+        },
+        ParityCase {
+            op: "compare",
+            dtypes: &DType::ALL,
+            body: compare,
         },
     ]
 }
@@ -560,5 +565,56 @@ fn shape(i: &mut Inputs) -> Result<Vec<Tensor>> {
     out.push(y.mean_dims(&[0, -1], true)?);
     out.push(y.max_dims(&[1, 2], false)?);
     out.push(y.transpose(1, 3)?.min_dims(&[3, 0], true)?);
+    Ok(out)
+}
+
+fn compare(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let (b, dtype) = (i.backend(), i.dtype());
+    let mut out = Vec::new();
+    // Values from a small set, so ties are common: every op against a broadcast row, a transposed
+    // view, a whole scalar and a fractional one (exact against integers, rounded for floats).
+    let x = i.indices(&[5, 7], 4, dtype)?;
+    let row = i.indices(&[7], 4, dtype)?;
+    let xt = i.indices(&[7, 5], 4, dtype)?.t()?;
+    for &op in CompareOp::ALL {
+        out.push(b.compare(op, &x, &row)?);
+        out.push(b.compare(op, &xt, &x)?);
+        out.push(b.compare_scalar(op, &x, 2.0)?);
+        out.push(b.compare_scalar(op, &xt.narrow(1, 1, 5)?, 1.5)?);
+    }
+    // IEEE's special values against each other: NaN, ±0, ±∞ (integers see 0, 0, 0, and saturated
+    // bounds); the predicates.
+    let special = [
+        f64::NAN,
+        -0.0,
+        0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1.0,
+        -1.0,
+    ];
+    let s = b.from_f64(&special, &[7, 1], dtype)?;
+    let s_row = b.from_f64(&special, &[1, 7], dtype)?;
+    for &op in CompareOp::ALL {
+        out.push(b.compare(op, &s, &s_row)?);
+    }
+    out.push(s.isnan()?);
+    out.push(s_row.isinf()?);
+    out.push(s.isfinite()?);
+    out.push(s_row.logical_not()?);
+    // where with all three operands broadcast, a transposed mask, scalars (masked_fill); empty.
+    let mask = x.gt_scalar(1.0)?;
+    out.push(b.where_(&mask, &i.normal(&[5, 1])?, &i.normal(&[7])?)?);
+    let mask_t = i.indices(&[7, 5], 2, DType::U8)?.t()?;
+    out.push(b.where_(&mask_t, &x, &xt.t()?.t()?)?);
+    out.push(b.where_(&i.indices(&[5, 1], 3, DType::U8)?, &x, &row)?);
+    out.push(x.masked_fill(&mask, 3.0)?);
+    let (y, one) = (i.indices(&[5, 7], 4, dtype)?, i.indices(&[], 4, dtype)?);
+    out.push(b.where_(&mask, &x, &y)?);
+    out.push(b.where_(&mask, &x, &one)?);
+    out.push(b.where_(&mask, &one, &b.full(&[], 2.0, dtype)?)?);
+    out.push(x.masked_fill(&i.indices(&[7], 2, DType::U8)?, 0.0)?);
+    let empty = i.normal(&[0, 3])?;
+    out.push(b.where_(&i.indices(&[0, 3], 2, DType::U8)?, &empty, &empty)?);
     Ok(out)
 }

@@ -266,6 +266,7 @@ mod attention;
 mod construction;
 mod index;
 mod memory;
+mod select;
 mod shapes;
 mod sizes;
 mod training;

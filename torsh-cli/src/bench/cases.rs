@@ -123,6 +123,8 @@ pub enum MemOp {
     /// `index_add` in place: `rows` rows of a source added into random rows of the output (an
     /// embedding's gradient), repeats summing.
     IndexAdd,
+    /// `where(mask, x, y)` with a random `U8` mask, all three dense.
+    Where,
     /// `cat` of the two halves of the columns, `[rows, cols / 2]` each, along dim 1, through the
     /// tensor API (which allocates its output each call).
     Cat,
@@ -148,6 +150,7 @@ impl MemOp {
             MemOp::Gather => "gather",
             MemOp::IndexSelect => "index_select",
             MemOp::IndexAdd => "index_add",
+            MemOp::Where => "where",
             MemOp::Cat => "cat",
         }
     }
@@ -234,7 +237,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 21] = [
+pub const OP_NAMES: [&str; 22] = [
     "matmul",
     "memcpy",
     "copy",
@@ -252,6 +255,7 @@ pub const OP_NAMES: [&str; 21] = [
     "gather",
     "index_select",
     "index_add",
+    "where",
     "cat",
     "attention",
     "conv2d",
@@ -359,6 +363,7 @@ impl Case {
                 MemOp::IndexSelect => format!("{rows}x{cols} by {rows} rows"),
                 MemOp::IndexAdd => format!("{rows}x{cols} into {rows} rows"),
                 MemOp::Cat => format!("2 x {rows}x{} along 1", cols / 2),
+                MemOp::Where => format!("{rows}x{cols} by a u8 mask"),
                 MemOp::BatchNormTraining => {
                     format!(
                         "{rows}x{BATCH_NORM_CHANNELS}x{} train",
@@ -451,6 +456,8 @@ impl Case {
                     MemOp::IndexSelect => 2.0 * n * size + rows as f64 * 8.0,
                     // The source read, the output read and written, the indices.
                     MemOp::IndexAdd => 3.0 * n * size + rows as f64 * 8.0,
+                    // Two branches read and the output written, the mask's bytes.
+                    MemOp::Where => n * (3.0 * size + 1.0),
                     _ => 2.0 * n * size,
                 })
             }

@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 20] = [
+const MEMORY_OPS: [MemOp; 21] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -56,6 +56,7 @@ const MEMORY_OPS: [MemOp; 20] = [
     MemOp::Gather,
     MemOp::IndexSelect,
     MemOp::IndexAdd,
+    MemOp::Where,
     MemOp::Cat,
 ];
 

@@ -7,7 +7,7 @@
 
 use torsh_backend::compute::{
     BatchNormDesc, BinaryDesc, CastDesc, FillDesc, GatherDesc, LayerNormDesc, ReduceDesc,
-    ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf, UnaryDesc,
+    ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf, UnaryDesc, Value, WhereDesc,
 };
 use torsh_backend::{
     AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
@@ -332,6 +332,28 @@ fn memory(
             Box::new(move || {
                 let _keep = (&x, &out, &index);
                 b.compute().scatter(&desc).map_err(text)
+            })
+        }
+        MemOp::Where => {
+            // A random mask from a fixed host stream, so every backend picks the same elements.
+            let mut rng = torsh_backend::rng::HostRng::new(0x1d7);
+            let bits: Vec<u8> = (0..rows * cols)
+                .map(|_| (rng.next_u64() & 1) as u8)
+                .collect();
+            let mask = backend.from_slice(&bits, &[rows, cols])?;
+            let other = backend.randn(&[rows, cols], dt)?;
+            let out = dense_out()?;
+            let desc = WhereDesc {
+                dtype: dt,
+                cond_dtype: DType::U8,
+                cond: mask.strided_buf(),
+                on_true: Value::Tensor(dense(&x)),
+                on_false: Value::Tensor(dense(&other)),
+                output: out.data_ptr(),
+            };
+            Box::new(move || {
+                let _keep = (&x, &other, &mask, &out);
+                b.compute().where_(&desc).map_err(text)
             })
         }
         MemOp::Cat => {

@@ -75,7 +75,7 @@ pub(crate) fn fill(gpu: &Gpu, d: &FillDesc) -> Result<()> {
     };
     let f = kernel(gpu, entry)?;
     let n = to_i64(OP, d.len)?;
-    let bits = fill_bits(d.dtype, d.value);
+    let bits = crate::dtype::element_bits(d.dtype, d.value);
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&d.ptr.0).arg(&n).arg(&bits);
     // SAFETY: the region was checked by the caller; the arguments match `fill_<width>(W*, i64, u64)`
@@ -399,20 +399,6 @@ fn width_suffix(dtype: DType) -> &'static str {
     }
 }
 
-/// `value` encoded as one element of `dtype`, in the low bits: the conversions of the reference's
-/// `encode` (Rust `as` for integers and f32, [`crate::dtype::f16_from_f64`] and its bf16 twin).
-fn fill_bits(dtype: DType, value: f64) -> u64 {
-    match dtype {
-        DType::F32 => u64::from((value as f32).to_bits()),
-        DType::F64 => value.to_bits(),
-        DType::F16 => u64::from(crate::dtype::f16_from_f64(value).to_bits()),
-        DType::BF16 => u64::from(crate::dtype::bf16_from_f64(value).to_bits()),
-        DType::I32 => u64::from((value as i32) as u32),
-        DType::I64 => (value as i64) as u64,
-        DType::U8 => u64::from(value as u8),
-    }
-}
-
 /// The kernel argument for `buf` seen through its coalesced `shape` and `strides`.
 fn strided_arg(
     op: &'static str,
@@ -553,19 +539,34 @@ mod tests {
 
     #[test]
     fn fill_values_are_encoded_like_the_reference() {
-        assert_eq!(fill_bits(DType::F32, 1.5), u64::from(1.5f32.to_bits()));
-        assert_eq!(fill_bits(DType::F64, -0.375), (-0.375f64).to_bits());
-        assert_eq!(fill_bits(DType::F16, 1.0), 0x3c00);
-        assert_eq!(fill_bits(DType::BF16, -2.0), 0xc000);
-        assert_eq!(fill_bits(DType::F16, 1e6), 0x7c00); // overflows to +inf
-                                                        // Float → integer: truncation toward zero, saturation, NaN → 0.
-        assert_eq!(fill_bits(DType::I32, -2.9), u64::from((-2i32) as u32));
-        assert_eq!(fill_bits(DType::I32, 1e12), u64::from(i32::MAX as u32));
-        assert_eq!(fill_bits(DType::I32, f64::NAN), 0);
-        assert_eq!(fill_bits(DType::I64, -1e30), i64::MIN as u64);
-        assert_eq!(fill_bits(DType::U8, 300.7), 255);
-        assert_eq!(fill_bits(DType::U8, -5.0), 0);
-        assert_eq!(fill_bits(DType::U8, 7.99), 7);
+        assert_eq!(
+            crate::dtype::element_bits(DType::F32, 1.5),
+            u64::from(1.5f32.to_bits())
+        );
+        assert_eq!(
+            crate::dtype::element_bits(DType::F64, -0.375),
+            (-0.375f64).to_bits()
+        );
+        assert_eq!(crate::dtype::element_bits(DType::F16, 1.0), 0x3c00);
+        assert_eq!(crate::dtype::element_bits(DType::BF16, -2.0), 0xc000);
+        assert_eq!(crate::dtype::element_bits(DType::F16, 1e6), 0x7c00); // overflows to +inf
+                                                                         // Float → integer: truncation toward zero, saturation, NaN → 0.
+        assert_eq!(
+            crate::dtype::element_bits(DType::I32, -2.9),
+            u64::from((-2i32) as u32)
+        );
+        assert_eq!(
+            crate::dtype::element_bits(DType::I32, 1e12),
+            u64::from(i32::MAX as u32)
+        );
+        assert_eq!(crate::dtype::element_bits(DType::I32, f64::NAN), 0);
+        assert_eq!(
+            crate::dtype::element_bits(DType::I64, -1e30),
+            i64::MIN as u64
+        );
+        assert_eq!(crate::dtype::element_bits(DType::U8, 300.7), 255);
+        assert_eq!(crate::dtype::element_bits(DType::U8, -5.0), 0);
+        assert_eq!(crate::dtype::element_bits(DType::U8, 7.99), 7);
     }
 
     #[test]

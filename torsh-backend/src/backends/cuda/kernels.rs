@@ -37,6 +37,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("cast", include_str!("kernels/cast.cu")),
     ("copy", include_str!("kernels/copy.cu")),
     ("index", include_str!("kernels/index.cu")),
+    ("select", include_str!("kernels/select.cu")),
     ("random", include_str!("kernels/random.cu")),
     ("reduce", include_str!("kernels/reduce.cu")),
     ("norm", include_str!("kernels/norm.cu")),

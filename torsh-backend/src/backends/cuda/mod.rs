@@ -26,6 +26,7 @@ mod optim;
 mod pinned;
 mod pool;
 mod reduce;
+mod select;
 mod streams;
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

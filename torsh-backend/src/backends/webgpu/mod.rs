@@ -46,6 +46,7 @@ mod pipelines;
 mod pool;
 mod random;
 mod reduce;
+mod select;
 mod staging;
 
 use std::sync::{Mutex, MutexGuard};

@@ -208,6 +208,9 @@ pub(crate) const CAST: Module = wgsl!("cast.wgsl", 2, ["cast.wgsl"]);
 /// `shaders/index.wgsl`: gathers by index tensors (input, output, index, error flag).
 pub(crate) const INDEX: Module = wgsl!("index.wgsl", 4, ["index.wgsl"]);
 
+/// `shaders/select.wgsl`: comparisons and selection by a mask, any dtype (a, b, c, output).
+pub(crate) const SELECT: Module = wgsl!("select.wgsl", 4, ["select.wgsl"]);
+
 /// `shaders/random.wgsl`: uniform and normal fills (output) of f32 elements.
 pub(crate) const RANDOM: Module = wgsl!("random.wgsl", 1, ["elem_f32.wgsl", "random.wgsl"]);
 

@@ -12,6 +12,7 @@ mod norm;
 mod optim;
 mod pool;
 mod reduce;
+mod select;
 
 pub use attention::*;
 pub use blas::*;
@@ -22,6 +23,7 @@ pub use norm::*;
 pub use optim::*;
 pub use pool::*;
 pub use reduce::*;
+pub use select::*;
 
 use crate::compute::access::{Access, Accesses};
 use crate::compute::DevicePtr;
@@ -121,6 +123,33 @@ op_enum!(
         Minimum = 5 => "minimum",
         /// `aᵇ`
         Pow = 6 => "pow",
+    }
+);
+
+op_enum!(
+    /// Ops that compare two operands, or combine their truth values, into a `U8` mask of 0 and 1
+    /// ([`CompareDesc`]). Comparisons follow IEEE 754: any comparison with NaN is false except `Ne`,
+    /// and `-0 == +0`. The logical ops take a nonzero element as true (NaN included), as PyTorch's
+    /// `logical_and` does.
+    CompareOp {
+        /// `a == b`
+        Eq = 0 => "eq",
+        /// `a != b`
+        Ne = 1 => "ne",
+        /// `a < b`
+        Lt = 2 => "lt",
+        /// `a <= b`
+        Le = 3 => "le",
+        /// `a > b`
+        Gt = 4 => "gt",
+        /// `a >= b`
+        Ge = 5 => "ge",
+        /// `a ≠ 0 and b ≠ 0`
+        And = 6 => "logical_and",
+        /// `a ≠ 0 or b ≠ 0`
+        Or = 7 => "logical_or",
+        /// exactly one of `a ≠ 0`, `b ≠ 0`
+        Xor = 8 => "logical_xor",
     }
 );
 
@@ -237,6 +266,7 @@ mod tests {
         let codes = |c: Vec<u32>| assert_eq!(c, (0..c.len() as u32).collect::<Vec<_>>());
         codes(UnaryOp::ALL.iter().map(|o| o.code()).collect());
         codes(BinaryOp::ALL.iter().map(|o| o.code()).collect());
+        codes(CompareOp::ALL.iter().map(|o| o.code()).collect());
         codes(ReduceOp::ALL.iter().map(|o| o.code()).collect());
     }
 
