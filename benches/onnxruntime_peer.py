@@ -224,6 +224,11 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
                            tensor("Z", dense)], [tensor("Y", dense)])
         return [Graph(m, {"C": cond, "X": x, "Z": randn(dense, 2)},
                       {"Y": np.empty(dense, np.float32)}, "Where")]
+    if op == "cumsum":
+        axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+        node = helper.make_node("CumSum", ["X", "axis"], ["Y"])
+        m = model([node], [tensor("X", dense)], [tensor("Y", dense)], [axis])
+        return [Graph(m, {"X": x}, {"Y": np.empty(dense, np.float32)}, "CumSum (axis 1)")]
     if op == "index_add":
         # ScatterElements with reduction "add" along axis 0, the indices spread along the rows.
         rows_ix = np.random.default_rng(4).integers(0, rows, (rows, 1), dtype=np.int64)

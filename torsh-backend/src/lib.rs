@@ -49,7 +49,7 @@ pub use backends::webgpu;
 
 pub use backend::{Backend, BackendBuilder, BackendConfig, BackendStatus};
 pub use compute::{
-    BinaryOp, CompareOp, ComputeBackend, DevicePtr, ReduceOp, Transpose, TunableOp, UnaryOp,
+    BinaryOp, CompareOp, ComputeBackend, DevicePtr, ReduceOp, ScanOp, Transpose, TunableOp, UnaryOp,
 };
 pub use device::{BackendType, Device, DeviceInfo};
 pub use dtype::{DType, Element};
@@ -69,7 +69,7 @@ pub use tensor::Tensor;
 /// Everything a user of the tensor API needs: `use torsh_backend::prelude::*;`.
 pub mod prelude {
     pub use crate::backend::{Backend, BackendBuilder};
-    pub use crate::compute::{BinaryOp, CompareOp, ReduceOp, UnaryOp};
+    pub use crate::compute::{BinaryOp, CompareOp, ReduceOp, ScanOp, UnaryOp};
     pub use crate::device::{BackendType, Device, DeviceInfo};
     pub use crate::dtype::DType;
     pub use crate::error::{BackendError, Result};

@@ -540,6 +540,8 @@ fn shape() {
         let refs: Vec<&Tensor> = xs.iter().collect();
         let out = match c.param("op").as_str() {
             Some("cat") => c.backend.cat(&refs, c.int("axis") as isize)?,
+            Some("cumsum") => xs[0].cumsum(c.int("axis") as isize)?,
+            Some("cumprod") => xs[0].cumprod(c.int("axis") as isize)?,
             other => panic!("case {}: unknown op {other:?}", c.case.name),
         };
         Ok(vec![("out".to_string(), out)])

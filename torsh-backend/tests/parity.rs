@@ -364,3 +364,48 @@ fn masks_and_selections_land_at_any_byte_offset() {
         }
     }
 }
+
+#[test]
+fn integer_scans_carry_and_wrap_as_the_reference_does() {
+    // Sums crossing 2^32 both ways and products of wide factors exercise the carries of kernels
+    // that hold an i64 in two words; the last product wraps past 2^63.
+    let values: [i64; 8] = [
+        0xffff_fff0,
+        0x20,
+        -0x1_0000_0000,
+        -7,
+        0x7fff_ffff,
+        3,
+        -0x0001_2345_6789,
+        0x3_0000_0001,
+    ];
+    let reference = Backend::reference().unwrap();
+    let host = |t: torsh_backend::Tensor| t.to_vec::<i64>().unwrap();
+    let x = reference.from_slice(&values, &[2, 4]).unwrap();
+    let want = [host(x.cumsum(1).unwrap()), host(x.cumprod(1).unwrap())];
+    let sums: Vec<i64> = values[..4]
+        .iter()
+        .scan(0i64, |acc, &v| {
+            *acc = acc.wrapping_add(v);
+            Some(*acc)
+        })
+        .collect();
+    assert_eq!(want[0][..4], sums[..]);
+    for b in common::backends() {
+        let x = b.from_slice(&values, &[2, 4]).unwrap();
+        let got = [host(x.cumsum(1).unwrap()), host(x.cumprod(1).unwrap())];
+        assert_eq!(got, want, "{}", b.backend_type());
+        let xt = b.from_slice(&values, &[4, 2]).unwrap().t().unwrap();
+        let got = host(xt.cumprod(-1).unwrap());
+        let want_t = host(
+            reference
+                .from_slice(&values, &[4, 2])
+                .unwrap()
+                .t()
+                .unwrap()
+                .cumprod(-1)
+                .unwrap(),
+        );
+        assert_eq!(got, want_t, "{} transposed", b.backend_type());
+    }
+}

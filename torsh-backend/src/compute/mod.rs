@@ -330,6 +330,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// Cumulative sum or product along a dim; see [`ScanDesc`].
+    fn scan(&self, desc: &ScanDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// A string that identifies this device and the settings its kernels' speed depends on (the
     /// autotuner's cache files are valid for one fingerprint). Provided: the backend kind and the
     /// device name.
@@ -509,6 +514,7 @@ macro_rules! for_each_op {
             scatter($crate::compute::ScatterDesc),
             compare($crate::compute::CompareDesc),
             where_($crate::compute::WhereDesc),
+            scan($crate::compute::ScanDesc),
         }
     };
 }

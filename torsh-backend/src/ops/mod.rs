@@ -12,6 +12,7 @@ pub mod norm;
 pub mod optim;
 pub mod pool;
 pub mod reduce;
+pub mod scan;
 pub mod select;
 pub mod shape;
 

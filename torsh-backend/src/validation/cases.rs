@@ -3,7 +3,7 @@
 //! wherever the op accepts them.
 
 use super::{Inputs, ParityCase};
-use crate::compute::{BinaryOp, CompareOp, Distribution, ReduceOp, UnaryOp};
+use crate::compute::{BinaryOp, CompareOp, Distribution, ReduceOp, ScanDesc, ScanOp, UnaryOp};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvConfig;
@@ -121,6 +121,11 @@ pub fn all() -> Vec<ParityCase> {
             op: "compare",
             dtypes: &DType::ALL,
             body: compare,
+        },
+        ParityCase {
+            op: "scan",
+            dtypes: &DType::ALL,
+            body: scan,
         },
     ]
 }
@@ -616,5 +621,36 @@ fn compare(i: &mut Inputs) -> Result<Vec<Tensor>> {
     out.push(x.masked_fill(&i.indices(&[7], 2, DType::U8)?, 0.0)?);
     let empty = i.normal(&[0, 3])?;
     out.push(b.where_(&i.indices(&[0, 3], 2, DType::U8)?, &empty, &empty)?);
+    Ok(out)
+}
+
+fn scan(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let b = i.backend();
+    let mut out = Vec::new();
+    // Along the last, first and middle dims; of a transposed view; lengths 1 and prime; empty.
+    let x = i.normal(&[5, 13])?;
+    out.push(x.cumsum(-1)?);
+    out.push(x.cumprod(-1)?);
+    out.push(x.cumsum(0)?);
+    let y = i.normal(&[3, 7, 4])?;
+    out.push(y.cumsum(1)?);
+    out.push(y.cumprod(1)?);
+    out.push(y.transpose(0, 2)?.cumsum(0)?);
+    out.push(i.normal(&[1])?.cumsum(0)?);
+    out.push(i.normal(&[4, 1])?.cumprod(1)?);
+    out.push(i.normal(&[0, 3])?.cumsum(1)?);
+    // The kernel itself on a strided view (the tensor API hands it dense inputs).
+    let xt = i.normal(&[11, 6])?.t()?;
+    for op in [ScanOp::Sum, ScanOp::Prod] {
+        let y = b.empty(xt.shape(), xt.dtype())?;
+        b.compute().scan(&ScanDesc {
+            op,
+            dtype: xt.dtype(),
+            input: xt.strided_buf(),
+            dim: 1,
+            output: y.data_ptr(),
+        })?;
+        out.push(y);
+    }
     Ok(out)
 }

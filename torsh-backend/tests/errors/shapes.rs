@@ -725,3 +725,31 @@ fn joins_pads_repeats_and_multi_dim_reductions_check_their_arguments() {
         assert_backend_works(&b);
     }
 }
+
+#[test]
+fn scans_reject_dims_out_of_range_on_every_backend() {
+    for b in backends() {
+        let x = seq(&b, &[3, 4]);
+        let err = assert_err!(x.cumsum(2), InvalidArgument);
+        assert_mentions(&err, &["cumsum", "2"]);
+        assert_err!(x.cumprod(-3), InvalidArgument);
+        let scalar = assert_ok!(b.full(&[], 1.0, DType::F32));
+        assert_err!(scalar.cumsum(0), InvalidArgument);
+        // The raw descriptor checks its dim as well.
+        let out = assert_ok!(b.empty(&[3, 4], DType::F32));
+        let desc = torsh_backend::compute::ScanDesc {
+            op: ScanOp::Sum,
+            dtype: DType::F32,
+            input: x.strided_buf(),
+            dim: 2,
+            output: out.data_ptr(),
+        };
+        assert_err!(b.compute().scan(&desc), InvalidArgument);
+        // Integers promote to I64, so a mask's running count does not wrap.
+        let mask = assert_ok!(b.full(&[300], 1.0, DType::U8));
+        let count = assert_ok!(mask.cumsum(0));
+        assert_eq!(count.dtype(), DType::I64);
+        assert_eq!(assert_ok!(count.to_vec::<i64>())[299], 300);
+        assert_backend_works(&b);
+    }
+}

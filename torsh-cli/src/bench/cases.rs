@@ -125,6 +125,8 @@ pub enum MemOp {
     IndexAdd,
     /// `where(mask, x, y)` with a random `U8` mask, all three dense.
     Where,
+    /// `cumsum` along each row (dim 1).
+    Cumsum,
     /// `cat` of the two halves of the columns, `[rows, cols / 2]` each, along dim 1, through the
     /// tensor API (which allocates its output each call).
     Cat,
@@ -151,6 +153,7 @@ impl MemOp {
             MemOp::IndexSelect => "index_select",
             MemOp::IndexAdd => "index_add",
             MemOp::Where => "where",
+            MemOp::Cumsum => "cumsum",
             MemOp::Cat => "cat",
         }
     }
@@ -237,7 +240,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 22] = [
+pub const OP_NAMES: [&str; 23] = [
     "matmul",
     "memcpy",
     "copy",
@@ -256,6 +259,7 @@ pub const OP_NAMES: [&str; 22] = [
     "index_select",
     "index_add",
     "where",
+    "cumsum",
     "cat",
     "attention",
     "conv2d",
@@ -364,6 +368,7 @@ impl Case {
                 MemOp::IndexAdd => format!("{rows}x{cols} into {rows} rows"),
                 MemOp::Cat => format!("2 x {rows}x{} along 1", cols / 2),
                 MemOp::Where => format!("{rows}x{cols} by a u8 mask"),
+                MemOp::Cumsum => format!("{rows}x{cols} rows"),
                 MemOp::BatchNormTraining => {
                     format!(
                         "{rows}x{BATCH_NORM_CHANNELS}x{} train",

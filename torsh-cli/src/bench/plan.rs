@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 21] = [
+const MEMORY_OPS: [MemOp; 22] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -57,6 +57,7 @@ const MEMORY_OPS: [MemOp; 21] = [
     MemOp::IndexSelect,
     MemOp::IndexAdd,
     MemOp::Where,
+    MemOp::Cumsum,
     MemOp::Cat,
 ];
 

@@ -6,8 +6,8 @@
 //! measure the kernel's traffic and not the allocator or the page faults of a fresh 64 MiB buffer.
 
 use torsh_backend::compute::{
-    BatchNormDesc, BinaryDesc, CastDesc, FillDesc, GatherDesc, LayerNormDesc, ReduceDesc,
-    ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf, UnaryDesc, Value, WhereDesc,
+    BatchNormDesc, BinaryDesc, CastDesc, FillDesc, GatherDesc, LayerNormDesc, ReduceDesc, ScanDesc,
+    ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf, UnaryDesc, Value, WhereDesc,
 };
 use torsh_backend::{
     AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
@@ -354,6 +354,20 @@ fn memory(
             Box::new(move || {
                 let _keep = (&x, &other, &mask, &out);
                 b.compute().where_(&desc).map_err(text)
+            })
+        }
+        MemOp::Cumsum => {
+            let out = dense_out()?;
+            let desc = ScanDesc {
+                op: ScanOp::Sum,
+                dtype: dt,
+                input: dense(&x),
+                dim: 1,
+                output: out.data_ptr(),
+            };
+            Box::new(move || {
+                let _keep = (&x, &out);
+                b.compute().scan(&desc).map_err(text)
             })
         }
         MemOp::Cat => {

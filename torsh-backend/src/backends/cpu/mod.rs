@@ -21,6 +21,7 @@ mod norm;
 mod optim;
 mod pool;
 mod reduce;
+mod scan;
 mod select;
 pub mod simd;
 mod vmath;

@@ -38,6 +38,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("copy", include_str!("kernels/copy.cu")),
     ("index", include_str!("kernels/index.cu")),
     ("select", include_str!("kernels/select.cu")),
+    ("scan", include_str!("kernels/scan.cu")),
     ("random", include_str!("kernels/random.cu")),
     ("reduce", include_str!("kernels/reduce.cu")),
     ("norm", include_str!("kernels/norm.cu")),

@@ -26,6 +26,7 @@ mod optim;
 mod pinned;
 mod pool;
 mod reduce;
+mod scan;
 mod select;
 mod streams;
 

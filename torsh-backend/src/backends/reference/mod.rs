@@ -18,6 +18,7 @@ pub(crate) mod norm;
 pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;
+pub(crate) mod scan;
 pub(crate) mod select;
 
 pub(crate) use blas::gemm_regions;

@@ -46,6 +46,7 @@ mod pipelines;
 mod pool;
 mod random;
 mod reduce;
+mod scan;
 mod select;
 mod staging;
 

@@ -208,6 +208,9 @@ pub(crate) const CAST: Module = wgsl!("cast.wgsl", 2, ["cast.wgsl"]);
 /// `shaders/index.wgsl`: gathers by index tensors (input, output, index, error flag).
 pub(crate) const INDEX: Module = wgsl!("index.wgsl", 4, ["index.wgsl"]);
 
+/// `shaders/scan.wgsl`: cumulative sums and products along a dim, f32 (input, output).
+pub(crate) const SCAN: Module = wgsl!("scan.wgsl", 2, ["scan.wgsl"]);
+
 /// `shaders/select.wgsl`: comparisons and selection by a mask, any dtype (a, b, c, output).
 pub(crate) const SELECT: Module = wgsl!("select.wgsl", 4, ["select.wgsl"]);
 

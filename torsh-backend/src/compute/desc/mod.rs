@@ -12,6 +12,7 @@ mod norm;
 mod optim;
 mod pool;
 mod reduce;
+mod scan;
 mod select;
 
 pub use attention::*;
@@ -23,6 +24,7 @@ pub use norm::*;
 pub use optim::*;
 pub use pool::*;
 pub use reduce::*;
+pub use scan::*;
 pub use select::*;
 
 use crate::compute::access::{Access, Accesses};
@@ -123,6 +125,16 @@ op_enum!(
         Minimum = 5 => "minimum",
         /// `aᵇ`
         Pow = 6 => "pow",
+    }
+);
+
+op_enum!(
+    /// Inclusive scans along a dim ([`ScanDesc`]).
+    ScanOp {
+        /// running sum
+        Sum = 0 => "cumsum",
+        /// running product
+        Prod = 1 => "cumprod",
     }
 );
 
@@ -267,6 +279,7 @@ mod tests {
         codes(UnaryOp::ALL.iter().map(|o| o.code()).collect());
         codes(BinaryOp::ALL.iter().map(|o| o.code()).collect());
         codes(CompareOp::ALL.iter().map(|o| o.code()).collect());
+        codes(ScanOp::ALL.iter().map(|o| o.code()).collect());
         codes(ReduceOp::ALL.iter().map(|o| o.code()).collect());
     }
 
