@@ -538,10 +538,22 @@ fn shape() {
             .map(|i| c.input(&format!("x{i}")))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&Tensor> = xs.iter().collect();
+        let axis = c.int("axis") as isize;
         let out = match c.param("op").as_str() {
-            Some("cat") => c.backend.cat(&refs, c.int("axis") as isize)?,
-            Some("cumsum") => xs[0].cumsum(c.int("axis") as isize)?,
-            Some("cumprod") => xs[0].cumprod(c.int("axis") as isize)?,
+            Some("cat") => c.backend.cat(&refs, axis)?,
+            Some("cumsum") => xs[0].cumsum(axis)?,
+            Some("cumprod") => xs[0].cumprod(axis)?,
+            Some("sort") | Some("topk") => {
+                let (values, indices) = if c.param("op").as_str() == Some("sort") {
+                    xs[0].sort(axis, c.flag("descending"))?
+                } else {
+                    xs[0].topk(c.int("k") as usize, axis, true)?
+                };
+                return Ok(vec![
+                    ("values".to_string(), values),
+                    ("indices".to_string(), indices),
+                ]);
+            }
             other => panic!("case {}: unknown op {other:?}", c.case.name),
         };
         Ok(vec![("out".to_string(), out)])

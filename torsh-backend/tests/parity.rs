@@ -409,3 +409,45 @@ fn integer_scans_carry_and_wrap_as_the_reference_does() {
         assert_eq!(got, want_t, "{} transposed", b.backend_type());
     }
 }
+
+#[test]
+fn sorts_order_special_values_as_pytorch_on_every_backend() {
+    // NaN after every number (first when descending), -0 equal to +0 (input order kept), stable.
+    let nan = f64::NAN;
+    let values = [
+        0.0,
+        nan,
+        -0.0,
+        1.0,
+        f64::NEG_INFINITY,
+        -1.0,
+        nan,
+        f64::INFINITY,
+    ];
+    let ascending: [i64; 8] = [4, 5, 0, 2, 3, 7, 1, 6];
+    let descending: [i64; 8] = [1, 6, 7, 3, 0, 2, 5, 4];
+    for b in common::backends() {
+        for dtype in DType::FLOATS {
+            let x = b.from_f64(&values, &[8], dtype).unwrap();
+            let name = format!("{} {dtype}", b.backend_type());
+            let up = x.argsort(0, false).unwrap().to_vec::<i64>().unwrap();
+            assert_eq!(up, ascending, "{name}");
+            let (top, down) = x.sort(0, true).unwrap();
+            assert_eq!(down.to_vec::<i64>().unwrap(), descending, "{name}");
+            let top = top.to_vec_f64().unwrap();
+            assert!(top[0].is_nan() && top[1].is_nan(), "{name}: {top:?}");
+            assert_eq!(
+                top[2..],
+                [f64::INFINITY, 1.0, 0.0, -0.0, -1.0, f64::NEG_INFINITY]
+            );
+            // The zeros keep their signs (values move as they are): +0 (position 0) first.
+            assert!(
+                top[4].is_sign_positive() && top[5].is_sign_negative(),
+                "{name}"
+            );
+            let (best, at) = x.topk(3, 0, true).unwrap();
+            assert_eq!(at.to_vec::<i64>().unwrap(), [1, 6, 7], "{name}");
+            assert_eq!(best.shape(), &[3]);
+        }
+    }
+}

@@ -53,7 +53,7 @@ pub fn generate(rng: &mut Rng) -> Case {
     if rng.chance(0.03) {
         return large(rng);
     }
-    match rng.range(0, 18) {
+    match rng.range(0, 19) {
         0 | 1 => unary(rng),
         2 | 3 => binary(rng),
         4 | 5 => reduce(rng),
@@ -68,6 +68,7 @@ pub fn generate(rng: &mut Rng) -> Case {
         14 => adam(rng),
         15 => index(rng),
         16 => select(rng),
+        17 => order(rng),
         _ => cast_copy(rng),
     }
 }
@@ -793,6 +794,63 @@ fn select(rng: &mut Rng) -> Case {
                 },
             )
         }
+    }
+}
+
+/// `cumsum`, `cumprod`, `sort`, `argsort` or `topk` along a random dim of a random view, in any
+/// dtype; values are rounded to halves, so sorts meet ties (which every backend keeps in input
+/// order). Products take values near 1, so long lines neither vanish nor overflow.
+fn order(rng: &mut Rng) -> Case {
+    let dtype = rng.pick(&DType::ALL);
+    let rank = rng.range(1, 3);
+    let shape = rng.shape(rank, true, CAP);
+    let dim = rng.range(0, rank - 1) as isize;
+    let which = rng.pick(&["cumsum", "cumprod", "sort", "argsort", "topk"]);
+    let values = if which == "cumprod" {
+        Values::Positive
+    } else {
+        Values::Normal
+    };
+    let mut x = view(rng, &shape, values);
+    if which != "cumprod" {
+        for v in x.data.iter_mut() {
+            *v = (*v * 2.0).round() * 0.5;
+        }
+    }
+    let descending = rng.chance(0.5);
+    let k = rng.range(0, shape[dim as usize]);
+    let built = case(
+        "order",
+        format!("{which} dim {dim} descending {descending} k {k}"),
+        dtype,
+        vec![x],
+        move |_, t| {
+            Ok(match which {
+                "cumsum" => vec![t[0].cumsum(dim)?],
+                "cumprod" => vec![t[0].cumprod(dim)?],
+                "sort" => {
+                    let (v, i) = t[0].sort(dim, descending)?;
+                    vec![v, i]
+                }
+                "argsort" => vec![t[0].argsort(dim, descending)?],
+                _ => {
+                    let (v, i) = t[0].topk(k, dim, descending)?;
+                    vec![v, i]
+                }
+            })
+        },
+    );
+    // A long f32 running sum rounds as a sequential sum does; a running product's relative error
+    // grows with its length.
+    let len = shape[dim as usize] as f64;
+    let slack = if which == "cumprod" {
+        1.0 + len / 64.0
+    } else {
+        1.0
+    };
+    Case {
+        slack,
+        ..with_terms(built, len)
     }
 }
 

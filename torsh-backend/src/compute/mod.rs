@@ -335,6 +335,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// Stable sort along a dim, with the permutation; see [`SortDesc`].
+    fn sort(&self, desc: &SortDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// A string that identifies this device and the settings its kernels' speed depends on (the
     /// autotuner's cache files are valid for one fingerprint). Provided: the backend kind and the
     /// device name.
@@ -515,6 +520,7 @@ macro_rules! for_each_op {
             compare($crate::compute::CompareDesc),
             where_($crate::compute::WhereDesc),
             scan($crate::compute::ScanDesc),
+            sort($crate::compute::SortDesc),
         }
     };
 }

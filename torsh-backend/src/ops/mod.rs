@@ -15,6 +15,7 @@ pub mod reduce;
 pub mod scan;
 pub mod select;
 pub mod shape;
+pub mod sort;
 
 use crate::backend::Backend;
 use crate::dtype::DType;

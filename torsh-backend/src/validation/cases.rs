@@ -3,7 +3,9 @@
 //! wherever the op accepts them.
 
 use super::{Inputs, ParityCase};
-use crate::compute::{BinaryOp, CompareOp, Distribution, ReduceOp, ScanDesc, ScanOp, UnaryOp};
+use crate::compute::{
+    BinaryOp, CompareOp, Distribution, ReduceOp, ScanDesc, ScanOp, SortDesc, UnaryOp,
+};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvConfig;
@@ -126,6 +128,11 @@ pub fn all() -> Vec<ParityCase> {
             op: "scan",
             dtypes: &DType::ALL,
             body: scan,
+        },
+        ParityCase {
+            op: "sort",
+            dtypes: &DType::ALL,
+            body: sort,
         },
     ]
 }
@@ -652,5 +659,61 @@ fn scan(i: &mut Inputs) -> Result<Vec<Tensor>> {
         })?;
         out.push(y);
     }
+    Ok(out)
+}
+
+fn sort(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    let (b, dtype) = (i.backend(), i.dtype());
+    let mut out = Vec::new();
+    // Lines full of ties (values from a small set), both directions, along each dim, of a view.
+    let x = i.indices(&[5, 13], 4, dtype)?;
+    for descending in [false, true] {
+        for dim in [-1, 0] {
+            let (values, indices) = x.sort(dim, descending)?;
+            out.extend([values, indices]);
+        }
+        out.push(x.t()?.argsort(1, descending)?);
+    }
+    // Distinct values along a middle dim; a line of one; an empty tensor.
+    let y = i.normal(&[3, 7, 4])?;
+    let (values, indices) = y.sort(1, true)?;
+    out.extend([values, indices]);
+    out.push(i.normal(&[4, 1])?.argsort(1, false)?);
+    out.push(i.normal(&[0, 3])?.sort(1, false)?.0);
+    // IEEE's special values in one line: NaN last (first descending), -0 equal to +0.
+    let nan = f64::NAN;
+    let special = [
+        1.0,
+        nan,
+        -0.0,
+        f64::INFINITY,
+        0.0,
+        f64::NEG_INFINITY,
+        nan,
+        -1.0,
+        0.0,
+    ];
+    let s = b.from_f64(&special, &[1, 9], dtype)?;
+    for descending in [false, true] {
+        let (values, indices) = s.sort(1, descending)?;
+        out.extend([values, indices]);
+    }
+    // topk of the largest and of the smallest.
+    let (values, indices) = y.topk(3, 1, true)?;
+    out.extend([values, indices]);
+    let (values, indices) = x.topk(4, -1, false)?;
+    out.extend([values, indices]);
+    // The kernel itself on a strided view, indices only.
+    let xt = x.t()?;
+    let indices = b.empty(xt.shape(), DType::I64)?;
+    b.compute().sort(&SortDesc {
+        dtype,
+        input: xt.strided_buf(),
+        dim: 0,
+        descending: true,
+        values: None,
+        indices: Some(indices.data_ptr()),
+    })?;
+    out.push(indices);
     Ok(out)
 }

@@ -753,3 +753,33 @@ fn scans_reject_dims_out_of_range_on_every_backend() {
         assert_backend_works(&b);
     }
 }
+
+#[test]
+fn sorts_reject_bad_dims_and_k_on_every_backend() {
+    for b in backends() {
+        let x = seq(&b, &[3, 4]);
+        let err = assert_err!(x.sort(2, false), InvalidArgument);
+        assert_mentions(&err, &["sort", "2"]);
+        assert_err!(x.argsort(-3, true), InvalidArgument);
+        let err = assert_err!(x.topk(5, 1, true), InvalidArgument);
+        assert_mentions(&err, &["topk", "5", "4"]);
+        assert_err!(
+            assert_ok!(b.full(&[], 1.0, DType::F32)).sort(0, false),
+            InvalidArgument
+        );
+        // A raw sort that asks for no output at all.
+        let desc = torsh_backend::compute::SortDesc {
+            dtype: DType::F32,
+            input: x.strided_buf(),
+            dim: 1,
+            descending: false,
+            values: None,
+            indices: None,
+        };
+        assert_err!(b.compute().sort(&desc), InvalidArgument);
+        // k = 0 and k = the whole dim are fine.
+        assert_eq!(assert_ok!(x.topk(0, 1, true)).0.shape(), &[3, 0]);
+        assert_eq!(assert_ok!(x.topk(4, 1, false)).1.shape(), &[3, 4]);
+        assert_backend_works(&b);
+    }
+}

@@ -24,6 +24,7 @@ mod reduce;
 mod scan;
 mod select;
 pub mod simd;
+mod sort;
 mod vmath;
 
 use gemm::Parallelism;

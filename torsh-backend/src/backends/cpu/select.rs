@@ -24,7 +24,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 
 /// An element type read as an ordered key for comparisons.
-trait Key: Pod + Send + Sync {
+pub(super) trait Key: Pod + Send + Sync {
     /// The key: a type whose `PartialOrd` is IEEE's for floats.
     type K: PartialOrd + Copy + Send + Sync;
     /// The key of zero (for the logical ops).

@@ -39,6 +39,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("index", include_str!("kernels/index.cu")),
     ("select", include_str!("kernels/select.cu")),
     ("scan", include_str!("kernels/scan.cu")),
+    ("sort", include_str!("kernels/sort.cu")),
     ("random", include_str!("kernels/random.cu")),
     ("reduce", include_str!("kernels/reduce.cu")),
     ("norm", include_str!("kernels/norm.cu")),

@@ -28,6 +28,7 @@ mod pool;
 mod reduce;
 mod scan;
 mod select;
+mod sort;
 mod streams;
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

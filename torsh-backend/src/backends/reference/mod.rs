@@ -20,6 +20,7 @@ pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod scan;
 pub(crate) mod select;
+pub(crate) mod sort;
 
 pub(crate) use blas::gemm_regions;
 use std::sync::{Mutex, MutexGuard};

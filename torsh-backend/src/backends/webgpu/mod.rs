@@ -48,6 +48,7 @@ mod random;
 mod reduce;
 mod scan;
 mod select;
+mod sort;
 mod staging;
 
 use std::sync::{Mutex, MutexGuard};

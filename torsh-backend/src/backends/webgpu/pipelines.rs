@@ -212,7 +212,10 @@ pub(crate) const INDEX: Module = wgsl!("index.wgsl", 4, ["index.wgsl"]);
 pub(crate) const SCAN: Module = wgsl!("scan.wgsl", 2, ["scan.wgsl"]);
 
 /// `shaders/select.wgsl`: comparisons and selection by a mask, any dtype (a, b, c, output).
-pub(crate) const SELECT: Module = wgsl!("select.wgsl", 4, ["select.wgsl"]);
+pub(crate) const SELECT: Module = wgsl!("select.wgsl", 4, ["order.wgsl", "select.wgsl"]);
+
+/// `shaders/sort.wgsl`: stable sorts by ranks, any dtype (input, values, indices).
+pub(crate) const SORT: Module = wgsl!("sort.wgsl", 3, ["order.wgsl", "sort.wgsl"]);
 
 /// `shaders/random.wgsl`: uniform and normal fills (output) of f32 elements.
 pub(crate) const RANDOM: Module = wgsl!("random.wgsl", 1, ["elem_f32.wgsl", "random.wgsl"]);

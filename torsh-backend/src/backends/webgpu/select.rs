@@ -142,7 +142,7 @@ fn launch(
 }
 
 /// The kernel's constants describing `dtype`: element width, kind and +inf's high word.
-fn dtype_constants(dtype: DType) -> [(&'static str, u64); 3] {
+pub(super) fn dtype_constants(dtype: DType) -> [(&'static str, u64); 3] {
     let (kind, inf) = match dtype {
         DType::F16 => (0, 0x7c00_0000),
         DType::F32 | DType::BF16 => (0, 0x7f80_0000),

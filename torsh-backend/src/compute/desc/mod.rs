@@ -14,6 +14,7 @@ mod pool;
 mod reduce;
 mod scan;
 mod select;
+mod sort;
 
 pub use attention::*;
 pub use blas::*;
@@ -26,6 +27,7 @@ pub use pool::*;
 pub use reduce::*;
 pub use scan::*;
 pub use select::*;
+pub use sort::*;
 
 use crate::compute::access::{Access, Accesses};
 use crate::compute::DevicePtr;

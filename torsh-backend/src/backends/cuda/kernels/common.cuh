@@ -195,6 +195,21 @@ __device__ __forceinline__ A torsh_group_reduce(A v) {
     }
 }
 
+// The type each element compares and sorts as: f16 and bf16 widened to float exactly, the
+// others as they are.
+template <typename T> struct Key {
+    typedef T K;
+    static __device__ __forceinline__ T of(T x) { return x; }
+};
+template <> struct Key<f16_t> {
+    typedef float K;
+    static __device__ __forceinline__ float of(f16_t x) { return f16_to_float(x.bits); }
+};
+template <> struct Key<bf16_t> {
+    typedef float K;
+    static __device__ __forceinline__ float of(bf16_t x) { return bf16_to_float(x.bits); }
+};
+
 // Per-dtype variants: a module compiled with `-DTORSH_ONLY_<DTYPE>` (TORSH_ONLY_F32, _F64, _F16, _BF16,
 // _I32, _I64, _U8) declares the entry points of that one dtype only, so the first use of a dtype
 // compiles (NVRTC, then the driver's JIT) a fraction of the module. Without such a define every dtype is

@@ -23,20 +23,6 @@
 #define CMP_LOGICAL_OR 7
 #define CMP_LOGICAL_XOR 8
 
-// The type each element compares as.
-template <typename T> struct Key {
-    typedef T K;
-    static __device__ __forceinline__ T of(T x) { return x; }
-};
-template <> struct Key<f16_t> {
-    typedef float K;
-    static __device__ __forceinline__ float of(f16_t x) { return f16_to_float(x.bits); }
-};
-template <> struct Key<bf16_t> {
-    typedef float K;
-    static __device__ __forceinline__ float of(bf16_t x) { return bf16_to_float(x.bits); }
-};
-
 // The element of type T held in the low bytes of `bits` (little-endian, as the host encodes it).
 template <typename T> __device__ __forceinline__ T from_bits(u64 bits) {
     union {

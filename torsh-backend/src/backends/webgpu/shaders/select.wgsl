@@ -25,17 +25,11 @@
 
 // Compare: the CompareOp code.
 override OP: u32 = 0u;
-// Bytes per element of b and c (compare: of a too).
-override WIDTH: u32 = 4u;
+// WIDTH (order.wgsl): bytes per element of b and c (compare: of a too).
 // Bytes per element of a (select: 1).
 override A_WIDTH: u32 = 4u;
 // Bytes per output element.
 override OUT_WIDTH: u32 = 1u;
-// 0 float, 1 signed integer, 2 unsigned integer.
-override KIND: u32 = 0u;
-// The high word of +inf in the promoted form: f16 0x7c000000, f32 and bf16 0x7f800000, f64
-// 0x7ff00000.
-override INF_HI: u32 = 0x7f800000u;
 override B_SCALAR: bool = false;
 override C_SCALAR: bool = false;
 // `select` instead of `compare`.
@@ -66,19 +60,6 @@ const CMP_GE: u32 = 5u;
 const CMP_LOGICAL_AND: u32 = 6u;
 const CMP_LOGICAL_OR: u32 = 7u;
 const CMP_LOGICAL_XOR: u32 = 8u;
-
-// The `width`-byte element whose first byte is `at`, from word `w0` (and `w1`, the next word, for
-// 8-byte elements), as (low word, high word).
-fn bits_of(w0: u32, w1: u32, at: u32, width: u32) -> vec2<u32> {
-    if (width == 8u) {
-        return vec2<u32>(w0, w1);
-    }
-    if (width == 4u) {
-        return vec2<u32>(w0, 0u);
-    }
-    let mask = select(0xffu, 0xffffu, width == 2u);
-    return vec2<u32>((w0 >> ((at & 3u) * 8u)) & mask, 0u);
-}
 
 // One loader per binding (WGSL functions cannot take a pointer to a storage buffer). `at` is the
 // element's byte address.
@@ -113,40 +94,6 @@ fn load_c(at: u32) -> vec2<u32> {
         w1 = c[w + 1u];
     }
     return bits_of(c[w], w1, at, WIDTH);
-}
-
-// Element bits (low, high) in the promoted form (hi, lo), sign bit on top for every signed type.
-fn promote(v: vec2<u32>) -> vec2<u32> {
-    if (WIDTH == 8u) {
-        return vec2<u32>(v.y, v.x);
-    }
-    if (WIDTH == 2u) {
-        return vec2<u32>(v.x << 16u, 0u);
-    }
-    return vec2<u32>(v.x, 0u);
-}
-
-fn is_zero(v: vec2<u32>) -> bool {
-    let hi = select(v.x, v.x & 0x7fffffffu, KIND == 0u);
-    return hi == 0u && v.y == 0u;
-}
-
-fn is_nan(v: vec2<u32>) -> bool {
-    let hi = v.x & 0x7fffffffu;
-    return KIND == 0u && (hi > INF_HI || (hi == INF_HI && v.y != 0u));
-}
-
-fn key(v: vec2<u32>) -> vec2<u32> {
-    if (KIND == 0u) {
-        if ((v.x & 0x80000000u) != 0u) {
-            return ~v;
-        }
-        return vec2<u32>(v.x | 0x80000000u, v.y);
-    }
-    if (KIND == 1u) {
-        return vec2<u32>(v.x ^ 0x80000000u, v.y);
-    }
-    return v;
 }
 
 // OP(x, y) for promoted values.

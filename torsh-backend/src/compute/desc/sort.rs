@@ -1,0 +1,83 @@
+//! Sort descriptors: each line along one dim put in order, with the permutation.
+
+use super::index::check_dim;
+use super::{dense_bytes, StridedBuf};
+use crate::compute::access::{Access, Accesses, InPlace};
+use crate::compute::DevicePtr;
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+
+/// PyTorch's `sort(stable=True)`: each line along `dim` of the input put in ascending order (or
+/// descending), written as dense `values` (the input's dtype, the input's shape) and dense
+/// `indices` (`I64`: where along the dim each value was in the input); either output may be left
+/// out (`argsort` writes only the indices). The order is total, as PyTorch's: NaN after every
+/// number (first when descending), `-0` equal to `+0`, and equal elements keep their input order in
+/// both directions (stable), so every backend writes the same permutation. Any dtype; the input
+/// may be any strided view; the outputs must not overlap each other or the input. Errors:
+/// `InvalidArgument` for `dim >= rank` or no output at all.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SortDesc {
+    /// Element type of the input and of `values`.
+    pub dtype: DType,
+    /// Input view.
+    pub input: StridedBuf,
+    /// The dim sorted along.
+    pub dim: usize,
+    /// Largest first.
+    pub descending: bool,
+    /// The sorted values (dense, the input's shape), if wanted.
+    pub values: Option<DevicePtr>,
+    /// The `I64` positions of the sorted values (dense, the input's shape), if wanted.
+    pub indices: Option<DevicePtr>,
+}
+
+impl SortDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "sort";
+        let shape = self.input.layout.shape();
+        check_dim(op, self.dim, shape.len())?;
+        if self.values.is_none() && self.indices.is_none() {
+            return Err(BackendError::invalid(
+                op,
+                "neither values nor indices were asked for",
+            ));
+        }
+        let mut acc = Accesses::new(op, InPlace::Forbidden);
+        self.input
+            .add_region(&mut acc, "input", self.dtype, Access::Read)?;
+        if let Some(p) = self.values {
+            acc.push(
+                "values",
+                p,
+                dense_bytes(op, shape, self.dtype)?,
+                Access::Write,
+                true,
+            );
+        }
+        if let Some(p) = self.indices {
+            acc.push(
+                "indices",
+                p,
+                dense_bytes(op, shape, DType::I64)?,
+                Access::Write,
+                true,
+            );
+        }
+        Ok(acc)
+    }
+
+    /// The lengths before, along and after the dim: `(outer, len, inner)`.
+    pub fn geometry(&self) -> (usize, usize, usize) {
+        let shape = self.input.layout.shape();
+        let outer = shape[..self.dim].iter().product();
+        let inner = shape[self.dim + 1..].iter().product();
+        (outer, shape[self.dim], inner)
+    }
+}
+
+crate::compute::op::op_desc!(SortDesc => sort, dtype: dtype, {
+    strided "input": input,
+    optional "values": values,
+    optional "indices": indices as |_: &SortDesc| DType::I64,
+});
