@@ -203,12 +203,15 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
             node = helper.make_node("GatherElements", ["X", "I"], ["Y"], axis=1)
             how = "GatherElements (axis 1)"
         else:
-            index = np.random.default_rng(3).integers(0, rows, (rows,), dtype=np.int64)
+            # index_select: `rows` rows of the table; its embedding variant: twice as many tokens.
+            tokens = 2 * rows if variant == "embedding" else rows
+            index = np.random.default_rng(3).integers(0, rows, (tokens,), dtype=np.int64)
             node = helper.make_node("Gather", ["X", "I"], ["Y"], axis=0)
             how = "Gather (axis 0)"
+        out = (index.shape[0], cols) if op == "index_select" else dense
         m = model([node], [tensor("X", dense), tensor("I", index.shape, TensorProto.INT64)],
-                  [tensor("Y", dense)])
-        return [Graph(m, {"X": x, "I": index}, {"Y": np.empty(dense, np.float32)}, how)]
+                  [tensor("Y", out)])
+        return [Graph(m, {"X": x, "I": index}, {"Y": np.empty(out, np.float32)}, how)]
     if op == "cat":
         half = cols // 2
         left, right = (rows, half), (rows, cols - half)

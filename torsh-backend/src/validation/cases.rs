@@ -643,6 +643,10 @@ fn scan(i: &mut Inputs) -> Result<Vec<Tensor>> {
     out.push(y.cumsum(1)?);
     out.push(y.cumprod(1)?);
     out.push(y.transpose(0, 2)?.cumsum(0)?);
+    // Enough rows along the last dim for the CPU's rows scanned side by side, and a remainder.
+    let z = i.normal(&[19, 6])?;
+    out.push(z.cumsum(1)?);
+    out.push(z.cumprod(-1)?);
     out.push(i.normal(&[1])?.cumsum(0)?);
     out.push(i.normal(&[4, 1])?.cumprod(1)?);
     out.push(i.normal(&[0, 3])?.cumsum(1)?);

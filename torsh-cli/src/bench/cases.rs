@@ -120,6 +120,9 @@ pub enum MemOp {
     /// `x.index_select(0, index)` with `rows` random `I64` row indices (an embedding lookup of
     /// `rows` tokens into a table of `rows` rows).
     IndexSelect,
+    /// An embedding lookup: `2 · rows` random rows of a `[rows, cols]` table, through the same
+    /// gather kernel as `IndexSelect` (a 4096 × 512 table by 8192 tokens at the CPU and GPU scales).
+    Embedding,
     /// `index_add` in place: `rows` rows of a source added into random rows of the output (an
     /// embedding's gradient), repeats summing.
     IndexAdd,
@@ -150,7 +153,7 @@ impl MemOp {
             MemOp::CastBf16 => "cast",
             MemOp::Fill => "fill",
             MemOp::Gather => "gather",
-            MemOp::IndexSelect => "index_select",
+            MemOp::IndexSelect | MemOp::Embedding => "index_select",
             MemOp::IndexAdd => "index_add",
             MemOp::Where => "where",
             MemOp::Cumsum => "cumsum",
@@ -163,6 +166,7 @@ impl MemOp {
         match self {
             MemOp::CopyTransposed => Some("transposed"),
             MemOp::CastBf16 => Some("to bf16"),
+            MemOp::Embedding => Some("embedding"),
             MemOp::SumColumns => Some("columns"),
             MemOp::BatchNormTraining => Some("training"),
             MemOp::BatchNormInference => Some("inference"),
@@ -365,6 +369,7 @@ impl Case {
                 MemOp::SumColumns => format!("{rows}x{cols} cols"),
                 MemOp::Gather => format!("{rows}x{cols} by {rows}x{cols}"),
                 MemOp::IndexSelect => format!("{rows}x{cols} by {rows} rows"),
+                MemOp::Embedding => format!("{rows}x{cols} by {} tokens", 2 * rows),
                 MemOp::IndexAdd => format!("{rows}x{cols} into {rows} rows"),
                 MemOp::Cat => format!("2 x {rows}x{} along 1", cols / 2),
                 MemOp::Where => format!("{rows}x{cols} by a u8 mask"),
@@ -459,6 +464,8 @@ impl Case {
                     // Elements read and written, and the I64 indices.
                     MemOp::Gather => n * (2.0 * size + 8.0),
                     MemOp::IndexSelect => 2.0 * n * size + rows as f64 * 8.0,
+                    // Twice the table's size gathered and written, and the tokens.
+                    MemOp::Embedding => 4.0 * n * size + 2.0 * rows as f64 * 8.0,
                     // The source read, the output read and written, the indices.
                     MemOp::IndexAdd => 3.0 * n * size + rows as f64 * 8.0,
                     // Two branches read and the output written, the mask's bytes.

@@ -178,6 +178,18 @@ fn memory_cases(scale: Scale) -> Vec<Case> {
         };
         cases.push(Case::new(long, DType::F32));
     }
+    // A transformer's embedding lookup: 8192 tokens into a 4096 x 512 table.
+    let (vocab, width) = match scale {
+        Scale::Quick => (64, 32),
+        Scale::Host => (1024, 256),
+        Scale::Cpu | Scale::Gpu => (4096, 512),
+    };
+    let embedding = Op::Memory {
+        op: MemOp::Embedding,
+        rows: vocab,
+        cols: width,
+    };
+    cases.push(Case::new(embedding, DType::F32));
     if scale == Scale::Gpu {
         // The transformer's own dtype, where a 16-bit kernel's efficiency shows.
         for op in [MemOp::Memcpy, MemOp::Add, MemOp::Softmax, MemOp::LayerNorm] {
@@ -392,13 +404,22 @@ mod tests {
         }
         assert!(has(conv(8, 3, 224, 64, 7, 2, true), DType::F32));
         assert!(has(depthwise(1, 128, 56), DType::F32));
-        // Memory-bound tensors of at least 64 MiB.
+        // Memory-bound tensors of at least 64 MiB, but for the embedding lookup, whose table is a
+        // transformer's (4096 x 512, looked up by 8192 tokens).
         for c in cases.iter().filter(|c| matches!(c.op, Op::Memory { .. })) {
-            let Op::Memory { rows, cols, .. } = c.op else {
+            let Op::Memory { op, rows, cols } = c.op else {
                 unreachable!()
             };
-            assert!(rows * cols * 4 >= 64 << 20, "{c:?}");
+            if op != MemOp::Embedding {
+                assert!(rows * cols * 4 >= 64 << 20, "{c:?}");
+            }
         }
+        let embedding = Op::Memory {
+            op: MemOp::Embedding,
+            rows: 4096,
+            cols: 512,
+        };
+        assert!(has(embedding, DType::F32));
         assert!(has(
             Op::Adam {
                 tensors: 100,

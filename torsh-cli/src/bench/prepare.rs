@@ -259,18 +259,20 @@ fn memory(
                 b.compute().cast(&desc).map_err(text)
             })
         }
-        MemOp::Gather | MemOp::IndexSelect => {
+        MemOp::Gather | MemOp::IndexSelect | MemOp::Embedding => {
             // Random indices from a fixed host stream, so every backend gathers the same elements.
-            let (count, high) = if op == MemOp::Gather {
-                (rows * cols, cols)
-            } else {
-                (rows, rows)
+            let (count, high) = match op {
+                MemOp::Gather => (rows * cols, cols),
+                MemOp::Embedding => (2 * rows, rows),
+                _ => (rows, rows),
             };
             let mut rng = torsh_backend::rng::HostRng::new(0x1d5);
             let picks: Vec<i64> = (0..count)
                 .map(|_| (rng.next_u64() % high as u64) as i64)
                 .collect();
-            let out = dense_out()?;
+            // Gather writes the input's shape; the row lookups one row per index.
+            let out_rows = if op == MemOp::Gather { rows } else { count };
+            let out = backend.empty(&[out_rows, cols], dt)?;
             let desc = if op == MemOp::Gather {
                 let index = backend.from_slice(&picks, &[rows, cols])?;
                 (
@@ -285,8 +287,8 @@ fn memory(
                     },
                 )
             } else {
-                let index = backend.from_slice(&picks, &[rows])?;
-                let spread = torsh_backend::Layout::new(vec![rows, cols], vec![1, 0], 0)?;
+                let index = backend.from_slice(&picks, &[count])?;
+                let spread = torsh_backend::Layout::new(vec![count, cols], vec![1, 0], 0)?;
                 (
                     index.clone(),
                     GatherDesc {

@@ -185,35 +185,39 @@ fn compare_walk<T: Key>(
             ctx.simd,
             #[inline(always)]
             || {
-                dims.runs(range, |at, [pa, pb], len| {
-                    // SAFETY: the runs stay inside the views the checks bounded; this task owns
-                    // output elements `at..at + len`, and no input overlaps the output.
-                    let (ra, rb, o) = unsafe {
-                        (
-                            a.run(pa, sa, len),
-                            b.run(pb, sb, len),
-                            out.slice_mut(at..at + len),
-                        )
-                    };
-                    match (ra, rb) {
-                        (Run::Dense(x), Run::Dense(y)) => {
-                            for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
-                                *o = u8::from(f(x.key(), y.key()));
+                dims.runs(
+                    range,
+                    #[inline(always)]
+                    |at, [pa, pb], len| {
+                        // SAFETY: the runs stay inside the views the checks bounded; this task owns
+                        // output elements `at..at + len`, and no input overlaps the output.
+                        let (ra, rb, o) = unsafe {
+                            (
+                                a.run(pa, sa, len),
+                                b.run(pb, sb, len),
+                                out.slice_mut(at..at + len),
+                            )
+                        };
+                        match (ra, rb) {
+                            (Run::Dense(x), Run::Dense(y)) => {
+                                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                                    *o = u8::from(f(x.key(), y.key()));
+                                }
+                            }
+                            (Run::Dense(x), Run::Splat(y)) => {
+                                let y = y.key();
+                                for (o, &x) in o.iter_mut().zip(x) {
+                                    *o = u8::from(f(x.key(), y));
+                                }
+                            }
+                            _ => {
+                                for (k, o) in o.iter_mut().enumerate() {
+                                    *o = u8::from(f(ra.get(k).key(), rb.get(k).key()));
+                                }
                             }
                         }
-                        (Run::Dense(x), Run::Splat(y)) => {
-                            let y = y.key();
-                            for (o, &x) in o.iter_mut().zip(x) {
-                                *o = u8::from(f(x.key(), y));
-                            }
-                        }
-                        _ => {
-                            for (k, o) in o.iter_mut().enumerate() {
-                                *o = u8::from(f(ra.get(k).key(), rb.get(k).key()));
-                            }
-                        }
-                    }
-                });
+                    },
+                );
             },
         )
     });
@@ -239,18 +243,22 @@ fn where_t<W: Pod + Send + Sync>(mem: &mut HostMemory, d: &WhereDesc, ctx: Ctx) 
             ctx.simd,
             #[inline(always)]
             || {
-                dims.runs(range, |at, [pc, pt, pf], len| {
-                    // SAFETY: as in `compare_walk`.
-                    let (rc, rt, rf, o) = unsafe {
-                        (
-                            c.run(pc, ic, len),
-                            t.run(pt, it, len),
-                            f.run(pf, iff, len),
-                            out.slice_mut(at..at + len),
-                        )
-                    };
-                    select_run(rc, rt, rf, o);
-                });
+                dims.runs(
+                    range,
+                    #[inline(always)]
+                    |at, [pc, pt, pf], len| {
+                        // SAFETY: as in `compare_walk`.
+                        let (rc, rt, rf, o) = unsafe {
+                            (
+                                c.run(pc, ic, len),
+                                t.run(pt, it, len),
+                                f.run(pf, iff, len),
+                                out.slice_mut(at..at + len),
+                            )
+                        };
+                        select_run(rc, rt, rf, o);
+                    },
+                );
             },
         )
     });
