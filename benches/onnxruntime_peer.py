@@ -232,6 +232,14 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
         node = helper.make_node("CumSum", ["X", "axis"], ["Y"])
         m = model([node], [tensor("X", dense)], [tensor("Y", dense)], [axis])
         return [Graph(m, {"X": x}, {"Y": np.empty(dense, np.float32)}, "CumSum (axis 1)")]
+    if op == "topk":
+        k = numpy_helper.from_array(np.array([min(50, cols)], np.int64), "K")
+        node = helper.make_node("TopK", ["X", "K"], ["V", "I"], axis=1, largest=1, sorted=1)
+        shape = (rows, min(50, cols))
+        m = model([node], [tensor("X", dense)],
+                  [tensor("V", shape), tensor("I", shape, TensorProto.INT64)], [k])
+        return [Graph(m, {"X": x}, {"V": np.empty(shape, np.float32),
+                                    "I": np.empty(shape, np.int64)}, "TopK (k 50, axis 1)")]
     if op == "index_add":
         # ScatterElements with reduction "add" along axis 0, the indices spread along the rows.
         rows_ix = np.random.default_rng(4).integers(0, rows, (rows, 1), dtype=np.int64)

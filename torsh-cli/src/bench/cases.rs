@@ -130,6 +130,8 @@ pub enum MemOp {
     Where,
     /// `cumsum` along each row (dim 1).
     Cumsum,
+    /// `topk` of [`TOPK`] along each row, largest first (values and `I64` indices).
+    Topk,
     /// `cat` of the two halves of the columns, `[rows, cols / 2]` each, along dim 1, through the
     /// tensor API (which allocates its output each call).
     Cat,
@@ -157,6 +159,7 @@ impl MemOp {
             MemOp::IndexAdd => "index_add",
             MemOp::Where => "where",
             MemOp::Cumsum => "cumsum",
+            MemOp::Topk => "topk",
             MemOp::Cat => "cat",
         }
     }
@@ -174,6 +177,9 @@ impl MemOp {
         }
     }
 }
+
+/// The `k` of the `topk` case (a sampler's top-k over a vocabulary row).
+pub const TOPK: usize = 50;
 
 /// Channels of the batch-norm cases: each row of their `[rows, cols]` tensor is one image of this
 /// many channels of `cols / BATCH_NORM_CHANNELS` positions (every scale's `cols` divides by it).
@@ -244,7 +250,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 23] = [
+pub const OP_NAMES: [&str; 24] = [
     "matmul",
     "memcpy",
     "copy",
@@ -264,6 +270,7 @@ pub const OP_NAMES: [&str; 23] = [
     "index_add",
     "where",
     "cumsum",
+    "topk",
     "cat",
     "attention",
     "conv2d",
@@ -374,6 +381,7 @@ impl Case {
                 MemOp::Cat => format!("2 x {rows}x{} along 1", cols / 2),
                 MemOp::Where => format!("{rows}x{cols} by a u8 mask"),
                 MemOp::Cumsum => format!("{rows}x{cols} rows"),
+                MemOp::Topk => format!("{rows}x{cols} rows, k {TOPK}"),
                 MemOp::BatchNormTraining => {
                     format!(
                         "{rows}x{BATCH_NORM_CHANNELS}x{} train",
@@ -468,6 +476,8 @@ impl Case {
                     MemOp::Embedding => 4.0 * n * size + 2.0 * rows as f64 * 8.0,
                     // The source read, the output read and written, the indices.
                     MemOp::IndexAdd => 3.0 * n * size + rows as f64 * 8.0,
+                    // The rows read, k values and indices written per row.
+                    MemOp::Topk => n * size + (rows * TOPK) as f64 * (size + 8.0),
                     // Two branches read and the output written, the mask's bytes.
                     MemOp::Where => n * (3.0 * size + 1.0),
                     _ => 2.0 * n * size,

@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 22] = [
+const MEMORY_OPS: [MemOp; 23] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -58,6 +58,7 @@ const MEMORY_OPS: [MemOp; 22] = [
     MemOp::IndexAdd,
     MemOp::Where,
     MemOp::Cumsum,
+    MemOp::Topk,
     MemOp::Cat,
 ];
 

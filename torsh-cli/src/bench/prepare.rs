@@ -13,7 +13,7 @@ use torsh_backend::{
     AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
 };
 
-use super::cases::{Case, MemOp, Op, Runner, BATCH_NORM_CHANNELS};
+use super::cases::{Case, MemOp, Op, Runner, BATCH_NORM_CHANNELS, TOPK};
 
 /// An error of ours as text.
 fn text(e: BackendError) -> String {
@@ -371,6 +371,11 @@ fn memory(
                 let _keep = (&x, &out);
                 b.compute().scan(&desc).map_err(text)
             })
+        }
+        MemOp::Topk => {
+            // Through the tensor API (a full stable sort, then the first k kept), which allocates
+            // its outputs each call.
+            Box::new(move || x.topk(TOPK.min(cols), 1, true).map(drop).map_err(text))
         }
         MemOp::Cat => {
             let half = cols / 2;
