@@ -15,7 +15,7 @@ impl Backend {
     /// elements in their input order. Any dtype. Errors: `InvalidArgument` for a dim out of range
     /// (a 0-d tensor has none).
     pub fn sort(&self, x: &Tensor, dim: isize, descending: bool) -> Result<(Tensor, Tensor)> {
-        match self.sort_into(x, dim, descending, true)? {
+        match self.sort_into(x, dim, descending, true, None)? {
             (Some(values), indices) => Ok((values, indices)),
             (None, _) => Err(BackendError::invalid("sort", "the values were not written")),
         }
@@ -23,13 +23,14 @@ impl Backend {
 
     /// The indices of [`Backend::sort`] alone (no values are written).
     pub fn argsort(&self, x: &Tensor, dim: isize, descending: bool) -> Result<Tensor> {
-        Ok(self.sort_into(x, dim, descending, false)?.1)
+        Ok(self.sort_into(x, dim, descending, false, None)?.1)
     }
 
     /// PyTorch's `topk(x, k, dim, largest, sorted=True)`: the `k` largest elements of each line
     /// along `dim` (the smallest when `largest` is false), in order, with their `I64` positions;
     /// equal elements come in their input order (lowest position first), NaN counts as the largest
-    /// value. Runs as a full sort and keeps the first `k` (O(len log len) per line). Errors:
+    /// value. The sort kernel writes only the first `k` (the CPU selects them before sorting them;
+    /// the GPU kernels rank every element and keep those below `k`). Errors:
     /// `InvalidArgument` for a dim out of range or `k` past the dim's length.
     pub fn topk(
         &self,
@@ -51,34 +52,41 @@ impl Backend {
                 ),
             ));
         }
-        let (values, indices) = self.sort(x, dim, largest)?;
-        let keep = |t: Tensor| t.narrow(d as isize, 0, k)?.contiguous();
-        Ok((keep(values)?, keep(indices)?))
+        match self.sort_into(x, dim, largest, true, Some(k))? {
+            (Some(values), indices) => Ok((values, indices)),
+            (None, _) => Err(BackendError::invalid(op, "the values were not written")),
+        }
     }
 
-    /// Runs the sort kernel over a dense copy of `x`, with or without the values.
+    /// Runs the sort kernel over a dense copy of `x`, with or without the values, keeping the
+    /// first `k` of each line (all of them for `None`).
     fn sort_into(
         &self,
         x: &Tensor,
         dim: isize,
         descending: bool,
         with_values: bool,
+        k: Option<usize>,
     ) -> Result<(Option<Tensor>, Tensor)> {
         let op = "sort";
         self.check_owner(op, x)?;
         let dim = normalize_axis(op, dim, x.rank())?;
         let x = x.contiguous()?;
+        let k = k.unwrap_or(x.shape()[dim]);
+        let mut shape = x.shape().to_vec();
+        shape[dim] = k;
         let values = if with_values {
-            Some(self.empty(x.shape(), x.dtype())?)
+            Some(self.empty(&shape, x.dtype())?)
         } else {
             None
         };
-        let indices = self.empty(x.shape(), DType::I64)?;
+        let indices = self.empty(&shape, DType::I64)?;
         self.compute().sort(&SortDesc {
             dtype: x.dtype(),
             input: x.strided_buf(),
             dim,
             descending,
+            k,
             values: values.as_ref().map(Tensor::data_ptr),
             indices: Some(indices.data_ptr()),
         })?;

@@ -707,14 +707,21 @@ fn sort(i: &mut Inputs) -> Result<Vec<Tensor>> {
     out.extend([values, indices]);
     let (values, indices) = x.topk(4, -1, false)?;
     out.extend([values, indices]);
-    // The kernel itself on a strided view, indices only.
+    // Long lines full of ties: a selection or an unstable sort that broke them by anything but
+    // position would differ from the reference.
+    let long = i.indices(&[3, 97], 5, dtype)?;
+    let (values, indices) = long.topk(40, 1, true)?;
+    out.extend([values, indices]);
+    out.push(long.argsort(1, false)?);
+    // The kernel itself on a strided view, indices only, the first 11 of each line of 13.
     let xt = x.t()?;
-    let indices = b.empty(xt.shape(), DType::I64)?;
+    let indices = b.empty(&[11, 5], DType::I64)?;
     b.compute().sort(&SortDesc {
         dtype,
         input: xt.strided_buf(),
         dim: 0,
         descending: true,
+        k: 11,
         values: None,
         indices: Some(indices.data_ptr()),
     })?;

@@ -773,10 +773,20 @@ fn sorts_reject_bad_dims_and_k_on_every_backend() {
             input: x.strided_buf(),
             dim: 1,
             descending: false,
+            k: 4,
             values: None,
             indices: None,
         };
         assert_err!(b.compute().sort(&desc), InvalidArgument);
+        // k past the dim's length.
+        let out = assert_ok!(b.empty(&[3, 5], DType::I64));
+        let desc = torsh_backend::compute::SortDesc {
+            k: 5,
+            indices: Some(out.data_ptr()),
+            ..desc
+        };
+        let err = assert_err!(b.compute().sort(&desc), InvalidArgument);
+        assert_mentions(&err, &["sort", "k = 5"]);
         // k = 0 and k = the whole dim are fine.
         assert_eq!(assert_ok!(x.topk(0, 1, true)).0.shape(), &[3, 0]);
         assert_eq!(assert_ok!(x.topk(4, 1, false)).1.shape(), &[3, 4]);

@@ -21,7 +21,8 @@ struct SortGeometry {
     x_strides: [i64; MAX_RANK],
     x_offset: i64,
     n: i64,
-    out_stride: i64,
+    inner: i64,
+    k: i64,
     rank: i32,
     dim: i32,
 }
@@ -34,7 +35,7 @@ fn sort(gpu: &Gpu, d: &SortDesc) -> Result<()> {
     const OP: &str = "sort";
     let shape = d.input.layout.shape();
     let n = d.input.layout.numel();
-    if n == 0 {
+    if n == 0 || d.k == 0 {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.input.ptr])?;
@@ -58,7 +59,8 @@ fn sort(gpu: &Gpu, d: &SortDesc) -> Result<()> {
         x_strides: [0; MAX_RANK],
         x_offset: to_i64(OP, d.input.layout.offset())?,
         n: to_i64(OP, n)?,
-        out_stride: to_i64(OP, contiguous_strides(shape)[d.dim])?,
+        inner: to_i64(OP, contiguous_strides(shape)[d.dim])?,
+        k: to_i64(OP, d.k)?,
         rank: shape.len() as i32,
         dim: d.dim as i32,
     };
@@ -96,10 +98,10 @@ mod tests {
 
     #[test]
     fn geometry_matches_the_kernel_struct_layout() {
-        // Two arrays of MAX_RANK i64, three i64, two i32 (`SortGeometry` in sort.cu).
+        // Two arrays of MAX_RANK i64, four i64, two i32 (`SortGeometry` in sort.cu).
         assert_eq!(
             std::mem::size_of::<SortGeometry>(),
-            2 * 8 * MAX_RANK + 3 * 8 + 8
+            2 * 8 * MAX_RANK + 4 * 8 + 8
         );
     }
 }

@@ -51,6 +51,9 @@ pub(crate) fn permutations<K: PartialOrd>(
 pub fn sort(mem: &mut HostMemory, d: &SortDesc) -> Result<()> {
     let geometry = d.geometry();
     let (_, len, inner) = geometry;
+    if len == 0 || inner == 0 || d.input.layout.numel() == 0 {
+        return Ok(());
+    }
     let perm = if d.dtype.is_float() {
         let mut keys = Vec::with_capacity(d.input.layout.numel());
         mem.for_each_element(d.dtype, &d.input, |b| keys.push(decode(d.dtype, b)))?;
@@ -60,25 +63,30 @@ pub fn sort(mem: &mut HostMemory, d: &SortDesc) -> Result<()> {
         mem.for_each_element(d.dtype, &d.input, |b| keys.push(decode_int(d.dtype, b)))?;
         permutations(&keys, geometry, d.descending)
     };
-    // The input element each output position takes: its line's start plus `from` steps along the dim.
-    let source = |at: usize, from: usize| {
-        let (line_start, j) = ((at / inner / len) * len * inner, at % inner);
-        line_start + from * inner + j
-    };
+    // The first k of each line: (output position, input position).
+    let k = d.k;
+    let kept: Vec<(usize, usize)> = perm
+        .iter()
+        .enumerate()
+        .filter_map(|(at, &from)| {
+            let (o, i, j) = (at / inner / len, at / inner % len, at % inner);
+            (i < k).then_some(((o * k + i) * inner + j, (o * len + from) * inner + j))
+        })
+        .collect();
     if let Some(values) = d.values {
         let size = d.dtype.size_in_bytes();
         let mut bytes = Vec::with_capacity(perm.len() * size);
         mem.for_each_element(d.dtype, &d.input, |b| bytes.extend_from_slice(b))?;
-        let out = mem.bytes_mut(values, perm.len() * size)?;
-        for (at, &from) in perm.iter().enumerate() {
-            let s = source(at, from);
-            out[at * size..(at + 1) * size].copy_from_slice(&bytes[s * size..(s + 1) * size]);
+        let out = mem.bytes_mut(values, kept.len() * size)?;
+        for &(to, s) in &kept {
+            out[to * size..(to + 1) * size].copy_from_slice(&bytes[s * size..(s + 1) * size]);
         }
     }
     if let Some(indices) = d.indices {
-        let out = mem.bytes_mut(indices, perm.len() * 8)?;
-        for (chunk, &from) in out.chunks_exact_mut(8).zip(&perm) {
-            chunk.copy_from_slice(&(from as i64).to_le_bytes());
+        let out = mem.bytes_mut(indices, kept.len() * 8)?;
+        for &(to, s) in &kept {
+            let from = (s / inner) % len;
+            out[to * 8..(to + 1) * 8].copy_from_slice(&(from as i64).to_le_bytes());
         }
     }
     Ok(())

@@ -18,8 +18,8 @@ use super::select::dtype_constants;
 /// Most dims the kernel indexes.
 const MAX_RANK: usize = 8;
 /// Parameter words: elements, rank, shape[8], the input's byte address and strides, the values'
-/// byte address, the indices' element offset, the output's stride along the dim.
-const WORDS: usize = 2 + MAX_RANK + 1 + MAX_RANK + 3;
+/// byte address, the indices' element offset, the product of the dims after the dim, k.
+const WORDS: usize = 2 + MAX_RANK + 1 + MAX_RANK + 4;
 
 /// The sort of `d`, whose regions the caller checked, in one launch.
 fn sort(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &SortDesc) -> Result<()> {
@@ -32,7 +32,8 @@ fn sort(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &SortDesc) -> Result<()> 
         ),
     };
     let n = d.input.layout.numel();
-    if n == 0 {
+    let kept = d.output_shape().iter().product::<usize>();
+    if n == 0 || kept == 0 {
         return Ok(());
     }
     if shape.len() > MAX_RANK {
@@ -64,7 +65,7 @@ fn sort(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &SortDesc) -> Result<()> 
         let Some((binding, first)) = mem.view_elements(ptr, 0, size)? else {
             return Err(beyond("the values"));
         };
-        word((first + n) * size)?;
+        word((first + kept) * size)?;
         p[19] = word(first * size)?;
         vals = binding;
     }
@@ -73,11 +74,12 @@ fn sort(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &SortDesc) -> Result<()> 
         let Some((binding, first)) = mem.view_elements(ptr, 0, 8)? else {
             return Err(beyond("the indices"));
         };
-        word((first + n) * 8)?;
+        word((first + kept) * 8)?;
         p[20] = word(first)?;
         idx = binding;
     }
     p[21] = word(contiguous_strides(shape)[d.dim])?;
+    p[22] = word(d.k)?;
     let mut constants = dtype_constants(d.dtype).to_vec();
     constants.extend([
         ("DIM", d.dim as u64),

@@ -1,8 +1,9 @@
 // Stable sorts along one dim (module `sort`), by ranks: `sort_<dtype>(x, values, indices, g,
 // descending)`, the meaning of the reference backend's (backends/reference/sort.rs). One thread per
 // element (grid-stride, 64-bit offsets) counts the elements of its line that come before it in the
-// sort's total order, or equal it at an earlier position, and writes itself at that rank: its value
-// to `values` and its position along the dim to `indices` (either pointer may be null). The ranks of
+// sort's total order, or equal it at an earlier position, and writes itself at that rank when the
+// rank is below k: its value to `values` and its position along the dim to `indices` (either pointer
+// may be null). The ranks of
 // a line are a permutation, so every output element is written once. O(len) per element.
 //
 // The order: NaN after every number, -0 equal to +0 (keys as `Key<T>` in common.cuh: f16 and bf16
@@ -14,7 +15,8 @@ struct SortGeometry {
     i64 x_strides[TORSH_MAX_RANK];
     i64 x_offset;
     i64 n;          // elements
-    i64 out_stride; // the dense outputs' stride along `dim`
+    i64 inner;      // the product of the dims after `dim`
+    i64 k;          // ranks written: the outputs have x's shape with `dim` cut to k
     int rank;
     int dim;
 };
@@ -57,7 +59,10 @@ __device__ void sort_body(const T* x, T* values, i64* indices, const SortGeometr
                 ++rank;
             }
         }
-        const i64 out = e + (rank - pos) * g.out_stride;
+        if (rank >= g.k) {
+            continue;
+        }
+        const i64 out = (e / (len * g.inner) * g.k + rank) * g.inner + e % g.inner;
         if (values) {
             values[out] = x[at];
         }
@@ -68,7 +73,7 @@ __device__ void sort_body(const T* x, T* values, i64* indices, const SortGeometr
 }
 
 // sort_<dtype>(x, values, indices, g, descending): values (null: not written) and indices (i64;
-// null: not written) dense with x's shape.
+// null: not written) dense with x's shape cut to k along `dim`.
 #define ENTRY(S, T)                                                                               \
     extern "C" __global__ void sort_##S(const T* x, T* values, i64* indices, SortGeometry g,      \
                                         int descending) {                                         \

@@ -1,8 +1,8 @@
 // Stable sorts along one dim (`SortDesc`) by ranks: one invocation per element counts the elements
 // of its line (the positions sharing every coordinate but DIM) that come before it in the sort's
 // total order, or equal it at an earlier position, and writes itself at that rank: its bits to
-// `vals` (VALUES) and its position along DIM as an i64 to `idx` (INDICES). The ranks of a line are
-// a permutation, so every output element is written once. O(len) per element: lines longer than
+// `vals` (VALUES) and its position along DIM as an i64 to `idx` (INDICES) when its rank is below k.
+// The ranks of a line are a permutation, so every output element is written once. O(len) per element: lines longer than
 // the loop budget are refused on the host.
 //
 // The order needs no float arithmetic (see order.wgsl): NaN after every number, -0 equal to +0;
@@ -10,7 +10,8 @@
 //
 // Parameter words (`p`): [0] elements, [1] rank (at most 8), [2..10) the input's shape, [10] the
 // input's byte address, [11..19) its strides (elements), [19] the byte address of `vals`, [20] the
-// element offset of `idx` (i64 elements), [21] the output's stride along DIM (dense).
+// element offset of `idx` (i64 elements), [21] the product of the dims after DIM, [22] k: the ranks
+// written (the outputs have the input's shape with DIM cut to k).
 
 override DIM: u32 = 0u;
 override DESCENDING: bool = false;
@@ -27,7 +28,8 @@ const SHAPE: u32 = 2u;
 const X_VIEW: u32 = 10u;
 const VALS_AT: u32 = 19u;
 const IDX_AT: u32 = 20u;
-const OUT_STRIDE: u32 = 21u;
+const INNER: u32 = 21u;
+const K: u32 = 22u;
 
 // The element whose first byte is `at`, as (low word, high word).
 fn load_x(at: u32) -> vec2<u32> {
@@ -101,7 +103,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
             rank++;
         }
     }
-    let out = e - pos * p[OUT_STRIDE] + rank * p[OUT_STRIDE];
+    if (rank >= p[K]) {
+        return;
+    }
+    let inner = p[INNER];
+    let out = (e / (len * inner) * p[K] + rank) * inner + e % inner;
     if (VALUES) {
         let byte = p[VALS_AT] + out * WIDTH;
         if (WIDTH == 8u) {
