@@ -251,4 +251,22 @@ mod tests {
         assert_eq!(DType::from_name("f8"), None);
         assert!(DType::F16.is_float() && !DType::U8.is_float());
     }
+
+    #[test]
+    fn element_bits_encode_as_the_reference_does() {
+        assert_eq!(element_bits(DType::F32, 1.5), u64::from(1.5f32.to_bits()));
+        assert_eq!(element_bits(DType::F64, -0.375), (-0.375f64).to_bits());
+        assert_eq!(element_bits(DType::F16, 1.0), 0x3c00);
+        assert_eq!(element_bits(DType::BF16, -2.0), 0xc000);
+        // Overflows to +inf.
+        assert_eq!(element_bits(DType::F16, 1e6), 0x7c00);
+        // Float → integer: truncation toward zero, saturation, NaN → 0.
+        assert_eq!(element_bits(DType::I32, -2.9), u64::from((-2i32) as u32));
+        assert_eq!(element_bits(DType::I32, 1e12), u64::from(i32::MAX as u32));
+        assert_eq!(element_bits(DType::I32, f64::NAN), 0);
+        assert_eq!(element_bits(DType::I64, -1e30), i64::MIN as u64);
+        assert_eq!(element_bits(DType::U8, 300.7), 255);
+        assert_eq!(element_bits(DType::U8, -5.0), 0);
+        assert_eq!(element_bits(DType::U8, 7.99), 7);
+    }
 }

@@ -4,7 +4,7 @@
 use crate::backends::reference::ReferenceBackend;
 use crate::compute::op::OpImpl;
 use crate::compute::{CompareDesc, CompareOp, Value, WhereDesc};
-use crate::dtype::{decode, decode_int, encode, DType};
+use crate::dtype::{decode, decode_int, element_bits, DType};
 use crate::error::Result;
 
 use super::memory::HostMemory;
@@ -45,9 +45,7 @@ fn values<T: Copy>(
 /// `value` as one element of `dtype` (rounded to nearest for floats; integers were checked whole
 /// and in range).
 pub(crate) fn scalar_bytes(dtype: DType, value: f64) -> Vec<u8> {
-    let mut b = [0u8; 8];
-    encode(dtype, value, &mut b);
-    b[..dtype.size_in_bytes()].to_vec()
+    element_bits(dtype, value).to_le_bytes()[..dtype.size_in_bytes()].to_vec()
 }
 
 /// `output[i] = op(lhs[i], rhs[i])` as 0 or 1.

@@ -209,7 +209,7 @@ pub(crate) const CAST: Module = wgsl!("cast.wgsl", 2, ["cast.wgsl"]);
 pub(crate) const INDEX: Module = wgsl!("index.wgsl", 4, ["index.wgsl"]);
 
 /// `shaders/scan.wgsl`: cumulative sums and products along a dim, f32 (input, output).
-pub(crate) const SCAN: Module = wgsl!("scan.wgsl", 2, ["scan.wgsl"]);
+pub(crate) const SCAN: Module = wgsl!("scan.wgsl", 2, ["wide.wgsl", "scan.wgsl"]);
 
 /// `shaders/select.wgsl`: comparisons and selection by a mask, any dtype (a, b, c, output).
 pub(crate) const SELECT: Module = wgsl!("select.wgsl", 4, ["order.wgsl", "select.wgsl"]);
@@ -218,10 +218,18 @@ pub(crate) const SELECT: Module = wgsl!("select.wgsl", 4, ["order.wgsl", "select
 pub(crate) const SORT: Module = wgsl!("sort.wgsl", 3, ["order.wgsl", "sort.wgsl"]);
 
 /// `shaders/random.wgsl`: uniform and normal fills (output) of f32 elements.
-pub(crate) const RANDOM: Module = wgsl!("random.wgsl", 1, ["elem_f32.wgsl", "random.wgsl"]);
+pub(crate) const RANDOM: Module = wgsl!(
+    "random.wgsl",
+    1,
+    ["elem_f32.wgsl", "wide.wgsl", "random.wgsl"]
+);
 
 /// [`RANDOM`] of f16 elements, for devices with `SHADER_F16`.
-pub(crate) const RANDOM_F16: Module = wgsl!("random.wgsl+f16", 1, ["elem_f16.wgsl", "random.wgsl"]);
+pub(crate) const RANDOM_F16: Module = wgsl!(
+    "random.wgsl+f16",
+    1,
+    ["elem_f16.wgsl", "wide.wgsl", "random.wgsl"]
+);
 
 /// The module of a kernel with f32 math that serves `dtype` elements, with their size in bytes:
 /// `f32` for f32, `f16` for f16 where the device has `SHADER_F16`; `None` for other dtypes (staged

@@ -19,25 +19,6 @@ const GOLDEN: vec2<u32> = vec2<u32>(0x7F4A7C15u, 0x9E3779B9u);
 const MIX1: vec2<u32> = vec2<u32>(0x1CE4E5B9u, 0xBF58476Du);
 const MIX2: vec2<u32> = vec2<u32>(0x133111EBu, 0x94D049BBu);
 
-// The 64-bit product of two 32-bit words, as (low, high).
-fn mul32(a: u32, b: u32) -> vec2<u32> {
-    let a0 = a & 0xffffu;
-    let a1 = a >> 16u;
-    let b0 = b & 0xffffu;
-    let b1 = b >> 16u;
-    let p00 = a0 * b0;
-    let p01 = a0 * b1;
-    let p10 = a1 * b0;
-    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
-    return vec2<u32>((p00 & 0xffffu) | (mid << 16u), a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
-}
-
-// a·b mod 2^64.
-fn mul64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
-    let low = mul32(a.x, b.x);
-    return vec2<u32>(low.x, low.y + a.x * b.y + a.y * b.x);
-}
-
 fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
     let lo = a.x + b.x;
     return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));

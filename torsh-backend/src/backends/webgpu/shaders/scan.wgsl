@@ -1,9 +1,9 @@
 // Inclusive scans along one dim (`ScanDesc`): y[.., i, ..] = x[.., 0, ..] + ... + x[.., i, ..] (or
 // the product, PROD), for f32 (KIND 0), 32-bit integers (KIND 1) and 64-bit integers (KIND 2: two
-// words, low first); integers wrap. One invocation per line (the positions sharing every
-// coordinate but DIM), walking indices [start, end) of DIM in order; with start > 0 the running
-// value starts from the output at start - 1, written by the launch before, so a dim longer than the
-// loop budget runs as launches over consecutive ranges.
+// words, low first; products by wide.wgsl's mul64); integers wrap. One invocation per line (the
+// positions sharing every coordinate but DIM), walking indices [start, end) of DIM in order; with
+// start > 0 the running value starts from the output at start - 1, written by the launch before, so
+// a dim longer than the loop budget runs as launches over consecutive ranges.
 //
 // Parameter words (`p`): [0] lines, [1] rank (at most 8), [2..10) the input's shape, [10] the
 // input's element offset, [11..19) its strides, [19] the output's element offset, [20..28) its
@@ -48,19 +48,6 @@ fn store_y(at: u32, v: vec2<u32>) {
     }
 }
 
-// The full 64-bit product of two words, as (low, high).
-fn mul_wide(a: u32, b: u32) -> vec2<u32> {
-    let a0 = a & 0xffffu;
-    let a1 = a >> 16u;
-    let b0 = b & 0xffffu;
-    let b1 = b >> 16u;
-    let p00 = a0 * b0;
-    let p01 = a0 * b1;
-    let p10 = a1 * b0;
-    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
-    return vec2<u32>((p00 & 0xffffu) | (mid << 16u), a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
-}
-
 fn combine(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
     if (KIND == 0u) {
         let fa = bitcast<f32>(a.x);
@@ -71,8 +58,7 @@ fn combine(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
         return vec2<u32>(select(a.x + b.x, a.x * b.x, PROD), 0u);
     }
     if (PROD) {
-        let low = mul_wide(a.x, b.x);
-        return vec2<u32>(low.x, low.y + a.y * b.x + a.x * b.y);
+        return mul64(a, b);
     }
     let lo = a.x + b.x;
     return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
