@@ -198,6 +198,11 @@ pub(crate) fn element_bits(dtype: DType, v: f64) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// `v` as the nearest value of `dtype` (encoded, then decoded), as f64.
+pub(crate) fn rounded(dtype: DType, v: f64) -> f64 {
+    decode(dtype, &element_bits(dtype, v).to_le_bytes())
+}
+
 /// Encodes integer `v` as `dtype`, wrapping for narrower integers and rounding for floats.
 pub(crate) fn encode_int(dtype: DType, v: i64, out: &mut [u8]) {
     match dtype {

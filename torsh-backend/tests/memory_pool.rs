@@ -285,3 +285,25 @@ fn blocks_freed_while_another_stream_may_use_them_wait_for_it() {
         assert_eq!(b.memory_stats().allocated_bytes, 0, "{kind}");
     }
 }
+
+#[test]
+fn scalar_operands_allocate_nothing_but_the_output() {
+    for plain in backends() {
+        let kind = plain.backend_type();
+        let b = pooled(kind, MemoryPoolConfig::default());
+        let x = b.randn(&[7, 5], DType::F32).unwrap().t().unwrap();
+        let mask = x.gt_scalar(0.0).unwrap();
+        let count = || b.memory_stats().alloc_count;
+        let check = |name: &str, run: &dyn Fn() -> Result<Tensor>| {
+            let before = count();
+            let y = run().unwrap();
+            assert_eq!(count() - before, 1, "{kind} {name}: only the output");
+            assert_eq!(y.shape(), x.shape());
+        };
+        check("add_scalar", &|| x.add_scalar(0.5));
+        check("pow_scalar", &|| x.pow_scalar(2.0));
+        check("lt_scalar", &|| x.lt_scalar(0.25));
+        check("masked_fill", &|| x.masked_fill(&mask, -1.0));
+        check("clamp", &|| x.clamp(Some(-0.5), Some(0.5)));
+    }
+}

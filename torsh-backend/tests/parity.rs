@@ -451,3 +451,25 @@ fn sorts_order_special_values_as_pytorch_on_every_backend() {
         }
     }
 }
+
+#[test]
+fn scalar_operands_round_to_the_dtype_before_the_op() {
+    // 1 + s, where s rounds to exactly half an ulp of 1 in the dtype: rounded first, the sum is a
+    // tie and rounds to even (1); computed with the unrounded s, it lands above the tie.
+    let cases = [
+        (DType::F32, -24, -50),
+        (DType::F16, -11, -22),
+        (DType::BF16, -8, -19),
+    ];
+    for b in common::backends() {
+        for (dtype, half_ulp, tail) in cases {
+            let (half, s) = (2f64.powi(half_ulp), 2f64.powi(half_ulp) + 2f64.powi(tail));
+            let x = b.from_f64(&[1.0, -3.0, 2.0], &[3], dtype).unwrap();
+            let got = x.add_scalar(s).unwrap().to_vec_f64().unwrap();
+            assert_eq!(got[0], 1.0, "{} {dtype}", b.backend_type());
+            // The same through the clamp's in-place second bound.
+            let got = x.clamp(Some(-5.0), Some(s)).unwrap().to_vec_f64().unwrap();
+            assert_eq!(got, [half, -3.0, half], "{} {dtype}", b.backend_type());
+        }
+    }
+}

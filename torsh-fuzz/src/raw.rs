@@ -136,20 +136,27 @@ fn generate_op(rng: &mut Rng) -> RawOp {
         }
         5 => {
             let b = rng.pick(BinaryOp::ALL);
-            op(
-                format!("binary {}", b.name()),
-                &[(bytes, false), (bytes, false), (bytes, true)],
-                true,
-                move |c, p| {
-                    c.binary(&BinaryDesc {
-                        op: b,
-                        dtype: F32,
-                        lhs: StridedBuf::contiguous(p[0], &[n]),
-                        rhs: StridedBuf::contiguous(p[1], &[n]),
-                        output: p[2],
-                    })
-                },
-            )
+            // Half the time the right operand is a scalar in the descriptor.
+            let scalar = rng.chance(0.5);
+            let operands: &[(usize, bool)] = if scalar {
+                &[(bytes, false), (bytes, true)]
+            } else {
+                &[(bytes, false), (bytes, false), (bytes, true)]
+            };
+            let name = format!("binary {}{}", b.name(), if scalar { " scalar" } else { "" });
+            op(name, operands, true, move |c, p| {
+                let rhs = match scalar {
+                    true => Value::Scalar(-1.25),
+                    false => Value::Tensor(StridedBuf::contiguous(p[1], &[n])),
+                };
+                c.binary(&BinaryDesc {
+                    op: b,
+                    dtype: F32,
+                    lhs: StridedBuf::contiguous(p[0], &[n]),
+                    rhs,
+                    output: p[p.len() - 1],
+                })
+            })
         }
         6 => {
             let (m, k, nn) = (rng.range(1, 9), rng.range(1, 9), rng.range(1, 9));

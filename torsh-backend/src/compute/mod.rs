@@ -56,23 +56,11 @@ pub(crate) fn unscale_by_parts<B: ComputeBackend + ?Sized>(
         return Ok(());
     }
     let size = desc.dtype.size_in_bytes();
-    let scale = scratch.alloc(size)?;
-    device.fill(&FillDesc {
-        dtype: desc.dtype,
-        ptr: scale,
-        len: 1,
-        value: desc.inv_scale,
-    })?;
-    let dense = StridedBuf::contiguous(desc.input, &[desc.len]);
-    let broadcast = StridedBuf {
-        ptr: scale,
-        layout: crate::shape::Layout::new(vec![desc.len], vec![0], 0)?,
-    };
     device.binary(&BinaryDesc {
         op: BinaryOp::Mul,
         dtype: desc.dtype,
-        lhs: dense,
-        rhs: broadcast,
+        lhs: StridedBuf::contiguous(desc.input, &[desc.len]),
+        rhs: Value::Scalar(desc.inv_scale),
         output: desc.output,
     })?;
     // max |x| is NaN when any element is NaN and inf when any is infinite.

@@ -1,7 +1,7 @@
 //! Unary and binary elementwise ops. Binary ops broadcast like NumPy; operands may be any strided view.
 
 use crate::backend::Backend;
-use crate::compute::{BinaryDesc, BinaryOp, UnaryDesc, UnaryOp};
+use crate::compute::{BinaryDesc, BinaryOp, UnaryDesc, UnaryOp, Value};
 use crate::error::Result;
 use crate::shape::broadcast_shapes;
 use crate::tensor::Tensor;
@@ -31,16 +31,38 @@ impl Backend {
             op,
             dtype,
             lhs: a.strided_buf(),
-            rhs: b.strided_buf(),
+            rhs: Value::Tensor(b.strided_buf()),
             output: out.data_ptr(),
         })?;
         Ok(out)
     }
 
-    /// `op(x, scalar)` elementwise; the scalar is rounded to `x`'s dtype first.
+    /// `op(x, scalar)` elementwise, into a new contiguous tensor; the scalar is rounded to `x`'s
+    /// dtype first and travels in the op's descriptor, so the output is the only allocation and
+    /// the op one launch. Errors as [`Backend::binary`].
     pub fn binary_scalar(&self, op: BinaryOp, x: &Tensor, scalar: f64) -> Result<Tensor> {
-        let s = self.full(&[], scalar, x.dtype())?;
-        self.binary(op, x, &s)
+        let dtype = self.check_operands(op.name(), &[x])?;
+        let out = self.empty(x.shape(), dtype)?;
+        self.binary_scalar_into(op, x, scalar, &out)?;
+        Ok(out)
+    }
+
+    /// `op(x, scalar)` written into `out`, a contiguous tensor of `x`'s shape and dtype that may be
+    /// `x` itself. Errors as [`Backend::binary`].
+    pub(crate) fn binary_scalar_into(
+        &self,
+        op: BinaryOp,
+        x: &Tensor,
+        scalar: f64,
+        out: &Tensor,
+    ) -> Result<()> {
+        self.compute().binary(&BinaryDesc {
+            op,
+            dtype: x.dtype(),
+            lhs: x.strided_buf(),
+            rhs: Value::Scalar(scalar),
+            output: out.data_ptr(),
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 //! (`sum_dims`, `mean_dims`, `max_dims`, `min_dims`) with `keepdim`.
 
 use crate::backend::Backend;
-use crate::compute::ReduceOp;
+use crate::compute::{BinaryOp, ReduceOp};
 use crate::error::{BackendError, Result};
 use crate::shape::normalize_axis;
 use crate::tensor::Tensor;
@@ -186,24 +186,24 @@ impl Backend {
 
     /// PyTorch's `clamp`: each element of `x` limited to `[min, max]` (either bound optional), as
     /// `minimum(maximum(x, min), max)`, so NaN stays NaN and `min > max` gives `max` everywhere.
-    /// Errors: `InvalidArgument` when neither bound is given, and those of the elementwise ops.
+    /// One new tensor; the second bound applies in place. Errors: `InvalidArgument` when neither
+    /// bound is given, and those of the elementwise ops.
     pub fn clamp(&self, x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
         let op = "clamp";
         self.check_owner(op, x)?;
-        let mut out = match (min, max) {
-            (None, None) => {
-                return Err(BackendError::invalid(
-                    op,
-                    "clamp needs a min, a max or both",
-                ))
+        match (min, max) {
+            (None, None) => Err(BackendError::invalid(
+                op,
+                "clamp needs a min, a max or both",
+            )),
+            (Some(lo), None) => x.maximum_scalar(lo),
+            (None, Some(hi)) => x.minimum_scalar(hi),
+            (Some(lo), Some(hi)) => {
+                let out = x.maximum_scalar(lo)?;
+                self.binary_scalar_into(BinaryOp::Minimum, &out, hi, &out)?;
+                Ok(out)
             }
-            (Some(lo), _) => x.maximum_scalar(lo)?,
-            (None, Some(_)) => x.clone(),
-        };
-        if let Some(hi) = max {
-            out = out.minimum_scalar(hi)?;
         }
-        Ok(out)
     }
 
     /// Reduces `x` over several dims at once (negative counts from the end; no dims: a copy), the

@@ -354,6 +354,12 @@ fn binary(i: &mut Inputs) -> Result<Vec<Tensor>> {
             out.push(i.backend().binary(op, &c, &row)?);
         }
     }
+    // Scalars in the descriptor, on a strided view.
+    let strided = a.permute(&[2, 0, 1])?;
+    for &op in BinaryOp::ALL {
+        let s = if op == BinaryOp::Pow { 1.3 } else { -0.3 };
+        out.push(i.backend().binary_scalar(op, &strided, s)?);
+    }
     out.push(c.mul_scalar(-1.75)?);
     Ok(out)
 }

@@ -502,7 +502,7 @@ fn exact_in_place_elementwise_is_allowed() {
             op: BinaryOp::Add,
             dtype: DType::F32,
             lhs: StridedBuf::contiguous(p, &[4]),
-            rhs: StridedBuf::contiguous(ones, &[4]),
+            rhs: Value::Tensor(StridedBuf::contiguous(ones, &[4])),
             output: p,
         }));
         assert_eq!(download(c, p, 4), vec![1.0, 5.0, 1.0, 17.0]);
@@ -511,13 +511,22 @@ fn exact_in_place_elementwise_is_allowed() {
             op: BinaryOp::Mul,
             dtype: DType::F32,
             lhs: StridedBuf::contiguous(p, &[4]),
-            rhs: StridedBuf {
+            rhs: Value::Tensor(StridedBuf {
                 ptr: ten,
                 layout: assert_ok!(Layout::contiguous(&[1]).broadcast_to(&[4])),
-            },
+            }),
             output: p,
         }));
         assert_eq!(download(c, p, 4), vec![10.0, 50.0, 10.0, 170.0]);
+        // and with a scalar right operand
+        assert_ok!(c.binary(&BinaryDesc {
+            op: BinaryOp::Sub,
+            dtype: DType::F32,
+            lhs: StridedBuf::contiguous(p, &[4]),
+            rhs: Value::Scalar(0.5),
+            output: p,
+        }));
+        assert_eq!(download(c, p, 4), vec![9.5, 49.5, 9.5, 169.5]);
 
         // the tensor API never writes into its input
         let x = t(&b, &[-1.0, 2.0], &[2]);

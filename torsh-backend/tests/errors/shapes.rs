@@ -448,7 +448,7 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
                 op: BinaryOp::Add,
                 dtype: DType::F32,
                 lhs: StridedBuf::contiguous(x, &[2, 3]),
-                rhs: StridedBuf::contiguous(y, &[3, 2]),
+                rhs: Value::Tensor(StridedBuf::contiguous(y, &[3, 2])),
                 output: out,
             }),
             ShapeMismatch
@@ -593,7 +593,7 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
                 op: BinaryOp::Mul,
                 dtype: DType::U8,
                 lhs: StridedBuf::contiguous(x, &[4]),
-                rhs: StridedBuf::contiguous(y, &[4]),
+                rhs: Value::Tensor(StridedBuf::contiguous(y, &[4])),
                 output: out,
             }),
             Unsupported

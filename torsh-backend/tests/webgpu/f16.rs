@@ -135,6 +135,18 @@ fn f16_elementwise_and_products_run_natively_and_match_the_staged_path_bit_for_b
         let (a, b) = pair(&xs16, &ys16);
         let want = f16_bits(&staged.binary(op, &a, &b).unwrap());
         assert_eq!(got, want, "{op:?} at an odd offset, broadcast");
+        // A scalar right operand, at an odd offset.
+        let got = f16_bits(
+            &native
+                .binary_scalar(op, &xn.narrow(0, 1, 7).unwrap(), 1.3)
+                .unwrap(),
+        );
+        let want = f16_bits(
+            &staged
+                .binary_scalar(op, &xs16.narrow(0, 1, 7).unwrap(), 1.3)
+                .unwrap(),
+        );
+        assert_eq!(got, want, "{op:?} with a scalar");
     }
     // Products: f32 accumulation on f16 storage, one rounding, as the staged path (GEMM with a
     // transposed operand and beta, batched GEMM, GEMV with beta, conv2d padded and strided with bias,

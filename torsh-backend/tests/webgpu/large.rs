@@ -84,6 +84,11 @@ fn tensors_larger_than_one_binding_run_elementwise_ops_in_pieces_and_views_throu
     let twice = b.binary(torsh_backend::BinaryOp::Add, &big, &big).unwrap();
     let twice = twice.to_vec::<f32>().unwrap();
     assert!(twice.iter().zip(&host).all(|(t, x)| *t == x + x));
+    let halved = b
+        .binary_scalar(torsh_backend::BinaryOp::Mul, &big, 0.5)
+        .unwrap();
+    let halved = halved.to_vec::<f32>().unwrap();
+    assert!(halved.iter().zip(&host).all(|(h, x)| *h == x * 0.5));
     let halves = big.cast(DType::F16).unwrap().to_vec::<half::f16>().unwrap();
     assert!(halves
         .iter()
@@ -91,7 +96,7 @@ fn tensors_larger_than_one_binding_run_elementwise_ops_in_pieces_and_views_throu
         .all(|(h, x)| *h == half::f16::from_f32(*x)));
     let zeros = b.zeros(&[n], DType::F32).unwrap().to_vec::<f32>().unwrap();
     assert!(zeros.iter().all(|&z| z == 0.0));
-    drop((exp, twice, halves, zeros));
+    drop((exp, twice, halved, halves, zeros));
     // Random fills in pieces continue the stream: element i is the reference's element i (values
     // formed in f32 here, in f64 there), across the piece boundaries.
     b.manual_seed(41);
@@ -835,6 +840,8 @@ fn elementwise_ops_copies_and_casts_whose_leading_indices_each_exceed_a_binding(
                     &column.narrow(0, 0, 2).unwrap(),
                 )
                 .unwrap(),
+                be.binary_scalar(BinaryOp::Div, &tall.t().unwrap(), -0.3)
+                    .unwrap(),
                 tall.t().unwrap().contiguous().unwrap(),
                 tall.t().unwrap().cast(DType::F32).unwrap(),
                 wide.t().unwrap().cast(DType::BF16).unwrap(),
@@ -845,6 +852,7 @@ fn elementwise_ops_copies_and_casts_whose_leading_indices_each_exceed_a_binding(
             "add a row",
             "mul by a column",
             "sub",
+            "div by a scalar",
             "copy of a transposed view",
             "cast of a transposed view",
             "cast of another",

@@ -130,7 +130,7 @@ fn memory(
                 },
                 dtype: dt,
                 lhs: dense(&x),
-                rhs: dense(&y),
+                rhs: Value::Tensor(dense(&y)),
                 output: out.data_ptr(),
             };
             Box::new(move || {

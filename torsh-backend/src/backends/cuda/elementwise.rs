@@ -31,7 +31,7 @@ use super::{driver_error, Gpu};
 use crate::backends::cuda::CudaBackend;
 use crate::compute::op::OpImpl;
 use crate::compute::*;
-use crate::dtype::DType;
+use crate::dtype::{element_bits, DType};
 use crate::error::{BackendError, Result};
 use crate::shape::{coalesce, Layout};
 
@@ -42,22 +42,37 @@ pub(crate) fn unary(gpu: &Gpu, d: &UnaryDesc) -> Result<()> {
         return Ok(());
     }
     check_aligned(OP, d.dtype, &[d.input.ptr, d.output])?;
-    let code = Some(d.op.code() as i32);
+    let tail = Tail::code(d.op.code() as i32);
     let dtypes = (d.dtype, d.dtype);
-    launch_elementwise(gpu, OP, unary_plan(d)?, [&d.input], d.output, dtypes, code)
+    launch_elementwise(gpu, OP, unary_plan(d)?, [&d.input], d.output, dtypes, tail)
 }
 
-/// `output[i] = op(lhs[i], rhs[i])` over the (broadcast) views, in the dtype's accumulator.
+/// `output[i] = op(lhs[i], rhs[i])` over the (broadcast) views, in the dtype's accumulator; a
+/// scalar `rhs` travels as its element bits, encoded here as the reference encodes it.
 pub(crate) fn binary(gpu: &Gpu, d: &BinaryDesc) -> Result<()> {
     const OP: &str = "binary";
     if d.lhs.layout.numel() == 0 {
         return Ok(());
     }
-    check_aligned(OP, d.dtype, &[d.lhs.ptr, d.rhs.ptr, d.output])?;
-    let code = Some(d.op.code() as i32);
-    let inputs = [&d.lhs, &d.rhs];
     let dtypes = (d.dtype, d.dtype);
-    launch_elementwise(gpu, OP, binary_plan(d)?, inputs, d.output, dtypes, code)
+    let code = d.op.code() as i32;
+    match &d.rhs {
+        Value::Tensor(rhs) => {
+            check_aligned(OP, d.dtype, &[d.lhs.ptr, rhs.ptr, d.output])?;
+            let tail = Tail::code(code);
+            let plan = binary_plan(d, rhs)?;
+            launch_elementwise(gpu, OP, plan, [&d.lhs, rhs], d.output, dtypes, tail)
+        }
+        &Value::Scalar(s) => {
+            check_aligned(OP, d.dtype, &[d.lhs.ptr, d.output])?;
+            let tail = Tail {
+                code: Some(code),
+                scalar: Some(element_bits(d.dtype, s)),
+            };
+            let plan = binary_scalar_plan(d)?;
+            launch_elementwise(gpu, OP, plan, [&d.lhs], d.output, dtypes, tail)
+        }
+    }
 }
 
 /// Sets `len` elements to `value`, encoded on the host exactly as the reference encodes it.
@@ -156,14 +171,34 @@ pub(crate) fn cast(gpu: &Gpu, d: &CastDesc) -> Result<()> {
     check_aligned(OP, d.src_dtype, &[d.input.ptr])?;
     check_aligned(OP, d.dst_dtype, &[d.output])?;
     let dtypes = (d.src_dtype, d.dst_dtype);
-    launch_elementwise(gpu, OP, cast_plan(d)?, [&d.input], d.output, dtypes, None)
+    let tail = Tail::default();
+    launch_elementwise(gpu, OP, cast_plan(d)?, [&d.input], d.output, dtypes, tail)
+}
+
+/// The arguments of an elementwise kernel after `n`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tail {
+    /// The op's code, for the unary and binary kernels.
+    code: Option<i32>,
+    /// A scalar right operand's element bits, for the `binary_scalar*` kernels.
+    scalar: Option<u64>,
+}
+
+impl Tail {
+    /// The op's code alone.
+    fn code(code: i32) -> Tail {
+        Tail {
+            code: Some(code),
+            scalar: None,
+        }
+    }
 }
 
 /// Launches an elementwise kernel over the elements of `inputs` (each of the output's shape): on
-/// [`Operands::Dense`] ones `entry(x₀, …, output, n[, code])`, on [`Operands::Strided`] ones
-/// `entry(ptr₀, strided₀, …, output, n[, code])`, where `code` is the op's code for the unary and
-/// binary kernels (`None` for casts) and `(src, dst)` are the input and output dtypes, which size the
-/// vector kernels' grid. The caller checked the regions and the pointers' alignment.
+/// [`Operands::Dense`] ones `entry(x₀, …, output, n[, code][, scalar])`, on [`Operands::Strided`]
+/// ones `entry(ptr₀, strided₀, …, output, n[, code][, scalar])`, with the [`Tail`]'s arguments;
+/// `(src, dst)` are the input and output dtypes, which size the vector kernels' grid. The caller
+/// checked the regions and the pointers' alignment.
 fn launch_elementwise<const K: usize>(
     gpu: &Gpu,
     op: &'static str,
@@ -171,7 +206,7 @@ fn launch_elementwise<const K: usize>(
     inputs: [&StridedBuf; K],
     output: DevicePtr,
     (src, dst): (DType, DType),
-    code: Option<i32>,
+    tail: Tail,
 ) -> Result<()> {
     let numel = inputs.first().map_or(0, |b| b.layout.numel());
     let f = kernel(gpu, entry)?;
@@ -192,14 +227,19 @@ fn launch_elementwise<const K: usize>(
         }
     };
     b.arg(&output.0).arg(&n);
-    if let Some(code) = &code {
+    if let Some(code) = &tail.code {
         b.arg(code);
+    }
+    if let Some(bits) = &tail.scalar {
+        b.arg(bits);
     }
     // SAFETY: the caller checked every region against live allocations and for aliasing, and every
     // pointer's alignment; the arguments match the kernels' signatures:
     // `unary_vec_<dtype>(const T*, T*, i64, int)`, `unary_<dtype>(const T*, Strided, T*, i64, int)`,
     // `binary_vec_<dtype>(const T*, const T*, T*, i64, int)`,
     // `binary_<dtype>(const T*, Strided, const T*, Strided, T*, i64, int)`,
+    // `binary_scalar_vec_<dtype>(const T*, T*, i64, int, u64)`,
+    // `binary_scalar_<dtype>(const T*, Strided, T*, i64, int, u64)`,
     // `cast_vec_<src>_<dst>(const S*, D*, i64)` and `cast_<src>_<dst>(const S*, Strided, D*, i64)`.
     unsafe { b.launch(cfg) }.map_err(|e| driver_error(op, e))?;
     Ok(())
@@ -229,13 +269,24 @@ fn unary_plan(d: &UnaryDesc) -> Result<(Entry, Operands<1>)> {
     Ok((entry, operands))
 }
 
-/// The kernel and operands of a binary op: `binary_vec_<dtype>` when [`operands`] finds them dense
-/// (no broadcast) and aligned, else `binary_<dtype>`.
-fn binary_plan(d: &BinaryDesc) -> Result<(Entry, Operands<2>)> {
-    let operands = operands("binary", d.dtype, [&d.lhs, &d.rhs], d.output, true)?;
+/// The kernel and operands of a binary op with the view `rhs`: `binary_vec_<dtype>` when
+/// [`operands`] finds them dense (no broadcast) and aligned, else `binary_<dtype>`.
+fn binary_plan(d: &BinaryDesc, rhs: &StridedBuf) -> Result<(Entry, Operands<2>)> {
+    let operands = operands("binary", d.dtype, [&d.lhs, rhs], d.output, true)?;
     let entry = match operands {
-        Operands::Dense(_) => binary_vec_entry(d.dtype),
-        Operands::Strided(_) => binary_entry(d.dtype),
+        Operands::Dense(_) => binary_entry(d.dtype, "binary_vec"),
+        Operands::Strided(_) => binary_entry(d.dtype, "binary"),
+    };
+    Ok((entry, operands))
+}
+
+/// The kernel and operand of a binary op with a scalar `rhs`: `binary_scalar_vec_<dtype>` when
+/// [`operands`] finds `lhs` dense and aligned, else `binary_scalar_<dtype>`.
+fn binary_scalar_plan(d: &BinaryDesc) -> Result<(Entry, Operands<1>)> {
+    let operands = operands("binary", d.dtype, [&d.lhs], d.output, true)?;
+    let entry = match operands {
+        Operands::Dense(_) => binary_entry(d.dtype, "binary_scalar_vec"),
+        Operands::Strided(_) => binary_entry(d.dtype, "binary_scalar"),
     };
     Ok((entry, operands))
 }
@@ -333,18 +384,9 @@ fn unary_vec_entry(dtype: DType) -> Entry {
     ("unary", Some(dtype), format!("unary_vec_{}", suffix(dtype)))
 }
 
-/// `binary_<dtype>` in `binary.cu`.
-fn binary_entry(dtype: DType) -> Entry {
-    ("binary", Some(dtype), format!("binary_{}", suffix(dtype)))
-}
-
-/// `binary_vec_<dtype>` in `binary.cu`.
-fn binary_vec_entry(dtype: DType) -> Entry {
-    (
-        "binary",
-        Some(dtype),
-        format!("binary_vec_{}", suffix(dtype)),
-    )
+/// `<kernel>_<dtype>` in `binary.cu` (`binary`, `binary_vec`, `binary_scalar`, `binary_scalar_vec`).
+fn binary_entry(dtype: DType, kernel: &str) -> Entry {
+    ("binary", Some(dtype), format!("{kernel}_{}", suffix(dtype)))
 }
 
 /// `random_<dtype>` in `random.cu`.
@@ -682,21 +724,24 @@ mod tests {
 
     #[test]
     fn binary_vectorises_only_dense_aligned_unbroadcast_operands() {
-        let desc = |lhs: StridedBuf, rhs: StridedBuf| BinaryDesc {
-            op: BinaryOp::Add,
-            dtype: DType::F64,
-            lhs,
-            rhs,
-            output: DevicePtr(8192),
+        let plan = |lhs: StridedBuf, rhs: StridedBuf| {
+            let d = BinaryDesc {
+                op: BinaryOp::Add,
+                dtype: DType::F64,
+                lhs,
+                rhs: Value::Tensor(rhs.clone()),
+                output: DevicePtr(8192),
+            };
+            binary_plan(&d, &rhs)
         };
-        let (e, ops) = binary_plan(&desc(view(256, &[4, 6], 0), view(1024, &[4, 6], 2))).unwrap();
+        let (e, ops) = plan(view(256, &[4, 6], 0), view(1024, &[4, 6], 2)).unwrap();
         assert_eq!(
             e,
             ("binary", Some(DType::F64), "binary_vec_f64".to_string())
         );
         assert!(matches!(ops, Operands::Dense([256, 1040])));
         // One operand misaligned (offset of one f64).
-        let (e, _) = binary_plan(&desc(view(256, &[4, 6], 0), view(1024, &[4, 6], 1))).unwrap();
+        let (e, _) = plan(view(256, &[4, 6], 0), view(1024, &[4, 6], 1)).unwrap();
         assert_eq!(e.2, "binary_f64");
         // Broadcast: a row along the outer dim, and a scalar.
         let row = StridedBuf {
@@ -708,8 +753,37 @@ mod tests {
             layout: Layout::new(vec![4, 6], vec![0, 0], 0).unwrap(),
         };
         for rhs in [row, scalar] {
-            let (e, ops) = binary_plan(&desc(view(256, &[4, 6], 0), rhs)).unwrap();
+            let (e, ops) = plan(view(256, &[4, 6], 0), rhs).unwrap();
             assert_eq!(e.2, "binary_f64");
+            assert!(matches!(ops, Operands::Strided(_)));
+        }
+    }
+
+    #[test]
+    fn scalar_operands_take_the_scalar_kernels() {
+        let plan = |lhs: StridedBuf| {
+            binary_scalar_plan(&BinaryDesc {
+                op: BinaryOp::Mul,
+                dtype: DType::F32,
+                lhs,
+                rhs: Value::Scalar(2.5),
+                output: DevicePtr(8192),
+            })
+        };
+        let (e, ops) = plan(view(256, &[4, 6], 4)).unwrap();
+        assert_eq!(
+            e,
+            ("binary", Some(DType::F32), "binary_scalar_vec_f32".into())
+        );
+        assert!(matches!(ops, Operands::Dense([272])));
+        // Misaligned (offset of one f32), and transposed.
+        let t = StridedBuf {
+            ptr: DevicePtr(256),
+            layout: Layout::contiguous(&[6, 4]).transpose(0, 1).unwrap(),
+        };
+        for lhs in [view(256, &[4, 6], 1), t] {
+            let (e, ops) = plan(lhs).unwrap();
+            assert_eq!(e.2, "binary_scalar_f32");
             assert!(matches!(ops, Operands::Strided(_)));
         }
     }
@@ -775,8 +849,11 @@ mod tests {
         let mut entries: Vec<Entry> = Vec::new();
         for s in DType::ALL {
             if s.is_float() {
-                entries.extend([unary_entry(s), binary_entry(s), random_entry(s)]);
-                entries.extend([unary_vec_entry(s), binary_vec_entry(s)]);
+                entries.extend([unary_entry(s), unary_vec_entry(s), random_entry(s)]);
+                entries.extend(
+                    ["binary", "binary_vec", "binary_scalar", "binary_scalar_vec"]
+                        .map(|k| binary_entry(s, k)),
+                );
             }
             entries.extend([fill_entry(s), fill_vec_entry(s), copy_entry(s)]);
             entries.extend(DType::ALL.iter().map(|&d| cast_entry(s, d)));

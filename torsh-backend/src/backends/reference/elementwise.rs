@@ -1,7 +1,7 @@
 //! Unary, binary, cast, fill, strided copy and random fill.
 
 use crate::compute::{
-    BinaryDesc, CastDesc, CopyDesc, Distribution, FillDesc, RandomDesc, UnaryDesc,
+    BinaryDesc, CastDesc, CopyDesc, Distribution, FillDesc, RandomDesc, UnaryDesc, Value,
 };
 use crate::error::Result;
 use crate::rng;
@@ -10,7 +10,7 @@ use super::math;
 use super::memory::HostMemory;
 use crate::backends::reference::ReferenceBackend;
 use crate::compute::op::OpImpl;
-use crate::dtype::{decode, decode_int, encode, encode_int};
+use crate::dtype::{decode, decode_int, encode, encode_int, rounded};
 
 /// `output[i] = op(input[i])`.
 pub fn unary(mem: &mut HostMemory, d: &UnaryDesc) -> Result<()> {
@@ -19,10 +19,14 @@ pub fn unary(mem: &mut HostMemory, d: &UnaryDesc) -> Result<()> {
     mem.store(d.dtype, d.output, &y)
 }
 
-/// `output[i] = op(lhs[i], rhs[i])` over the (broadcast) views.
+/// `output[i] = op(lhs[i], rhs[i])` over the (broadcast) views; a scalar `rhs` is rounded to the
+/// dtype once.
 pub fn binary(mem: &mut HostMemory, d: &BinaryDesc) -> Result<()> {
     let a = mem.load(d.dtype, &d.lhs)?;
-    let b = mem.load(d.dtype, &d.rhs)?;
+    let b = match &d.rhs {
+        Value::Tensor(rhs) => mem.load(d.dtype, rhs)?,
+        Value::Scalar(s) => vec![rounded(d.dtype, *s); a.len()],
+    };
     let y: Vec<f64> = a
         .into_iter()
         .zip(b)

@@ -7,8 +7,8 @@
 //! answers [`Launch::Stage`], as do misaligned operands and other dtypes (f16 without `SHADER_F16`);
 //! fills and copies of those go to `cast.wgsl`, and math ops are staged (`staging.rs`).
 
-use crate::compute::{BinaryDesc, CopyDesc, FillDesc, StridedBuf, UnaryDesc};
-use crate::dtype::DType;
+use crate::compute::{BinaryDesc, CopyDesc, FillDesc, StridedBuf, UnaryDesc, Value};
+use crate::dtype::{rounded, DType};
 use crate::error::Result;
 use crate::shape::{coalesce, Layout};
 
@@ -182,24 +182,50 @@ pub(crate) fn unary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &UnaryDesc) -
     )
 }
 
-/// f32 binary op with broadcasting by strides (and f16 where the device has `SHADER_F16`).
+/// f32 binary op with broadcasting by strides (and f16 where the device has `SHADER_F16`); a scalar
+/// `rhs` travels as a parameter word (`binary_scalar`), as f32 bits of the value the caller rounded
+/// to the dtype ([`rounded_scalar`]).
 pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc) -> Result<Launch> {
     let Some((module, size)) = for_dtype(gpu, d.dtype, ELEMENTWISE, ELEMENTWISE_F16) else {
         return Ok(Launch::Stage);
     };
     let out = StridedBuf::contiguous(d.output, d.lhs.layout.shape());
-    let Some((shape, v)) = views(mem, "binary", size, [&out, &d.lhs, &d.rhs])? else {
+    let code = u64::from(d.op.code());
+    let Value::Tensor(rhs) = &d.rhs else {
+        let Some((shape, v)) = views(mem, "binary", size, [&out, &d.lhs])? else {
+            return Ok(Launch::Stage);
+        };
+        let bits = match d.rhs {
+            Value::Scalar(s) => (s as f32).to_bits(),
+            Value::Tensor(_) => 0,
+        };
+        let views = [Some(&v[0]), Some(&v[1]), None];
+        return launch(
+            gpu,
+            kernels,
+            (module, "binary_scalar"),
+            code,
+            &shape,
+            views,
+            bits,
+        );
+    };
+    let Some((shape, v)) = views(mem, "binary", size, [&out, &d.lhs, rhs])? else {
         return Ok(Launch::Stage);
     };
-    launch(
-        gpu,
-        kernels,
-        (module, "binary"),
-        u64::from(d.op.code()),
-        &shape,
-        [Some(&v[0]), Some(&v[1]), Some(&v[2])],
-        0,
-    )
+    let views = [Some(&v[0]), Some(&v[1]), Some(&v[2])];
+    launch(gpu, kernels, (module, "binary"), code, &shape, views, 0)
+}
+
+/// `desc` with a scalar `rhs` rounded to its dtype: the f32 kernels (and the f32 copies of staged
+/// operands) then compute with exactly the value the reference uses. Every float dtype's values
+/// are f32 values except f64's, which WebGPU does not compute in.
+fn rounded_scalar(desc: &BinaryDesc) -> BinaryDesc {
+    let mut d = desc.clone();
+    if let Value::Scalar(s) = &mut d.rhs {
+        *s = rounded(d.dtype, *s);
+    }
+    d
 }
 
 /// A strided f32 copy of aligned views; anything else goes to `cast.wgsl` (which moves bits as
@@ -248,6 +274,7 @@ impl OpImpl<UnaryDesc> for WebGpuBackend {
 impl OpImpl<BinaryDesc> for WebGpuBackend {
     fn op(&self, desc: &BinaryDesc) -> Result<()> {
         math_dtype("binary", desc.dtype, desc)?;
+        let desc = &rounded_scalar(desc);
         let run = |d: &BinaryDesc| self.run(d, binary);
         match self.plan(desc, desc.dtype, pieces::binary, None)? {
             Plan::Whole | Plan::PastBudget => run(desc),

@@ -1,6 +1,6 @@
 //! Elementwise descriptors: unary, binary, fill, cast, strided copy and random fill.
 
-use super::{dense_bytes, BinaryOp, StridedBuf, UnaryOp};
+use super::{check_shapes, dense_bytes, BinaryOp, StridedBuf, UnaryOp, Value};
 use crate::compute::access::{Access, Accesses, InPlace};
 use crate::compute::DevicePtr;
 use crate::dtype::DType;
@@ -35,8 +35,10 @@ impl UnaryDesc {
 }
 
 /// Elementwise binary op. `lhs` and `rhs` have the output's shape; broadcasting is expressed by
-/// stride-0 dims in their layouts. The output is contiguous and may be `lhs` or `rhs` itself when that
-/// operand is contiguous and not broadcast.
+/// stride-0 dims in their layouts. `rhs` may instead be a scalar ([`Value::Scalar`]), rounded to
+/// `dtype` once, so an op with a constant needs no allocation and no fill. The output is contiguous
+/// and may be `lhs` or `rhs` itself when that operand is contiguous and not broadcast. Errors:
+/// `ShapeMismatch` for operands of different shapes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BinaryDesc {
     /// The op.
@@ -45,8 +47,8 @@ pub struct BinaryDesc {
     pub dtype: DType,
     /// Left operand view.
     pub lhs: StridedBuf,
-    /// Right operand view.
-    pub rhs: StridedBuf,
+    /// Right operand: a view or a scalar.
+    pub rhs: Value,
     /// Output pointer.
     pub output: DevicePtr,
 }
@@ -55,22 +57,13 @@ impl BinaryDesc {
     /// Validates and lists the regions.
     pub fn accesses(&self) -> Result<Accesses> {
         let op = "binary";
-        if self.lhs.layout.shape() != self.rhs.layout.shape() {
-            return Err(BackendError::shape(
-                op,
-                format!(
-                    "operand views must have the output's shape: {:?} vs {:?} (broadcast with stride-0 dims)",
-                    self.lhs.layout.shape(),
-                    self.rhs.layout.shape()
-                ),
-            ));
-        }
+        let shape = self.lhs.layout.shape();
+        check_shapes(op, shape, &[("rhs", &self.rhs)])?;
         let mut acc = Accesses::new(op, InPlace::ExactAllowed);
         self.lhs
             .add_region(&mut acc, "lhs", self.dtype, Access::Read)?;
-        self.rhs
-            .add_region(&mut acc, "rhs", self.dtype, Access::Read)?;
-        let bytes = dense_bytes(op, self.lhs.layout.shape(), self.dtype)?;
+        self.rhs.add_region(&mut acc, "rhs", self.dtype)?;
+        let bytes = dense_bytes(op, shape, self.dtype)?;
         acc.push("output", self.output, bytes, Access::Write, true);
         Ok(acc)
     }
@@ -265,7 +258,7 @@ crate::compute::op::op_desc!(UnaryDesc => unary, dtype: dtype, {
 
 crate::compute::op::op_desc!(BinaryDesc => binary, dtype: dtype, {
     strided "lhs": lhs,
-    strided "rhs": rhs,
+    value "rhs": rhs,
     dense "output": output,
 });
 

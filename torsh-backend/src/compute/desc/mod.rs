@@ -15,6 +15,7 @@ mod reduce;
 mod scan;
 mod select;
 mod sort;
+mod value;
 
 pub use attention::*;
 pub use blas::*;
@@ -28,6 +29,7 @@ pub use reduce::*;
 pub use scan::*;
 pub use select::*;
 pub use sort::*;
+pub use value::*;
 
 use crate::compute::access::{Access, Accesses};
 use crate::compute::DevicePtr;

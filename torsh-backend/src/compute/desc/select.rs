@@ -6,83 +6,17 @@
 //! that travels in the descriptor ([`Value::Scalar`]), so comparing with or filling by a constant
 //! needs no allocation and no extra launch.
 
-use super::{dense_bytes, CompareOp, StridedBuf};
+use super::{check_shapes, dense_bytes, CompareOp, StridedBuf, Value};
 use crate::compute::access::{Access, Accesses, InPlace};
 use crate::compute::DevicePtr;
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
-/// An elementwise operand: a strided view with the output's shape (broadcast by stride-0 dims), or
-/// one value for every element.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Value {
-    /// A view of device memory.
-    Tensor(StridedBuf),
-    /// A scalar, converted to the op's dtype before use: rounded to nearest for float dtypes; for
-    /// integer dtypes it must be a whole number in the dtype's range (see [`check_scalar`]).
-    Scalar(f64),
-}
-
-impl Value {
-    /// The view's shape, or `None` for a scalar.
-    pub fn shape(&self) -> Option<&[usize]> {
-        match self {
-            Value::Tensor(b) => Some(b.layout.shape()),
-            Value::Scalar(_) => None,
-        }
-    }
-
-    /// Adds the view's region to `acc` (a scalar has none).
-    fn add_region(&self, acc: &mut Accesses, name: &'static str, dtype: DType) -> Result<()> {
-        match self {
-            Value::Tensor(b) => b.add_region(acc, name, dtype, Access::Read),
-            Value::Scalar(v) => check_scalar(acc.op, dtype, *v),
-        }
-    }
-}
-
-/// `InvalidArgument` unless `value` converts to `dtype` without changing what it means: any value
-/// (NaN and infinities included) for a float dtype; a whole number in the dtype's range for an
-/// integer dtype (`I64` takes whole numbers in `[-2⁶³, 2⁶³)`, which f64 spells exactly up to 2⁵³).
-pub fn check_scalar(op: &'static str, dtype: DType, value: f64) -> Result<()> {
-    let range = match dtype {
-        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
-        DType::I64 => (-(2f64.powi(63)), 2f64.powi(63)),
-        DType::U8 => (0.0, 255.0),
-        _ => return Ok(()),
-    };
-    let whole = value.is_finite() && value.fract() == 0.0;
-    let inside = value >= range.0 && (value < range.1 || dtype != DType::I64 && value <= range.1);
-    if whole && inside {
-        Ok(())
-    } else {
-        Err(BackendError::invalid(
-            op,
-            format!("scalar {value} is not a whole number in the range of {dtype}"),
-        ))
-    }
-}
-
-/// `ShapeMismatch` unless every tensor operand in `values` has `shape`.
-fn check_shapes(op: &'static str, shape: &[usize], values: &[(&str, &Value)]) -> Result<()> {
-    for (name, v) in values {
-        if let Some(s) = v.shape().filter(|s| *s != shape) {
-            return Err(BackendError::shape(
-                op,
-                format!(
-                    "{name} {s:?} must have the output's shape {shape:?} (broadcast with stride-0 dims)"
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// `output[i] = op(lhs[i], rhs[i])` as 0 or 1 in a dense `U8` output with `lhs`'s shape, for
 /// operands of any dtype (see [`CompareOp`] for the IEEE rules). `rhs` is a view with `lhs`'s shape
 /// (broadcast by stride-0 dims) or a scalar ([`Value::Scalar`]). The output must not overlap an
 /// input. Errors: `ShapeMismatch` for an `rhs` of another shape, `InvalidArgument` for a scalar
-/// that the dtype cannot hold ([`check_scalar`]).
+/// that the dtype cannot hold ([`check_scalar`](super::check_scalar)).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompareDesc {
     /// The op.
@@ -119,7 +53,7 @@ impl CompareDesc {
 /// ([`Value::Scalar`], converted to `dtype` once). `masked_fill` is a `where` with a scalar
 /// `on_true`. The output must not overlap an input. Errors: `DTypeMismatch` for a `cond` that is
 /// not `U8`, `ShapeMismatch` for a branch of another shape, `InvalidArgument` for a scalar that the
-/// dtype cannot hold ([`check_scalar`]).
+/// dtype cannot hold ([`check_scalar`](super::check_scalar)).
 #[derive(Clone, Debug, PartialEq)]
 pub struct WhereDesc {
     /// Element type of both branches and the output.
@@ -176,21 +110,3 @@ crate::compute::op::op_desc!(WhereDesc => where_, dtype: dtype, {
     value "on_false": on_false,
     dense "output": output,
 });
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scalars_must_fit_integer_dtypes() {
-        assert!(check_scalar("t", DType::F16, f64::NAN).is_ok());
-        assert!(check_scalar("t", DType::U8, 255.0).is_ok());
-        assert!(check_scalar("t", DType::U8, 256.0).is_err());
-        assert!(check_scalar("t", DType::U8, -1.0).is_err());
-        assert!(check_scalar("t", DType::I32, 0.5).is_err());
-        assert!(check_scalar("t", DType::I32, -2147483648.0).is_ok());
-        assert!(check_scalar("t", DType::I64, -(2f64.powi(63))).is_ok());
-        assert!(check_scalar("t", DType::I64, 2f64.powi(63)).is_err());
-        assert!(check_scalar("t", DType::I64, f64::INFINITY).is_err());
-    }
-}

@@ -35,11 +35,16 @@ pub(crate) fn binary(mem: &mut HostMemory, d: &BinaryDesc, ctx: Ctx) -> Result<(
 
 /// One operand of a binary op.
 #[derive(Clone, Copy, Debug)]
-struct Operand<T> {
-    /// From its first element to its last.
-    span: Span<T>,
-    /// True when the output is this operand's memory (then it is dense).
-    is_output: bool,
+enum Operand<T> {
+    /// A view of memory.
+    View {
+        /// From its first element to its last.
+        span: Span<T>,
+        /// True when the output is this operand's memory (then it is dense).
+        is_output: bool,
+    },
+    /// One value for every element (a scalar `rhs`).
+    Const(T),
 }
 
 /// [`binary`] for element type `T`.
@@ -48,22 +53,31 @@ where
     T::Acc: Pow,
 {
     const OP: &str = "binary";
+    let shape = d.lhs.layout.shape();
     let lhs = View::<T>::of(mem, OP, &d.lhs)?;
-    let rhs = View::<T>::of(mem, OP, &d.rhs)?;
     let out = Span::<T>::of(mem, OP, d.output, lhs.numel())?;
-    let operand = |v: &View<T>| Operand {
-        span: v.span(),
-        is_output: out.same_as(&v.span()),
+    let mut overlapped = false;
+    let mut operand = |v: &View<T>| {
+        let is_output = out.same_as(&v.span());
+        overlapped |= is_output && !v.is_contiguous();
+        Operand::View {
+            span: v.span(),
+            is_output,
+        }
     };
-    let (a, b) = (operand(&lhs), operand(&rhs));
-    if a.is_output && !lhs.is_contiguous() || b.is_output && !rhs.is_contiguous() {
+    let a = operand(&lhs);
+    let (b, rhs_strides) = match &d.rhs {
+        Value::Tensor(buf) => (
+            operand(&View::<T>::of(mem, OP, buf)?),
+            buf.layout.strides().to_vec(),
+        ),
+        &Value::Scalar(s) => (Operand::Const(T::from_f64(s)), vec![0; shape.len()]),
+    };
+    if overlapped {
         // The checks never let an output overlap a non-dense input; the reference copes if they did.
         return reference::binary(mem, d);
     }
-    let dims = Dims::new(
-        d.lhs.layout.shape(),
-        [d.lhs.layout.strides(), d.rhs.layout.strides()],
-    );
+    let dims = Dims::new(shape, [d.lhs.layout.strides(), &rhs_strides[..]]);
     type A<T> = <T as Element>::Acc;
     match d.op {
         BinaryOp::Add => zip(&dims, a, b, out, ctx, |x: A<T>, y| x + y),
@@ -129,8 +143,10 @@ enum Run<T> {
     Output,
     /// Contiguous elements from this position of the span.
     Dense(Span<T>, usize),
-    /// One element, repeated.
+    /// One element of memory, repeated.
     Scalar(Span<T>, usize),
+    /// One value, repeated.
+    Splat(T),
     /// Elements at this position and stride.
     Strided(Span<T>, usize, usize),
 }
@@ -139,11 +155,30 @@ impl<T: Lanes> Run<T> {
     /// Operand `o` read from element `pos` with stride `stride`.
     #[inline(always)]
     fn of(o: Operand<T>, pos: usize, stride: usize) -> Run<T> {
-        match stride {
-            _ if o.is_output => Run::Output,
-            0 => Run::Scalar(o.span, pos),
-            1 => Run::Dense(o.span, pos),
-            s => Run::Strided(o.span, pos, s),
+        match (o, stride) {
+            (Operand::Const(v), _) => Run::Splat(v),
+            (
+                Operand::View {
+                    is_output: true, ..
+                },
+                _,
+            ) => Run::Output,
+            (Operand::View { span, .. }, 0) => Run::Scalar(span, pos),
+            (Operand::View { span, .. }, 1) => Run::Dense(span, pos),
+            (Operand::View { span, .. }, s) => Run::Strided(span, pos, s),
+        }
+    }
+
+    /// The repeated value of a [`Run::Scalar`] or [`Run::Splat`], widened; `None` for other runs.
+    ///
+    /// # Safety
+    /// No task writes the element read while this runs.
+    #[inline(always)]
+    unsafe fn splat(self) -> Option<T::Acc> {
+        match self {
+            Run::Scalar(span, pos) => Some(span.slice(pos..pos + 1)[0].widen()),
+            Run::Splat(v) => Some(v.widen()),
+            _ => None,
         }
     }
 
@@ -158,6 +193,7 @@ impl<T: Lanes> Run<T> {
             Run::Output => T::load(out.slice(r), buf),
             Run::Dense(span, pos) => T::load(span.slice(pos..pos + len), buf),
             Run::Scalar(span, pos) => buf.fill(span.slice(pos..pos + 1)[0].widen()),
+            Run::Splat(v) => buf.fill(v.widen()),
             Run::Strided(span, pos, s) => {
                 let xs = span.slice(pos..pos + (len - 1) * s + 1);
                 for (k, v) in buf.iter_mut().enumerate() {
@@ -174,6 +210,7 @@ impl<T: Lanes> Run<T> {
             Run::Output => Run::Output,
             Run::Dense(span, pos) => Run::Dense(span, pos + k),
             Run::Scalar(span, pos) => Run::Scalar(span, pos),
+            Run::Splat(v) => Run::Splat(v),
             Run::Strided(span, pos, s) => Run::Strided(span, pos + k * s, s),
         }
     }
@@ -222,43 +259,31 @@ fn zip_direct<T: Lanes>(
     f: &impl Fn(T::Acc, T::Acc) -> T::Acc,
 ) -> bool {
     let len = r.len();
-    let one = |span: Span<T>, pos: usize| {
-        // SAFETY: a broadcast input never overlaps the output, so nothing writes it.
-        unsafe { span.slice(pos..pos + 1)[0].widen() }
-    };
     // SAFETY: this task owns output elements `r`, and makes no other slice of them; inputs other
     // than the output itself never overlap the output, so nothing writes them.
     unsafe {
-        match (a, b) {
-            (Run::Dense(sa, pa), Run::Dense(sb, pb)) => map2(
+        match (a, b, a.splat(), b.splat()) {
+            (Run::Dense(sa, pa), Run::Dense(sb, pb), ..) => map2(
                 sa.slice(pa..pa + len),
                 sb.slice(pb..pb + len),
                 out.slice_mut(r),
                 f,
             ),
-            (Run::Dense(sa, pa), Run::Scalar(sb, pb)) => {
-                let y = one(sb, pb);
+            (Run::Dense(sa, pa), _, _, Some(y)) => {
                 map1(sa.slice(pa..pa + len), out.slice_mut(r), |x| f(x, y))
             }
-            (Run::Scalar(sa, pa), Run::Dense(sb, pb)) => {
-                let x = one(sa, pa);
+            (_, Run::Dense(sb, pb), Some(x), _) => {
                 map1(sb.slice(pb..pb + len), out.slice_mut(r), |y| f(x, y))
             }
-            (Run::Output, Run::Dense(sb, pb)) => {
+            (Run::Output, Run::Dense(sb, pb), ..) => {
                 update(out.slice_mut(r), sb.slice(pb..pb + len), f)
             }
-            (Run::Dense(sa, pa), Run::Output) => {
+            (Run::Dense(sa, pa), Run::Output, ..) => {
                 update(out.slice_mut(r), sa.slice(pa..pa + len), |o, x| f(x, o))
             }
-            (Run::Output, Run::Scalar(sb, pb)) => {
-                let y = one(sb, pb);
-                update1(out.slice_mut(r), |o| f(o, y))
-            }
-            (Run::Scalar(sa, pa), Run::Output) => {
-                let x = one(sa, pa);
-                update1(out.slice_mut(r), |o| f(x, o))
-            }
-            (Run::Output, Run::Output) => update1(out.slice_mut(r), |o| f(o, o)),
+            (Run::Output, _, _, Some(y)) => update1(out.slice_mut(r), |o| f(o, y)),
+            (_, Run::Output, Some(x), _) => update1(out.slice_mut(r), |o| f(x, o)),
+            (Run::Output, Run::Output, ..) => update1(out.slice_mut(r), |o| f(o, o)),
             _ => false,
         }
     }

@@ -27,7 +27,7 @@ use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
 use crate::compute::{
     BinaryDesc, BinaryOp, CastDesc, CopyDesc, DevicePtr, Distribution, FillDesc, RandomDesc,
-    StridedBuf, UnaryDesc, UnaryOp,
+    StridedBuf, UnaryDesc, UnaryOp, Value,
 };
 use crate::dtype::DType;
 use crate::error::Result;

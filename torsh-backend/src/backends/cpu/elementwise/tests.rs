@@ -310,8 +310,8 @@ fn check_binary(
     op: BinaryOp,
     dtype: DType,
     lhs: StridedBuf,
-    rhs: StridedBuf,
-    reference_operands: (StridedBuf, StridedBuf),
+    rhs: impl Into<Value>,
+    reference_operands: (StridedBuf, impl Into<Value>),
     output: DevicePtr,
     ctx: Ctx,
     what: &str,
@@ -322,14 +322,14 @@ fn check_binary(
         op,
         dtype,
         lhs,
-        rhs,
+        rhs: rhs.into(),
         output,
     };
     let want = BinaryDesc {
         op,
         dtype,
         lhs: reference_operands.0,
-        rhs: reference_operands.1,
+        rhs: reference_operands.1.into(),
         output: theirs,
     };
     reference::binary(mem, &want).unwrap();
@@ -427,6 +427,55 @@ fn binary_works_in_place() {
                 let refs = (buf(copy, &dense), buf(c2, &dense));
                 let (x, y) = (buf(a, &dense), buf(c2, &dense));
                 check_binary(&mut mem, op, dtype, x, y, refs, a, ctx, "out = lhs, dense");
+            }
+        }
+    });
+}
+
+#[test]
+fn scalar_operands_match_a_stored_broadcast_scalar() {
+    for_threads(|ctx| {
+        let mut mem = HostMemory::default();
+        let (r, c) = (5, SERIAL_ELEMENTS / 4 + 3);
+        let n = r * c;
+        for &op in BinaryOp::ALL {
+            // Not representable in any dtype, so each path must round it the same way.
+            let scalar = if op == BinaryOp::Pow { 1.3 } else { -0.3 };
+            let lo = if op == BinaryOp::Pow { 0.5 } else { -2.0 };
+            for dtype in FLOATS {
+                let mut va = values(n, 11, lo, 2.0);
+                va[1] = f64::NAN;
+                let stored = upload(&mut mem, dtype, &[scalar]);
+                let splat = Value::Tensor(StridedBuf {
+                    ptr: stored,
+                    layout: Layout::new(vec![r, c], vec![0, 0], 0).unwrap(),
+                });
+                let a = upload(&mut mem, dtype, &va);
+                let views = [
+                    ("dense", Layout::contiguous(&[r, c])),
+                    (
+                        "transposed",
+                        Layout::contiguous(&[c, r]).transpose(0, 1).unwrap(),
+                    ),
+                ];
+                for (what, layout) in views {
+                    let x = StridedBuf { ptr: a, layout };
+                    let out = fresh(&mut mem, dtype, n);
+                    let refs = (x.clone(), splat.clone());
+                    let what = format!("scalar, {what}");
+                    let s = Value::Scalar(scalar);
+                    check_binary(&mut mem, op, dtype, x, s, refs, out, ctx, &what);
+                }
+                // In place.
+                let (a, copy) = (upload(&mut mem, dtype, &va), upload(&mut mem, dtype, &va));
+                let x = StridedBuf::contiguous(a, &[n]);
+                let splat = Value::Tensor(StridedBuf {
+                    ptr: stored,
+                    layout: Layout::new(vec![n], vec![0], 0).unwrap(),
+                });
+                let refs = (StridedBuf::contiguous(copy, &[n]), splat);
+                let s = Value::Scalar(scalar);
+                check_binary(&mut mem, op, dtype, x, s, refs, a, ctx, "scalar, in place");
             }
         }
     });

@@ -7,7 +7,8 @@
 // stride 0): the host merges dims that are contiguous in every operand, so contiguous views arrive as
 // rank 1 and `elem_offset` skips the index divisions. `binary_vec_<dtype>` is the fast path for dense,
 // unbroadcast inputs whose first elements and the output are 16-byte aligned: 16-byte loads and stores,
-// the same per-element computation.
+// the same per-element computation. `binary_scalar_<dtype>` and `binary_scalar_vec_<dtype>` take the
+// right operand as one value (a scalar in the op's descriptor) instead of memory.
 
 __device__ __forceinline__ float m_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double m_pow(double a, double b) { return pow(a, b); }
@@ -45,32 +46,57 @@ template <typename T, int OP> __device__ __forceinline__ T binary_elem(T a, T b)
     return Num<T>::store(binary_op<A>(OP, Num<T>::load(a), Num<T>::load(b)));
 }
 
-// y[i] = OP(a[i], b[i]) for one op fixed at compile time.
-template <typename T, int OP>
-__device__ __forceinline__ void binary_loop(const T* a, const Strided& as, const T* b,
-                                            const Strided& bs, T* y, i64 n) {
-    TORSH_GRID_STRIDE(i, n) {
-        y[i] = binary_elem<T, OP>(a[elem_offset(as, i)], b[elem_offset(bs, i)]);
-    }
-}
-
 // L elements of T moved as one unit; 16-byte aligned and a multiple of 16 bytes, so every access to it
 // is one or more 16-byte vector instructions (ld.global.v4 / v2).
 template <typename T, int L> struct alignas(16) Pack { T e[L]; };
 
+// The right operand of the loops: a strided view (`at`), a dense view (`at`, and `pack` for the
+// vector loop), or one value for every element.
+template <typename T> struct ViewRhs {
+    const T* b;
+    Strided bs;
+    __device__ __forceinline__ T at(i64 i) const { return b[elem_offset(bs, i)]; }
+};
+template <typename T> struct DenseRhs {
+    const T* b;
+    __device__ __forceinline__ T at(i64 i) const { return b[i]; }
+    template <int L> __device__ __forceinline__ Pack<T, L> pack(i64 v) const {
+        return reinterpret_cast<const Pack<T, L>*>(b)[v];
+    }
+};
+template <typename T> struct ScalarRhs {
+    T s;
+    __device__ __forceinline__ T at(i64) const { return s; }
+    template <int L> __device__ __forceinline__ Pack<T, L> pack(i64) const {
+        Pack<T, L> p;
+#pragma unroll
+        for (int k = 0; k < L; ++k) {
+            p.e[k] = s;
+        }
+        return p;
+    }
+};
+
+// y[i] = OP(a[i], b[i]) for one op fixed at compile time.
+template <typename T, int OP, typename B>
+__device__ __forceinline__ void binary_loop(const T* a, const Strided& as, const B& b, T* y, i64 n) {
+    TORSH_GRID_STRIDE(i, n) {
+        y[i] = binary_elem<T, OP>(a[elem_offset(as, i)], b.at(i));
+    }
+}
+
 // Dense a, b and y, all 16-byte aligned: 16 bytes of each per thread and step (L = 16 / sizeof(T)
 // elements), grid-stride over the n / L vectors, then the last n % L elements by the first threads.
-template <typename T, int OP>
-__device__ __forceinline__ void binary_vec_loop(const T* a, const T* b, T* y, i64 n) {
+template <typename T, int OP, typename B>
+__device__ __forceinline__ void binary_vec_loop(const T* a, const B& b, T* y, i64 n) {
     constexpr int L = 16 / (int)sizeof(T);
     typedef Pack<T, L> P;
     const P* av = reinterpret_cast<const P*>(a);
-    const P* bv = reinterpret_cast<const P*>(b);
     P* yv = reinterpret_cast<P*>(y);
     const i64 nv = n / L;
     TORSH_GRID_STRIDE(v, nv) {
         P pa = av[v];
-        const P pb = bv[v];
+        const P pb = b.template pack<L>(v);
 #pragma unroll
         for (int k = 0; k < L; ++k) {
             pa.e[k] = binary_elem<T, OP>(pa.e[k], pb.e[k]);
@@ -80,16 +106,15 @@ __device__ __forceinline__ void binary_vec_loop(const T* a, const T* b, T* y, i6
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (t < n - nv * L) {
         const i64 i = nv * L + t;
-        y[i] = binary_elem<T, OP>(a[i], b[i]);
+        y[i] = binary_elem<T, OP>(a[i], b.at(i));
     }
 }
 
 // Dispatches the run-time op code to its loop. An unknown code writes nothing.
-template <typename T>
-__device__ void binary_body(const T* a, const Strided& as, const T* b, const Strided& bs, T* y,
-                            i64 n, int op) {
+template <typename T, typename B>
+__device__ void binary_body(const T* a, const Strided& as, const B& b, T* y, i64 n, int op) {
     switch (op) {
-#define CASE(K) case K: binary_loop<T, K>(a, as, b, bs, y, n); break;
+#define CASE(K) case K: binary_loop<T, K>(a, as, b, y, n); break;
     CASE(BINARY_ADD) CASE(BINARY_SUB) CASE(BINARY_MUL) CASE(BINARY_DIV) CASE(BINARY_MAXIMUM)
     CASE(BINARY_MINIMUM) CASE(BINARY_POW)
 #undef CASE
@@ -98,7 +123,8 @@ __device__ void binary_body(const T* a, const Strided& as, const T* b, const Str
 }
 
 // The vector path's dispatch of the run-time op code. An unknown code writes nothing.
-template <typename T> __device__ void binary_vec_body(const T* a, const T* b, T* y, i64 n, int op) {
+template <typename T, typename B>
+__device__ void binary_vec_body(const T* a, const B& b, T* y, i64 n, int op) {
     switch (op) {
 #define CASE(K) case K: binary_vec_loop<T, K>(a, b, y, n); break;
     CASE(BINARY_ADD) CASE(BINARY_SUB) CASE(BINARY_MUL) CASE(BINARY_DIV) CASE(BINARY_MAXIMUM)
@@ -110,13 +136,23 @@ template <typename T> __device__ void binary_vec_body(const T* a, const T* b, T*
 
 // binary_<dtype>(a, as, b, bs, y, n, op): y[0..n) dense; a and b strided (broadcast dims: stride 0).
 // binary_vec_<dtype>(a, b, y, n, op): a, b (their first elements) and y dense and 16-byte aligned.
-#define ENTRY(S, T)                                                                         \
-    extern "C" __global__ void binary_##S(const T* a, Strided as, const T* b, Strided bs, T* y, \
-                                          i64 n, int op) {                                  \
-        binary_body<T>(a, as, b, bs, y, n, op);                                             \
-    }                                                                                       \
-    extern "C" __global__ void binary_vec_##S(const T* a, const T* b, T* y, i64 n, int op) {   \
-        binary_vec_body<T>(a, b, y, n, op);                                                 \
+// binary_scalar_<dtype>(a, as, y, n, op, b_bits) and binary_scalar_vec_<dtype>(a, y, n, op, b_bits):
+// the same with one right operand for every element, its element bits in the low bytes of b_bits.
+#define ENTRY(S, T)                                                                              \
+    extern "C" __global__ void binary_##S(const T* a, Strided as, const T* b, Strided bs, T* y,  \
+                                          i64 n, int op) {                                       \
+        binary_body<T>(a, as, ViewRhs<T>{b, bs}, y, n, op);                                      \
+    }                                                                                            \
+    extern "C" __global__ void binary_vec_##S(const T* a, const T* b, T* y, i64 n, int op) {     \
+        binary_vec_body<T>(a, DenseRhs<T>{b}, y, n, op);                                         \
+    }                                                                                            \
+    extern "C" __global__ void binary_scalar_##S(const T* a, Strided as, T* y, i64 n, int op,    \
+                                                 u64 b_bits) {                                   \
+        binary_body<T>(a, as, ScalarRhs<T>{from_bits<T>(b_bits)}, y, n, op);                     \
+    }                                                                                            \
+    extern "C" __global__ void binary_scalar_vec_##S(const T* a, T* y, i64 n, int op,            \
+                                                     u64 b_bits) {                               \
+        binary_vec_body<T>(a, ScalarRhs<T>{from_bits<T>(b_bits)}, y, n, op);                     \
     }
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY

@@ -48,6 +48,16 @@ __device__ __forceinline__ u16 bf16_from_float(float f) {
     return (u16)(u >> 16);
 }
 
+// The element of type T held in the low bytes of `bits` (little-endian, as the host encodes it).
+template <typename T> __device__ __forceinline__ T from_bits(u64 bits) {
+    union {
+        u64 word;
+        T value;
+    } u;
+    u.word = bits;
+    return u.value;
+}
+
 // double -> float rounded to odd: with the 29 extra bits this keeps, a later round-to-nearest-even to a
 // narrower type (f16, bf16) gives the correctly rounded result of the double, with no double rounding.
 __device__ __forceinline__ float float_round_to_odd(double d) {

@@ -23,16 +23,6 @@
 #define CMP_LOGICAL_OR 7
 #define CMP_LOGICAL_XOR 8
 
-// The element of type T held in the low bytes of `bits` (little-endian, as the host encodes it).
-template <typename T> __device__ __forceinline__ T from_bits(u64 bits) {
-    union {
-        u64 word;
-        T value;
-    } u;
-    u.word = bits;
-    return u.value;
-}
-
 template <typename K> __device__ __forceinline__ bool compare_keys(int op, K a, K b) {
     const K zero = K(0);
     switch (op) {

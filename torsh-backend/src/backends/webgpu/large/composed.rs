@@ -27,7 +27,7 @@
 use crate::compute::{
     BatchNormDesc, BinaryDesc, BinaryOp, CastDesc, ComputeBackend, CopyDesc, DevicePtr, FillDesc,
     LayerNormDesc, Pool2dDesc, PoolKind, ReduceDesc, ReduceOp, SoftmaxDesc, StridedBuf,
-    Temporaries, UnaryDesc, UnaryOp,
+    Temporaries, UnaryDesc, UnaryOp, Value,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -217,10 +217,10 @@ impl<'a> Work<'a> {
             op,
             dtype: DType::F32,
             lhs: StridedBuf::contiguous(lhs, &shape),
-            rhs: StridedBuf {
+            rhs: Value::Tensor(StridedBuf {
                 ptr: row,
                 layout: Layout::new(shape.to_vec(), vec![0, 1], 0)?,
-            },
+            }),
             output,
         })
     }
@@ -353,10 +353,10 @@ pub(crate) fn layer_norm(be: &WebGpuBackend, desc: &LayerNormDesc) -> Result<()>
                 op,
                 dtype: DType::F32,
                 lhs: StridedBuf::contiguous(lhs, &[cols]),
-                rhs: StridedBuf {
+                rhs: Value::Tensor(StridedBuf {
                     ptr: scalar,
                     layout: Layout::new(vec![cols], vec![0], 0)?,
-                },
+                }),
                 output: y,
             })
         };

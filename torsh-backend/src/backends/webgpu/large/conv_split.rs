@@ -22,7 +22,7 @@
 
 use crate::compute::{
     Access, Accesses, BinaryDesc, BinaryOp, CastDesc, ComputeBackend, Conv2dDesc, CopyDesc,
-    DevicePtr, InPlace, StridedBuf, Temporaries,
+    DevicePtr, InPlace, StridedBuf, Temporaries, Value,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -393,7 +393,7 @@ fn accumulate(be: &WebGpuBackend, desc: &Conv2dDesc, d: &Dims, p: &Part, s: Scra
             op: BinaryOp::Add,
             dtype: DType::F32,
             lhs: contiguous(sums, outputs),
-            rhs: contiguous(s.partial, outputs),
+            rhs: Value::Tensor(contiguous(s.partial, outputs)),
             output: sums,
         })?;
     }

@@ -632,17 +632,18 @@ pub(crate) fn unary(mem: &Memory, desc: &UnaryDesc) -> Result<Option<Vec<UnaryDe
 }
 
 /// `desc` as binary ops on pieces: by elements when both inputs are dense views of the output's
-/// element count, else by the output's leading dim (a broadcast operand keeps its place).
+/// element count (or `rhs` a scalar), else by the output's leading dim (a broadcast operand, and a
+/// scalar, keeps its place).
 pub(crate) fn binary(mem: &Memory, desc: &BinaryDesc) -> Result<Option<Vec<BinaryDesc>>> {
     let limit = mem.binding_limit();
     let n = desc.lhs.layout.numel();
     let size = desc.dtype.size_in_bytes();
-    if dense(&desc.lhs, n) && dense(&desc.rhs, n) {
+    if dense(&desc.lhs, n) && desc.rhs.view().is_none_or(|rhs| dense(rhs, n)) {
         let widest = math_size(mem, desc.dtype, &desc.accesses()?);
         return each(ranges(limit, n, widest), |start, len| {
             Ok(BinaryDesc {
                 lhs: part(&desc.lhs, size, start, len)?,
-                rhs: part(&desc.rhs, size, start, len)?,
+                rhs: desc.rhs.map_view(|v| part(v, size, start, len))?,
                 output: advance(desc.output, start, size)?,
                 ..desc.clone()
             })
@@ -662,7 +663,7 @@ pub(crate) fn binary(mem: &Memory, desc: &BinaryDesc) -> Result<Option<Vec<Binar
         |start, len| {
             Ok(BinaryDesc {
                 lhs: leading(&desc.lhs, start, len)?,
-                rhs: leading(&desc.rhs, start, len)?,
+                rhs: desc.rhs.map_view(|v| leading(v, start, len))?,
                 output: advance(desc.output, start * per_lead, size)?,
                 ..desc.clone()
             })
@@ -709,7 +710,7 @@ pub(crate) fn binary_by_index(desc: &BinaryDesc) -> Result<Vec<BinaryDesc>> {
         |i| {
             Ok(BinaryDesc {
                 lhs: without_dim(&desc.lhs, 0, i)?,
-                rhs: without_dim(&desc.rhs, 0, i)?,
+                rhs: desc.rhs.map_view(|v| without_dim(v, 0, i))?,
                 output: advance(desc.output, i * step, size)?,
                 ..desc.clone()
             })

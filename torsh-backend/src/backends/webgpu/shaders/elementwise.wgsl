@@ -9,7 +9,7 @@
 //
 // Parameter words (`p`): [0] n, [1] rank (at most 8), [2..10) shape, then three views of nine words
 // each (offset, then eight strides): the output at [10], a at [19], b at [28]; [37] a scalar operand
-// (the fill value) as f32 bits.
+// as f32 bits (the fill value, or `binary_scalar`'s right operand).
 
 override OP: u32 = 0u;
 // Every view is dense (after coalescing: one dim of stride 1): element i is at offset + i, with no
@@ -244,5 +244,16 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups
     if (i < p[0]) {
         let x = load_elem(a[strided(i, A_VIEW)]);
         out[strided(i, OUT_VIEW)] = store_elem(binary_op(x, load_elem(b[strided(i, B_VIEW)])));
+    }
+}
+
+// `binary` with one value for every right operand: the scalar word.
+@compute @workgroup_size(256)
+fn binary_scalar(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let i = index_of(wid, groups, lid);
+    if (i < p[0]) {
+        let x = load_elem(a[strided(i, A_VIEW)]);
+        out[strided(i, OUT_VIEW)] = store_elem(binary_op(x, bitcast<f32>(p[SCALAR])));
     }
 }
