@@ -10,8 +10,9 @@
 use torsh_backend::compute::{
     AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, CompareDesc,
     CompareOp, Conv2dDesc, CopyDesc, Distribution, FillDesc, GatherDesc, GemmDesc, GemvDesc,
-    LayerNormDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScatterDesc,
-    ScatterReduce, SoftmaxDesc, StridedBuf, UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
+    LayerNormDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp,
+    ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryDesc, UnaryOp, UnscaleDesc,
+    Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -97,7 +98,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 22) {
+    match rng.range(0, 24) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -411,6 +412,46 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                 })
             },
         ),
+        22 => {
+            // A cumulative sum or product along either dim of a small matrix.
+            let (rows, dim) = (rng.range(1, 4), rng.range(0, 1));
+            let scan = rng.pick(&[ScanOp::Sum, ScanOp::Prod]);
+            op(
+                format!("{} {rows}×{n} dim {dim}", scan.name()),
+                &[(rows * bytes, false), (rows * bytes, true)],
+                false,
+                move |c, p| {
+                    c.scan(&ScanDesc {
+                        op: scan,
+                        dtype: F32,
+                        input: StridedBuf::contiguous(p[0], &[rows, n]),
+                        dim,
+                        output: p[1],
+                    })
+                },
+            )
+        }
+        23 => {
+            // The first k of each line, values and positions, or a whole sort.
+            let k = rng.range(1, n);
+            let descending = rng.chance(0.5);
+            op(
+                format!("sort k {k} of {n}, descending {descending}"),
+                &[(bytes, false), (4 * k, true), (8 * k, true)],
+                false,
+                move |c, p| {
+                    c.sort(&SortDesc {
+                        dtype: F32,
+                        input: StridedBuf::contiguous(p[0], &[n]),
+                        dim: 0,
+                        descending,
+                        k,
+                        values: Some(p[1]),
+                        indices: Some(p[2]),
+                    })
+                },
+            )
+        }
         16 => op("random", &[(bytes, true)], false, move |c, p| {
             c.random(&RandomDesc {
                 dtype: F32,

@@ -719,6 +719,16 @@ fn sort(i: &mut Inputs) -> Result<Vec<Tensor>> {
     let (values, indices) = long.topk(40, 1, true)?;
     out.extend([values, indices]);
     out.push(long.argsort(1, false)?);
+    // A k much smaller than the line, along the last dim and along the first of a view, and over
+    // special values.
+    for (k, descending) in [(5, true), (2, false), (1, true)] {
+        let (values, indices) = long.topk(k, 1, descending)?;
+        out.extend([values, indices]);
+        let (values, indices) = long.t()?.topk(k, 0, descending)?;
+        out.extend([values, indices]);
+        let (values, indices) = s.topk(k, 1, descending)?;
+        out.extend([values, indices]);
+    }
     // The kernel itself on a strided view, indices only, the first 11 of each line of 13.
     let xt = x.t()?;
     let indices = b.empty(&[11, 5], DType::I64)?;
