@@ -49,7 +49,8 @@ pub use backends::webgpu;
 
 pub use backend::{Backend, BackendBuilder, BackendConfig, BackendStatus};
 pub use compute::{
-    BinaryOp, CompareOp, ComputeBackend, DevicePtr, ReduceOp, ScanOp, Transpose, TunableOp, UnaryOp,
+    BinaryOp, CompareOp, ComputeBackend, DevicePtr, ReduceOp, SavedTensor, ScanOp, Transpose,
+    TunableOp, UnaryOp,
 };
 pub use device::{BackendType, Device, DeviceInfo};
 pub use dtype::{DType, Element};

@@ -11,8 +11,8 @@ use torsh_backend::compute::{
     AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, CompareDesc,
     CompareOp, Conv2dDesc, CopyDesc, Distribution, FillDesc, GatherDesc, GemmDesc, GemvDesc,
     LayerNormDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp,
-    ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryDesc, UnaryOp, UnscaleDesc,
-    Value, WhereDesc,
+    ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc,
+    UnaryOp, UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -98,7 +98,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 24) {
+    match rng.range(0, 25) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -448,6 +448,23 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                         k,
                         values: Some(p[1]),
                         indices: Some(p[2]),
+                    })
+                },
+            )
+        }
+        24 => {
+            let u = rng.pick(UnaryOp::ALL);
+            op(
+                format!("unary_backward {}", u.name()),
+                &[(bytes, false), (bytes, false), (bytes, true)],
+                true,
+                move |c, p| {
+                    c.unary_backward(&UnaryBackwardDesc {
+                        op: u,
+                        dtype: F32,
+                        saved: StridedBuf::contiguous(p[0], &[n]),
+                        grad: StridedBuf::contiguous(p[1], &[n]),
+                        output: p[2],
                     })
                 },
             )

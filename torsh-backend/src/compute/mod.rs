@@ -246,6 +246,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// The gradient of a unary op's input from its output's gradient; see [`UnaryBackwardDesc`].
+    fn unary_backward(&self, desc: &UnaryBackwardDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// Softmax or log-softmax; see [`SoftmaxDesc`].
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
         Err(desc.unsupported(self))
@@ -493,6 +498,7 @@ macro_rules! for_each_op {
             reduce($crate::compute::ReduceDesc),
             unary($crate::compute::UnaryDesc),
             binary($crate::compute::BinaryDesc),
+            unary_backward($crate::compute::UnaryBackwardDesc),
             softmax($crate::compute::SoftmaxDesc),
             layer_norm($crate::compute::LayerNormDesc),
             batch_norm($crate::compute::BatchNormDesc),

@@ -1,7 +1,9 @@
 //! Unary and binary elementwise ops. Binary ops broadcast like NumPy; operands may be any strided view.
 
 use crate::backend::Backend;
-use crate::compute::{BinaryDesc, BinaryOp, UnaryDesc, UnaryOp, Value};
+use crate::compute::{
+    BinaryDesc, BinaryOp, SavedTensor, UnaryBackwardDesc, UnaryDesc, UnaryOp, Value,
+};
 use crate::error::Result;
 use crate::shape::broadcast_shapes;
 use crate::tensor::Tensor;
@@ -15,6 +17,28 @@ impl Backend {
             op,
             dtype,
             input: x.strided_buf(),
+            output: out.data_ptr(),
+        })?;
+        Ok(out)
+    }
+
+    /// The gradient of `op`'s input, `grad · op'(x)`, into a new contiguous tensor, from `saved`:
+    /// the op's input `x` or its output `y = op(x)` as [`UnaryOp::saved`] says (`y` for `exp`,
+    /// `sqrt`, `rsqrt`, `recip`, `relu`, `sigmoid` and `tanh`, as PyTorch's autograd saves them).
+    /// `saved` and `grad` broadcast to their common shape. Floating dtypes. Errors:
+    /// `ShapeMismatch` when the shapes do not broadcast, `DTypeMismatch` when the dtypes differ,
+    /// `Unsupported` for an integer dtype.
+    pub fn unary_backward(&self, op: UnaryOp, saved: &Tensor, grad: &Tensor) -> Result<Tensor> {
+        let name = "unary_backward";
+        let dtype = self.check_operands(name, &[saved, grad])?;
+        let shape = broadcast_shapes(name, saved.shape(), grad.shape())?;
+        let (saved, grad) = (saved.broadcast_to(&shape)?, grad.broadcast_to(&shape)?);
+        let out = self.empty(&shape, dtype)?;
+        self.compute().unary_backward(&UnaryBackwardDesc {
+            op,
+            dtype,
+            saved: saved.strided_buf(),
+            grad: grad.strided_buf(),
             output: out.data_ptr(),
         })?;
         Ok(out)
@@ -128,3 +152,21 @@ binary_ops!(
     minimum, minimum_scalar => Minimum,
     pow, pow_scalar => Pow,
 );
+
+impl Tensor {
+    /// The gradient of `op`'s input from `grad`, the gradient of its output, where this tensor is
+    /// what [`UnaryOp::saved`] names: the op's input or its output. See
+    /// [`Backend::unary_backward`].
+    pub fn unary_backward(&self, op: UnaryOp, grad: &Tensor) -> Result<Tensor> {
+        self.backend().unary_backward(op, self, grad)
+    }
+
+    /// [`Tensor::unary_backward`] from the op's input `x` (this tensor) whatever the op saves:
+    /// the output is recomputed first where the op's backward reads it.
+    pub fn unary_backward_from_input(&self, op: UnaryOp, grad: &Tensor) -> Result<Tensor> {
+        match op.saved() {
+            SavedTensor::Input => self.unary_backward(op, grad),
+            SavedTensor::Output => self.backend().unary(op, self)?.unary_backward(op, grad),
+        }
+    }
+}

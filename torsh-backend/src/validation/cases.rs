@@ -70,6 +70,11 @@ pub fn all() -> Vec<ParityCase> {
             body: unary,
         },
         ParityCase {
+            op: "unary_backward",
+            dtypes: FLOATS,
+            body: unary_backward,
+        },
+        ParityCase {
             op: "binary",
             dtypes: FLOATS,
             body: binary,
@@ -338,6 +343,24 @@ fn unary(i: &mut Inputs) -> Result<Vec<Tensor>> {
             _ => &general,
         };
         out.push(i.backend().unary(op, x)?);
+    }
+    Ok(out)
+}
+
+fn unary_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // A transposed input, a gradient of its shape, and a row of gradients broadcast down it.
+    let general = i.uniform(&[6, 7], -3.0, 3.0)?.t()?;
+    let positive = i.uniform(&[7, 6], 0.25, 4.0)?;
+    let grad = i.normal(&[7, 6])?;
+    let row = i.normal(&[1, 6])?;
+    let mut out = Vec::new();
+    for &op in UnaryOp::ALL {
+        let x = match op {
+            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => &positive,
+            _ => &general,
+        };
+        out.push(x.unary_backward_from_input(op, &grad)?);
+        out.push(x.unary_backward_from_input(op, &row)?);
     }
     Ok(out)
 }

@@ -10,7 +10,7 @@ use torsh_backend::backends::reference::ReferenceBackend;
 use torsh_backend::compute::{
     AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc,
     CopyDesc, Distribution, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dDesc, PoolKind,
-    RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf, UnaryDesc, Value,
+    RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc, Value,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Layout, Transpose};

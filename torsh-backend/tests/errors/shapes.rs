@@ -454,6 +454,17 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
             ShapeMismatch
         );
         assert_mentions(&err, &["binary"]);
+        let err = assert_err!(
+            c.unary_backward(&UnaryBackwardDesc {
+                op: UnaryOp::Tanh,
+                dtype: DType::F32,
+                saved: StridedBuf::contiguous(x, &[2, 3]),
+                grad: StridedBuf::contiguous(y, &[3, 2]),
+                output: out,
+            }),
+            ShapeMismatch
+        );
+        assert_mentions(&err, &["unary_backward", "grad"]);
         assert_err!(
             c.copy_strided(&CopyDesc {
                 dtype: DType::F32,
@@ -585,6 +596,16 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
             c.unary(&UnaryDesc {
                 dtype: DType::I64,
                 ..unary_desc(UnaryOp::Relu, StridedBuf::contiguous(x, &[4]), out)
+            }),
+            Unsupported
+        );
+        assert_err!(
+            c.unary_backward(&UnaryBackwardDesc {
+                op: UnaryOp::Relu,
+                dtype: DType::I32,
+                saved: StridedBuf::contiguous(x, &[4]),
+                grad: StridedBuf::contiguous(y, &[4]),
+                output: out,
             }),
             Unsupported
         );

@@ -75,6 +75,21 @@ pub(crate) fn binary(gpu: &Gpu, d: &BinaryDesc) -> Result<()> {
     }
 }
 
+/// `output[i] = grad[i] · op'(saved[i])` over the (broadcast) views, in the dtype's accumulator
+/// (`unary_backward_<dtype>` in `unary.cu`, strided operands).
+pub(crate) fn unary_backward(gpu: &Gpu, d: &UnaryBackwardDesc) -> Result<()> {
+    const OP: &str = "unary_backward";
+    if d.saved.layout.numel() == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.saved.ptr, d.grad.ptr, d.output])?;
+    let inputs = [&d.saved, &d.grad];
+    let operands = operands(OP, d.dtype, inputs, d.output, false)?;
+    let entry = unary_backward_entry(d.dtype);
+    let (tail, dtypes) = (Tail::code(d.op.code() as i32), (d.dtype, d.dtype));
+    launch_elementwise(gpu, OP, (entry, operands), inputs, d.output, dtypes, tail)
+}
+
 /// Sets `len` elements to `value`, encoded on the host exactly as the reference encodes it.
 pub(crate) fn fill(gpu: &Gpu, d: &FillDesc) -> Result<()> {
     const OP: &str = "fill";
@@ -239,6 +254,7 @@ fn launch_elementwise<const K: usize>(
     // `binary_vec_<dtype>(const T*, const T*, T*, i64, int)`,
     // `binary_<dtype>(const T*, Strided, const T*, Strided, T*, i64, int)`,
     // `binary_scalar_vec_<dtype>(const T*, T*, i64, int, u64)`,
+    // `unary_backward_<dtype>(const T*, Strided, const T*, Strided, T*, i64, int)`,
     // `binary_scalar_<dtype>(const T*, Strided, T*, i64, int, u64)`,
     // `cast_vec_<src>_<dst>(const S*, D*, i64)` and `cast_<src>_<dst>(const S*, Strided, D*, i64)`.
     unsafe { b.launch(cfg) }.map_err(|e| driver_error(op, e))?;
@@ -389,6 +405,15 @@ fn binary_entry(dtype: DType, kernel: &str) -> Entry {
     ("binary", Some(dtype), format!("{kernel}_{}", suffix(dtype)))
 }
 
+/// `unary_backward_<dtype>` in `unary.cu`.
+fn unary_backward_entry(dtype: DType) -> Entry {
+    (
+        "unary",
+        Some(dtype),
+        format!("unary_backward_{}", suffix(dtype)),
+    )
+}
+
 /// `random_<dtype>` in `random.cu`.
 fn random_entry(dtype: DType) -> Entry {
     ("random", Some(dtype), format!("random_{}", suffix(dtype)))
@@ -465,6 +490,14 @@ impl OpImpl<BinaryDesc> for CudaBackend {
         let acc = desc.accesses()?;
         Self::float_only("binary", desc.dtype)?;
         self.run(acc, |gpu| binary(gpu, desc))
+    }
+}
+
+impl OpImpl<UnaryBackwardDesc> for CudaBackend {
+    fn op(&self, desc: &UnaryBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("unary_backward", desc.dtype)?;
+        self.run(acc, |gpu| unary_backward(gpu, desc))
     }
 }
 
@@ -850,6 +883,7 @@ mod tests {
         for s in DType::ALL {
             if s.is_float() {
                 entries.extend([unary_entry(s), unary_vec_entry(s), random_entry(s)]);
+                entries.push(unary_backward_entry(s));
                 entries.extend(
                     ["binary", "binary_vec", "binary_scalar", "binary_scalar_vec"]
                         .map(|k| binary_entry(s, k)),

@@ -1,7 +1,8 @@
 //! Unary, binary, cast, fill, strided copy and random fill.
 
 use crate::compute::{
-    BinaryDesc, CastDesc, CopyDesc, Distribution, FillDesc, RandomDesc, UnaryDesc, Value,
+    BinaryDesc, CastDesc, CopyDesc, Distribution, FillDesc, RandomDesc, UnaryBackwardDesc,
+    UnaryDesc, Value,
 };
 use crate::error::Result;
 use crate::rng;
@@ -31,6 +32,18 @@ pub fn binary(mem: &mut HostMemory, d: &BinaryDesc) -> Result<()> {
         .into_iter()
         .zip(b)
         .map(|(a, b)| math::binary(d.op, a, b))
+        .collect();
+    mem.store(d.dtype, d.output, &y)
+}
+
+/// `output[i] = grad[i] · op'(saved[i])` over the (broadcast) views.
+pub fn unary_backward(mem: &mut HostMemory, d: &UnaryBackwardDesc) -> Result<()> {
+    let v = mem.load(d.dtype, &d.saved)?;
+    let g = mem.load(d.dtype, &d.grad)?;
+    let y: Vec<f64> = v
+        .into_iter()
+        .zip(g)
+        .map(|(v, g)| math::unary_grad(d.op, v, g))
         .collect();
     mem.store(d.dtype, d.output, &y)
 }
@@ -105,6 +118,14 @@ impl OpImpl<BinaryDesc> for ReferenceBackend {
         let acc = desc.accesses()?;
         self.float_only("binary", desc.dtype)?;
         self.run(acc, |mem| binary(mem, desc))
+    }
+}
+
+impl OpImpl<UnaryBackwardDesc> for ReferenceBackend {
+    fn op(&self, desc: &UnaryBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("unary_backward", desc.dtype)?;
+        self.run(acc, |mem| unary_backward(mem, desc))
     }
 }
 

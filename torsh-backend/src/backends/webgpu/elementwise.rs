@@ -7,7 +7,10 @@
 //! answers [`Launch::Stage`], as do misaligned operands and other dtypes (f16 without `SHADER_F16`);
 //! fills and copies of those go to `cast.wgsl`, and math ops are staged (`staging.rs`).
 
-use crate::compute::{BinaryDesc, CopyDesc, FillDesc, StridedBuf, UnaryDesc, Value};
+use crate::compute::{
+    BinaryDesc, BinaryOp, CopyDesc, FillDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc, UnaryOp,
+    Value,
+};
 use crate::dtype::{rounded, DType};
 use crate::error::Result;
 use crate::shape::{coalesce, Layout};
@@ -217,6 +220,62 @@ pub(crate) fn binary(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &BinaryDesc)
     launch(gpu, kernels, (module, "binary"), code, &shape, views, 0)
 }
 
+/// The backward of a unary op: `binary`'s walk over the saved tensor and the gradient, with the
+/// op's derivative (`unary_backward` in `elementwise.wgsl`).
+pub(crate) fn unary_backward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &UnaryBackwardDesc,
+) -> Result<Launch> {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, ELEMENTWISE, ELEMENTWISE_F16) else {
+        return Ok(Launch::Stage);
+    };
+    let out = StridedBuf::contiguous(d.output, d.saved.layout.shape());
+    let Some((shape, v)) = views(mem, "unary_backward", size, [&out, &d.saved, &d.grad])? else {
+        return Ok(Launch::Stage);
+    };
+    let views = [Some(&v[0]), Some(&v[1]), Some(&v[2])];
+    let code = u64::from(d.op.code());
+    launch(
+        gpu,
+        kernels,
+        (module, "unary_backward"),
+        code,
+        &shape,
+        views,
+        0,
+    )
+}
+
+/// `desc` as the binary op whose operands and pieces it shares (the op itself unused).
+fn as_binary(desc: &UnaryBackwardDesc) -> BinaryDesc {
+    BinaryDesc {
+        op: BinaryOp::Mul,
+        dtype: desc.dtype,
+        lhs: desc.saved.clone(),
+        rhs: Value::Tensor(desc.grad.clone()),
+        output: desc.output,
+    }
+}
+
+/// A piece of [`as_binary`]'s op back as a backward of `op`.
+fn from_binary(op: UnaryOp, piece: BinaryDesc) -> Result<UnaryBackwardDesc> {
+    match piece.rhs {
+        Value::Tensor(grad) => Ok(UnaryBackwardDesc {
+            op,
+            dtype: piece.dtype,
+            saved: piece.lhs,
+            grad,
+            output: piece.output,
+        }),
+        Value::Scalar(_) => Err(crate::error::BackendError::invalid(
+            "unary_backward",
+            "a piece lost its gradient view (internal error)",
+        )),
+    }
+}
+
 /// `desc` with a scalar `rhs` rounded to its dtype: the f32 kernels (and the f32 copies of staged
 /// operands) then compute with exactly the value the reference uses. Every float dtype's values
 /// are f32 values except f64's, which WebGPU does not compute in.
@@ -284,6 +343,28 @@ impl OpImpl<BinaryDesc> for WebGpuBackend {
             Plan::TooLarge => pieces::binary_by_index(desc)?
                 .iter()
                 .try_for_each(|d| self.binary(d)),
+        }
+    }
+}
+
+impl OpImpl<UnaryBackwardDesc> for WebGpuBackend {
+    fn op(&self, desc: &UnaryBackwardDesc) -> Result<()> {
+        math_dtype("unary_backward", desc.dtype, desc)?;
+        let run = |d: &UnaryBackwardDesc| self.run(d, unary_backward);
+        let back = |parts: Vec<BinaryDesc>| -> Result<Vec<UnaryBackwardDesc>> {
+            parts.into_iter().map(|p| from_binary(desc.op, p)).collect()
+        };
+        let split = |mem: &Memory, d: &UnaryBackwardDesc| {
+            pieces::binary(mem, &as_binary(d))?.map(back).transpose()
+        };
+        match self.plan(desc, desc.dtype, split, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // Not even one index of the output's leading dim fits a binding: each is an op of one
+            // rank less.
+            Plan::TooLarge => back(pieces::binary_by_index(&as_binary(desc))?)?
+                .iter()
+                .try_for_each(|d| self.unary_backward(d)),
         }
     }
 }

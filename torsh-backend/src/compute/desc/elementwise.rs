@@ -69,6 +69,78 @@ impl BinaryDesc {
     }
 }
 
+/// Which tensor a unary op's backward reads besides the gradient: its input `x` or its output `y`
+/// (as PyTorch saves them: the output where the derivative is cheapest from it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SavedTensor {
+    /// The op's input.
+    Input,
+    /// The op's output.
+    Output,
+}
+
+impl UnaryOp {
+    /// The tensor [`UnaryBackwardDesc`] reads for this op: the output `y` for `exp`, `sqrt`,
+    /// `rsqrt`, `recip`, `relu`, `sigmoid` and `tanh`; the input `x` for the others.
+    pub const fn saved(self) -> SavedTensor {
+        match self {
+            UnaryOp::Exp
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Recip
+            | UnaryOp::Relu
+            | UnaryOp::Sigmoid
+            | UnaryOp::Tanh => SavedTensor::Output,
+            _ => SavedTensor::Input,
+        }
+    }
+}
+
+/// The backward of an elementwise unary op: `output[i] = grad[i] · op'(x[i])`, computed from
+/// `saved`, which is the op's input `x` or its output `y` as [`UnaryOp::saved`] says (for example
+/// `grad · y` for `exp`, `grad · (y > 0)` for `relu`, `grad · cos x` for `sin`). `saved` and `grad`
+/// are views of the output's shape (broadcast by stride-0 dims); the output is contiguous and may
+/// be either of them when that one is contiguous and not broadcast. Floating dtypes. Errors:
+/// `ShapeMismatch` for views of different shapes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnaryBackwardDesc {
+    /// The forward op.
+    pub op: UnaryOp,
+    /// Element type of every operand.
+    pub dtype: DType,
+    /// The op's input or output, as [`UnaryOp::saved`] says.
+    pub saved: StridedBuf,
+    /// The gradient of the op's output.
+    pub grad: StridedBuf,
+    /// The gradient of the op's input (contiguous).
+    pub output: DevicePtr,
+}
+
+impl UnaryBackwardDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "unary_backward";
+        let shape = self.saved.layout.shape();
+        if self.grad.layout.shape() != shape {
+            return Err(BackendError::shape(
+                op,
+                format!(
+                    "grad {:?} must have the shape of the saved tensor {shape:?}",
+                    self.grad.layout.shape()
+                ),
+            ));
+        }
+        let mut acc = Accesses::new(op, InPlace::ExactAllowed);
+        self.saved
+            .add_region(&mut acc, "saved", self.dtype, Access::Read)?;
+        self.grad
+            .add_region(&mut acc, "grad", self.dtype, Access::Read)?;
+        let bytes = dense_bytes(op, shape, self.dtype)?;
+        acc.push("output", self.output, bytes, Access::Write, true);
+        Ok(acc)
+    }
+}
+
 /// Sets `len` contiguous elements to `value` (converted to `dtype` with Rust `as` semantics).
 #[derive(Clone, Debug, PartialEq)]
 pub struct FillDesc {
@@ -259,6 +331,12 @@ crate::compute::op::op_desc!(UnaryDesc => unary, dtype: dtype, {
 crate::compute::op::op_desc!(BinaryDesc => binary, dtype: dtype, {
     strided "lhs": lhs,
     value "rhs": rhs,
+    dense "output": output,
+});
+
+crate::compute::op::op_desc!(UnaryBackwardDesc => unary_backward, dtype: dtype, {
+    strided "saved": saved,
+    strided "grad": grad,
     dense "output": output,
 });
 

@@ -35,7 +35,7 @@ pub(crate) fn binary(mem: &mut HostMemory, d: &BinaryDesc, ctx: Ctx) -> Result<(
 
 /// One operand of a binary op.
 #[derive(Clone, Copy, Debug)]
-enum Operand<T> {
+pub(super) enum Operand<T> {
     /// A view of memory.
     View {
         /// From its first element to its last.
@@ -52,32 +52,11 @@ fn binary_t<T: Lanes>(mem: &mut HostMemory, d: &BinaryDesc, ctx: Ctx) -> Result<
 where
     T::Acc: Pow,
 {
-    const OP: &str = "binary";
-    let shape = d.lhs.layout.shape();
-    let lhs = View::<T>::of(mem, OP, &d.lhs)?;
-    let out = Span::<T>::of(mem, OP, d.output, lhs.numel())?;
-    let mut overlapped = false;
-    let mut operand = |v: &View<T>| {
-        let is_output = out.same_as(&v.span());
-        overlapped |= is_output && !v.is_contiguous();
-        Operand::View {
-            span: v.span(),
-            is_output,
-        }
-    };
-    let a = operand(&lhs);
-    let (b, rhs_strides) = match &d.rhs {
-        Value::Tensor(buf) => (
-            operand(&View::<T>::of(mem, OP, buf)?),
-            buf.layout.strides().to_vec(),
-        ),
-        &Value::Scalar(s) => (Operand::Const(T::from_f64(s)), vec![0; shape.len()]),
-    };
-    if overlapped {
+    let Some(Zip { dims, a, b, out }) = Zip::<T>::of(mem, "binary", &d.lhs, &d.rhs, d.output)?
+    else {
         // The checks never let an output overlap a non-dense input; the reference copes if they did.
         return reference::binary(mem, d);
-    }
-    let dims = Dims::new(shape, [d.lhs.layout.strides(), &rhs_strides[..]]);
+    };
     type A<T> = <T as Element>::Acc;
     match d.op {
         BinaryOp::Add => zip(&dims, a, b, out, ctx, |x: A<T>, y| x + y),
@@ -89,6 +68,59 @@ where
         BinaryOp::Pow => zip(&dims, a, b, out, ctx, <A<T> as Pow>::pow),
     }
     Ok(())
+}
+
+/// Two operands walked together into a dense output: the walk over their merged dims, each
+/// operand, and the output.
+pub(super) struct Zip<T> {
+    pub(super) dims: Dims<2>,
+    pub(super) a: Operand<T>,
+    pub(super) b: Operand<T>,
+    pub(super) out: Span<T>,
+}
+
+impl<T: Lanes> Zip<T> {
+    /// The operands `lhs` and `rhs` (a view, or a scalar rounded to `T`) and the dense `output`
+    /// of `lhs`'s shape; `None` when the output is a non-dense input's memory (the descriptors'
+    /// checks never allow it).
+    pub(super) fn of(
+        mem: &mut HostMemory,
+        op: &'static str,
+        lhs: &StridedBuf,
+        rhs: &Value,
+        output: DevicePtr,
+    ) -> Result<Option<Zip<T>>> {
+        let shape = lhs.layout.shape();
+        let lhs_view = View::<T>::of(mem, op, lhs)?;
+        let out = Span::<T>::of(mem, op, output, lhs_view.numel())?;
+        let mut overlapped = false;
+        let mut operand = |v: &View<T>| {
+            let is_output = out.same_as(&v.span());
+            overlapped |= is_output && !v.is_contiguous();
+            Operand::View {
+                span: v.span(),
+                is_output,
+            }
+        };
+        let a = operand(&lhs_view);
+        let (b, rhs_strides) = match rhs {
+            Value::Tensor(buf) => (
+                operand(&View::<T>::of(mem, op, buf)?),
+                buf.layout.strides().to_vec(),
+            ),
+            &Value::Scalar(s) => (Operand::Const(T::from_f64(s)), vec![0; shape.len()]),
+        };
+        if overlapped {
+            return Ok(None);
+        }
+        let dims = Dims::new(shape, [lhs.layout.strides(), &rhs_strides[..]]);
+        Ok(Some(Zip { dims, a, b, out }))
+    }
+
+    /// `out[i] = f(a[i], b[i])`, threaded.
+    pub(super) fn run(&self, ctx: Ctx, f: impl Fn(T::Acc, T::Acc) -> T::Acc + Copy + Send + Sync) {
+        zip(&self.dims, self.a, self.b, self.out, ctx, f)
+    }
 }
 
 /// The larger of `a` and `b`, NaN if either is.

@@ -249,6 +249,7 @@ impl<const K: usize> Dims<K> {
     }
 }
 
+mod backward;
 mod binary;
 mod cast;
 mod copy;

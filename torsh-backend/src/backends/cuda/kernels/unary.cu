@@ -159,3 +159,61 @@ template <typename T> __device__ void unary_vec_body(const T* x, T* y, i64 n, in
     }
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY
+
+// g * op'(v) with the formulas of math.rs::unary_grad, from v: the op's input x or its output y as
+// `UnaryOp::saved` says (y for exp, sqrt, rsqrt, recip, relu, sigmoid, tanh).
+template <typename A> __device__ __forceinline__ A unary_grad(int op, A v, A g) {
+    switch (op) {
+    case UNARY_NEG: return -g;
+    case UNARY_ABS: return v > A(0) ? g : (v < A(0) ? -g : A(0) * g);
+    case UNARY_EXP: return g * v;
+    case UNARY_LOG: return g / v;
+    case UNARY_SQRT: return g / (A(2) * v);
+    case UNARY_RSQRT: return A(-0.5) * g * v * v * v;
+    case UNARY_RECIP: return -g * v * v;
+    case UNARY_SQUARE: return A(2) * g * v;
+    case UNARY_RELU: return v <= A(0) ? A(0) : g;
+    case UNARY_GELU: {
+        const A cdf = A(0.5) * (A(1) + m_erf(v / A(1.4142135623730951)));
+        const A pdf = m_exp(A(-0.5) * v * v) * A(0.3989422804014327);
+        return g * (cdf + v * pdf);
+    }
+    case UNARY_GELU_TANH: {
+        const A c = A(0.7978845608028654);
+        const A t = m_tanh(c * (v + A(0.044715) * v * v * v));
+        const A du = c * (A(1) + A(3 * 0.044715) * v * v);
+        return g * (A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * du);
+    }
+    case UNARY_SIGMOID: return g * v * (A(1) - v);
+    case UNARY_SILU: {
+        const A s = sigmoid(v);
+        return g * (s + v * s * (A(1) - s));
+    }
+    case UNARY_TANH: return g * (A(1) - v * v);
+    case UNARY_SIN: return g * m_cos(v);
+    case UNARY_COS: return -g * m_sin(v);
+    case UNARY_ERF: return g * A(1.1283791670955126) * m_exp(-v * v);
+    default: return m_nan(v);
+    }
+}
+
+// unary_backward_<dtype>(v, vs, g, gs, y, n, op): y[i] = g[i] * op'(v[i]) in the accumulator,
+// rounded once; y[0..n) dense, v and g strided (broadcast dims: stride 0).
+template <typename T>
+__device__ void unary_backward_body(const T* v, const Strided& vs, const T* g, const Strided& gs,
+                                    T* y, i64 n, int op) {
+    typedef typename Num<T>::acc A;
+    TORSH_GRID_STRIDE(i, n) {
+        const A a = Num<T>::load(v[elem_offset(vs, i)]);
+        const A b = Num<T>::load(g[elem_offset(gs, i)]);
+        y[i] = Num<T>::store(unary_grad<A>(op, a, b));
+    }
+}
+
+#define ENTRY(S, T)                                                                         \
+    extern "C" __global__ void unary_backward_##S(const T* v, Strided vs, const T* g,       \
+                                                  Strided gs, T* y, i64 n, int op) {        \
+        unary_backward_body<T>(v, vs, g, gs, y, n, op);                                     \
+    }
+TORSH_FLOAT_TYPES(ENTRY)
+#undef ENTRY

@@ -257,3 +257,61 @@ fn binary_scalar(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         out[strided(i, OUT_VIEW)] = store_elem(binary_op(x, bitcast<f32>(p[SCALAR])));
     }
 }
+
+// g * op'(v) with the formulas of math.rs::unary_grad, from v: the op's input x or its output y as
+// `UnaryOp::saved` says (y for exp, sqrt, rsqrt, recip, relu, sigmoid, tanh).
+fn unary_grad(v: f32, g: f32) -> f32 {
+    switch OP {
+        case UNARY_NEG: { return -g; }
+        case UNARY_ABS: {
+            if (v > 0.0) { return g; }
+            if (v < 0.0) { return -g; }
+            return 0.0 * g;
+        }
+        case UNARY_EXP: { return g * v; }
+        case UNARY_LOG: { return g / v; }
+        case UNARY_SQRT: { return g / (2.0 * v); }
+        case UNARY_RSQRT: { return -0.5 * g * v * v * v; }
+        case UNARY_RECIP: { return -g * v * v; }
+        case UNARY_SQUARE: { return 2.0 * g * v; }
+        case UNARY_RELU: { return select(g, 0.0, v <= 0.0); }
+        case UNARY_GELU: {
+            // Phi(v) through erfc below zero, so it keeps its relative accuracy in the tail.
+            let a = abs(v) * 0.7071067811865476;
+            var cdf = 0.5 * erfc_pos(a);
+            if (v >= 0.0) { cdf = 1.0 - cdf; }
+            let pdf = exp(-0.5 * v * v) * 0.3989422804014327;
+            return g * (cdf + v * pdf);
+        }
+        case UNARY_GELU_TANH: {
+            let c = 0.7978845608028654;
+            let u = c * fma(0.044715 * v, v * v, v);
+            let t = 1.0 - 2.0 / (1.0 + exp(2.0 * u));
+            let du = c * fma(0.134145 * v, v, 1.0);
+            return g * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du);
+        }
+        case UNARY_SIGMOID: { return g * v * (1.0 - v); }
+        case UNARY_SILU: {
+            let s = sigmoid(v);
+            return g * (s + v * s * (1.0 - s));
+        }
+        case UNARY_TANH: { return g * (1.0 - v * v); }
+        case UNARY_SIN: { return g * cos(v); }
+        case UNARY_COS: { return -g * sin(v); }
+        case UNARY_ERF: { return g * 1.1283791670955126 * exp(-v * v); }
+        default: { return bitcast<f32>(0x7fc00000u); }
+    }
+}
+
+// The gradient of a unary op's input: out = b * op'(a), a the saved input or output, b the
+// gradient of the op's output.
+@compute @workgroup_size(256)
+fn unary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let i = index_of(wid, groups, lid);
+    if (i < p[0]) {
+        let v = load_elem(a[strided(i, A_VIEW)]);
+        let g = load_elem(b[strided(i, B_VIEW)]);
+        out[strided(i, OUT_VIEW)] = store_elem(unary_grad(v, g));
+    }
+}
