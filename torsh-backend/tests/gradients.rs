@@ -60,3 +60,34 @@ fn unary_backward_reads_the_saved_tensor() -> Result<()> {
     assert_eq!(sin[2], 3.0 * 2f64.cos());
     Ok(())
 }
+
+/// Dropout zeroes about `p` of the elements and scales the rest by `1 / (1 − p)`; its backward
+/// applies the same mask to the gradient, regenerated from the seed; the same seed gives the same
+/// mask and another seed another.
+#[test]
+fn dropout_masks_by_the_seed_and_its_backward_reuses_the_mask() -> Result<()> {
+    let b = Backend::reference()?;
+    let n = 20_000;
+    let x = b.from_f64(&vec![2.0; n], &[n], DType::F64)?;
+    let (p, seed) = (0.3, 11);
+    let y = x.dropout(p, seed)?.to_vec_f64()?;
+    let kept = y.iter().filter(|&&v| v != 0.0).count() as f64 / n as f64;
+    assert!((kept - 0.7).abs() < 0.02, "kept {kept}");
+    assert!(y.iter().all(|&v| v == 0.0 || v == 2.0 / 0.7));
+    let grad: Vec<f64> = (0..n).map(|i| (i % 7) as f64 - 3.0).collect();
+    let g = b.from_f64(&grad, &[n], DType::F64)?;
+    let dx = b.dropout_backward(&g, p, seed)?.to_vec_f64()?;
+    for k in 0..n {
+        let want = if y[k] != 0.0 { grad[k] / 0.7 } else { 0.0 };
+        assert_eq!(dx[k], want, "element {k}");
+    }
+    assert_eq!(x.dropout(p, seed)?.to_vec_f64()?, y);
+    assert_ne!(x.dropout(p, seed + 1)?.to_vec_f64()?, y);
+    assert!(x
+        .dropout(1.0, seed)?
+        .to_vec_f64()?
+        .iter()
+        .all(|&v| v == 0.0));
+    assert_eq!(x.dropout(0.0, seed)?.to_vec_f64()?, vec![2.0; n]);
+    Ok(())
+}

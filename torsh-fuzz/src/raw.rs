@@ -9,10 +9,10 @@
 
 use torsh_backend::compute::{
     AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, CompareDesc,
-    CompareOp, Conv2dDesc, CopyDesc, Distribution, FillDesc, GatherDesc, GemmDesc, GemvDesc,
-    LayerNormDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp,
-    ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc,
-    UnaryOp, UnscaleDesc, Value, WhereDesc,
+    CompareOp, Conv2dDesc, CopyDesc, Distribution, DropoutDesc, FillDesc, GatherDesc, GemmDesc,
+    GemvDesc, LayerNormDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc,
+    ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc,
+    UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -98,7 +98,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 25) {
+    match rng.range(0, 26) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -469,6 +469,21 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                 },
             )
         }
+        25 => op(
+            "dropout",
+            &[(bytes, false), (bytes, true)],
+            true,
+            move |c, p| {
+                c.dropout(&DropoutDesc {
+                    dtype: F32,
+                    input: p[0],
+                    output: p[1],
+                    len: n,
+                    p: 0.25,
+                    seed: 3,
+                })
+            },
+        ),
         16 => op("random", &[(bytes, true)], false, move |c, p| {
             c.random(&RandomDesc {
                 dtype: F32,

@@ -251,6 +251,12 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// Dropout (forward, or backward on a gradient) from a counter-based mask; see
+    /// [`DropoutDesc`].
+    fn dropout(&self, desc: &DropoutDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// Softmax or log-softmax; see [`SoftmaxDesc`].
     fn softmax(&self, desc: &SoftmaxDesc) -> Result<()> {
         Err(desc.unsupported(self))
@@ -499,6 +505,7 @@ macro_rules! for_each_op {
             unary($crate::compute::UnaryDesc),
             binary($crate::compute::BinaryDesc),
             unary_backward($crate::compute::UnaryBackwardDesc),
+            dropout($crate::compute::DropoutDesc),
             softmax($crate::compute::SoftmaxDesc),
             layer_norm($crate::compute::LayerNormDesc),
             batch_norm($crate::compute::BatchNormDesc),

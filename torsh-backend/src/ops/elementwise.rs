@@ -2,7 +2,7 @@
 
 use crate::backend::Backend;
 use crate::compute::{
-    BinaryDesc, BinaryOp, SavedTensor, UnaryBackwardDesc, UnaryDesc, UnaryOp, Value,
+    BinaryDesc, BinaryOp, DropoutDesc, SavedTensor, UnaryBackwardDesc, UnaryDesc, UnaryOp, Value,
 };
 use crate::error::Result;
 use crate::shape::broadcast_shapes;
@@ -42,6 +42,33 @@ impl Backend {
             output: out.data_ptr(),
         })?;
         Ok(out)
+    }
+
+    /// Dropout, as `F.dropout` in training: each element zeroed with probability `p`, the others
+    /// scaled by `1 / (1 − p)`, into a new contiguous tensor. The mask comes from the crate's
+    /// counter-based stream `seed` ([`crate::rng`]) and the element's row-major position, so it is
+    /// the same on every backend and is never stored: [`Backend::dropout_backward`] regenerates
+    /// it. Floating dtypes. Errors: `InvalidArgument` for `p` outside `[0, 1]`, `Unsupported` for
+    /// an integer dtype.
+    pub fn dropout(&self, x: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
+        self.check_owner("dropout", x)?;
+        let x = x.contiguous()?;
+        let out = self.empty(x.shape(), x.dtype())?;
+        self.compute().dropout(&DropoutDesc {
+            dtype: x.dtype(),
+            input: x.data_ptr(),
+            output: out.data_ptr(),
+            len: x.numel(),
+            p,
+            seed,
+        })?;
+        Ok(out)
+    }
+
+    /// The gradient of [`Backend::dropout`]'s input from `grad`, its output's gradient: the same
+    /// mask and scale (the same `p` and `seed`) applied to `grad`. Errors as [`Backend::dropout`].
+    pub fn dropout_backward(&self, grad: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
+        self.dropout(grad, p, seed)
     }
 
     /// `op(a, b)` elementwise after broadcasting both to their common shape. `ShapeMismatch` when the
@@ -159,6 +186,11 @@ impl Tensor {
     /// [`Backend::unary_backward`].
     pub fn unary_backward(&self, op: UnaryOp, grad: &Tensor) -> Result<Tensor> {
         self.backend().unary_backward(op, self, grad)
+    }
+
+    /// Dropout with probability `p` from stream `seed`; see [`Backend::dropout`].
+    pub fn dropout(&self, p: f64, seed: u64) -> Result<Tensor> {
+        self.backend().dropout(self, p, seed)
     }
 
     /// [`Tensor::unary_backward`] from the op's input `x` (this tensor) whatever the op saves:

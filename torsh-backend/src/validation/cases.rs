@@ -75,6 +75,11 @@ pub fn all() -> Vec<ParityCase> {
             body: unary_backward,
         },
         ParityCase {
+            op: "dropout",
+            dtypes: FLOATS,
+            body: dropout,
+        },
+        ParityCase {
             op: "binary",
             dtypes: FLOATS,
             body: binary,
@@ -361,6 +366,18 @@ fn unary_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
         };
         out.push(x.unary_backward_from_input(op, &grad)?);
         out.push(x.unary_backward_from_input(op, &row)?);
+    }
+    Ok(out)
+}
+
+fn dropout(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // A strided view (made dense first), an odd length, the backward, and both ends of p.
+    let x = i.normal(&[9, 13])?.t()?;
+    let grad = i.normal(&[13, 9])?;
+    let mut out = Vec::new();
+    for (p, seed) in [(0.3, 5), (0.5, 6), (0.0, 7), (1.0, 8)] {
+        out.push(x.dropout(p, seed)?);
+        out.push(i.backend().dropout_backward(&grad, p, seed)?);
     }
     Ok(out)
 }

@@ -465,6 +465,20 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
             ShapeMismatch
         );
         assert_mentions(&err, &["unary_backward", "grad"]);
+        for p in [1.5, -0.1, f64::NAN] {
+            let err = assert_err!(
+                c.dropout(&DropoutDesc {
+                    dtype: DType::F32,
+                    input: x,
+                    output: out,
+                    len: 4,
+                    p,
+                    seed: 1,
+                }),
+                InvalidArgument
+            );
+            assert_mentions(&err, &["dropout", "p ="]);
+        }
         assert_err!(
             c.copy_strided(&CopyDesc {
                 dtype: DType::F32,

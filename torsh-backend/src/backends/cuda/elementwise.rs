@@ -177,6 +177,29 @@ pub(crate) fn random(gpu: &Gpu, d: &RandomDesc) -> Result<()> {
     Ok(())
 }
 
+/// Dropout by the counter-based mask, the reference's values (`dropout_<dtype>` in `random.cu`).
+pub(crate) fn dropout(gpu: &Gpu, d: &DropoutDesc) -> Result<()> {
+    const OP: &str = "dropout";
+    if d.len == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.input, d.output])?;
+    let f = kernel(gpu, dropout_entry(d.dtype))?;
+    let n = to_i64(OP, d.len)?;
+    let (threshold, scale) = (d.threshold(), d.scale());
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.input.0)
+        .arg(&d.output.0)
+        .arg(&n)
+        .arg(&d.seed)
+        .arg(&threshold)
+        .arg(&scale);
+    // SAFETY: the regions were checked by the caller (the output is the input or overlaps no
+    // input); the arguments match `dropout_<dtype>(const T*, T*, i64, u64, u64, double)`.
+    unsafe { b.launch(gpu.grid(d.len)) }.map_err(|e| driver_error(OP, e))?;
+    Ok(())
+}
+
 /// Converts a strided input of one dtype into a dense output of another (any pair of dtypes).
 pub(crate) fn cast(gpu: &Gpu, d: &CastDesc) -> Result<()> {
     const OP: &str = "cast";
@@ -414,6 +437,11 @@ fn unary_backward_entry(dtype: DType) -> Entry {
     )
 }
 
+/// `dropout_<dtype>` in `random.cu`.
+fn dropout_entry(dtype: DType) -> Entry {
+    ("random", Some(dtype), format!("dropout_{}", suffix(dtype)))
+}
+
 /// `random_<dtype>` in `random.cu`.
 fn random_entry(dtype: DType) -> Entry {
     ("random", Some(dtype), format!("random_{}", suffix(dtype)))
@@ -498,6 +526,14 @@ impl OpImpl<UnaryBackwardDesc> for CudaBackend {
         let acc = desc.accesses()?;
         Self::float_only("unary_backward", desc.dtype)?;
         self.run(acc, |gpu| unary_backward(gpu, desc))
+    }
+}
+
+impl OpImpl<DropoutDesc> for CudaBackend {
+    fn op(&self, desc: &DropoutDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("dropout", desc.dtype)?;
+        self.run(acc, |gpu| dropout(gpu, desc))
     }
 }
 
@@ -883,7 +919,7 @@ mod tests {
         for s in DType::ALL {
             if s.is_float() {
                 entries.extend([unary_entry(s), unary_vec_entry(s), random_entry(s)]);
-                entries.push(unary_backward_entry(s));
+                entries.extend([unary_backward_entry(s), dropout_entry(s)]);
                 entries.extend(
                     ["binary", "binary_vec", "binary_scalar", "binary_scalar_vec"]
                         .map(|k| binary_entry(s, k)),

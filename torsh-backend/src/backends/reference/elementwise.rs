@@ -1,8 +1,8 @@
 //! Unary, binary, cast, fill, strided copy and random fill.
 
 use crate::compute::{
-    BinaryDesc, CastDesc, CopyDesc, Distribution, FillDesc, RandomDesc, UnaryBackwardDesc,
-    UnaryDesc, Value,
+    BinaryDesc, CastDesc, CopyDesc, Distribution, DropoutDesc, FillDesc, RandomDesc, StridedBuf,
+    UnaryBackwardDesc, UnaryDesc, Value,
 };
 use crate::error::Result;
 use crate::rng;
@@ -103,6 +103,32 @@ pub fn random(mem: &mut HostMemory, d: &RandomDesc) -> Result<()> {
         })
         .collect();
     mem.store(d.dtype, d.ptr, &values)
+}
+
+/// `output[i] = input[i] · scale` where the stream keeps element `i`, else 0.
+pub fn dropout(mem: &mut HostMemory, d: &DropoutDesc) -> Result<()> {
+    let x = mem.load(d.dtype, &StridedBuf::contiguous(d.input, &[d.len]))?;
+    let (t, scale) = (d.threshold(), d.scale());
+    let y: Vec<f64> = x
+        .into_iter()
+        .zip(0u64..)
+        .map(|(v, i)| {
+            if rng::bits(d.seed, i) >> 11 >= t {
+                v * scale
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    mem.store(d.dtype, d.output, &y)
+}
+
+impl OpImpl<DropoutDesc> for ReferenceBackend {
+    fn op(&self, desc: &DropoutDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("dropout", desc.dtype)?;
+        self.run(acc, |mem| dropout(mem, desc))
+    }
 }
 
 impl OpImpl<UnaryDesc> for ReferenceBackend {

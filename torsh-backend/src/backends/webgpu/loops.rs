@@ -193,6 +193,9 @@ pub(crate) const CAST: u64 = passes(4) + 4 * passes(8) + passes(8);
 /// `random.wgsl`: the series of `log_one_minus` (9 terms).
 pub(crate) const RANDOM: u64 = passes(9);
 
+/// `dropout.wgsl`: no loops.
+pub(crate) const DROPOUT: u64 = 0;
+
 /// `optim.wgsl` and `unscale.wgsl`: no loops.
 pub(crate) const NONE: u64 = 0;
 

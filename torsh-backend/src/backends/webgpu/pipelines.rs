@@ -221,14 +221,28 @@ pub(crate) const SORT: Module = wgsl!("sort.wgsl", 3, ["order.wgsl", "sort.wgsl"
 pub(crate) const RANDOM: Module = wgsl!(
     "random.wgsl",
     1,
-    ["elem_f32.wgsl", "wide.wgsl", "random.wgsl"]
+    ["elem_f32.wgsl", "wide.wgsl", "counter.wgsl", "random.wgsl"]
+);
+
+/// `shaders/dropout.wgsl`: dropout (input, output) of f32 elements by the counter-based stream.
+pub(crate) const DROPOUT: Module = wgsl!(
+    "dropout.wgsl",
+    2,
+    ["elem_f32.wgsl", "wide.wgsl", "counter.wgsl", "dropout.wgsl"]
+);
+
+/// [`DROPOUT`] of f16 elements, for devices with `SHADER_F16`.
+pub(crate) const DROPOUT_F16: Module = wgsl!(
+    "dropout.wgsl+f16",
+    2,
+    ["elem_f16.wgsl", "wide.wgsl", "counter.wgsl", "dropout.wgsl"]
 );
 
 /// [`RANDOM`] of f16 elements, for devices with `SHADER_F16`.
 pub(crate) const RANDOM_F16: Module = wgsl!(
     "random.wgsl+f16",
     1,
-    ["elem_f16.wgsl", "wide.wgsl", "random.wgsl"]
+    ["elem_f16.wgsl", "wide.wgsl", "counter.wgsl", "random.wgsl"]
 );
 
 /// The module of a kernel with f32 math that serves `dtype` elements, with their size in bytes:

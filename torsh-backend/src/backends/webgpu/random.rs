@@ -1,9 +1,10 @@
-//! Host side of `shaders/random.wgsl`: uniform and normal fills from the crate's counter-based stream.
+//! Host side of `shaders/random.wgsl`: uniform and normal fills from the crate's counter-based stream,
+//! and of `shaders/dropout.wgsl`, dropout by the same streams.
 //! The stream's key `mix64(seed ^ GOLDEN)` is computed here once; every element's 64 bits are then the
 //! reference's, and the values are formed in f32 (see the shader) and stored as f32 or f16.
 
-use crate::compute::{Distribution, RandomDesc};
-use crate::error::Result;
+use crate::compute::{Distribution, DropoutDesc, RandomDesc};
+use crate::error::{BackendError, Result};
 use crate::rng::{mix64, GOLDEN};
 
 use super::context::Gpu;
@@ -11,7 +12,9 @@ use super::elementwise::Launch;
 use super::large::{pieces, Plan};
 use super::math_dtype;
 use super::memory::Memory;
-use super::pipelines::{for_dtype, grid_1d, Dispatch, Kernels, RANDOM, RANDOM_F16};
+use super::pipelines::{
+    for_dtype, grid_1d, Dispatch, Kernels, DROPOUT, DROPOUT_F16, RANDOM, RANDOM_F16,
+};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 
@@ -70,6 +73,66 @@ pub(crate) fn random_from(
         },
     )?;
     Ok(Launch::Done)
+}
+
+/// Dropout of f32, or (with `SHADER_F16`) f16, elements by the counter-based mask, the threshold
+/// compared as integers; `Stage` for other dtypes or misaligned operands, `FeatureUnavailable` for
+/// more than 2^32 elements or operands past one binding.
+pub(crate) fn dropout(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &DropoutDesc,
+) -> Result<Launch> {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, DROPOUT, DROPOUT_F16) else {
+        return Ok(Launch::Stage);
+    };
+    let beyond = || BackendError::FeatureUnavailable {
+        feature: "WebGPU dropout",
+        reason: format!(
+            "{} elements: the kernel takes at most 2^32 within one storage binding",
+            d.len
+        ),
+    };
+    let n = u32::try_from(d.len).map_err(|_| beyond())?;
+    let (Some((input, x_offset)), Some((output, y_offset))) = (
+        mem.elements_u32(d.input, d.len, size)?,
+        mem.elements_u32(d.output, d.len, size)?,
+    ) else {
+        return Err(beyond());
+    };
+    let key = mix64(d.seed ^ GOLDEN);
+    let threshold = d.threshold();
+    let params = [
+        n,
+        y_offset,
+        key as u32,
+        (key >> 32) as u32,
+        x_offset,
+        threshold as u32,
+        (threshold >> 32) as u32,
+        (d.scale() as f32).to_bits(),
+    ];
+    kernels.dispatch(
+        gpu,
+        Dispatch {
+            module,
+            entry: "dropout",
+            constants: &[],
+            buffers: &[input, output],
+            params: &params,
+            groups: grid_1d(d.len, gpu.limits.max_compute_workgroups_per_dimension)?,
+            loops: super::loops::DROPOUT,
+        },
+    )?;
+    Ok(Launch::Done)
+}
+
+impl OpImpl<DropoutDesc> for WebGpuBackend {
+    fn op(&self, desc: &DropoutDesc) -> Result<()> {
+        math_dtype("dropout", desc.dtype, desc)?;
+        self.run(desc, dropout)
+    }
 }
 
 impl OpImpl<RandomDesc> for WebGpuBackend {

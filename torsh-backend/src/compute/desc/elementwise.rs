@@ -323,6 +323,71 @@ impl RandomDesc {
     }
 }
 
+/// Dropout from the crate's counter-based stream ([`crate::rng`]): element `i` of the dense input is
+/// kept, times `1 / (1 − p)`, when `uniform(seed, i) ≥ p`, and zeroed otherwise. The mask depends
+/// only on `seed`, `p` and `i`, so the backward is the same op on the output's gradient with the
+/// same seed: nothing is stored, and every backend keeps the same elements (the test compares the
+/// stream's 53-bit integers, never a rounded float). `p = 1` zeroes everything. The output may be
+/// the input itself. Floating dtypes. Errors: `InvalidArgument` for `p` outside `[0, 1]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DropoutDesc {
+    /// Element type.
+    pub dtype: DType,
+    /// First input element (dense).
+    pub input: DevicePtr,
+    /// First output element (dense).
+    pub output: DevicePtr,
+    /// Elements.
+    pub len: usize,
+    /// The probability of zeroing an element.
+    pub p: f64,
+    /// The stream.
+    pub seed: u64,
+}
+
+impl DropoutDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = "dropout";
+        if !(0.0..=1.0).contains(&self.p) {
+            return Err(BackendError::invalid(
+                op,
+                format!("p = {} must lie in [0, 1]", self.p),
+            ));
+        }
+        let mut acc = Accesses::new(op, InPlace::ExactAllowed);
+        acc.push_dense("input", self.input, &[self.len], self.dtype, Access::Read)?;
+        acc.push_dense(
+            "output",
+            self.output,
+            &[self.len],
+            self.dtype,
+            Access::Write,
+        )?;
+        Ok(acc)
+    }
+
+    /// Element `i` is kept when the top 53 bits of the stream's `bits(seed, i)` are at least this
+    /// (`⌈p · 2⁵³⌉`, exact: `p · 2⁵³` is a power-of-two scaling).
+    pub fn threshold(&self) -> u64 {
+        (self.p * (1u64 << 53) as f64).ceil() as u64
+    }
+
+    /// The factor of a kept element, `1 / (1 − p)` (0 for `p = 1`, which keeps nothing).
+    pub fn scale(&self) -> f64 {
+        if self.p < 1.0 {
+            1.0 / (1.0 - self.p)
+        } else {
+            0.0
+        }
+    }
+}
+
+crate::compute::op::op_desc!(DropoutDesc => dropout, dtype: dtype, {
+    dense "input": input,
+    dense "output": output,
+});
+
 crate::compute::op::op_desc!(UnaryDesc => unary, dtype: dtype, {
     strided "input": input,
     dense "output": output,

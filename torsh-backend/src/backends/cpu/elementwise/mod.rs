@@ -26,8 +26,8 @@ use crate::backends::reference::{elementwise as reference, math, memory::HostMem
 use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
 use crate::compute::{
-    BinaryDesc, BinaryOp, CastDesc, CopyDesc, DevicePtr, Distribution, FillDesc, RandomDesc,
-    StridedBuf, UnaryDesc, UnaryOp, Value,
+    BinaryDesc, BinaryOp, CastDesc, CopyDesc, DevicePtr, Distribution, DropoutDesc, FillDesc,
+    RandomDesc, StridedBuf, UnaryDesc, UnaryOp, Value,
 };
 use crate::dtype::DType;
 use crate::error::Result;

@@ -23,6 +23,44 @@ fn random_t<T: Lanes>(mem: &mut HostMemory, d: &RandomDesc, ctx: Ctx) -> Result<
     Ok(())
 }
 
+/// Dropout by the counter-based mask, the reference's values: each kept element times the scale
+/// in f64, rounded once; threaded.
+pub(crate) fn dropout(mem: &mut HostMemory, d: &DropoutDesc, ctx: Ctx) -> Result<()> {
+    with_float!(d.dtype, T => dropout_t::<T>(mem, d, ctx), _ => reference::dropout(mem, d))
+}
+
+/// [`dropout`] for element type `T`.
+fn dropout_t<T: Lanes>(mem: &mut HostMemory, d: &DropoutDesc, ctx: Ctx) -> Result<()> {
+    let x = Span::<T>::of(mem, "dropout", d.input, d.len)?;
+    let out = Span::<T>::of(mem, "dropout", d.output, d.len)?;
+    let (seed, t, scale) = (d.seed, d.threshold(), d.scale());
+    for_chunks(d.len, ctx.threads, SERIAL_ELEMENTS / 4, |range| {
+        for i in range {
+            // SAFETY: this task owns element `i` of the output, which is either the input's
+            // element `i` (read first) or overlaps no input.
+            unsafe {
+                let kept = rng::bits(seed, i as u64) >> 11 >= t;
+                let v = if kept {
+                    x.read(i).widen().to_f64() * scale
+                } else {
+                    0.0
+                };
+                out.write(i, T::from_f64(v));
+            }
+        }
+    });
+    Ok(())
+}
+
+impl OpImpl<DropoutDesc> for CpuBackend {
+    fn op(&self, desc: &DropoutDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.dropout(desc);
+        };
+        self.kernel(acc, |mem, ctx| dropout(mem, desc, ctx))
+    }
+}
+
 /// `out[i] = value(i)` rounded once, threaded in chunks of at least `min_chunk`.
 fn generate<T: Lanes>(
     out: Span<T>,

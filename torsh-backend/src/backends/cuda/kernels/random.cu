@@ -1,4 +1,5 @@
-// The crate's counter-based random fill (module `random`): `random_<dtype>` per float dtype.
+// The crate's counter-based random fill (module `random`): `random_<dtype>` per float dtype, and
+// dropout by the same streams (`dropout_<dtype>`).
 //
 // The meaning is the reference backend's (backends/reference/rng.rs, crate::rng): every value is computed
 // in f64 exactly as the reference does and rounded once to the dtype. The kernel is a grid-stride loop
@@ -54,6 +55,26 @@ template <typename T> __device__ void random_body(T* y, i64 n, u64 seed, int dis
 #define ENTRY(S, T)                                                                              \
     extern "C" __global__ void random_##S(T* y, i64 n, u64 seed, int dist, double a, double b) { \
         random_body<T>(y, n, seed, dist, a, b);                                                  \
+    }
+TORSH_FLOAT_TYPES(ENTRY)
+#undef ENTRY
+
+// dropout_<dtype>(x, y, n, seed, threshold, scale): y[i] = x[i] * scale where the top 53 bits of
+// bits(seed, i) are at least `threshold`, else 0 (DropoutDesc): the product in f64, rounded once.
+// x and y dense; y may be x.
+template <typename T>
+__device__ void dropout_body(const T* x, T* y, i64 n, u64 seed, u64 threshold, double scale) {
+    TORSH_GRID_STRIDE(i, n) {
+        const bool kept = (rng_bits(seed, (u64)i) >> 11) >= threshold;
+        const double v = kept ? __dmul_rn((double)Num<T>::load(x[i]), scale) : 0.0;
+        y[i] = Num<T>::from_double(v);
+    }
+}
+
+#define ENTRY(S, T)                                                                     \
+    extern "C" __global__ void dropout_##S(const T* x, T* y, i64 n, u64 seed,          \
+                                           u64 threshold, double scale) {              \
+        dropout_body<T>(x, y, n, seed, threshold, scale);                              \
     }
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY
