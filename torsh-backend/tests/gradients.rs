@@ -91,3 +91,50 @@ fn dropout_masks_by_the_seed_and_its_backward_reuses_the_mask() -> Result<()> {
     assert_eq!(x.dropout(0.0, seed)?.to_vec_f64()?, vec![2.0; n]);
     Ok(())
 }
+
+/// `Σ g · softmax(x)` and `Σ g · log_softmax(x)` differentiated by central differences at each
+/// element of `x`, along either axis, against the backward ops.
+#[test]
+fn softmax_backward_matches_finite_differences() -> Result<()> {
+    let b = Backend::reference()?;
+    let (rows, cols, h) = (3, 5, 1e-6);
+    let xs: Vec<f64> = (0..rows * cols)
+        .map(|i| ((i * 5 % 7) as f64 - 3.0) / 2.0)
+        .collect();
+    let gs: Vec<f64> = (0..rows * cols)
+        .map(|i| ((i * 3 % 5) as f64 - 2.0) / 3.0)
+        .collect();
+    let g = b.from_f64(&gs, &[rows, cols], DType::F64)?;
+    for log in [false, true] {
+        for axis in [1, 0] {
+            let forward = |v: &[f64]| -> Result<f64> {
+                let t = b.from_f64(v, &[rows, cols], DType::F64)?;
+                let y = if log {
+                    t.log_softmax(axis)?
+                } else {
+                    t.softmax(axis)?
+                };
+                Ok(y.to_vec_f64()?.iter().zip(&gs).map(|(y, g)| y * g).sum())
+            };
+            let x = b.from_f64(&xs, &[rows, cols], DType::F64)?;
+            let got = if log {
+                b.log_softmax_backward(&g, &x.log_softmax(axis)?, axis)?
+            } else {
+                b.softmax_backward(&g, &x.softmax(axis)?, axis)?
+            }
+            .to_vec_f64()?;
+            for k in 0..rows * cols {
+                let (mut up, mut down) = (xs.clone(), xs.clone());
+                up[k] += h;
+                down[k] -= h;
+                let want = (forward(&up)? - forward(&down)?) / (2.0 * h);
+                assert!(
+                    (got[k] - want).abs() < 1e-6,
+                    "log {log} axis {axis} element {k}: got {}, finite differences {want}",
+                    got[k]
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -65,6 +65,32 @@ impl Backend {
         self.softmax_impl(x, axis, true)
     }
 
+    /// The gradient of [`Backend::softmax`]'s input along `axis` from `grad`, its output's
+    /// gradient, and `y`, its output: `y · (grad − Σ grad · y)`, the sum along `axis` (PyTorch's
+    /// `_softmax_backward_data`). Composed of elementwise ops and one sum, so it runs on every
+    /// backend; four passes over the data, not yet one fused kernel. Errors: `ShapeMismatch` when
+    /// `grad` and `y` differ in shape, `DTypeMismatch` when their dtypes differ, `InvalidArgument`
+    /// for an axis out of range.
+    pub fn softmax_backward(&self, grad: &Tensor, y: &Tensor, axis: isize) -> Result<Tensor> {
+        let op = "softmax_backward";
+        self.check_operands(op, &[grad, y])?;
+        expect_shape(op, "grad", grad, y.shape())?;
+        let dot = self.sum(&grad.mul(y)?, axis, true)?;
+        y.mul(&grad.sub(&dot)?)
+    }
+
+    /// The gradient of [`Backend::log_softmax`]'s input along `axis` from `grad` and `y`, its
+    /// output: `grad − exp(y) · Σ grad`, the sum along `axis` (PyTorch's
+    /// `_log_softmax_backward_data`). Composed as [`Backend::softmax_backward`] is. Errors as
+    /// [`Backend::softmax_backward`].
+    pub fn log_softmax_backward(&self, grad: &Tensor, y: &Tensor, axis: isize) -> Result<Tensor> {
+        let op = "log_softmax_backward";
+        self.check_operands(op, &[grad, y])?;
+        expect_shape(op, "grad", grad, y.shape())?;
+        let total = self.sum(grad, axis, true)?;
+        grad.sub(&y.exp()?.mul(&total)?)
+    }
+
     /// Layer normalisation over the trailing dims given by `normalized_shape`, with optional `weight` and
     /// `bias` of that shape, as `torch.nn.functional.layer_norm`. `ShapeMismatch` when the trailing dims
     /// or the affine parameters do not match; `InvalidArgument` for a negative or non-finite eps.

@@ -75,6 +75,11 @@ pub fn all() -> Vec<ParityCase> {
             body: unary_backward,
         },
         ParityCase {
+            op: "softmax_backward",
+            dtypes: FLOATS,
+            body: softmax_backward,
+        },
+        ParityCase {
             op: "dropout",
             dtypes: FLOATS,
             body: dropout,
@@ -366,6 +371,19 @@ fn unary_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
         };
         out.push(x.unary_backward_from_input(op, &grad)?);
         out.push(x.unary_backward_from_input(op, &row)?);
+    }
+    Ok(out)
+}
+
+fn softmax_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // Along the last dim and the first, of outputs of a transposed input; an odd row length.
+    let x = i.normal(&[5, 11])?.t()?;
+    let grad = i.normal(&[11, 5])?;
+    let b = i.backend();
+    let mut out = Vec::new();
+    for axis in [-1, 0] {
+        out.push(b.softmax_backward(&grad, &x.softmax(axis)?, axis)?);
+        out.push(b.log_softmax_backward(&grad, &x.log_softmax(axis)?, axis)?);
     }
     Ok(out)
 }

@@ -1,4 +1,4 @@
-//! Training ops: batch norm modes and the fused Adam step.
+//! Training ops: batch norm modes, the fused Adam step and the backward ops.
 
 use super::*;
 
@@ -252,5 +252,26 @@ fn fused_adam_with_a_gradient_aliasing_its_parameter_updates_all_or_nothing() {
             Err(other) => panic!("expected Ok or Err(Aliasing), got {other:?}"),
         }
         assert_backend_works(&b);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Backward ops
+// ---------------------------------------------------------------------------------------------------
+
+#[test]
+fn backward_ops_reject_mismatched_operands() {
+    for b in backends() {
+        eprintln!("backend: {}", b.backend_type());
+        let y = seq(&b, &[2, 3]);
+        let other = seq(&b, &[3, 2]);
+        let err = assert_err!(b.softmax_backward(&other, &y, -1), ShapeMismatch);
+        assert_mentions(&err, &["softmax_backward", "grad"]);
+        assert_err!(b.log_softmax_backward(&other, &y, -1), ShapeMismatch);
+        assert_err!(b.softmax_backward(&y, &y, 2), InvalidArgument);
+        let wide = y.cast(DType::F64).expect("cast");
+        assert_err!(b.softmax_backward(&wide, &y, -1), DTypeMismatch);
+        assert_err!(b.unary_backward(UnaryOp::Exp, &y, &other), ShapeMismatch);
+        assert_err!(b.dropout(&y, 1.5, 0), InvalidArgument);
     }
 }
