@@ -372,6 +372,11 @@ fn unary_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
         out.push(x.unary_backward_from_input(op, &grad)?);
         out.push(x.unary_backward_from_input(op, &row)?);
     }
+    // One element, and none.
+    let one = i.uniform(&[1], 0.5, 2.0)?;
+    out.push(one.unary_backward_from_input(UnaryOp::Gelu, &i.normal(&[1])?)?);
+    let none = i.normal(&[0, 3])?;
+    out.push(none.unary_backward_from_input(UnaryOp::Tanh, &i.normal(&[0, 3])?)?);
     Ok(out)
 }
 
@@ -385,6 +390,9 @@ fn softmax_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
         out.push(b.softmax_backward(&grad, &x.softmax(axis)?, axis)?);
         out.push(b.log_softmax_backward(&grad, &x.log_softmax(axis)?, axis)?);
     }
+    // A row of one.
+    let one = i.normal(&[3, 1])?;
+    out.push(b.softmax_backward(&i.normal(&[3, 1])?, &one.softmax(1)?, 1)?);
     Ok(out)
 }
 
@@ -397,6 +405,9 @@ fn dropout(i: &mut Inputs) -> Result<Vec<Tensor>> {
         out.push(x.dropout(p, seed)?);
         out.push(i.backend().dropout_backward(&grad, p, seed)?);
     }
+    // One element, and none.
+    out.push(i.normal(&[1])?.dropout(0.5, 9)?);
+    out.push(i.normal(&[0, 4])?.dropout(0.5, 9)?);
     Ok(out)
 }
 

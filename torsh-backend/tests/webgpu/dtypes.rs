@@ -394,6 +394,38 @@ fn f32_operands_at_unaligned_addresses_are_staged() {
 }
 
 #[test]
+fn dropout_of_unaligned_f32_operands_is_staged() {
+    // Dropout of f32 values stored 2 bytes into their buffer, written 6 bytes into another: the
+    // same mask (integer keep test) and values as the reference.
+    let xs: Vec<u8> = (0..301)
+        .flat_map(|i| (i as f32 * 0.01 - 1.5).to_le_bytes())
+        .collect();
+    let Some((ours, theirs)) = on_both(|b| {
+        let x = upload_at(b, &xs, 2, 2);
+        let y = upload_at(b, &vec![0u8; xs.len()], 6, 2);
+        b.dropout(&DropoutDesc {
+            dtype: DType::F32,
+            input: x.offset(2).unwrap(),
+            output: y.offset(6).unwrap(),
+            len: 301,
+            p: 0.4,
+            seed: 17,
+        })
+        .unwrap();
+        download(b, y, 6 + xs.len() + 2)
+    }) else {
+        return;
+    };
+    assert_eq!(ours[..6], theirs[..6]);
+    let got: Vec<f32> = bytemuck::pod_collect_to_vec(&ours[6..6 + xs.len()]);
+    let want: Vec<f32> = bytemuck::pod_collect_to_vec(&theirs[6..6 + xs.len()]);
+    assert!(want.contains(&0.0) && want.iter().any(|&w| w != 0.0));
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 2.0 * f32::EPSILON * w.abs(), "{g} vs {w}");
+    }
+}
+
+#[test]
 fn random_fills_follow_the_reference_stream() {
     let Some(b) = backend() else { return };
     let reference = Backend::reference().unwrap();

@@ -12,7 +12,7 @@
 #![cfg(feature = "webgpu")]
 
 use torsh_backend::compute::{
-    ComputeBackend, Distribution, FillDesc, GemmDesc, StridedBuf, Transpose, UnaryDesc,
+    ComputeBackend, Distribution, DropoutDesc, FillDesc, GemmDesc, StridedBuf, Transpose, UnaryDesc,
 };
 use torsh_backend::validation;
 use torsh_backend::webgpu::{self, WebGpuBackend, WebGpuBackendConfig};

@@ -77,7 +77,7 @@ pub(crate) fn random_from(
 
 /// Dropout of f32, or (with `SHADER_F16`) f16, elements by the counter-based mask, the threshold
 /// compared as integers; `Stage` for other dtypes or misaligned operands, `FeatureUnavailable` for
-/// more than 2^32 elements or operands past one binding.
+/// operands past 32-bit element offsets or one storage binding.
 pub(crate) fn dropout(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -90,17 +90,23 @@ pub(crate) fn dropout(
     let beyond = || BackendError::FeatureUnavailable {
         feature: "WebGPU dropout",
         reason: format!(
-            "{} elements: the kernel takes at most 2^32 within one storage binding",
+            "{} elements past 32-bit element offsets: the kernel indexes at most 2^32",
             d.len
         ),
     };
     let n = u32::try_from(d.len).map_err(|_| beyond())?;
-    let (Some((input, x_offset)), Some((output, y_offset))) = (
-        mem.elements_u32(d.input, d.len, size)?,
-        mem.elements_u32(d.output, d.len, size)?,
-    ) else {
-        return Err(beyond());
+    // A misaligned operand is staged (into aligned f32 copies); one past 32-bit offsets is not.
+    let (Some((input, x_first)), Some((output, y_first))) =
+        (mem.elements(d.input, size)?, mem.elements(d.output, size)?)
+    else {
+        return Ok(Launch::Stage);
     };
+    let reach = |first: usize| {
+        let end = first.checked_add(d.len).ok_or_else(beyond)?;
+        u32::try_from(end).map_err(|_| beyond())?;
+        Ok::<u32, BackendError>(first as u32)
+    };
+    let (x_offset, y_offset) = (reach(x_first)?, reach(y_first)?);
     let key = mix64(d.seed ^ GOLDEN);
     let threshold = d.threshold();
     let params = [
