@@ -48,6 +48,9 @@ NOT_COVERED = {
     "copy": "a dense copy is Identity, elided by the optimiser (the transposed copy is Transpose)",
     "fill": "a constant output is folded by the optimiser",
     "matmul": "GEMM's peers run inside `torsh-backend bench` (OpenBLAS, gemm, matrixmultiply)",
+    "gelu_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
+    "softmax_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
+    "dropout": "inference-mode Dropout is elided by the optimiser",
 }
 
 

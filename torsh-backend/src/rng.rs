@@ -17,7 +17,18 @@ pub const fn mix64(mut z: u64) -> u64 {
 
 /// 64 random bits for element `index` of stream `seed`.
 pub const fn bits(seed: u64, index: u64) -> u64 {
-    mix64(mix64(seed ^ GOLDEN).wrapping_add(index.wrapping_mul(GOLDEN)))
+    keyed_bits(stream_key(seed), index)
+}
+
+/// The key of stream `seed`, `mix64(seed ^ GOLDEN)`: what [`keyed_bits`] takes, computed once per
+/// stream rather than per element.
+pub const fn stream_key(seed: u64) -> u64 {
+    mix64(seed ^ GOLDEN)
+}
+
+/// [`bits`] for element `index` of the stream whose key is `key` ([`stream_key`]).
+pub const fn keyed_bits(key: u64, index: u64) -> u64 {
+    mix64(key.wrapping_add(index.wrapping_mul(GOLDEN)))
 }
 
 /// Uniform on `[0, 1)` for element `index` of stream `seed`.

@@ -61,8 +61,9 @@ enum Command {
         /// The backend to measure (cpu, cuda, reference, ...); default: the one Backend::auto() picks.
         #[arg(long, value_name = "KIND")]
         backend: Option<String>,
-        /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, sum, max,
-        /// cast, fill, attention, conv2d, adam); repeatable.
+        /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, batch_norm,
+        /// sum, max, cast, fill, gather, index_select, index_add, where, cumsum, topk, cat,
+        /// gelu_backward, softmax_backward, dropout, attention, conv2d, adam); repeatable.
         #[arg(long = "op", value_name = "NAME")]
         ops: Vec<String>,
         /// Tiny sizes and short repeats: a smoke run (used by the tests).

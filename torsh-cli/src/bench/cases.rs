@@ -135,6 +135,14 @@ pub enum MemOp {
     /// `cat` of the two halves of the columns, `[rows, cols / 2]` each, along dim 1, through the
     /// tensor API (which allocates its output each call).
     Cat,
+    /// `gelu`'s backward (`unary_backward`): the input and a gradient read, the input's gradient
+    /// written.
+    GeluBackward,
+    /// `softmax_backward` along each row through the tensor API (composed of elementwise ops and a
+    /// sum; allocates its temporaries and output each call).
+    SoftmaxBackward,
+    /// `dropout` with p = 0.5 (the counter-based mask).
+    Dropout,
 }
 
 impl MemOp {
@@ -161,6 +169,9 @@ impl MemOp {
             MemOp::Cumsum => "cumsum",
             MemOp::Topk => "topk",
             MemOp::Cat => "cat",
+            MemOp::GeluBackward => "gelu_backward",
+            MemOp::SoftmaxBackward => "softmax_backward",
+            MemOp::Dropout => "dropout",
         }
     }
 
@@ -250,7 +261,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 24] = [
+pub const OP_NAMES: [&str; 27] = [
     "matmul",
     "memcpy",
     "copy",
@@ -272,6 +283,9 @@ pub const OP_NAMES: [&str; 24] = [
     "cumsum",
     "topk",
     "cat",
+    "gelu_backward",
+    "softmax_backward",
+    "dropout",
     "attention",
     "conv2d",
     "adam",
@@ -480,6 +494,8 @@ impl Case {
                     MemOp::Topk => n * size + (rows * TOPK) as f64 * (size + 8.0),
                     // Two branches read and the output written, the mask's bytes.
                     MemOp::Where => n * (3.0 * size + 1.0),
+                    // Two operands read, the gradient written (the least any kernel moves).
+                    MemOp::GeluBackward | MemOp::SoftmaxBackward => 3.0 * n * size,
                     _ => 2.0 * n * size,
                 })
             }

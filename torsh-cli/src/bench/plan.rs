@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 23] = [
+const MEMORY_OPS: [MemOp; 26] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -60,6 +60,9 @@ const MEMORY_OPS: [MemOp; 23] = [
     MemOp::Cumsum,
     MemOp::Topk,
     MemOp::Cat,
+    MemOp::GeluBackward,
+    MemOp::SoftmaxBackward,
+    MemOp::Dropout,
 ];
 
 /// A convolution with "same" padding (`r / 2`).

@@ -6,8 +6,9 @@
 //! measure the kernel's traffic and not the allocator or the page faults of a fresh 64 MiB buffer.
 
 use torsh_backend::compute::{
-    BatchNormDesc, BinaryDesc, CastDesc, FillDesc, GatherDesc, LayerNormDesc, ReduceDesc, ScanDesc,
-    ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf, UnaryDesc, Value, WhereDesc,
+    BatchNormDesc, BinaryDesc, CastDesc, DropoutDesc, FillDesc, GatherDesc, LayerNormDesc,
+    ReduceDesc, ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf,
+    UnaryBackwardDesc, UnaryDesc, Value, WhereDesc,
 };
 use torsh_backend::{
     AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
@@ -153,6 +154,39 @@ fn memory(
             Box::new(move || {
                 let _keep = (&x, &out);
                 b.compute().unary(&desc).map_err(text)
+            })
+        }
+        MemOp::GeluBackward => {
+            let (grad, out) = (backend.randn(&[rows, cols], dt)?, dense_out()?);
+            let desc = UnaryBackwardDesc {
+                op: UnaryOp::Gelu,
+                dtype: dt,
+                saved: dense(&x),
+                grad: dense(&grad),
+                output: out.data_ptr(),
+            };
+            Box::new(move || {
+                let _keep = (&x, &grad, &out);
+                b.compute().unary_backward(&desc).map_err(text)
+            })
+        }
+        MemOp::SoftmaxBackward => {
+            let (y, grad) = (x.softmax(1)?, backend.randn(&[rows, cols], dt)?);
+            Box::new(move || b.softmax_backward(&grad, &y, 1).map(drop).map_err(text))
+        }
+        MemOp::Dropout => {
+            let out = dense_out()?;
+            let desc = DropoutDesc {
+                dtype: dt,
+                input: x.data_ptr(),
+                output: out.data_ptr(),
+                len: rows * cols,
+                p: 0.5,
+                seed: 7,
+            };
+            Box::new(move || {
+                let _keep = (&x, &out);
+                b.compute().dropout(&desc).map_err(text)
             })
         }
         MemOp::Softmax => {

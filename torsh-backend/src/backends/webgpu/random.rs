@@ -5,7 +5,7 @@
 
 use crate::compute::{Distribution, DropoutDesc, RandomDesc};
 use crate::error::{BackendError, Result};
-use crate::rng::{mix64, GOLDEN};
+use crate::rng::{mix64, stream_key, GOLDEN};
 
 use super::context::Gpu;
 use super::elementwise::Launch;
@@ -107,7 +107,7 @@ pub(crate) fn dropout(
         Ok::<u32, BackendError>(first as u32)
     };
     let (x_offset, y_offset) = (reach(x_first)?, reach(y_first)?);
-    let key = mix64(d.seed ^ GOLDEN);
+    let key = stream_key(d.seed);
     let threshold = d.threshold();
     let params = [
         n,

@@ -33,13 +33,13 @@ pub(crate) fn dropout(mem: &mut HostMemory, d: &DropoutDesc, ctx: Ctx) -> Result
 fn dropout_t<T: Lanes>(mem: &mut HostMemory, d: &DropoutDesc, ctx: Ctx) -> Result<()> {
     let x = Span::<T>::of(mem, "dropout", d.input, d.len)?;
     let out = Span::<T>::of(mem, "dropout", d.output, d.len)?;
-    let (seed, t, scale) = (d.seed, d.threshold(), d.scale());
+    let (key, t, scale) = (rng::stream_key(d.seed), d.threshold(), d.scale());
     for_chunks(d.len, ctx.threads, SERIAL_ELEMENTS / 4, |range| {
         for i in range {
             // SAFETY: this task owns element `i` of the output, which is either the input's
             // element `i` (read first) or overlaps no input.
             unsafe {
-                let kept = rng::bits(seed, i as u64) >> 11 >= t;
+                let kept = rng::keyed_bits(key, i as u64) >> 11 >= t;
                 let v = if kept {
                     x.read(i).widen().to_f64() * scale
                 } else {
