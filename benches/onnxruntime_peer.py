@@ -51,6 +51,8 @@ NOT_COVERED = {
     "gelu_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
     "softmax_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
     "dropout": "inference-mode Dropout is elided by the optimiser",
+    "max_pool2d_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
+    "avg_pool2d_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
 }
 
 
@@ -194,6 +196,13 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
         m = model([node], [tensor("X", shape)], [tensor("Y", shape)], inits, opset=15)
         return [Graph(m, {"X": x.reshape(shape)}, {"Y": np.empty(shape, np.float32)},
                       "BatchNormalization (opset 15, inference)")]
+    if op == "max_pool2d":
+        shape = (d["n"], d["c"], d["h"], d["w"])
+        k, st = d["kernel"], d["stride"]
+        out = (d["n"], d["c"], (d["h"] - k) // st + 1, (d["w"] - k) // st + 1)
+        node = helper.make_node("MaxPool", ["X"], ["Y"], kernel_shape=[k, k], strides=[st, st])
+        m = model([node], [tensor("X", shape)], [tensor("Y", out)])
+        return [Graph(m, {"X": x.reshape(shape)}, {"Y": np.empty(out, np.float32)}, "MaxPool")]
     if op == "cast":
         node = helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.BFLOAT16)
         m = model([node], [tensor("X", dense)], [tensor("Y", dense, TensorProto.BFLOAT16)])

@@ -3,7 +3,32 @@
 //! each other's. Central differences with step `h` are accurate to O(h²); the points avoid each
 //! op's kinks (`abs` and `relu` at 0).
 
-use torsh_backend::{Backend, DType, Result, UnaryOp};
+mod common;
+
+use torsh_backend::{Backend, DType, Pool2dConfig, Result, UnaryOp};
+
+/// Asserts that `got` is the gradient of `forward` at `xs`: each element within 1e-6 of the central
+/// difference with step 1e-6 along it.
+fn assert_finite_differences(
+    xs: &[f64],
+    got: &[f64],
+    what: &str,
+    forward: impl Fn(&[f64]) -> Result<f64>,
+) -> Result<()> {
+    let h = 1e-6;
+    for k in 0..xs.len() {
+        let (mut up, mut down) = (xs.to_vec(), xs.to_vec());
+        up[k] += h;
+        down[k] -= h;
+        let want = (forward(&up)? - forward(&down)?) / (2.0 * h);
+        assert!(
+            (got[k] - want).abs() < 1e-6,
+            "{what} element {k}: got {}, finite differences {want}",
+            got[k]
+        );
+    }
+    Ok(())
+}
 
 /// `Σ g · op(x)` differentiated by central differences at each `x`, against `unary_backward`.
 #[test]
@@ -97,7 +122,7 @@ fn dropout_masks_by_the_seed_and_its_backward_reuses_the_mask() -> Result<()> {
 #[test]
 fn softmax_backward_matches_finite_differences() -> Result<()> {
     let b = Backend::reference()?;
-    let (rows, cols, h) = (3, 5, 1e-6);
+    let (rows, cols) = (3, 5);
     let xs: Vec<f64> = (0..rows * cols)
         .map(|i| ((i * 5 % 7) as f64 - 3.0) / 2.0)
         .collect();
@@ -123,18 +148,92 @@ fn softmax_backward_matches_finite_differences() -> Result<()> {
                 b.softmax_backward(&g, &x.softmax(axis)?, axis)?
             }
             .to_vec_f64()?;
-            for k in 0..rows * cols {
-                let (mut up, mut down) = (xs.clone(), xs.clone());
-                up[k] += h;
-                down[k] -= h;
-                let want = (forward(&up)? - forward(&down)?) / (2.0 * h);
-                assert!(
-                    (got[k] - want).abs() < 1e-6,
-                    "log {log} axis {axis} element {k}: got {}, finite differences {want}",
-                    got[k]
-                );
+            assert_finite_differences(&xs, &got, &format!("log {log} axis {axis}"), forward)?;
+        }
+    }
+    Ok(())
+}
+
+/// `Σ g · pool(x)` differentiated by central differences at each input element, against the
+/// pooling gradients: max (from the forward's positions) and average both ways, with windows that
+/// overlap (stride below the window), padding and unequal sides. The input's values are distinct
+/// and far apart next to the step, so no window's maximum changes place.
+#[test]
+fn pooling_gradients_match_finite_differences() -> Result<()> {
+    let b = Backend::reference()?;
+    let shape = [2, 2, 5, 6];
+    let n: usize = shape.iter().product();
+    // 0..n permuted (37 is prime to n = 120), spread over [-3, 3).
+    let xs: Vec<f64> = (0..n).map(|i| ((i * 37) % n) as f64 * 0.05 - 3.0).collect();
+    let x = b.from_f64(&xs, &shape, DType::F64)?;
+    for (kernel, stride, padding) in [
+        ([3, 3], [1, 1], [1, 1]),
+        ([3, 3], [2, 2], [1, 1]),
+        ([3, 2], [2, 1], [1, 0]),
+        ([2, 2], [2, 2], [0, 0]),
+    ] {
+        for count_include_pad in [true, false] {
+            let config = Pool2dConfig {
+                kernel,
+                stride,
+                padding,
+                count_include_pad,
+            };
+            let (y, indices) = x.max_pool2d_with_indices(config)?;
+            let m = y.numel();
+            let gs: Vec<f64> = (0..m).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
+            let g = b.from_f64(&gs, y.shape(), DType::F64)?;
+            for max in [true, false] {
+                let got = if max {
+                    b.max_pool2d_backward(&g, &indices, &shape, config)?
+                } else {
+                    b.avg_pool2d_backward(&g, &shape, config)?
+                }
+                .to_vec_f64()?;
+                let forward = |v: &[f64]| -> Result<f64> {
+                    let t = b.from_f64(v, &shape, DType::F64)?;
+                    let y = if max {
+                        t.max_pool2d(config)?
+                    } else {
+                        t.avg_pool2d(config)?
+                    };
+                    Ok(y.to_vec_f64()?.iter().zip(&gs).map(|(y, g)| y * g).sum())
+                };
+                assert_finite_differences(&xs, &got, &format!("max {max} {config:?}"), forward)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// The positions are the first maximum of each window in row-major order (ties go to the earlier
+/// tap), or the last NaN, and overlapping windows that pick the same element both add to it, on
+/// every backend.
+#[test]
+fn max_pool_positions_follow_pytorch() -> Result<()> {
+    for b in common::backends() {
+        let xs = [1.0, 5.0, 5.0, 2.0, f64::NAN, 0.0, 3.0, f64::NAN, 4.0];
+        let x = b.from_f64(&xs, &[1, 1, 3, 3], DType::F32)?;
+        let config = Pool2dConfig {
+            kernel: [2, 2],
+            stride: [1, 1],
+            padding: [0, 0],
+            count_include_pad: true,
+        };
+        let (y, indices) = x.max_pool2d_with_indices(config)?;
+        assert_eq!(indices.to_vec::<i64>()?, [4, 4, 7, 7]);
+        assert!(y.to_vec_f64()?.iter().all(|v| v.is_nan()));
+        // Both windows hold the 5 at position 1 first: both gradients reach it.
+        let x = b.from_f64(&[1.0, 5.0, 5.0, 2.0, 0.0, 3.0], &[1, 1, 2, 3], DType::F32)?;
+        let (y, indices) = x.max_pool2d_with_indices(config)?;
+        assert_eq!(indices.to_vec::<i64>()?, [1, 1]);
+        assert_eq!(y.to_vec_f64()?, [5.0, 5.0]);
+        let g = b.from_f64(&[1.0, 2.0], &[1, 1, 1, 2], DType::F32)?;
+        let dx = b.max_pool2d_backward(&g, &indices, &[1, 1, 2, 3], config)?;
+        assert_eq!(dx.to_vec_f64()?, [0.0, 3.0, 0.0, 0.0, 0.0, 0.0]);
+        let other = b.from_slice(&[0i64, 2], &[1, 1, 1, 2])?;
+        let dx = b.max_pool2d_backward(&g, &other, &[1, 1, 2, 3], config)?;
+        assert_eq!(dx.to_vec_f64()?, [1.0, 0.0, 2.0, 0.0, 0.0, 0.0]);
     }
     Ok(())
 }

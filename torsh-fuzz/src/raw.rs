@@ -10,9 +10,9 @@
 use torsh_backend::compute::{
     AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, CompareDesc,
     CompareOp, Conv2dDesc, CopyDesc, Distribution, DropoutDesc, FillDesc, GatherDesc, GemmDesc,
-    GemvDesc, LayerNormDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc,
-    ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc,
-    UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
+    GemvDesc, LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc,
+    ReduceOp, ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf,
+    UnaryBackwardDesc, UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -98,7 +98,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 26) {
+    match rng.range(0, 27) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -484,6 +484,38 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                 })
             },
         ),
+        26 => {
+            let (planes, h, w) = (rng.range(1, 5), rng.range(2, 9), rng.range(2, 9));
+            let (k, stride) = (rng.range(2, 3).min(h).min(w), rng.range(1, 3));
+            let pad = rng.range(0, k / 2);
+            let include = rng.chance(0.5);
+            let out_h = (h + 2 * pad - k) / stride + 1;
+            let out_w = (w + 2 * pad - k) / stride + 1;
+            op(
+                format!("avg pool backward {planes}×{h}×{w} k{k} s{stride} p{pad}"),
+                &[
+                    (4 * planes * out_h * out_w, false),
+                    (4 * planes * h * w, true),
+                ],
+                false,
+                move |c, p| {
+                    c.pool2d_backward(&Pool2dBackwardDesc {
+                        kind: PoolKind::Avg {
+                            count_include_pad: include,
+                        },
+                        dtype: F32,
+                        grad: p[0],
+                        grad_shape: [planes, 1, out_h, out_w],
+                        indices: None,
+                        output: p[1],
+                        input_shape: [planes, 1, h, w],
+                        kernel: [k, k],
+                        stride: [stride, stride],
+                        padding: [pad, pad],
+                    })
+                },
+            )
+        }
         16 => op("random", &[(bytes, true)], false, move |c, p| {
             c.random(&RandomDesc {
                 dtype: F32,
@@ -532,12 +564,17 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                     },
                 )
             } else {
+                let with_indices = rng.chance(0.5);
+                let mut operands = vec![
+                    (4 * batch * ch * h * w, false),
+                    (4 * batch * ch * oh * ow, true),
+                ];
+                if with_indices {
+                    operands.push((8 * batch * ch * oh * ow, true));
+                }
                 op(
-                    format!("max pool {batch}×{ch}×{h}×{w} k{k}"),
-                    &[
-                        (4 * batch * ch * h * w, false),
-                        (4 * batch * ch * oh * ow, true),
-                    ],
+                    format!("max pool {batch}×{ch}×{h}×{w} k{k} indices {with_indices}"),
+                    &operands,
                     false,
                     move |c, p| {
                         c.pool2d(&Pool2dDesc {
@@ -550,6 +587,7 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                             kernel: [k, k],
                             stride: [1, 1],
                             padding: [0, 0],
+                            indices: with_indices.then(|| p[2]),
                         })
                     },
                 )

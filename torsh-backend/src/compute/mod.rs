@@ -277,6 +277,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// The input gradient of 2-D pooling; see [`Pool2dBackwardDesc`].
+    fn pool2d_backward(&self, desc: &Pool2dBackwardDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// One fused Adam/AdamW step; see [`AdamDesc`].
     fn adam_step(&self, desc: &AdamDesc) -> Result<()> {
         Err(desc.unsupported(self))
@@ -510,6 +515,7 @@ macro_rules! for_each_op {
             layer_norm($crate::compute::LayerNormDesc),
             batch_norm($crate::compute::BatchNormDesc),
             pool2d($crate::compute::Pool2dDesc),
+            pool2d_backward($crate::compute::Pool2dBackwardDesc),
             adam_step($crate::compute::AdamDesc),
             unscale_and_check($crate::compute::UnscaleDesc),
             fill($crate::compute::FillDesc),

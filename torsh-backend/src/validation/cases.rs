@@ -100,6 +100,11 @@ pub fn all() -> Vec<ParityCase> {
             body: pool2d,
         },
         ParityCase {
+            op: "pool2d_backward",
+            dtypes: FLOATS,
+            body: pool2d_backward,
+        },
+        ParityCase {
             op: "adam",
             dtypes: FLOATS,
             body: adam,
@@ -481,6 +486,44 @@ fn pool2d(i: &mut Inputs) -> Result<Vec<Tensor>> {
             count_include_pad: true,
         })?,
     ])
+}
+
+fn pool2d_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // Windows that tile, overlap (stride below the window) and pad, with unequal sides, on a
+    // transposed view; the positions of the maxima, and both gradients from each backend's own
+    // positions.
+    let x = i.normal(&[2, 3, 9, 8])?.transpose(2, 3)?;
+    let shape = x.shape().to_vec();
+    let b = i.backend();
+    let mut out = Vec::new();
+    for (kernel, stride, padding) in [
+        ([2, 2], [2, 2], [0, 0]),
+        ([3, 3], [1, 1], [1, 1]),
+        ([3, 2], [2, 1], [1, 1]),
+    ] {
+        for count_include_pad in [true, false] {
+            let config = Pool2dConfig {
+                kernel,
+                stride,
+                padding,
+                count_include_pad,
+            };
+            let (y, indices) = x.max_pool2d_with_indices(config)?;
+            let grad = i.normal(y.shape())?;
+            out.push(b.avg_pool2d_backward(&grad, &shape, config)?);
+            if count_include_pad {
+                out.push(b.max_pool2d_backward(&grad, &indices, &shape, config)?);
+                out.extend([y, indices]);
+            }
+        }
+    }
+    // One element.
+    let one = i.normal(&[1, 1, 1, 1])?;
+    let config = Pool2dConfig::new([1, 1]);
+    let (y, indices) = one.max_pool2d_with_indices(config)?;
+    out.push(b.max_pool2d_backward(&i.normal(&[1, 1, 1, 1])?, &indices, &[1, 1, 1, 1], config)?);
+    out.extend([y, indices]);
+    Ok(out)
 }
 
 fn adam(i: &mut Inputs) -> Result<Vec<Tensor>> {

@@ -275,3 +275,86 @@ fn backward_ops_reject_mismatched_operands() {
         assert_err!(b.dropout(&y, 1.5, 0), InvalidArgument);
     }
 }
+
+#[test]
+fn pooling_gradients_reject_mismatched_operands() {
+    for b in backends() {
+        eprintln!("backend: {}", b.backend_type());
+        let config = Pool2dConfig::new([2, 2]);
+        let shape = [1, 2, 4, 4];
+        let x = seq(&b, &shape);
+        let (y, indices) = assert_ok!(x.max_pool2d_with_indices(config));
+        assert_eq!(y.shape(), [1, 2, 2, 2]);
+        // The gradient must have the forward's output shape; the input shape rank 4.
+        let err = assert_err!(b.avg_pool2d_backward(&x, &shape, config), ShapeMismatch);
+        assert_mentions(&err, &["pool2d_backward", "grad"]);
+        assert_err!(b.avg_pool2d_backward(&y, &[2, 4, 4], config), ShapeMismatch);
+        assert_err!(
+            b.max_pool2d_backward(&y, &indices, &[1, 2, 5, 5, 1], config),
+            ShapeMismatch
+        );
+        // Indices: I64 of the gradient's shape.
+        let narrow = assert_ok!(indices.cast(DType::I32));
+        assert_err!(
+            b.max_pool2d_backward(&y, &narrow, &shape, config),
+            DTypeMismatch
+        );
+        let flat = assert_ok!(indices.reshape(&[8]));
+        assert_err!(
+            b.max_pool2d_backward(&y, &flat, &shape, config),
+            ShapeMismatch
+        );
+        // A window the forward refuses.
+        let wide = Pool2dConfig {
+            padding: [2, 0],
+            ..config
+        };
+        assert_err!(b.avg_pool2d_backward(&y, &shape, wide), InvalidArgument);
+        assert_backend_works(&b);
+    }
+}
+
+/// An index that is not an element of its own window is `IndexOutOfRange` naming the op and the
+/// plane's size: before anything is written where ops are checked on the host, at the next host
+/// read on GPUs; the backend works afterwards.
+#[test]
+fn pooling_gradient_indices_outside_their_windows_are_errors() {
+    for b in backends() {
+        let name = b.backend_type();
+        let config = Pool2dConfig::new([2, 2]);
+        let shape = [1, 1, 4, 4];
+        let grad = seq(&b, &[1, 1, 2, 2]);
+        // Window (0, 0) holds positions 0, 1, 4 and 5: 2 is one column past it, 8 one row below
+        // it (and the next window's), 16 past the plane, -1 before it.
+        for bad in [2i64, 8, 16, -1] {
+            let ix = assert_ok!(b.from_slice(&[bad, 3, 8, 10], &[1, 1, 2, 2]));
+            let err = match no_panic!(b.max_pool2d_backward(&grad, &ix, &shape, config)) {
+                Err(e) => e,
+                Ok(dx) => {
+                    no_panic!(dx.to_vec_f64()).expect_err("a bad index must fail by the read")
+                }
+            };
+            assert!(
+                matches!(
+                    err,
+                    BackendError::IndexOutOfRange {
+                        op: "max_pool2d_backward",
+                        index,
+                        size: 16
+                    } if index == bad
+                ),
+                "{name}: index {bad}: {err:?}"
+            );
+            assert_mentions(&err, &["max_pool2d_backward"]);
+        }
+        let good = assert_ok!(b.from_slice(&[0i64, 3, 8, 10], &[1, 1, 2, 2]));
+        let dx = assert_ok!(b.max_pool2d_backward(&grad, &good, &shape, config));
+        let g = vals(&grad);
+        let mut want = vec![0.0; 16];
+        for (at, v) in [0, 3, 8, 10].into_iter().zip(g) {
+            want[at] = v;
+        }
+        assert_eq!(vals(&dx), want, "{name}");
+        assert_backend_works(&b);
+    }
+}

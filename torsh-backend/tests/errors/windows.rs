@@ -132,6 +132,7 @@ fn conv_and_pool_window_errors() {
             kernel: [2, 2],
             stride: [2, 2],
             padding: [0, 0],
+            indices: None,
         };
         assert_ok!(c.pool2d(&pdesc));
         assert_eq!(download(c, out, 1), vec![1.0]);

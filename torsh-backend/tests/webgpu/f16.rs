@@ -202,10 +202,31 @@ fn f16_elementwise_and_products_run_natively_and_match_the_staged_path_bit_for_b
             b.max_pool2d(&image, pooling(true)).unwrap(),
             b.avg_pool2d(&image, pooling(true)).unwrap(),
             b.avg_pool2d(&image, pooling(false)).unwrap(),
+            image.max_pool2d_with_indices(pooling(true)).unwrap().0,
+            pool_grad(b, &image, true),
+            pool_grad(b, &image, false),
         ]
     };
     for (i, (got, want)) in products(&native).iter().zip(products(&staged)).enumerate() {
         assert_eq!(f16_bits(got), f16_bits(&want), "product {i}");
+    }
+}
+
+/// The max-pool gradient (from the forward's positions) or the average-pool gradient (counting
+/// padding) of `image`, with the pooled output as the gradient, for the products compared above.
+fn pool_grad(b: &Backend, image: &torsh_backend::Tensor, max: bool) -> torsh_backend::Tensor {
+    let config = torsh_backend::Pool2dConfig {
+        kernel: [3, 2],
+        stride: [2, 1],
+        padding: [1, 1],
+        count_include_pad: true,
+    };
+    let (y, indices) = image.max_pool2d_with_indices(config).unwrap();
+    if max {
+        b.max_pool2d_backward(&y, &indices, image.shape(), config)
+            .unwrap()
+    } else {
+        b.avg_pool2d_backward(&y, image.shape(), config).unwrap()
     }
 }
 

@@ -131,6 +131,9 @@ fn every_kernel_folds_a_grid_past_the_workgroup_limit() {
                 })
                 .unwrap(),
             be.max_pool2d(&planes, pool).unwrap(),
+            planes.max_pool2d_with_indices(pool).unwrap().0,
+            be.avg_pool2d_backward(&planes, &[7, 10, 16, 16], pool)
+                .unwrap(),
             be.attention(&heads, &heads, &heads, true).unwrap(),
             params.pop().unwrap(),
             be.randn(&[70_000], DType::F32).unwrap(),

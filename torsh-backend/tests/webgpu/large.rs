@@ -295,6 +295,29 @@ fn ops_over_all_of_a_tensor_larger_than_one_binding_split_into_pieces_that_fit()
         &b.max_pool2d(&images, pool).unwrap(),
         &reference.max_pool2d(&images_ref, pool).unwrap(),
     );
+    let (pooled, indices) = images.max_pool2d_with_indices(pool).unwrap();
+    let (pooled_ref, indices_ref) = images_ref.max_pool2d_with_indices(pool).unwrap();
+    check("max_pool2d_with_indices of all", &pooled, &pooled_ref);
+    assert_eq!(
+        indices.to_vec::<i64>().unwrap(),
+        indices_ref.to_vec::<i64>().unwrap()
+    );
+    let shape = images.shape().to_vec();
+    check(
+        "max_pool2d_backward of all",
+        &b.max_pool2d_backward(&pooled, &indices, &shape, pool)
+            .unwrap(),
+        &reference
+            .max_pool2d_backward(&pooled_ref, &indices_ref, &shape, pool)
+            .unwrap(),
+    );
+    check(
+        "avg_pool2d_backward of all",
+        &b.avg_pool2d_backward(&pooled, &shape, pool).unwrap(),
+        &reference
+            .avg_pool2d_backward(&pooled_ref, &shape, pool)
+            .unwrap(),
+    );
     let heads = big.reshape(&[batch / 2, 2, 16, 64]).unwrap();
     let heads_ref = reference
         .from_slice(&host, &[batch / 2, 2, 16, 64])

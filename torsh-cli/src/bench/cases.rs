@@ -143,6 +143,21 @@ pub enum MemOp {
     SoftmaxBackward,
     /// `dropout` with p = 0.5 (the counter-based mask).
     Dropout,
+    /// `max_pool2d` 2×2 / 2 of the tensor as [`pool_image`] images.
+    MaxPool,
+    /// `max_pool2d_backward` of [`MemOp::MaxPool`] from its `I64` positions.
+    MaxPoolBackward,
+    /// `avg_pool2d_backward` 2×2 / 2 of the [`pool_image`] images.
+    AvgPoolBackward,
+}
+
+/// Rows of each image plane of the pooling cases: the `[rows, cols]` tensor is
+/// `[rows / POOL_ROWS, 1, POOL_ROWS, cols]` (every scale's `rows` divides by it).
+pub const POOL_ROWS: usize = 8;
+
+/// The NCHW shape of the pooling cases' input for a `[rows, cols]` case.
+pub fn pool_image(rows: usize, cols: usize) -> [usize; 4] {
+    [rows / POOL_ROWS, 1, POOL_ROWS, cols]
 }
 
 impl MemOp {
@@ -172,6 +187,9 @@ impl MemOp {
             MemOp::GeluBackward => "gelu_backward",
             MemOp::SoftmaxBackward => "softmax_backward",
             MemOp::Dropout => "dropout",
+            MemOp::MaxPool => "max_pool2d",
+            MemOp::MaxPoolBackward => "max_pool2d_backward",
+            MemOp::AvgPoolBackward => "avg_pool2d_backward",
         }
     }
 
@@ -261,7 +279,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 27] = [
+pub const OP_NAMES: [&str; 30] = [
     "matmul",
     "memcpy",
     "copy",
@@ -286,6 +304,9 @@ pub const OP_NAMES: [&str; 27] = [
     "gelu_backward",
     "softmax_backward",
     "dropout",
+    "max_pool2d",
+    "max_pool2d_backward",
+    "avg_pool2d_backward",
     "attention",
     "conv2d",
     "adam",
@@ -447,6 +468,14 @@ impl Case {
                 "rows": rows, "cols": cols, "n": rows, "c": BATCH_NORM_CHANNELS,
                 "spatial": cols / BATCH_NORM_CHANNELS,
             }),
+            Op::Memory {
+                op: MemOp::MaxPool | MemOp::MaxPoolBackward | MemOp::AvgPoolBackward,
+                rows,
+                cols,
+            } => {
+                let [n, c, h, w] = pool_image(rows, cols);
+                json!({"rows": rows, "cols": cols, "n": n, "c": c, "h": h, "w": w, "kernel": 2, "stride": 2})
+            }
             Op::Memory { rows, cols, .. } => json!({"rows": rows, "cols": cols}),
             Op::Attention { b, h, s, d, causal } => {
                 json!({"batch": b, "heads": h, "seq_q": s, "seq_kv": s, "head_dim": d, "causal": causal})
@@ -496,6 +525,11 @@ impl Case {
                     MemOp::Where => n * (3.0 * size + 1.0),
                     // Two operands read, the gradient written (the least any kernel moves).
                     MemOp::GeluBackward | MemOp::SoftmaxBackward => 3.0 * n * size,
+                    // The input read, a quarter of it written.
+                    MemOp::MaxPool => 1.25 * n * size,
+                    // A quarter of the input's size read (with the I64 positions), all written.
+                    MemOp::MaxPoolBackward => 1.25 * n * size + n / 4.0 * 8.0,
+                    MemOp::AvgPoolBackward => 1.25 * n * size,
                     _ => 2.0 * n * size,
                 })
             }

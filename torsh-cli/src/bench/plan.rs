@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 26] = [
+const MEMORY_OPS: [MemOp; 29] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -63,6 +63,9 @@ const MEMORY_OPS: [MemOp; 26] = [
     MemOp::GeluBackward,
     MemOp::SoftmaxBackward,
     MemOp::Dropout,
+    MemOp::MaxPool,
+    MemOp::MaxPoolBackward,
+    MemOp::AvgPoolBackward,
 ];
 
 /// A convolution with "same" padding (`r / 2`).

@@ -7,14 +7,14 @@
 
 use torsh_backend::compute::{
     BatchNormDesc, BinaryDesc, CastDesc, DropoutDesc, FillDesc, GatherDesc, LayerNormDesc,
-    ReduceDesc, ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf,
-    UnaryBackwardDesc, UnaryDesc, Value, WhereDesc,
+    Pool2dBackwardDesc, Pool2dDesc, PoolKind, ReduceDesc, ScanDesc, ScanOp, ScatterDesc,
+    ScatterReduce, SoftmaxDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc, Value, WhereDesc,
 };
 use torsh_backend::{
     AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
 };
 
-use super::cases::{Case, MemOp, Op, Runner, BATCH_NORM_CHANNELS, TOPK};
+use super::cases::{pool_image, Case, MemOp, Op, Runner, BATCH_NORM_CHANNELS, TOPK};
 
 /// An error of ours as text.
 fn text(e: BackendError) -> String {
@@ -187,6 +187,60 @@ fn memory(
             Box::new(move || {
                 let _keep = (&x, &out);
                 b.compute().dropout(&desc).map_err(text)
+            })
+        }
+        MemOp::MaxPool | MemOp::MaxPoolBackward | MemOp::AvgPoolBackward => {
+            let image = pool_image(rows, cols);
+            let [n, c, h, w] = image;
+            let pooled = [n, c, h / 2, w / 2];
+            let window = ([2, 2], [2, 2], [0, 0]);
+            let positions = backend.empty(&pooled, DType::I64)?;
+            let y = backend.empty(&pooled, dt)?;
+            let forward = Pool2dDesc {
+                kind: PoolKind::Max,
+                dtype: dt,
+                input: x.data_ptr(),
+                input_shape: image,
+                output: y.data_ptr(),
+                output_shape: pooled,
+                kernel: window.0,
+                stride: window.1,
+                padding: window.2,
+                indices: None,
+            };
+            if op == MemOp::MaxPool {
+                return Ok(Box::new(move || {
+                    let _keep = (&x, &y, &positions);
+                    b.compute().pool2d(&forward).map_err(text)
+                }));
+            }
+            b.compute().pool2d(&Pool2dDesc {
+                indices: Some(positions.data_ptr()),
+                ..forward
+            })?;
+            let out = dense_out()?;
+            let kind = if op == MemOp::MaxPoolBackward {
+                PoolKind::Max
+            } else {
+                PoolKind::Avg {
+                    count_include_pad: true,
+                }
+            };
+            let desc = Pool2dBackwardDesc {
+                kind,
+                dtype: dt,
+                grad: y.data_ptr(),
+                grad_shape: pooled,
+                indices: (kind == PoolKind::Max).then(|| positions.data_ptr()),
+                output: out.data_ptr(),
+                input_shape: image,
+                kernel: window.0,
+                stride: window.1,
+                padding: window.2,
+            };
+            Box::new(move || {
+                let _keep = (&x, &y, &positions, &out);
+                b.compute().pool2d_backward(&desc).map_err(text)
             })
         }
         MemOp::Softmax => {

@@ -23,7 +23,7 @@ use crate::error::{BackendError, Result};
 use crate::shape::contiguous_strides;
 
 /// The ops that raise the flag, by the code the kernels record.
-const FLAG_OPS: [&str; 2] = ["gather", "scatter"];
+pub(super) const FLAG_OPS: [&str; 3] = ["gather", "scatter", "max_pool2d_backward"];
 
 /// The device words `[raised, op code, index, size]` of the kernels that check indices, allocated
 /// zeroed on first use, and whether such a kernel has been launched (from then on every
@@ -38,7 +38,7 @@ pub(crate) struct ErrorFlag {
 impl ErrorFlag {
     /// The flag's device address for a kernel about to be launched on `stream`, which the next
     /// [`ErrorFlag::take`] then reads. The driver's error when it cannot be allocated.
-    fn arm(&self, stream: &Arc<CudaStream>) -> Result<u64> {
+    pub(crate) fn arm(&self, stream: &Arc<CudaStream>) -> Result<u64> {
         let mut words = self.words.lock().unwrap_or_else(|e| e.into_inner());
         if words.is_none() {
             let fresh = stream

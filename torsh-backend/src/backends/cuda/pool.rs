@@ -1,5 +1,6 @@
-//! Host side of the 2-D pooling kernels (`kernels/pool.cu`): one launch of `pool2d_<dtype>`, one thread
-//! per output element, with the window geometry passed by value.
+//! Host side of the 2-D pooling kernels (`kernels/pool.cu`): one launch of `pool2d_<dtype>` (or
+//! `max_pool2d_indices_<dtype>`), one thread per output element, or of `pool2d_backward_<dtype>`, one
+//! thread per input element, with the window geometry passed by value.
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
@@ -7,7 +8,8 @@ use super::launch::{check_aligned, suffix, to_i64};
 use super::Gpu;
 use crate::backends::cuda::CudaBackend;
 use crate::compute::op::OpImpl;
-use crate::compute::{Pool2dDesc, PoolKind};
+use crate::compute::{Pool2dBackwardDesc, Pool2dDesc, PoolKind};
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
 /// The op's name in errors.
@@ -59,15 +61,38 @@ struct PoolGeometry {
 unsafe impl DeviceRepr for PoolGeometry {}
 
 impl PoolGeometry {
-    /// The geometry of `d`, whose shapes have been validated. `SizeOverflow` when a size, or a padded
-    /// extent `H + 2·ph` / `W + 2·pw` the kernel's index math reaches, does not fit in `i64`.
+    /// The geometry of `d`, whose shapes have been validated, over its outputs. `SizeOverflow` when a
+    /// size, or a padded extent `H + 2·ph` / `W + 2·pw` the kernel's index math reaches, does not fit
+    /// in `i64`.
     fn of(d: &Pool2dDesc) -> Result<PoolGeometry> {
-        let [n, c, h, w] = d.input_shape;
+        Self::over(d.output_shape, d)
+    }
+
+    /// The geometry of the gradient `d`, over its input elements.
+    fn of_backward(d: &Pool2dBackwardDesc) -> Result<PoolGeometry> {
+        let forward = Pool2dDesc {
+            kind: d.kind,
+            dtype: d.dtype,
+            input: d.output,
+            input_shape: d.input_shape,
+            output: d.grad,
+            output_shape: d.grad_shape,
+            kernel: d.kernel,
+            stride: d.stride,
+            padding: d.padding,
+            indices: d.indices,
+        };
+        Self::over(d.input_shape, &forward)
+    }
+
+    /// The geometry of `d` with one thread per element of `threads` (a shape).
+    fn over(threads: [usize; 4], d: &Pool2dDesc) -> Result<PoolGeometry> {
+        let [_, _, h, w] = d.input_shape;
         let [_, _, oh, ow] = d.output_shape;
-        let total = [n, c, oh, ow]
+        let total = threads
             .iter()
             .try_fold(1usize, |acc, &x| acc.checked_mul(x))
-            .ok_or_else(|| BackendError::overflow(OP, "the output element count exceeds usize"))?;
+            .ok_or_else(|| BackendError::overflow(OP, "the element count exceeds usize"))?;
         padded_fits(h, d.padding[0])?;
         padded_fits(w, d.padding[1])?;
         Ok(PoolGeometry {
@@ -136,8 +161,20 @@ pub(crate) fn pool2d(gpu: &Gpu, d: &Pool2dDesc) -> Result<()> {
     }
     check_aligned(OP, d.dtype, &[d.input, d.output])?;
     let geometry = PoolGeometry::of(d)?;
-    let f = gpu.function_for("pool", d.dtype, &format!("pool2d_{}", suffix(d.dtype)))?;
     let (output, input) = (d.output.0, d.input.0);
+    if let Some(indices) = d.indices {
+        check_aligned(OP, DType::I64, &[indices])?;
+        let name = format!("max_pool2d_indices_{}", suffix(d.dtype));
+        let f = gpu.function_for("pool", d.dtype, &name)?;
+        let mut b = gpu.stream().launch_builder(&f);
+        b.arg(&output).arg(&indices.0).arg(&input).arg(&geometry);
+        let config = gpu.grid(geometry.total as usize);
+        // SAFETY: the caller checked the three regions against live allocations and for aliasing;
+        // the arguments match `max_pool2d_indices_<dtype>(T* y, i64* idx, const T* x, PoolGeometry g)`.
+        unsafe { b.launch(config) }.map_err(|e| super::driver_error(OP, e))?;
+        return Ok(());
+    }
+    let f = gpu.function_for("pool", d.dtype, &format!("pool2d_{}", suffix(d.dtype)))?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&output).arg(&input).arg(&geometry);
     // The output has at least one element, so the grid has at least one block.
@@ -146,6 +183,52 @@ pub(crate) fn pool2d(gpu: &Gpu, d: &Pool2dDesc) -> Result<()> {
     // match `pool2d_<dtype>(T* y, const T* x, PoolGeometry g)`.
     unsafe { b.launch(config) }.map_err(|e| super::driver_error(OP, e))?;
     Ok(())
+}
+
+/// The code `pool2d_backward_<dtype>` raises the error flag with (`index::FLAG_OPS`).
+const FLAG_CODE: i64 = 2;
+
+/// Enqueues the gradient `d` (validated by the caller); nothing for an empty input.
+pub(crate) fn pool2d_backward(gpu: &Gpu, d: &Pool2dBackwardDesc) -> Result<()> {
+    const OP: &str = "pool2d_backward";
+    if d.input_shape.contains(&0) {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.grad, d.output])?;
+    let geometry = PoolGeometry::of_backward(d)?;
+    let stream = gpu.stream();
+    // An average never reads the positions: the gradient's address stands in.
+    let (indices, flag) = match d.indices {
+        Some(p) => {
+            check_aligned(OP, DType::I64, &[p])?;
+            (p.0, gpu.errors.arm(stream)?)
+        }
+        None => (d.grad.0, 0u64),
+    };
+    let name = format!("pool2d_backward_{}", suffix(d.dtype));
+    let f = gpu.function_for("pool", d.dtype, &name)?;
+    let (output, grad) = (d.output.0, d.grad.0);
+    let mut b = stream.launch_builder(&f);
+    b.arg(&output)
+        .arg(&grad)
+        .arg(&indices)
+        .arg(&geometry)
+        .arg(&flag)
+        .arg(&FLAG_CODE);
+    let config = gpu.grid(geometry.total as usize);
+    // SAFETY: the caller checked every region against live allocations and for aliasing; the flag
+    // is the backend's live error flag (read only by a max); the arguments match
+    // `pool2d_backward_<dtype>(T* dx, const T* dy, const i64* idx, PoolGeometry g, u64* flag, i64 op)`.
+    unsafe { b.launch(config) }.map_err(|e| super::driver_error(OP, e))?;
+    Ok(())
+}
+
+impl OpImpl<Pool2dBackwardDesc> for CudaBackend {
+    fn op(&self, desc: &Pool2dBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("pool2d_backward", desc.dtype)?;
+        self.run(acc, |gpu| pool2d_backward(gpu, desc))
+    }
 }
 
 impl OpImpl<Pool2dDesc> for CudaBackend {
@@ -160,7 +243,6 @@ impl OpImpl<Pool2dDesc> for CudaBackend {
 mod tests {
     use super::*;
     use crate::compute::DevicePtr;
-    use crate::dtype::DType;
 
     fn desc(
         kind: PoolKind,
@@ -181,6 +263,7 @@ mod tests {
             kernel,
             stride,
             padding,
+            indices: None,
         }
     }
 
@@ -205,6 +288,27 @@ mod tests {
         assert_eq!((g.pad_h, g.pad_w), (1, 1));
         assert_eq!(g.area, 6.0);
         assert_eq!((g.mode, g.pad), (MODE_MAX, 0));
+    }
+
+    #[test]
+    fn the_gradient_runs_one_thread_per_input_element() {
+        let d = desc(PoolKind::Max, [2, 3, 7, 5], [3, 2], [1, 1]);
+        let back = Pool2dBackwardDesc {
+            kind: d.kind,
+            dtype: d.dtype,
+            grad: d.output,
+            grad_shape: d.output_shape,
+            indices: Some(DevicePtr(0x3000)),
+            output: d.input,
+            input_shape: d.input_shape,
+            kernel: d.kernel,
+            stride: d.stride,
+            padding: d.padding,
+        };
+        let g = PoolGeometry::of_backward(&back).unwrap();
+        assert_eq!(g.total, 2 * 3 * 7 * 5);
+        assert_eq!((g.height, g.width, g.out_height, g.out_width), (7, 5, 4, 6));
+        assert_eq!(g.mode, MODE_MAX);
     }
 
     #[test]
@@ -236,7 +340,18 @@ mod tests {
         assert!(src.contains(
             "void pool2d_##S(T* __restrict__ y, const T* __restrict__ x, const PoolGeometry g)"
         ));
+        assert!(
+            src.contains("void max_pool2d_indices_##S(T* __restrict__ y, i64* __restrict__ idx,")
+        );
+        assert!(
+            src.contains("void pool2d_backward_##S(T* __restrict__ dx, const T* __restrict__ dy,")
+        );
+        assert!(src.contains("u64* flag, i64 op)"));
         assert!(src.contains("TORSH_FLOAT_TYPES(ENTRY)"));
+        assert_eq!(
+            super::super::index::FLAG_OPS[FLAG_CODE as usize],
+            "max_pool2d_backward"
+        );
     }
 
     #[test]

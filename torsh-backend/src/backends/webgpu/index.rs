@@ -30,7 +30,7 @@ const MAX_RANK: usize = 8;
 /// offset and strides, the output's byte address, the size along the dim, the op's code.
 const WORDS: usize = 2 + MAX_RANK + 2 * (1 + MAX_RANK) + 3;
 /// The ops that raise the flag, by the code the kernel records.
-const FLAG_OPS: [&str; 2] = ["gather", "scatter"];
+pub(super) const FLAG_OPS: [&str; 3] = ["gather", "scatter", "max_pool2d_backward"];
 /// Parameter words of a scatter: a gather's, the output's strides and alpha.
 const SCATTER_WORDS: usize = WORDS + MAX_RANK + 1;
 

@@ -153,6 +153,21 @@ pub(crate) const POOL: Module = wgsl!("pool.wgsl", 2, ["elem_f32.wgsl", "pool.wg
 /// [`POOL`] on f16 elements, for devices with `SHADER_F16`.
 pub(crate) const POOL_F16: Module = wgsl!("pool.wgsl+f16", 2, ["elem_f16.wgsl", "pool.wgsl"]);
 
+/// `shaders/pool_backward.wgsl`: the max pool that writes its positions, and the pooling gradients
+/// (input or gradient, output, positions, error flag), on f32 elements.
+pub(crate) const POOL_BACKWARD: Module = wgsl!(
+    "pool_backward.wgsl",
+    4,
+    ["elem_f32.wgsl", "pool_backward.wgsl"]
+);
+
+/// [`POOL_BACKWARD`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const POOL_BACKWARD_F16: Module = wgsl!(
+    "pool_backward.wgsl+f16",
+    4,
+    ["elem_f16.wgsl", "pool_backward.wgsl"]
+);
+
 /// `shaders/batch_norm.wgsl`: batch norm (input, output, weight, bias, running mean and variance, and
 /// f32 partial statistics) on f32 elements, combining through a tree in workgroup memory.
 pub(crate) const BATCH_NORM: Module = wgsl!(

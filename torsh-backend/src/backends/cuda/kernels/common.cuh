@@ -293,3 +293,14 @@ template <> struct Key<bf16_t> {
 
 // The same over all seven dtypes (floats, then i32, i64, u8), filtered the same way.
 #define TORSH_ALL_TYPES(X) TORSH_FLOAT_TYPES(X) TORSH_TYPE_I32(X) TORSH_TYPE_I64(X) TORSH_TYPE_U8(X)
+
+// Records index `v` of op `op` along a dim of `size` in the device's error flag (`flag`: [0] how
+// many raised it, [1] the op's code, [2] the first reported index, [3] the size; `ErrorFlag` in
+// index.rs); the first thread to raise it writes the details.
+__device__ __forceinline__ void raise_index_error(u64* flag, i64 v, i64 op, i64 size) {
+    if (atomicAdd(&flag[0], 1ull) == 0ull) {
+        flag[1] = (u64)op;
+        flag[2] = (u64)v;
+        flag[3] = (u64)size;
+    }
+}

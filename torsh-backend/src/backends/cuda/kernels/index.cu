@@ -22,16 +22,6 @@ struct GatherGeometry {
     int dim;
 };
 
-// Records index `v` of op `op` along a dim of `size` in the flag; the first thread to raise it
-// writes the details.
-__device__ void raise_index_error(u64* flag, i64 v, i64 op, i64 size) {
-    if (atomicAdd(&flag[0], 1ull) == 0ull) {
-        flag[1] = (u64)op;
-        flag[2] = (u64)v;
-        flag[3] = (u64)size;
-    }
-}
-
 template <typename W, typename I>
 __device__ void gather_body(const W* x, const I* index, W* y, const GatherGeometry& g, u64* flag) {
     TORSH_GRID_STRIDE(i, g.n) {

@@ -390,6 +390,16 @@ pub(crate) fn pool2d(be: &WebGpuBackend, desc: &Pool2dDesc) -> Result<()> {
     let [ky, kx] = desc.kernel;
     let side_fits =
         be.loops_fit(|_| loops::pool2d(1, kx))? && be.loops_fit(|_| loops::pool2d(ky, 1))?;
+    if desc.indices.is_some() {
+        return Err(BackendError::FeatureUnavailable {
+            feature: "WebGPU loop budget",
+            reason: format!(
+                "max_pool2d_with_indices: the {ky} × {kx} window needs more loop passes than the \
+                 budget of {}, and its positions do not compose from passes along each side",
+                be.state()?.device.gpu.loop_limit
+            ),
+        });
+    }
     if !side_fits {
         return Err(BackendError::FeatureUnavailable {
             feature: "WebGPU loop budget",
@@ -423,6 +433,7 @@ pub(crate) fn pool2d(be: &WebGpuBackend, desc: &Pool2dDesc) -> Result<()> {
         kernel: [1, kx],
         stride: [1, desc.stride[1]],
         padding: [0, desc.padding[1]],
+        indices: None,
         ..desc.clone()
     })?;
     be.pool2d(&Pool2dDesc {
@@ -433,6 +444,7 @@ pub(crate) fn pool2d(be: &WebGpuBackend, desc: &Pool2dDesc) -> Result<()> {
         kernel: [ky, 1],
         stride: [desc.stride[0], 1],
         padding: [desc.padding[0], 0],
+        indices: None,
         ..desc.clone()
     })?;
     if in_f32 {

@@ -4,8 +4,8 @@
 
 use crate::compute::{
     AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc,
-    CopyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dDesc, RandomDesc,
-    ReduceDesc, SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
+    CopyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dBackwardDesc,
+    Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -453,6 +453,40 @@ pub(crate) fn pool2d(mem: &Memory, desc: &Pool2dDesc) -> Result<Option<Vec<Pool2
                 input_shape: [len, 1, h, w],
                 output: advance(desc.output, start * oh * ow, size)?,
                 output_shape: [len, 1, oh, ow],
+                indices: desc
+                    .indices
+                    .map(|p| advance(p, start * oh * ow, 8))
+                    .transpose()?,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by planes, when its operands are larger than a binding.
+pub(crate) fn pool2d_backward(
+    mem: &Memory,
+    desc: &Pool2dBackwardDesc,
+) -> Result<Option<Vec<Pool2dBackwardDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let [n, c, h, w] = desc.input_shape;
+    let [_, _, oh, ow] = desc.grad_shape;
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        n * c,
+        Pool2dBackwardDesc::accesses,
+        |start, len| {
+            Ok(Pool2dBackwardDesc {
+                grad: advance(desc.grad, start * oh * ow, size)?,
+                grad_shape: [len, 1, oh, ow],
+                indices: desc
+                    .indices
+                    .map(|p| advance(p, start * oh * ow, 8))
+                    .transpose()?,
+                output: advance(desc.output, start * h * w, size)?,
+                input_shape: [len, 1, h, w],
                 ..desc.clone()
             })
         },
