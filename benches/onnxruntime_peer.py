@@ -53,6 +53,8 @@ NOT_COVERED = {
     "dropout": "inference-mode Dropout is elided by the optimiser",
     "max_pool2d_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
     "avg_pool2d_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
+    "cross_entropy": "a training loss: PyTorch is the peer",
+    "cross_entropy_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
 }
 
 

@@ -56,6 +56,7 @@ pub use device::{BackendType, Device, DeviceInfo};
 pub use dtype::{DType, Element};
 pub use error::{BackendError, BackendResult, Result};
 pub use ops::conv::ConvConfig;
+pub use ops::loss::{CrossEntropyConfig, Reduction};
 pub use ops::norm::BatchNormConfig;
 pub use ops::optim::AdamState;
 pub use ops::pool::Pool2dConfig;
@@ -75,6 +76,7 @@ pub mod prelude {
     pub use crate::dtype::DType;
     pub use crate::error::{BackendError, Result};
     pub use crate::ops::conv::ConvConfig;
+    pub use crate::ops::loss::{CrossEntropyConfig, Reduction};
     pub use crate::ops::norm::BatchNormConfig;
     pub use crate::ops::optim::AdamState;
     pub use crate::ops::pool::Pool2dConfig;

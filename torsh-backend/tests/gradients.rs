@@ -5,7 +5,9 @@
 
 mod common;
 
-use torsh_backend::{Backend, DType, Pool2dConfig, Result, UnaryOp};
+use torsh_backend::{
+    Backend, CrossEntropyConfig, DType, Pool2dConfig, Reduction, Result, Tensor, UnaryOp,
+};
 
 /// Asserts that `got` is the gradient of `forward` at `xs`: each element within 1e-6 of the central
 /// difference with step 1e-6 along it.
@@ -234,6 +236,112 @@ fn max_pool_positions_follow_pytorch() -> Result<()> {
         let other = b.from_slice(&[0i64, 2], &[1, 1, 1, 2])?;
         let dx = b.max_pool2d_backward(&g, &other, &[1, 1, 2, 3], config)?;
         assert_eq!(dx.to_vec_f64()?, [1.0, 0.0, 2.0, 0.0, 0.0, 0.0]);
+    }
+    Ok(())
+}
+
+/// `g · cross_entropy(x)` and `g · nll_loss(x)` differentiated by central differences at each
+/// logit, against their backward ops: every reduction, an ignored sample, label smoothing.
+#[test]
+fn loss_gradients_match_finite_differences() -> Result<()> {
+    let b = Backend::reference()?;
+    let (n, c) = (4, 5);
+    let xs: Vec<f64> = (0..n * c)
+        .map(|i| ((i * 7 % 11) as f64 - 5.0) / 3.0)
+        .collect();
+    let target = b.from_slice(&[3i64, -100, 0, 4], &[n])?;
+    let weights: Vec<f64> = (0..n).map(|i| i as f64 - 1.5).collect();
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        // The loss's gradient: 0-d for the reductions, one weight per sample for `None`; `dot` is
+        // the loss weighted so, whose gradient the backward gives.
+        let (grad, gw) = match reduction {
+            Reduction::None => (b.from_f64(&weights, &[n], DType::F64)?, weights.clone()),
+            _ => (b.full(&[], 0.75, DType::F64)?, vec![0.75]),
+        };
+        let dot = |y: &Tensor| -> Result<f64> {
+            Ok(y.to_vec_f64()?.iter().zip(&gw).map(|(y, w)| y * w).sum())
+        };
+        for label_smoothing in [0.0, 0.1] {
+            let config = CrossEntropyConfig {
+                reduction,
+                label_smoothing,
+                ..Default::default()
+            };
+            let x = b.from_f64(&xs, &[n, c], DType::F64)?;
+            let got = b
+                .cross_entropy_backward(&grad, &x, &target, config)?
+                .to_vec_f64()?;
+            let forward = |v: &[f64]| -> Result<f64> {
+                dot(&b
+                    .from_f64(v, &[n, c], DType::F64)?
+                    .cross_entropy(&target, config)?)
+            };
+            let what = format!("cross_entropy {reduction:?} smoothing {label_smoothing}");
+            assert_finite_differences(&xs, &got, &what, forward)?;
+        }
+        let x = b.from_f64(&xs, &[n, c], DType::F64)?;
+        let got = b
+            .nll_loss_backward(&grad, &x, &target, reduction, Some(-100))?
+            .to_vec_f64()?;
+        let forward = |v: &[f64]| -> Result<f64> {
+            let x = b.from_f64(v, &[n, c], DType::F64)?;
+            dot(&x.nll_loss(&target, reduction, Some(-100))?)
+        };
+        assert_finite_differences(&xs, &got, &format!("nll_loss {reduction:?}"), forward)?;
+    }
+    Ok(())
+}
+
+/// PyTorch's values: the mean over the samples not ignored, ignored samples 0 under `None`, the
+/// smoothed target, and NaN for a mean over no sample.
+#[test]
+fn cross_entropy_follows_pytorch() -> Result<()> {
+    for b in common::backends() {
+        let logits = b.from_f64(&[1.0, 2.0, 3.0, 0.5, 0.5, 0.5], &[2, 3], DType::F32)?;
+        let lse = (1f64.exp() + 2f64.exp() + 3f64.exp()).ln();
+        let flat = 3f64.ln();
+        let target = b.from_slice(&[2i64, 0], &[2])?;
+        let loss = |t: &Tensor, config| -> Result<Vec<f64>> {
+            logits.cross_entropy(t, config)?.to_vec_f64()
+        };
+        let close = |got: &[f64], want: &[f64]| {
+            assert_eq!(got.len(), want.len(), "{}", b.backend_type());
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() < 1e-5,
+                    "{}: {got:?} vs {want:?}",
+                    b.backend_type()
+                );
+            }
+        };
+        close(
+            &loss(&target, Default::default())?,
+            &[(lse - 3.0 + flat) / 2.0],
+        );
+        let none = CrossEntropyConfig {
+            reduction: Reduction::None,
+            ..Default::default()
+        };
+        let ignored = b.from_slice(&[2i64, -100], &[2])?;
+        close(&loss(&ignored, none)?, &[lse - 3.0, 0.0]);
+        close(&loss(&ignored, Default::default())?, &[lse - 3.0]);
+        let smoothed = CrossEntropyConfig {
+            label_smoothing: 0.3,
+            ..none
+        };
+        // (1 − ε)·(lse − x_t) + ε·(lse − mean(x)).
+        close(
+            &loss(&target, smoothed)?,
+            &[0.7 * (lse - 3.0) + 0.3 * (lse - 2.0), flat],
+        );
+        let all_ignored = b.from_slice(&[-100i64, -100], &[2])?;
+        assert!(loss(&all_ignored, Default::default())?[0].is_nan());
+        // nll_loss of log-probabilities is cross_entropy of the logits.
+        let nll = logits
+            .log_softmax(1)?
+            .nll_loss(&target, Reduction::Sum, None)?
+            .to_vec_f64()?;
+        close(&nll, &[lse - 3.0 + flat]);
     }
     Ok(())
 }

@@ -7,6 +7,7 @@ pub mod conv;
 pub mod create;
 pub mod elementwise;
 pub mod index;
+pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod optim;

@@ -9,6 +9,7 @@ use crate::compute::{
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvConfig;
+use crate::ops::loss::{CrossEntropyConfig, Reduction};
 use crate::ops::norm::BatchNormConfig;
 use crate::ops::optim::AdamState;
 use crate::ops::pool::Pool2dConfig;
@@ -78,6 +79,11 @@ pub fn all() -> Vec<ParityCase> {
             op: "softmax_backward",
             dtypes: FLOATS,
             body: softmax_backward,
+        },
+        ParityCase {
+            op: "cross_entropy",
+            dtypes: FLOATS,
+            body: cross_entropy,
         },
         ParityCase {
             op: "dropout",
@@ -398,6 +404,34 @@ fn softmax_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
     // A row of one.
     let one = i.normal(&[3, 1])?;
     out.push(b.softmax_backward(&i.normal(&[3, 1])?, &one.softmax(1)?, 1)?);
+    Ok(out)
+}
+
+fn cross_entropy(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // Logits of a transposed view with an odd class count, an ignored sample, every reduction with
+    // and without smoothing, their gradients, and nll_loss.
+    let logits = i.normal(&[11, 7])?.t()?;
+    let b = i.backend();
+    let target = b.from_slice(&[3i64, 10, -100, 0, 5, 5, 1], &[7])?;
+    let mut out = Vec::new();
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let grad = match reduction {
+            Reduction::None => i.normal(&[7])?,
+            _ => i.normal(&[])?,
+        };
+        for label_smoothing in [0.0, 0.2] {
+            let config = CrossEntropyConfig {
+                reduction,
+                label_smoothing,
+                ..Default::default()
+            };
+            out.push(logits.cross_entropy(&target, config)?);
+            out.push(b.cross_entropy_backward(&grad, &logits, &target, config)?);
+        }
+        let logp = logits.log_softmax(1)?;
+        out.push(logp.nll_loss(&target, reduction, Some(-100))?);
+        out.push(b.nll_loss_backward(&grad, &logp, &target, reduction, Some(-100))?);
+    }
     Ok(out)
 }
 

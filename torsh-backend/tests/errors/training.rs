@@ -358,3 +358,70 @@ fn pooling_gradient_indices_outside_their_windows_are_errors() {
         assert_backend_works(&b);
     }
 }
+
+#[test]
+fn losses_reject_bad_targets_shapes_and_smoothing() {
+    for b in backends() {
+        let name = b.backend_type();
+        let logits = seq(&b, &[3, 4]);
+        let target = assert_ok!(b.from_slice(&[0i64, 3, 1], &[3]));
+        let config = CrossEntropyConfig::default();
+        // Targets: integer indices, one per row.
+        let floats = assert_ok!(target.cast(DType::F32));
+        let err = assert_err!(logits.cross_entropy(&floats, config), DTypeMismatch);
+        assert_mentions(&err, &["cross_entropy"]);
+        let short = assert_ok!(b.from_slice(&[0i64, 3], &[2]));
+        assert_err!(logits.cross_entropy(&short, config), ShapeMismatch);
+        assert_err!(
+            seq(&b, &[3, 4, 1]).cross_entropy(&target, config),
+            ShapeMismatch
+        );
+        let err = assert_err!(
+            logits.cross_entropy(
+                &target,
+                CrossEntropyConfig {
+                    label_smoothing: 1.5,
+                    ..config
+                }
+            ),
+            InvalidArgument
+        );
+        assert_mentions(&err, &["label_smoothing"]);
+        // The gradient: 0-d for a mean, [N] for none.
+        let scalar = assert_ok!(b.full(&[], 1.0, DType::F32));
+        assert_err!(
+            b.cross_entropy_backward(&seq(&b, &[3]), &logits, &target, config),
+            ShapeMismatch
+        );
+        let none = CrossEntropyConfig {
+            reduction: Reduction::None,
+            ..config
+        };
+        assert_err!(
+            b.cross_entropy_backward(&scalar, &logits, &target, none),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.nll_loss_backward(&scalar, &logits, &floats, Reduction::Sum, None),
+            DTypeMismatch
+        );
+        // A target past the classes: IndexOutOfRange, now or at the host read.
+        let past = assert_ok!(b.from_slice(&[0i64, 4, 1], &[3]));
+        let err = match no_panic!(logits.cross_entropy(&past, config)) {
+            Err(e) => e,
+            Ok(y) => no_panic!(y.to_vec_f64()).expect_err("a bad target must fail by the read"),
+        };
+        assert!(
+            matches!(
+                err,
+                BackendError::IndexOutOfRange {
+                    index: 4,
+                    size: 4,
+                    ..
+                }
+            ),
+            "{name}: {err:?}"
+        );
+        assert_backend_works(&b);
+    }
+}

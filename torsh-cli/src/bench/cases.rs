@@ -149,6 +149,11 @@ pub enum MemOp {
     MaxPoolBackward,
     /// `avg_pool2d_backward` 2×2 / 2 of the [`pool_image`] images.
     AvgPoolBackward,
+    /// `cross_entropy` (mean) of `[rows, cols]` logits against `rows` random classes, through the
+    /// tensor API (composed; allocates its temporaries each call).
+    CrossEntropy,
+    /// `cross_entropy_backward` of [`MemOp::CrossEntropy`], likewise.
+    CrossEntropyBackward,
 }
 
 /// Rows of each image plane of the pooling cases: the `[rows, cols]` tensor is
@@ -190,6 +195,8 @@ impl MemOp {
             MemOp::MaxPool => "max_pool2d",
             MemOp::MaxPoolBackward => "max_pool2d_backward",
             MemOp::AvgPoolBackward => "avg_pool2d_backward",
+            MemOp::CrossEntropy => "cross_entropy",
+            MemOp::CrossEntropyBackward => "cross_entropy_backward",
         }
     }
 
@@ -279,7 +286,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 30] = [
+pub const OP_NAMES: [&str; 32] = [
     "matmul",
     "memcpy",
     "copy",
@@ -307,6 +314,8 @@ pub const OP_NAMES: [&str; 30] = [
     "max_pool2d",
     "max_pool2d_backward",
     "avg_pool2d_backward",
+    "cross_entropy",
+    "cross_entropy_backward",
     "attention",
     "conv2d",
     "adam",
@@ -530,6 +539,9 @@ impl Case {
                     // A quarter of the input's size read (with the I64 positions), all written.
                     MemOp::MaxPoolBackward => 1.25 * n * size + n / 4.0 * 8.0,
                     MemOp::AvgPoolBackward => 1.25 * n * size,
+                    // The logits read (and their gradient written), the targets.
+                    MemOp::CrossEntropy => n * size + rows as f64 * 8.0,
+                    MemOp::CrossEntropyBackward => 2.0 * n * size + rows as f64 * 8.0,
                     _ => 2.0 * n * size,
                 })
             }

@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 29] = [
+const MEMORY_OPS: [MemOp; 31] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -66,6 +66,8 @@ const MEMORY_OPS: [MemOp; 29] = [
     MemOp::MaxPool,
     MemOp::MaxPoolBackward,
     MemOp::AvgPoolBackward,
+    MemOp::CrossEntropy,
+    MemOp::CrossEntropyBackward,
 ];
 
 /// A convolution with "same" padding (`r / 2`).

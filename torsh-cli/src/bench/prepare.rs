@@ -11,7 +11,8 @@ use torsh_backend::compute::{
     ScatterReduce, SoftmaxDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc, Value, WhereDesc,
 };
 use torsh_backend::{
-    AdamState, Backend, BackendError, BinaryOp, ConvConfig, DType, ReduceOp, Tensor, UnaryOp,
+    AdamState, Backend, BackendError, BinaryOp, ConvConfig, CrossEntropyConfig, DType, ReduceOp,
+    Tensor, UnaryOp,
 };
 
 use super::cases::{pool_image, Case, MemOp, Op, Runner, BATCH_NORM_CHANNELS, TOPK};
@@ -242,6 +243,21 @@ fn memory(
                 let _keep = (&x, &y, &positions, &out);
                 b.compute().pool2d_backward(&desc).map_err(text)
             })
+        }
+        MemOp::CrossEntropy | MemOp::CrossEntropyBackward => {
+            let classes: Vec<i64> = (0..rows).map(|r| ((r * 7919) % cols) as i64).collect();
+            let target = backend.from_slice(&classes, &[rows])?;
+            let config = CrossEntropyConfig::default();
+            if op == MemOp::CrossEntropy {
+                Box::new(move || x.cross_entropy(&target, config).map(drop).map_err(text))
+            } else {
+                let one = backend.full(&[], 1.0, dt)?;
+                Box::new(move || {
+                    b.cross_entropy_backward(&one, &x, &target, config)
+                        .map(drop)
+                        .map_err(text)
+                })
+            }
         }
         MemOp::Softmax => {
             let out = dense_out()?;
