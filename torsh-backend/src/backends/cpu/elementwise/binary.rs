@@ -159,10 +159,14 @@ fn zip<T: Lanes>(
             #[inline(always)]
             || {
                 let mut bufs = (scratch::<T::Acc>(), scratch::<T::Acc>());
-                dims.runs(range, |at, [pa, pb], len| {
-                    let (ra, rb) = (Run::of(a, pa, sa), Run::of(b, pb, sb));
-                    zip_run(ra, rb, out, at..at + len, &mut bufs, f);
-                });
+                dims.runs(
+                    range,
+                    #[inline(always)]
+                    |at, [pa, pb], len| {
+                        let (ra, rb) = (Run::of(a, pa, sa), Run::of(b, pb, sb));
+                        zip_run(ra, rb, out, at..at + len, &mut bufs, f);
+                    },
+                );
             },
         )
     });
