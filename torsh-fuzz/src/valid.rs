@@ -53,7 +53,7 @@ pub fn generate(rng: &mut Rng) -> Case {
     if rng.chance(0.03) {
         return large(rng);
     }
-    match rng.range(0, 19) {
+    match rng.range(0, 20) {
         0 | 1 => unary(rng),
         2 | 3 => binary(rng),
         4 | 5 => reduce(rng),
@@ -69,6 +69,7 @@ pub fn generate(rng: &mut Rng) -> Case {
         15 => index(rng),
         16 => select(rng),
         17 => order(rng),
+        18 => backward(rng),
         _ => cast_copy(rng),
     }
 }
@@ -582,6 +583,116 @@ fn pool2d(rng: &mut Rng) -> Case {
             }])
         },
     )
+}
+
+/// The backward ops: a unary op's gradient from its input, dropout and its backward, max pooling's
+/// positions with both pooling gradients, and cross-entropy with its gradient.
+fn backward(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    match rng.range(0, 3) {
+        0 => {
+            let op = rng.pick(UnaryOp::ALL);
+            let rank = rng.range(1, 3);
+            let shape = rng.shape(rank, true, CAP);
+            let values = match op {
+                UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => Values::Positive,
+                _ => Values::Normal,
+            };
+            let (x, g) = (view(rng, &shape, values), view(rng, &shape, Values::Normal));
+            case(
+                "backward",
+                format!("unary_backward {}", op.name()),
+                dtype,
+                vec![x, g],
+                move |_, t| Ok(vec![t[0].unary_backward_from_input(op, &t[1])?]),
+            )
+        }
+        1 => {
+            let rank = rng.range(1, 3);
+            let shape = rng.shape(rank, true, CAP);
+            let x = view(rng, &shape, Values::Normal);
+            let p = rng.pick(&[0.0, 0.1, 0.5, 0.9, 1.0]);
+            let seed = rng.range(0, 1000) as u64;
+            case(
+                "backward",
+                format!("dropout p {p} seed {seed}"),
+                dtype,
+                vec![x],
+                move |b, t| {
+                    Ok(vec![
+                        t[0].dropout(p, seed)?,
+                        b.dropout_backward(&t[0], p, seed)?,
+                    ])
+                },
+            )
+        }
+        2 => {
+            let kernel = [rng.range(1, 4), rng.range(1, 4)];
+            let stride = [rng.range(1, 3), rng.range(1, 3)];
+            let padding = [rng.range(0, kernel[0] / 2), rng.range(0, kernel[1] / 2)];
+            let h = kernel[0].saturating_sub(2 * padding[0]).max(1) + rng.range(0, 9);
+            let w = kernel[1].saturating_sub(2 * padding[1]).max(1) + rng.range(0, 9);
+            let shape = [rng.range(0, 2), rng.range(1, 3), h, w];
+            let x = view(rng, &shape, Values::Normal);
+            let config = Pool2dConfig {
+                kernel,
+                stride,
+                padding,
+                count_include_pad: rng.chance(0.5),
+            };
+            case(
+                "backward",
+                format!("pool2d gradients {config:?}"),
+                dtype,
+                vec![x],
+                move |b, t| {
+                    // The pooled output stands in for its own gradient.
+                    let (y, at) = t[0].max_pool2d_with_indices(config)?;
+                    let dmax = b.max_pool2d_backward(&y, &at, &shape, config)?;
+                    let davg = b.avg_pool2d_backward(&y, &shape, config)?;
+                    Ok(vec![y, at, dmax, davg])
+                },
+            )
+        }
+        _ => {
+            let (n, c) = (rng.range(0, 9), rng.range(1, 12));
+            let logits = view(rng, &[n, c], Values::Normal);
+            let targets: Vec<i64> = (0..n)
+                .map(|_| {
+                    if rng.chance(0.2) {
+                        -100
+                    } else {
+                        rng.range(0, c - 1) as i64
+                    }
+                })
+                .collect();
+            let reduction = rng.pick(&[Reduction::Mean, Reduction::Sum, Reduction::None]);
+            let config = CrossEntropyConfig {
+                reduction,
+                label_smoothing: rng.pick(&[0.0, 0.1]),
+                ..Default::default()
+            };
+            let grad_shape = if reduction == Reduction::None {
+                vec![n]
+            } else {
+                vec![]
+            };
+            let grad = view(rng, &grad_shape, Values::Normal);
+            case(
+                "backward",
+                format!("cross_entropy {config:?} targets {targets:?}"),
+                dtype,
+                vec![logits, grad],
+                move |b, t| {
+                    let target = b.from_slice(&targets, &[n])?;
+                    Ok(vec![
+                        t[0].cross_entropy(&target, config)?,
+                        b.cross_entropy_backward(&t[1], &t[0], &target, config)?,
+                    ])
+                },
+            )
+        }
+    }
 }
 
 fn attention(rng: &mut Rng) -> Case {
