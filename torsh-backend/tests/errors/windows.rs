@@ -164,6 +164,42 @@ fn conv_and_pool_window_errors() {
             }),
             ShapeMismatch
         );
+        // Positions go with a max only, and its gradient needs them.
+        let err = assert_err!(
+            c.pool2d(&Pool2dDesc {
+                kind: PoolKind::Avg {
+                    count_include_pad: true,
+                },
+                indices: Some(weight),
+                ..pdesc.clone()
+            }),
+            InvalidArgument
+        );
+        assert_mentions(&err, &["indices"]);
+        let back = Pool2dBackwardDesc {
+            kind: PoolKind::Max,
+            dtype: DType::F32,
+            grad: out,
+            grad_shape: [1, 1, 1, 1],
+            indices: None,
+            output: input,
+            input_shape: [1, 1, 3, 3],
+            kernel: [2, 2],
+            stride: [2, 2],
+            padding: [0, 0],
+        };
+        let err = assert_err!(c.pool2d_backward(&back), InvalidArgument);
+        assert_mentions(&err, &["indices"]);
+        assert_err!(
+            c.pool2d_backward(&Pool2dBackwardDesc {
+                kind: PoolKind::Avg {
+                    count_include_pad: false,
+                },
+                grad_shape: [1, 1, 2, 2],
+                ..back
+            }),
+            ShapeMismatch
+        );
         for p in [input, weight, out] {
             assert_ok!(c.free(p));
         }
