@@ -55,6 +55,7 @@ NOT_COVERED = {
     "avg_pool2d_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
     "cross_entropy": "a training loss: PyTorch is the peer",
     "cross_entropy_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
+    "conv2d_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
 }
 
 

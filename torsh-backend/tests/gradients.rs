@@ -6,7 +6,8 @@
 mod common;
 
 use torsh_backend::{
-    Backend, CrossEntropyConfig, DType, Pool2dConfig, Reduction, Result, Tensor, UnaryOp,
+    Backend, ConvConfig, ConvTransposeConfig, CrossEntropyConfig, DType, Pool2dConfig, Reduction,
+    Result, Tensor, UnaryOp,
 };
 
 /// Asserts that `got` is the gradient of `forward` at `xs`: each element within 1e-6 of the central
@@ -342,6 +343,163 @@ fn cross_entropy_follows_pytorch() -> Result<()> {
             .nll_loss(&target, Reduction::Sum, None)?
             .to_vec_f64()?;
         close(&nll, &[lse - 3.0 + flat]);
+    }
+    Ok(())
+}
+
+/// `Σ g · conv2d(x, w) + b` differentiated by central differences along every element of the
+/// input, the weight and the bias, against the three convolution gradients: padded, strided,
+/// dilated, grouped, depthwise (with a channel multiplier) and pointwise strided windows, with
+/// unequal sides.
+#[test]
+fn conv2d_gradients_match_finite_differences() -> Result<()> {
+    let b = Backend::reference()?;
+    let values = |n: usize, seed: usize| -> Vec<f64> {
+        (0..n)
+            .map(|i| (((i * 37 + seed * 11) % 23) as f64 - 11.0) / 7.0)
+            .collect()
+    };
+    let x_shape = [2, 4, 7, 6];
+    let xs = values(x_shape.iter().product(), 1);
+    for (w_shape, config) in [
+        (
+            [5, 4, 3, 3],
+            ConvConfig {
+                padding: [1, 1],
+                ..Default::default()
+            },
+        ),
+        (
+            [6, 2, 3, 2],
+            ConvConfig {
+                stride: [2, 1],
+                padding: [1, 1],
+                dilation: [2, 1],
+                groups: 2,
+            },
+        ),
+        (
+            [8, 1, 3, 3],
+            ConvConfig {
+                stride: [2, 1],
+                padding: [1, 0],
+                groups: 4,
+                ..Default::default()
+            },
+        ),
+        (
+            [3, 4, 1, 1],
+            ConvConfig {
+                stride: [2, 2],
+                ..Default::default()
+            },
+        ),
+    ] {
+        let ws = values(w_shape.iter().product(), 2);
+        let bs = values(w_shape[0], 3);
+        let x = b.from_f64(&xs, &x_shape, DType::F64)?;
+        let w = b.from_f64(&ws, &w_shape, DType::F64)?;
+        let bias = b.from_f64(&bs, &[w_shape[0]], DType::F64)?;
+        let y = b.conv2d_with_bias(&x, &w, Some(&bias), config)?;
+        let gs = values(y.numel(), 4);
+        let g = b.from_f64(&gs, y.shape(), DType::F64)?;
+        let loss = |xv: &[f64], wv: &[f64], bv: &[f64]| -> Result<f64> {
+            let y = b.conv2d_with_bias(
+                &b.from_f64(xv, &x_shape, DType::F64)?,
+                &b.from_f64(wv, &w_shape, DType::F64)?,
+                Some(&b.from_f64(bv, &[w_shape[0]], DType::F64)?),
+                config,
+            )?;
+            Ok(y.to_vec_f64()?.iter().zip(&gs).map(|(y, g)| y * g).sum())
+        };
+        let what = format!("{w_shape:?} {config:?}");
+        let dx = b.conv2d_backward_input(&g, &w, &x_shape, config)?;
+        assert_finite_differences(&xs, &dx.to_vec_f64()?, &format!("input {what}"), |v| {
+            loss(v, &ws, &bs)
+        })?;
+        let dw = b.conv2d_backward_weight(&g, &x, &w_shape, config)?;
+        assert_finite_differences(&ws, &dw.to_vec_f64()?, &format!("weight {what}"), |v| {
+            loss(&xs, v, &bs)
+        })?;
+        let db = b.conv2d_backward_bias(&g)?;
+        assert_finite_differences(&bs, &db.to_vec_f64()?, &format!("bias {what}"), |v| {
+            loss(&xs, &ws, v)
+        })?;
+    }
+    Ok(())
+}
+
+/// The transposed convolution is the adjoint of the convolution with the same weight and window
+/// (`⟨conv2d(x, w), y⟩ = ⟨x, conv_transpose2d(y, w)⟩`), output padding fills the rows a strided
+/// convolution drops, and two small cases match values worked by hand, on every backend.
+#[test]
+fn conv_transpose2d_is_the_adjoint_of_conv2d() -> Result<()> {
+    let r = Backend::reference()?;
+    let config = ConvTransposeConfig {
+        stride: [2, 3],
+        padding: [1, 0],
+        output_padding: [1, 2],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    let y_shape = [2, 4, 4, 3];
+    let w_shape = [4, 3, 3, 2];
+    let out_shape = config.output_shape(y_shape, w_shape)?;
+    // (4 − 1)·2 − 2 + 1·2 + 1 + 1 = 8 rows; (3 − 1)·3 − 0 + 2·1 + 2 + 1 = 11 columns.
+    assert_eq!(out_shape, [2, 6, 8, 11]);
+    let fill = |n: usize, seed: usize| -> Vec<f64> {
+        (0..n)
+            .map(|i| (((i * 29 + seed * 7) % 19) as f64 - 9.0) / 5.0)
+            .collect()
+    };
+    let ys = fill(y_shape.iter().product(), 1);
+    let ws = fill(w_shape.iter().product(), 2);
+    let xs = fill(out_shape.iter().product(), 3);
+    let y = r.from_f64(&ys, &y_shape, DType::F64)?;
+    let w = r.from_f64(&ws, &w_shape, DType::F64)?;
+    let x = r.from_f64(&xs, &out_shape, DType::F64)?;
+    let forward = ConvConfig {
+        stride: config.stride,
+        padding: config.padding,
+        dilation: config.dilation,
+        groups: config.groups,
+    };
+    let conv = r.conv2d(&x, &w, forward)?;
+    assert_eq!(conv.shape(), &y_shape);
+    let t = r.conv_transpose2d(&y, &w, None, config)?;
+    let lhs: f64 = conv.to_vec_f64()?.iter().zip(&ys).map(|(a, b)| a * b).sum();
+    let rhs: f64 = t.to_vec_f64()?.iter().zip(&xs).map(|(a, b)| a * b).sum();
+    assert!(
+        (lhs - rhs).abs() < 1e-9 * lhs.abs().max(1.0),
+        "{lhs} vs {rhs}"
+    );
+
+    for b in common::backends() {
+        let x = b.from_f64(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2], DType::F32)?;
+        let ones = b.from_f64(&[1.0; 4], &[1, 1, 2, 2], DType::F32)?;
+        let tiled = b.conv_transpose2d(
+            &x,
+            &ones,
+            None,
+            ConvTransposeConfig {
+                stride: [2, 2],
+                ..Default::default()
+            },
+        )?;
+        #[rustfmt::skip]
+        let want = [
+            1.0, 1.0, 2.0, 2.0,
+            1.0, 1.0, 2.0, 2.0,
+            3.0, 3.0, 4.0, 4.0,
+            3.0, 3.0, 4.0, 4.0,
+        ];
+        assert_eq!(tiled.to_vec_f64()?, want, "{}", b.backend_type());
+        let diagonal = b.from_f64(&[1.0, 0.0, 0.0, 1.0], &[1, 1, 2, 2], DType::F32)?;
+        let bias = b.from_f64(&[0.5], &[1], DType::F32)?;
+        let spread = b.conv_transpose2d(&x, &diagonal, Some(&bias), Default::default())?;
+        let want = [1.5, 2.5, 0.5, 3.5, 5.5, 2.5, 0.5, 3.5, 4.5];
+        assert_eq!(spread.shape(), &[1, 1, 3, 3]);
+        assert_eq!(spread.to_vec_f64()?, want, "{}", b.backend_type());
     }
     Ok(())
 }

@@ -63,7 +63,9 @@ enum Command {
         backend: Option<String>,
         /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, batch_norm,
         /// sum, max, cast, fill, gather, index_select, index_add, where, cumsum, topk, cat,
-        /// gelu_backward, softmax_backward, dropout, attention, conv2d, adam); repeatable.
+        /// gelu_backward, softmax_backward, dropout, max_pool2d, max_pool2d_backward,
+        /// avg_pool2d_backward, cross_entropy, cross_entropy_backward, attention, conv2d,
+        /// conv2d_backward, adam); repeatable.
         #[arg(long = "op", value_name = "NAME")]
         ops: Vec<String>,
         /// Tiny sizes and short repeats: a smoke run (used by the tests).

@@ -226,6 +226,17 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// The input gradient of a 2-D convolution (and the transposed convolution); see
+    /// [`Conv2dBackwardInputDesc`].
+    fn conv2d_backward_input(&self, desc: &Conv2dBackwardInputDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
+    /// The weight gradient of a 2-D convolution; see [`Conv2dBackwardWeightDesc`].
+    fn conv2d_backward_weight(&self, desc: &Conv2dBackwardWeightDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// Scaled dot-product attention; see [`AttentionDesc`].
     fn attention(&self, desc: &AttentionDesc) -> Result<()> {
         Err(desc.unsupported(self))
@@ -505,6 +516,8 @@ macro_rules! for_each_op {
             batched_gemm($crate::compute::BatchedGemmDesc),
             gemv($crate::compute::GemvDesc),
             conv2d_forward($crate::compute::Conv2dDesc),
+            conv2d_backward_input($crate::compute::Conv2dBackwardInputDesc),
+            conv2d_backward_weight($crate::compute::Conv2dBackwardWeightDesc),
             attention($crate::compute::AttentionDesc),
             reduce($crate::compute::ReduceDesc),
             unary($crate::compute::UnaryDesc),

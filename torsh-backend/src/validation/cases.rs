@@ -8,7 +8,7 @@ use crate::compute::{
 };
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::conv::ConvConfig;
+use crate::ops::conv::{ConvConfig, ConvTransposeConfig};
 use crate::ops::loss::{CrossEntropyConfig, Reduction};
 use crate::ops::norm::BatchNormConfig;
 use crate::ops::optim::AdamState;
@@ -17,7 +17,8 @@ use crate::tensor::Tensor;
 
 const FLOATS: &[DType] = &DType::FLOATS;
 
-/// Every parity case, in report order.
+/// Every parity case, in report order. A case's inputs come from its index's seed
+/// ([`super::case_seed`]), so new cases go at the end, leaving every other case's inputs as they were.
 pub fn all() -> Vec<ParityCase> {
     vec![
         ParityCase {
@@ -160,6 +161,11 @@ pub fn all() -> Vec<ParityCase> {
             dtypes: &DType::ALL,
             body: sort,
         },
+        ParityCase {
+            op: "conv2d_backward",
+            dtypes: FLOATS,
+            body: conv2d_backward,
+        },
     ]
 }
 
@@ -281,6 +287,75 @@ fn conv2d(i: &mut Inputs) -> Result<Vec<Tensor>> {
         ConvConfig::default(),
     )?;
     Ok(vec![plain, grouped, depthwise, with_bias, one])
+}
+
+fn conv2d_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // Padded, strided-dilated-grouped, depthwise with a channel multiplier, and strided pointwise
+    // windows; the input, weight and bias gradients of each, the output gradient of the second a
+    // transposed view; then a transposed convolution with output padding and a bias.
+    let b = i.backend();
+    let x = i.normal(&[2, 4, 9, 7])?;
+    let mut out = Vec::new();
+    for (w_shape, config) in [
+        (
+            [6, 4, 3, 3],
+            ConvConfig {
+                padding: [1, 1],
+                ..Default::default()
+            },
+        ),
+        (
+            [6, 2, 3, 2],
+            ConvConfig {
+                stride: [2, 1],
+                padding: [1, 1],
+                dilation: [2, 1],
+                groups: 2,
+            },
+        ),
+        (
+            [8, 1, 3, 3],
+            ConvConfig {
+                stride: [2, 2],
+                padding: [1, 0],
+                groups: 4,
+                ..Default::default()
+            },
+        ),
+        (
+            [3, 4, 1, 1],
+            ConvConfig {
+                stride: [2, 2],
+                ..Default::default()
+            },
+        ),
+    ] {
+        let w = i.normal(&w_shape)?;
+        let y_shape = b.conv2d(&x, &w, config)?.shape().to_vec();
+        let grad = if config.groups == 2 {
+            let [n, k, oh, ow] = [y_shape[0], y_shape[1], y_shape[2], y_shape[3]];
+            i.normal(&[n, k, ow, oh])?.transpose(2, 3)?
+        } else {
+            i.normal(&y_shape)?
+        };
+        out.push(b.conv2d_backward_input(&grad, &w, x.shape(), config)?);
+        out.push(b.conv2d_backward_weight(&grad, &x, &w_shape, config)?);
+        out.push(b.conv2d_backward_bias(&grad)?);
+    }
+    let transposed = b.conv_transpose2d(
+        &i.normal(&[2, 4, 5, 4])?,
+        &i.normal(&[4, 3, 3, 2])?,
+        Some(&i.normal(&[6])?),
+        ConvTransposeConfig {
+            stride: [2, 3],
+            padding: [1, 0],
+            output_padding: [1, 2],
+            dilation: [1, 2],
+            groups: 2,
+        },
+    )?;
+    out.push(transposed);
+    Ok(out)
 }
 
 fn attention(i: &mut Inputs) -> Result<Vec<Tensor>> {

@@ -425,3 +425,110 @@ fn losses_reject_bad_targets_shapes_and_smoothing() {
         assert_backend_works(&b);
     }
 }
+
+/// The convolution gradients and the transposed convolution answer typed errors for shapes that do
+/// not match the forward, bad windows, mixed dtypes and raw descriptors whose shapes disagree.
+#[test]
+fn convolution_gradients_reject_mismatched_operands() {
+    for b in backends() {
+        eprintln!("backend: {}", b.backend_type());
+        let config = ConvConfig {
+            padding: [1, 1],
+            ..Default::default()
+        };
+        let x = seq(&b, &[1, 2, 5, 5]);
+        let w = seq(&b, &[3, 2, 3, 3]);
+        let y = assert_ok!(b.conv2d(&x, &w, config));
+        // The output gradient must be what the forward of these shapes gives.
+        let err = assert_err!(
+            b.conv2d_backward_input(&x, &w, &[1, 2, 5, 5], config),
+            ShapeMismatch
+        );
+        assert_mentions(&err, &["conv2d_backward_input", "grad_output"]);
+        assert_err!(
+            b.conv2d_backward_input(&y, &w, &[1, 2, 5], config),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.conv2d_backward_input(&y, &w, &[1, 4, 5, 5], config),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.conv2d_backward_weight(&y, &x, &[3, 2, 2, 2], config),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.conv2d_backward_bias(&w.reshape(&[54]).unwrap()),
+            ShapeMismatch
+        );
+        let stride0 = ConvConfig {
+            stride: [0, 1],
+            ..config
+        };
+        assert_err!(
+            b.conv2d_backward_weight(&y, &x, &[3, 2, 3, 3], stride0),
+            InvalidArgument
+        );
+        let half = assert_ok!(y.cast(DType::F16));
+        assert_err!(
+            b.conv2d_backward_input(&half, &w, &[1, 2, 5, 5], config),
+            DTypeMismatch
+        );
+        // Transposed: output padding below the stride, the weight's first dim the input's
+        // channels, something left after the padding.
+        let t = ConvTransposeConfig {
+            stride: [2, 2],
+            output_padding: [2, 0],
+            ..Default::default()
+        };
+        let err = assert_err!(b.conv_transpose2d(&y, &w, None, t), InvalidArgument);
+        assert_mentions(&err, &["conv_transpose2d", "output padding"]);
+        assert_err!(
+            b.conv_transpose2d(&x, &w, None, Default::default()),
+            ShapeMismatch
+        );
+        let crop = ConvTransposeConfig {
+            padding: [4, 4],
+            ..Default::default()
+        };
+        assert_err!(b.conv_transpose2d(&y, &w, None, crop), ShapeMismatch);
+        let bias = seq(&b, &[3]);
+        assert_err!(
+            b.conv_transpose2d(&y, &w, Some(&bias), Default::default()),
+            ShapeMismatch
+        );
+        // A raw descriptor whose output gradient disagrees with its window.
+        let raw = Conv2dBackwardWeightDesc {
+            dtype: DType::F32,
+            input: x.data_ptr(),
+            input_shape: [1, 2, 5, 5],
+            grad_output: y.data_ptr(),
+            grad_output_shape: [1, 3, 3, 3],
+            grad_weight: w.data_ptr(),
+            weight_shape: [3, 2, 3, 3],
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let err = assert_err!(b.compute().conv2d_backward_weight(&raw), ShapeMismatch);
+        assert_mentions(&err, &["conv2d_backward_weight"]);
+        let raw = Conv2dBackwardInputDesc {
+            dtype: DType::F32,
+            grad_output: y.data_ptr(),
+            grad_output_shape: [1, 3, 5, 5],
+            weight: w.data_ptr(),
+            weight_shape: [3, 2, 3, 3],
+            bias: None,
+            grad_input: y.data_ptr(),
+            grad_input_shape: [1, 2, 5, 5],
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        // The gradient written over the output gradient it reads.
+        assert_err!(b.compute().conv2d_backward_input(&raw), Aliasing);
+        assert_backend_works(&b);
+    }
+}

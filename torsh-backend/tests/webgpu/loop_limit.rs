@@ -277,6 +277,50 @@ fn convolutions_past_the_loop_budget_accumulate_blocks_of_input_channels() {
 }
 
 #[test]
+fn convolution_gradients_past_the_loop_budget_add_blocks() {
+    // The input gradient takes 240 output channels of 3 × 3 taps a launch: 300 of them (and a
+    // transposed convolution with a bias over them) in two blocks. The weight gradient takes
+    // 261 504 output positions a launch: three images of 170 × 170 in two blocks. Positive values,
+    // so that these long sums do not cancel (which would magnify f32 rounding past the bound).
+    let Some(b) = low_budget() else { return };
+    against_reference(&b, &ALL, |be, dtype| {
+        let config = torsh_backend::ConvConfig {
+            padding: [1, 1],
+            ..Default::default()
+        };
+        let positive = |shape: &[usize], phase: f32| {
+            let host: Vec<f32> = super::wave(shape.iter().product(), phase)
+                .iter()
+                .map(|v| v.abs() + 0.1)
+                .collect();
+            super::dtype_tensor(be, &host, shape, dtype)
+        };
+        let weight = positive(&[300, 2, 3, 3], 0.1);
+        let grad = positive(&[1, 300, 4, 4], 0.2);
+        let bias = positive(&[2], 0.3);
+        let image = positive(&[3, 1, 170, 170], 0.4);
+        let image_grad = positive(&[3, 2, 170, 170], 0.5);
+        vec![
+            (
+                "conv2d_backward_input",
+                be.conv2d_backward_input(&grad, &weight, &[1, 2, 4, 4], config)
+                    .unwrap(),
+            ),
+            (
+                "conv_transpose2d",
+                be.conv_transpose2d(&grad, &weight, Some(&bias), Default::default())
+                    .unwrap(),
+            ),
+            (
+                "conv2d_backward_weight",
+                be.conv2d_backward_weight(&image_grad, &image, &[2, 1, 3, 3], config)
+                    .unwrap(),
+            ),
+        ]
+    });
+}
+
+#[test]
 fn attention_past_the_loop_budget_combines_ranges_of_keys() {
     // One launch takes 624 keys of head dim 64 (the tiled kernel) and 1152 of head dim 136 (the
     // row kernel): 1009 and 2503 keys in ranges, causal and not.

@@ -55,7 +55,10 @@ impl Section {
             Section::Attention => {
                 "Attention: softmax(Q·Kᵀ/√D)·V over [B,H,S,D], 4·B·H·S²·D flops (half when causal)"
             }
-            Section::Conv => "Conv2d (NCHW, ResNet-like layers): 2·N·K·OH·OW·(C/groups)·R·S flops",
+            Section::Conv => {
+                "Conv2d (NCHW, ResNet-like layers): 2·N·K·OH·OW·(C/groups)·R·S flops (twice that for \
+                 the backward: input and weight gradients)"
+            }
             Section::Optimizer => {
                 "Fused Adam: one step over a list of parameters; 4 reads + 3 writes per element"
             }
@@ -275,6 +278,9 @@ pub enum Op {
         groups: usize,
         /// With a `[k]` bias.
         bias: bool,
+        /// The backward instead of the forward: the input's and the weight's gradients (and the
+        /// bias's, with a bias) from a random output gradient, twice the forward's flops.
+        backward: bool,
     },
     /// `tensors` parameters of `len` elements each.
     Adam {
@@ -286,7 +292,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 32] = [
+pub const OP_NAMES: [&str; 33] = [
     "matmul",
     "memcpy",
     "copy",
@@ -318,6 +324,7 @@ pub const OP_NAMES: [&str; 32] = [
     "cross_entropy_backward",
     "attention",
     "conv2d",
+    "conv2d_backward",
     "adam",
 ];
 
@@ -385,7 +392,10 @@ impl Case {
             Op::Matmul { .. } => "matmul",
             Op::Memory { op, .. } => op.name(),
             Op::Attention { .. } => "attention",
-            Op::Conv2d { .. } => "conv2d",
+            Op::Conv2d {
+                backward: false, ..
+            } => "conv2d",
+            Op::Conv2d { backward: true, .. } => "conv2d_backward",
             Op::Adam { .. } => "adam",
         }
     }
@@ -499,9 +509,11 @@ impl Case {
                 pad,
                 groups,
                 bias,
+                backward,
             } => json!({
                 "n": n, "c": c, "h": hw, "w": hw, "k": k, "r": r, "s": r,
                 "stride": stride, "padding": pad, "groups": groups, "bias": bias,
+                "backward": backward,
                 "out_hw": conv_out(hw, r, stride, pad),
             }),
             Op::Adam { tensors, len } => json!({"tensors": tensors, "len": len}),
@@ -558,11 +570,13 @@ impl Case {
                 stride,
                 pad,
                 groups,
+                backward,
                 ..
             } => {
                 let o = conv_out(hw, r, stride, pad) as f64;
                 let per_group = (c / groups.max(1)) * r * r;
-                Work::Flops(2.0 * (n * k) as f64 * o * o * per_group as f64)
+                let passes = if backward { 2.0 } else { 1.0 };
+                Work::Flops(passes * 2.0 * (n * k) as f64 * o * o * per_group as f64)
             }
             Op::Adam { tensors, len } => Work::Bytes(7.0 * (tensors * len) as f64 * size),
         }
@@ -618,6 +632,7 @@ mod tests {
                 pad: 1,
                 groups: 1,
                 bias: false,
+                backward: false,
             },
             DType::F32,
         );
@@ -634,6 +649,7 @@ mod tests {
                 pad: 1,
                 groups: 4,
                 bias: true,
+                backward: false,
             },
             DType::F32,
         );

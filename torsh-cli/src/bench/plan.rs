@@ -82,6 +82,7 @@ fn conv(n: usize, c: usize, hw: usize, k: usize, r: usize, stride: usize, bias: 
         pad: r / 2,
         groups: 1,
         bias,
+        backward: false,
     }
 }
 
@@ -97,6 +98,7 @@ fn depthwise(n: usize, c: usize, hw: usize) -> Op {
         pad: 1,
         groups: c,
         bias: true,
+        backward: false,
     }
 }
 
@@ -279,9 +281,28 @@ fn conv_cases(scale: Scale) -> Vec<Case> {
             &[F32, BF16],
         ),
     };
+    // Each convolution, then (but for depthwise ones) its backward.
+    let with_backward = convs.into_iter().flat_map(|op| {
+        let mut backward = op;
+        let has_backward = match &mut backward {
+            Op::Conv2d {
+                c,
+                groups,
+                backward,
+                ..
+            } if *groups == 1 || groups != c => {
+                *backward = true;
+                true
+            }
+            _ => false,
+        };
+        let backward = has_backward.then_some(backward);
+        std::iter::once(op).chain(backward)
+    });
+    let ops: Vec<Op> = with_backward.collect();
     dtypes
         .iter()
-        .flat_map(|&dtype| convs.iter().map(move |&op| Case::new(op, dtype)))
+        .flat_map(|&dtype| ops.iter().map(move |&op| Case::new(op, dtype)))
         .collect()
 }
 

@@ -49,6 +49,7 @@ impl Case {
                 pad,
                 groups,
                 bias,
+                backward,
             } => {
                 let input = backend.randn(&[n, c, hw, hw], dt)?;
                 let weight = backend.randn(&[k, c / groups.max(1), r, r], dt)?;
@@ -64,6 +65,23 @@ impl Case {
                     groups,
                 };
                 let backend = backend.clone();
+                if backward {
+                    let out = backend.conv2d(&input, &weight, config)?;
+                    let grad = backend.randn(out.shape(), dt)?;
+                    return Ok(Box::new(move || {
+                        let shape = input.shape();
+                        backend
+                            .conv2d_backward_input(&grad, &weight, shape, config)
+                            .map_err(text)?;
+                        backend
+                            .conv2d_backward_weight(&grad, &input, weight.shape(), config)
+                            .map_err(text)?;
+                        if bias.is_some() {
+                            backend.conv2d_backward_bias(&grad).map_err(text)?;
+                        }
+                        Ok(())
+                    }));
+                }
                 Box::new(move || {
                     backend
                         .conv2d_with_bias(&input, &weight, bias.as_ref(), config)

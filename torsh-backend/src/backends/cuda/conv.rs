@@ -1,6 +1,9 @@
-//! Host side of the convolution kernel (`kernels/conv.cu`): an implicit-GEMM 2-D convolution of our
+//! Host side of the convolution kernels (`kernels/conv.cu`): an implicit-GEMM 2-D convolution of our
 //! own. Per group the GEMM has `N·P·Q` rows (output pixels), `K / groups` columns (output channels)
-//! and depth `C / groups · R · S`; each 256-thread block computes 64 × 64 output tiles.
+//! and depth `C / groups · R · S`; each 256-thread block computes 64 × 64 output tiles. Its gradients
+//! are direct kernels: one thread per input element (input gradient, which the transposed
+//! convolution runs on) and one block per weight element (weight gradient). cuDNN's backward-data
+//! and backward-filter are not called yet.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -250,6 +253,171 @@ impl OpImpl<Conv2dDesc> for CudaBackend {
     }
 }
 
+/// Shapes and window of a convolution whose gradients are computed, as the gradient kernels receive
+/// them (`struct ConvGradParams` in `conv.cu`, same layout: nineteen `i64`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConvGradParams {
+    n: i64,
+    c: i64,
+    h: i64,
+    w: i64,
+    k: i64,
+    cg: i64,
+    r: i64,
+    s: i64,
+    oh: i64,
+    ow: i64,
+    sh: i64,
+    sw: i64,
+    ph: i64,
+    pw: i64,
+    dh: i64,
+    dw: i64,
+    kg: i64,
+    /// Elements written: input elements, or weight elements.
+    total: i64,
+    /// 1 when a bias of the input's channels starts each input-gradient sum.
+    has_bias: i64,
+}
+
+// SAFETY: a plain `repr(C)` struct of `i64` with the same layout as the kernels' `ConvGradParams`.
+unsafe impl DeviceRepr for ConvGradParams {}
+
+impl ConvGradParams {
+    /// The parameters of the convolution of `input` with `weight` giving `output` (shapes validated
+    /// by the descriptor), writing `total` elements. `SizeOverflow` when a count exceeds `i64`.
+    fn new(
+        op: &'static str,
+        [input, weight, output]: [[usize; 4]; 3],
+        window: ([usize; 2], [usize; 2], [usize; 2], usize),
+        total: usize,
+        has_bias: bool,
+    ) -> Result<ConvGradParams> {
+        let (stride, padding, dilation, groups) = window;
+        let v = |x: usize| to_i64(op, x);
+        // Every element offset the kernels form stays inside an operand; the coordinates they form
+        // stay within (out · stride + taps · dilation + pad), which must fit as well.
+        for (out, st, taps, dil, pad) in [
+            (output[2], stride[0], weight[2], dilation[0], padding[0]),
+            (output[3], stride[1], weight[3], dilation[1], padding[1]),
+        ] {
+            let reach = out
+                .checked_mul(st)
+                .and_then(|a| a.checked_add(taps.checked_mul(dil)?))
+                .and_then(|a| a.checked_add(pad));
+            v(reach.ok_or_else(|| BackendError::overflow(op, "the window's reach overflows"))?)?;
+        }
+        Ok(ConvGradParams {
+            n: v(input[0])?,
+            c: v(input[1])?,
+            h: v(input[2])?,
+            w: v(input[3])?,
+            k: v(weight[0])?,
+            cg: v(weight[1])?,
+            r: v(weight[2])?,
+            s: v(weight[3])?,
+            oh: v(output[2])?,
+            ow: v(output[3])?,
+            sh: v(stride[0])?,
+            sw: v(stride[1])?,
+            ph: v(padding[0])?,
+            pw: v(padding[1])?,
+            dh: v(dilation[0])?,
+            dw: v(dilation[1])?,
+            kg: v(weight[0] / groups.max(1))?,
+            total: v(total)?,
+            has_bias: i64::from(has_bias),
+        })
+    }
+}
+
+/// Enqueues the input gradient (or transposed convolution) `d`: one thread per input element.
+pub(crate) fn conv2d_backward_input(gpu: &Gpu, d: &Conv2dBackwardInputDesc) -> Result<()> {
+    const OP: &str = "conv2d_backward_input";
+    let total: usize = d.grad_input_shape.iter().product();
+    if total == 0 {
+        return Ok(());
+    }
+    let ptrs: Vec<DevicePtr> = [d.grad_input, d.grad_output, d.weight]
+        .into_iter()
+        .chain(d.bias)
+        .collect();
+    check_aligned(OP, d.dtype, &ptrs)?;
+    let params = ConvGradParams::new(
+        OP,
+        [d.grad_input_shape, d.weight_shape, d.grad_output_shape],
+        (d.stride, d.padding, d.dilation, d.groups),
+        total,
+        d.bias.is_some(),
+    )?;
+    let name = format!("conv2d_backward_input_{}", suffix(d.dtype));
+    let f = gpu.function_for("conv", d.dtype, &name)?;
+    let bias = d.bias.map_or(0u64, |b| b.0);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.grad_input.0)
+        .arg(&d.grad_output.0)
+        .arg(&d.weight.0)
+        .arg(&bias)
+        .arg(&params);
+    let config = gpu.grid(total);
+    // SAFETY: the caller checked every region against live allocations and for aliasing; the
+    // arguments match `conv2d_backward_input_<dtype>(T* dx, const T* dy, const T* w, const T* bias,
+    // ConvGradParams)`.
+    unsafe { b.launch(config) }.map_err(|e| super::driver_error(OP, e))?;
+    Ok(())
+}
+
+/// Enqueues the weight gradient `d`: one 256-thread block per weight element.
+pub(crate) fn conv2d_backward_weight(gpu: &Gpu, d: &Conv2dBackwardWeightDesc) -> Result<()> {
+    const OP: &str = "conv2d_backward_weight";
+    let total: usize = d.weight_shape.iter().product();
+    if total == 0 {
+        return Ok(());
+    }
+    check_aligned(OP, d.dtype, &[d.grad_weight, d.input, d.grad_output])?;
+    let params = ConvGradParams::new(
+        OP,
+        [d.input_shape, d.weight_shape, d.grad_output_shape],
+        (d.stride, d.padding, d.dilation, d.groups),
+        total,
+        false,
+    )?;
+    let name = format!("conv2d_backward_weight_{}", suffix(d.dtype));
+    let f = gpu.function_for("conv", d.dtype, &name)?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&d.grad_weight.0)
+        .arg(&d.input.0)
+        .arg(&d.grad_output.0)
+        .arg(&params);
+    let config = LaunchConfig {
+        grid_dim: (total.min(MAX_GRID_X) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the caller checked every region against live allocations and for aliasing; the
+    // arguments match `conv2d_backward_weight_<dtype>(T* dw, const T* x, const T* dy,
+    // ConvGradParams)`, launched with the 256 threads the kernel's block reduction assumes.
+    unsafe { b.launch(config) }.map_err(|e| super::driver_error(OP, e))?;
+    Ok(())
+}
+
+impl OpImpl<Conv2dBackwardInputDesc> for CudaBackend {
+    fn op(&self, desc: &Conv2dBackwardInputDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("conv2d_backward_input", desc.dtype)?;
+        self.run(acc, |gpu| conv2d_backward_input(gpu, desc))
+    }
+}
+
+impl OpImpl<Conv2dBackwardWeightDesc> for CudaBackend {
+    fn op(&self, desc: &Conv2dBackwardWeightDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("conv2d_backward_weight", desc.dtype)?;
+        self.run(acc, |gpu| conv2d_backward_weight(gpu, desc))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,6 +450,21 @@ mod tests {
             dilation,
             groups,
         }
+    }
+
+    #[test]
+    fn gradient_params_match_the_kernel_struct_layout() {
+        assert_eq!(std::mem::size_of::<ConvGradParams>(), 19 * 8);
+        let d = desc([2, 4, 9, 7], [6, 2, 3, 2], [2, 1], [1, 1], [2, 1], 2, false);
+        let p = ConvGradParams::new(
+            OP,
+            [d.input_shape, d.weight_shape, d.output_shape],
+            (d.stride, d.padding, d.dilation, d.groups),
+            2 * 4 * 9 * 7,
+            true,
+        )
+        .unwrap();
+        assert_eq!((p.kg, p.oh, p.ow, p.total, p.has_bias), (3, 4, 8, 504, 1));
     }
 
     #[test]

@@ -1,11 +1,18 @@
-//! Host side of `shaders/conv.wgsl`: f32 conv2d (and f16 with f32 accumulation where the device has
+//! Host side of `shaders/conv.wgsl` and `shaders/conv_backward.wgsl`: f32 conv2d (and f16 with f32 accumulation where the device has
 //! `SHADER_F16`) (NCHW, any stride, padding, dilation and groups,
 //! optional bias) as an implicit GEMM per group, its (group, pixel tile) pairs folded over two grid
 //! dimensions. Other dtypes, misaligned operands, grids beyond two dimensions of pairs and sizes
 //! whose indices do not fit the kernel's 32-bit words answer [`Launch::Stage`].
+//!
+//! The gradients run direct kernels: one invocation per input element (input gradient), one
+//! workgroup per weight element (weight gradient). Each launch keeps within the loop budget by
+//! taking a block of the group's output channels (input gradient) or of the images (weight
+//! gradient), later blocks adding into the result. Operands larger than one storage binding answer
+//! `FeatureUnavailable`.
 
-use crate::compute::Conv2dDesc;
-use crate::error::Result;
+use crate::compute::{Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, OpDesc};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
 
 use super::context::Gpu;
 use super::elementwise::Launch;
@@ -13,7 +20,10 @@ use super::large::{conv_split, pieces, Loops, Plan};
 use super::loops;
 use super::math_dtype;
 use super::memory::Memory;
-use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, CONV, CONV_F16};
+use super::pipelines::{
+    for_dtype, grid_1d, grid_rows, Dispatch, Kernels, CONV, CONV_BACKWARD, CONV_BACKWARD_F16,
+    CONV_F16,
+};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
 
@@ -146,5 +156,253 @@ impl OpImpl<Conv2dDesc> for WebGpuBackend {
             // than a launch takes within the loop budget: by channels of each image.
             Plan::TooLarge | Plan::PastBudget => conv_split::conv2d(self, desc),
         }
+    }
+}
+
+/// The window of a convolution as words 1..=17 of `conv_backward.wgsl`, or `None` when a number the
+/// kernels form (a padded coordinate, a window's reach) does not fit in 32 bits.
+fn window_words(
+    input_shape: [usize; 4],
+    weight_shape: [usize; 4],
+    output_shape: [usize; 4],
+    window: ([usize; 2], [usize; 2], [usize; 2], usize),
+) -> Option<Vec<u32>> {
+    let (stride, padding, dilation, groups) = window;
+    let [n, c, h, w] = input_shape;
+    let [k, cg, r, s] = weight_shape;
+    let [_, _, oh, ow] = output_shape;
+    // The largest coordinate either kernel forms along an axis: (out − 1)·stride + taps·dilation
+    // + pad, or input + pad.
+    let reach = |out: usize, st: usize, taps: usize, dil: usize, pad: usize, input: usize| {
+        out.checked_mul(st)?
+            .checked_add(taps.checked_mul(dil)?)?
+            .checked_add(pad)?
+            .max(input.checked_add(pad)?)
+            .checked_add(st)
+    };
+    reach(oh, stride[0], r, dilation[0], padding[0], h).filter(|&v| u32::try_from(v).is_ok())?;
+    reach(ow, stride[1], s, dilation[1], padding[1], w).filter(|&v| u32::try_from(v).is_ok())?;
+    super::pool::words(&[
+        n,
+        c,
+        h,
+        w,
+        k,
+        cg,
+        r,
+        s,
+        oh,
+        ow,
+        stride[0],
+        stride[1],
+        padding[0],
+        padding[1],
+        dilation[0],
+        dilation[1],
+        k / groups,
+    ])
+}
+
+/// The error for a gradient whose launch cannot fit the loop budget even in its smallest block.
+fn past_budget(op: &'static str, what: String) -> BackendError {
+    BackendError::FeatureUnavailable {
+        feature: "WebGPU loop budget",
+        reason: format!("{op}: {what} need more loop passes than one launch may run"),
+    }
+}
+
+/// The input gradient (or transposed convolution) in f32, or f16 (f32 math) where the device has
+/// `SHADER_F16`, in blocks of the group's output channels that fit the loop budget.
+pub(crate) fn conv2d_backward_input(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &Conv2dBackwardInputDesc,
+) -> Result<Launch> {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, CONV_BACKWARD, CONV_BACKWARD_F16) else {
+        return Ok(Launch::Stage);
+    };
+    let inputs: usize = d.grad_input_shape.iter().product();
+    if inputs == 0 {
+        return Ok(Launch::Done);
+    }
+    let [c] = [d.grad_input_shape[1]];
+    let mut operands = vec![
+        (d.grad_output, d.grad_output_shape.iter().product()),
+        (d.weight, d.weight_shape.iter().product()),
+        (d.grad_input, inputs),
+    ];
+    operands.extend(d.bias.map(|b| (b, c)));
+    let Some((buffers, offsets)) = mem.elements_u32_each(&operands, size)? else {
+        return Ok(Launch::Stage);
+    };
+    let window = (d.stride, d.padding, d.dilation, d.groups);
+    let (Some(geometry), Some(count)) = (
+        window_words(
+            d.grad_input_shape,
+            d.weight_shape,
+            d.grad_output_shape,
+            window,
+        ),
+        super::pool::words(&[inputs]),
+    ) else {
+        return Ok(Launch::Stage);
+    };
+    let [_, _, r, s] = d.weight_shape;
+    let kg = d.weight_shape[0] / d.groups;
+    let step = loops::longest(kg.max(1), gpu.loop_limit, |m| {
+        loops::conv2d_backward_input(m, r, s)
+    })
+    .ok_or_else(|| {
+        past_budget(
+            "conv2d_backward_input",
+            format!("the {r}×{s} taps of one output channel"),
+        )
+    })?;
+    let groups = grid_1d(inputs, gpu.limits.max_compute_workgroups_per_dimension)?;
+    let bias = d.bias.map_or((buffers[0], 0), |_| (buffers[3], offsets[3]));
+    let mut k0 = 0;
+    loop {
+        let k1 = kg.min(k0 + step);
+        let mut p = count.clone();
+        p.extend_from_slice(&geometry);
+        p.extend_from_slice(&[
+            offsets[0],
+            offsets[1],
+            k0 as u32,
+            k1 as u32,
+            u32::from(k0 > 0),
+            u32::from(d.bias.is_some()),
+            bias.1,
+            offsets[2],
+        ]);
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module,
+                entry: "conv2d_backward_input",
+                constants: &[],
+                buffers: &[buffers[0], buffers[1], bias.0, buffers[2]],
+                params: &p,
+                groups,
+                loops: loops::conv2d_backward_input(k1 - k0, r, s),
+            },
+        )?;
+        k0 = k1;
+        if k0 >= kg {
+            return Ok(Launch::Done);
+        }
+    }
+}
+
+/// The weight gradient in f32, or f16 (f32 math) where the device has `SHADER_F16`, in blocks of
+/// images that fit the loop budget.
+pub(crate) fn conv2d_backward_weight(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &Conv2dBackwardWeightDesc,
+) -> Result<Launch> {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, CONV_BACKWARD, CONV_BACKWARD_F16) else {
+        return Ok(Launch::Stage);
+    };
+    let weights: usize = d.weight_shape.iter().product();
+    if weights == 0 {
+        return Ok(Launch::Done);
+    }
+    let operands = [
+        (d.input, d.input_shape.iter().product()),
+        (d.grad_output, d.grad_output_shape.iter().product()),
+        (d.grad_weight, weights),
+    ];
+    let Some((buffers, offsets)) = mem.elements_u32_each(&operands, size)? else {
+        return Ok(Launch::Stage);
+    };
+    let window = (d.stride, d.padding, d.dilation, d.groups);
+    let (Some(geometry), Some(count)) = (
+        window_words(d.input_shape, d.weight_shape, d.grad_output_shape, window),
+        super::pool::words(&[weights]),
+    ) else {
+        return Ok(Launch::Stage);
+    };
+    let [n, _, oh, ow] = d.grad_output_shape;
+    let positions = oh * ow;
+    let step = loops::longest(n.max(1), gpu.loop_limit, |images| {
+        loops::conv2d_backward_weight(images.saturating_mul(positions))
+    })
+    .ok_or_else(|| {
+        past_budget(
+            "conv2d_backward_weight",
+            format!("the {oh}×{ow} output positions of one image"),
+        )
+    })?;
+    let limit = gpu.limits.max_compute_workgroups_per_dimension;
+    let Some(groups) = grid_rows(weights, limit) else {
+        return Ok(Launch::Stage);
+    };
+    let mut n0 = 0;
+    loop {
+        let n1 = n.min(n0 + step);
+        let mut p = count.clone();
+        p.extend_from_slice(&geometry);
+        p.extend_from_slice(&[
+            offsets[0],
+            offsets[1],
+            n0 as u32,
+            n1 as u32,
+            u32::from(n0 > 0),
+            0,
+            0,
+            offsets[2],
+        ]);
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module,
+                entry: "conv2d_backward_weight",
+                constants: &[],
+                buffers: &[buffers[0], buffers[1], buffers[0], buffers[2]],
+                params: &p,
+                groups,
+                loops: loops::conv2d_backward_weight((n1 - n0) * positions),
+            },
+        )?;
+        n0 = n1;
+        if n0 >= n {
+            return Ok(Launch::Done);
+        }
+    }
+}
+
+/// `FeatureUnavailable` when the operands of `desc` do not fit one storage binding each (the
+/// gradients have no cut into pieces).
+fn fits_bindings<D: OpDesc>(backend: &WebGpuBackend, desc: &D, dtype: DType) -> Result<()> {
+    let plan = backend.plan(desc, dtype, |_, _| Ok(None::<Vec<()>>), None)?;
+    match plan {
+        Plan::TooLarge => Err(BackendError::FeatureUnavailable {
+            feature: "WebGPU storage binding",
+            reason: format!(
+                "{}: an operand is larger than one storage binding, which the convolution \
+                 gradients do not cut",
+                D::NAME
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl OpImpl<Conv2dBackwardInputDesc> for WebGpuBackend {
+    fn op(&self, desc: &Conv2dBackwardInputDesc) -> Result<()> {
+        math_dtype("conv2d_backward_input", desc.dtype, desc)?;
+        fits_bindings(self, desc, desc.dtype)?;
+        self.run(desc, conv2d_backward_input)
+    }
+}
+
+impl OpImpl<Conv2dBackwardWeightDesc> for WebGpuBackend {
+    fn op(&self, desc: &Conv2dBackwardWeightDesc) -> Result<()> {
+        math_dtype("conv2d_backward_weight", desc.dtype, desc)?;
+        fits_bindings(self, desc, desc.dtype)?;
+        self.run(desc, conv2d_backward_weight)
     }
 }

@@ -196,6 +196,20 @@ pub(crate) const RANDOM: u64 = passes(9);
 /// `dropout.wgsl`: no loops.
 pub(crate) const DROPOUT: u64 = 0;
 
+/// Passes of `conv2d_backward_input` over `kg` output channels of an `r × s` kernel: a loop over
+/// the channels, in each one over the kernel rows, in each one over its columns.
+pub(crate) fn conv2d_backward_input(kg: usize, r: usize, s: usize) -> u64 {
+    let row = passes(count(s));
+    let taps = passes(count(r)) + count(r) * row;
+    passes(count(kg)) + count(kg) * taps
+}
+
+/// Passes of `conv2d_backward_weight` over `positions` output positions: a loop striding them 64
+/// apart, then the tree over the workgroup's 64 sums (6 levels).
+pub(crate) fn conv2d_backward_weight(positions: usize) -> u64 {
+    strided(64, positions) + passes(6)
+}
+
 /// `optim.wgsl` and `unscale.wgsl`: no loops.
 pub(crate) const NONE: u64 = 0;
 

@@ -138,6 +138,21 @@ pub(crate) const CONV_F16: Module = wgsl!(
     ["elem_f16.wgsl", "block.wgsl", "conv.wgsl"]
 );
 
+/// `shaders/conv_backward.wgsl`: the input and weight gradients of conv2d (the output gradient or
+/// input, the weight or output gradient, a bias, the gradient written), on f32 elements.
+pub(crate) const CONV_BACKWARD: Module = wgsl!(
+    "conv_backward.wgsl",
+    4,
+    ["elem_f32.wgsl", "conv_backward.wgsl"]
+);
+
+/// [`CONV_BACKWARD`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const CONV_BACKWARD_F16: Module = wgsl!(
+    "conv_backward.wgsl+f16",
+    4,
+    ["elem_f16.wgsl", "conv_backward.wgsl"]
+);
+
 /// `shaders/attention.wgsl`: flash-style attention (q, k, v, o, and the f32 statistics of a
 /// launch over a range of the keys), on f32 elements.
 pub(crate) const ATTENTION: Module =

@@ -479,6 +479,75 @@ impl Geometry {
     }
 }
 
+impl Geometry {
+    /// Rows `k0..k1` of the patch matrix of one image and group (`x`: its `C/G` input planes), for
+    /// output positions `p0 .. p0 + pb`, into `col` (row stride `pb`).
+    #[inline(always)]
+    fn im2col<T: Wide>(
+        &self,
+        x: &[T],
+        k0: usize,
+        k1: usize,
+        p0: usize,
+        pb: usize,
+        col: &mut [T::Acc],
+    ) {
+        let g = self;
+        let (taps, hw) = (g.r * g.s, g.h * g.w);
+        for (kk, row) in (k0..k1).zip(col.chunks_exact_mut(pb)) {
+            let (ci, tap) = (kk / taps, kk % taps);
+            let plane = &x[ci * hw..][..hw];
+            if g.pointwise() {
+                T::widen_slice(&plane[p0..p0 + pb], row);
+                continue;
+            }
+            let (ri, si) = (tap / g.s, tap % g.s);
+            let mut p = p0;
+            while p < p0 + pb {
+                let (oy, ox0) = (p / g.ow, p % g.ow);
+                let ox1 = g.ow.min(ox0 + (p0 + pb - p));
+                let seg = &mut row[p - p0..][..ox1 - ox0];
+                self.patch_segment(plane, (oy, ox0..ox1), (ri, si), seg);
+                p += ox1 - ox0;
+            }
+        }
+    }
+
+    /// Output columns `cols` of output row `oy` for tap `(ri, si)` of one input plane: the input
+    /// values under the tap, zero where it falls in the padding.
+    #[inline(always)]
+    fn patch_segment<T: Wide>(
+        &self,
+        plane: &[T],
+        (oy, cols): (usize, std::ops::Range<usize>),
+        (ri, si): (usize, usize),
+        seg: &mut [T::Acc],
+    ) {
+        let g = self;
+        let (ox0, ox1) = (cols.start, cols.end);
+        let Some(iy) = g.input_row(oy, ri) else {
+            fill_zero(seg);
+            return;
+        };
+        let row = &plane[iy * g.w..][..g.w];
+        let (lo, hi, ix) = g.valid_columns(si, ox0, ox1);
+        fill_zero(&mut seg[..lo - ox0]);
+        fill_zero(&mut seg[hi - ox0..]);
+        let dst = &mut seg[lo - ox0..hi - ox0];
+        let sw = g.stride[1];
+        match T::as_acc(&row[ix..]) {
+            Some(src) if sw == 1 => copy_run(src, dst),
+            Some(src) => gather_run(src, sw, dst),
+            None if sw == 1 => T::widen_slice(&row[ix..ix + dst.len()], dst),
+            None => {
+                for (d, x) in dst.iter_mut().zip(row[ix..].iter().step_by(sw)) {
+                    *d = x.widen();
+                }
+            }
+        }
+    }
+}
+
 /// The operands of one convolution, weights and bias in the compute type.
 struct Job<'a, T: Wide> {
     g: Geometry,
@@ -712,7 +781,7 @@ impl<T: Wide> Job<'_, T> {
             } else {
                 // SAFETY: the group's input planes are inside the input, which nothing writes.
                 let x = unsafe { self.input.get(in0, g.cg * hw) };
-                self.im2col(x, k0, k1, p0, pb, &mut scratch.col[..(k1 - k0) * pb]);
+                g.im2col(x, k0, k1, p0, pb, &mut scratch.col[..(k1 - k0) * pb]);
                 (scratch.col.as_ptr(), pb)
             };
             // A product threaded by the gemm crate stays whole (one fork-join).
@@ -746,65 +815,6 @@ impl<T: Wide> Job<'_, T> {
                 // SAFETY: as for the bias rows above.
                 let row = unsafe { self.output.get_mut(out0 + kk * p, pb) };
                 T::narrow_slice(&scratch.out[kk * pb..][..pb], row);
-            }
-        }
-    }
-
-    /// Rows `k0..k1` of the patch matrix of one image and group (`x`: its `C/G` input planes), for
-    /// output positions `p0 .. p0 + pb`, into `col` (row stride `pb`).
-    #[inline(always)]
-    fn im2col(&self, x: &[T], k0: usize, k1: usize, p0: usize, pb: usize, col: &mut [T::Acc]) {
-        let g = &self.g;
-        let (taps, hw) = (g.r * g.s, g.h * g.w);
-        for (kk, row) in (k0..k1).zip(col.chunks_exact_mut(pb)) {
-            let (ci, tap) = (kk / taps, kk % taps);
-            let plane = &x[ci * hw..][..hw];
-            if g.pointwise() {
-                T::widen_slice(&plane[p0..p0 + pb], row);
-                continue;
-            }
-            let (ri, si) = (tap / g.s, tap % g.s);
-            let mut p = p0;
-            while p < p0 + pb {
-                let (oy, ox0) = (p / g.ow, p % g.ow);
-                let ox1 = g.ow.min(ox0 + (p0 + pb - p));
-                let seg = &mut row[p - p0..][..ox1 - ox0];
-                self.patch_segment(plane, (oy, ox0..ox1), (ri, si), seg);
-                p += ox1 - ox0;
-            }
-        }
-    }
-
-    /// Output columns `cols` of output row `oy` for tap `(ri, si)` of one input plane: the input
-    /// values under the tap, zero where it falls in the padding.
-    #[inline(always)]
-    fn patch_segment(
-        &self,
-        plane: &[T],
-        (oy, cols): (usize, std::ops::Range<usize>),
-        (ri, si): (usize, usize),
-        seg: &mut [T::Acc],
-    ) {
-        let g = &self.g;
-        let (ox0, ox1) = (cols.start, cols.end);
-        let Some(iy) = g.input_row(oy, ri) else {
-            fill_zero(seg);
-            return;
-        };
-        let row = &plane[iy * g.w..][..g.w];
-        let (lo, hi, ix) = g.valid_columns(si, ox0, ox1);
-        fill_zero(&mut seg[..lo - ox0]);
-        fill_zero(&mut seg[hi - ox0..]);
-        let dst = &mut seg[lo - ox0..hi - ox0];
-        let sw = g.stride[1];
-        match T::as_acc(&row[ix..]) {
-            Some(src) if sw == 1 => copy_run(src, dst),
-            Some(src) => gather_run(src, sw, dst),
-            None if sw == 1 => T::widen_slice(&row[ix..ix + dst.len()], dst),
-            None => {
-                for (d, x) in dst.iter_mut().zip(row[ix..].iter().step_by(sw)) {
-                    *d = x.widen();
-                }
             }
         }
     }
@@ -1155,5 +1165,6 @@ impl OpImpl<Conv2dDesc> for CpuBackend {
     }
 }
 
+mod backward;
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backends::cpu::simd::SimdLevel;
+use crate::compute::{Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc};
 use crate::dtype::DType;
 use crate::rng::HostRng;
 
@@ -109,23 +110,181 @@ fn check(case: Case, dtype: DType, threads: usize) {
         ..desc
     };
     reference::conv2d(&mut mem, &oracle).unwrap();
-    let got = mem.load_dense(dtype, out, outputs).unwrap();
-    let want = mem.load_dense(dtype, expected, outputs).unwrap();
+    let what = format!("{case:?} {dtype:?} on {threads} threads ({n} images)");
+    assert_close(&mut mem, dtype, (out, expected), outputs, &what);
+}
+
+/// Asserts that the `len` elements of `dtype` at `got` are those at `want` within the dtype's
+/// norm-wise bound, NaN where they are NaN.
+fn assert_close(
+    mem: &mut HostMemory,
+    dtype: DType,
+    (got, want): (DevicePtr, DevicePtr),
+    len: usize,
+    what: &str,
+) {
+    let got = mem.load_dense(dtype, got, len).unwrap();
+    let want = mem.load_dense(dtype, want, len).unwrap();
     let (mut err, mut norm) = (0.0f64, 0.0f64);
     for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(
-            a.is_nan(),
-            b.is_nan(),
-            "{case:?} {dtype:?} element {i} ({n} images)"
-        );
+        assert_eq!(a.is_nan(), b.is_nan(), "{what}: element {i}");
         err += (a - b) * (a - b);
         norm += b * b;
     }
     let rel = (err / norm.max(f64::MIN_POSITIVE)).sqrt();
-    assert!(
-        rel <= bound(dtype),
-        "{case:?} {dtype:?} on {threads} threads: relative error {rel:e}"
-    );
+    assert!(rel <= bound(dtype), "{what}: relative error {rel:e}");
+}
+
+/// Compares both gradients of `case` (the input's with a bias when the case has one, as a
+/// transposed convolution adds) with the reference in `dtype` on `threads` threads, each output
+/// poisoned with NaN first.
+fn check_backward(case: Case, dtype: DType, threads: usize) {
+    let mut mem = HostMemory::default();
+    let mut rng = HostRng::new(case.input.iter().sum::<usize>() as u64 + 7 * case.k as u64);
+    let [_, c, _, _] = case.input;
+    let weight_shape = [case.k, c / case.groups, case.kernel[0], case.kernel[1]];
+    let window = (case.stride, case.padding, case.dilation, case.groups);
+    let output_shape = Conv2dDesc::expected_output_shape(
+        case.input,
+        weight_shape,
+        window.0,
+        window.1,
+        window.2,
+        window.3,
+    )
+    .unwrap();
+    let (inputs, weights): (usize, usize) =
+        (case.input.iter().product(), weight_shape.iter().product());
+    let size = dtype.size_in_bytes();
+    let x = random(&mut mem, &mut rng, dtype, inputs);
+    let w = random(&mut mem, &mut rng, dtype, weights);
+    let dy = random(&mut mem, &mut rng, dtype, output_shape.iter().product());
+    let bias = case.bias.then(|| random(&mut mem, &mut rng, dtype, c));
+    let poisoned = |mem: &mut HostMemory, n: usize| {
+        let p = mem.alloc((n * size).max(1)).unwrap();
+        mem.store(dtype, p, &vec![f64::NAN; n]).unwrap();
+        p
+    };
+    let (dx, dx_want) = (poisoned(&mut mem, inputs), poisoned(&mut mem, inputs));
+    let input_desc = Conv2dBackwardInputDesc {
+        dtype,
+        grad_output: dy,
+        grad_output_shape: output_shape,
+        weight: w,
+        weight_shape,
+        bias,
+        grad_input: dx,
+        grad_input_shape: case.input,
+        stride: case.stride,
+        padding: case.padding,
+        dilation: case.dilation,
+        groups: case.groups,
+    };
+    input_desc.accesses().unwrap();
+    on_threads(threads, |ctx| {
+        backward::backward_input(&mut mem, &input_desc, ctx)
+    })
+    .unwrap();
+    let oracle = Conv2dBackwardInputDesc {
+        grad_input: dx_want,
+        ..input_desc
+    };
+    reference::conv2d_backward_input(&mut mem, &oracle).unwrap();
+    let what = format!("input gradient {case:?} {dtype:?} on {threads} threads");
+    assert_close(&mut mem, dtype, (dx, dx_want), inputs, &what);
+
+    let (dw, dw_want) = (poisoned(&mut mem, weights), poisoned(&mut mem, weights));
+    let weight_desc = Conv2dBackwardWeightDesc {
+        dtype,
+        input: x,
+        input_shape: case.input,
+        grad_output: dy,
+        grad_output_shape: output_shape,
+        grad_weight: dw,
+        weight_shape,
+        stride: case.stride,
+        padding: case.padding,
+        dilation: case.dilation,
+        groups: case.groups,
+    };
+    weight_desc.accesses().unwrap();
+    on_threads(threads, |ctx| {
+        backward::backward_weight(&mut mem, &weight_desc, ctx)
+    })
+    .unwrap();
+    let oracle = Conv2dBackwardWeightDesc {
+        grad_weight: dw_want,
+        ..weight_desc
+    };
+    reference::conv2d_backward_weight(&mut mem, &oracle).unwrap();
+    let what = format!("weight gradient {case:?} {dtype:?} on {threads} threads");
+    assert_close(&mut mem, dtype, (dw, dw_want), weights, &what);
+}
+
+/// The gradients of `cases` in every dtype on 1, 2 and 3 threads.
+fn check_backward_all(cases: &[Case]) {
+    for &case in cases {
+        for dtype in DTYPES {
+            for threads in [1, 2, 3] {
+                check_backward(case, dtype, threads);
+            }
+        }
+    }
+}
+
+#[test]
+fn gradients_match_the_reference() {
+    check_backward_all(&[
+        Case {
+            padding: [1, 1],
+            ..Case::new([2, 5, 9, 11], 7, [3, 3])
+        },
+        Case {
+            stride: [2, 3],
+            padding: [1, 2],
+            dilation: [2, 1],
+            bias: false,
+            ..Case::new([3, 3, 13, 17], 4, [3, 2])
+        },
+        Case {
+            groups: 2,
+            padding: [1, 0],
+            stride: [2, 1],
+            ..Case::new([2, 6, 7, 5], 4, [3, 3])
+        },
+        // Depthwise with a channel multiplier, pointwise, strided pointwise, one element.
+        Case {
+            groups: 4,
+            padding: [2, 1],
+            dilation: [2, 2],
+            ..Case::new([1, 4, 9, 10], 8, [3, 3])
+        },
+        Case::new([2, 6, 5, 7], 3, [1, 1]),
+        Case {
+            stride: [2, 2],
+            ..Case::new([1, 6, 5, 7], 3, [1, 1])
+        },
+        Case::new([1, 1, 1, 1], 1, [1, 1]),
+    ]);
+}
+
+/// Enough patch rows and positions that both gradients work in several blocks of positions and
+/// several items, in parallel.
+#[test]
+fn blocked_gradients_match_the_reference() {
+    for dtype in [DType::F32, DType::BF16] {
+        for threads in [1, 4] {
+            check_backward(
+                Case {
+                    padding: [1, 1],
+                    ..Case::new([2, 64, 29, 31], 24, [3, 3])
+                },
+                dtype,
+                threads,
+            );
+            check_backward(Case::new([1, 96, 41, 37], 40, [1, 1]), dtype, threads);
+        }
+    }
 }
 
 /// Every dtype on 1 and 2 threads.

@@ -267,3 +267,111 @@ __device__ __forceinline__ void conv2d_body(
     }
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY
+
+// ------------------------------------------------------------------------------------- gradients
+//
+// The input and weight gradients of conv2d as direct kernels (no atomics: each element is summed
+// by one thread or one block in a fixed order, so every run gives the same bits).
+
+// Shapes and window of a convolution whose gradients are computed (`ConvGradParams` in `conv.rs`,
+// same layout: nineteen i64).
+struct ConvGradParams {
+    i64 n, c, h, w, k, cg, r, s, oh, ow, sh, sw, ph, pw, dh, dw, kg;
+    i64 total;     // elements written: input elements, or weight elements
+    i64 has_bias;  // input gradient only: 1 when `bias` (of C) starts each sum
+};
+
+// The window position along an axis whose tap `t` reads input coordinate `i`, or -1.
+__device__ __forceinline__ i64 conv_window_of(i64 i, i64 t, i64 pad, i64 dil, i64 stride, i64 n) {
+    const i64 d = i + pad - t * dil;
+    if (d < 0 || d % stride != 0) {
+        return -1;
+    }
+    const i64 o = d / stride;
+    return o < n ? o : -1;
+}
+
+// One thread per input element (n, c, y, x): bias[c] (when given) plus the sum over the output
+// channels of c's group and the taps whose window position divides exactly and lies in the output.
+template <typename T>
+__device__ __forceinline__ void conv2d_backward_input_body(
+    T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ wt, const T* __restrict__ bias,
+    const ConvGradParams& P) {
+    typedef typename Num<T>::acc Acc;
+    TORSH_GRID_STRIDE(i, P.total) {
+        const i64 x = i % P.w;
+        const i64 y = (i / P.w) % P.h;
+        const i64 ch = (i / (P.h * P.w)) % P.c;
+        const i64 img = i / (P.c * P.h * P.w);
+        const i64 g = ch / P.cg;
+        const i64 cw = ch - g * P.cg;
+        Acc sum = P.has_bias ? Num<T>::load(bias[ch]) : (Acc)0;
+        for (i64 ko = 0; ko < P.kg; ++ko) {
+            const i64 kk = g * P.kg + ko;
+            const T* dyp = dy + (img * P.k + kk) * P.oh * P.ow;
+            const T* wp = wt + (kk * P.cg + cw) * P.r * P.s;
+            for (i64 ri = 0; ri < P.r; ++ri) {
+                const i64 oy = conv_window_of(y, ri, P.ph, P.dh, P.sh, P.oh);
+                if (oy < 0) {
+                    continue;
+                }
+                for (i64 si = 0; si < P.s; ++si) {
+                    const i64 ox = conv_window_of(x, si, P.pw, P.dw, P.sw, P.ow);
+                    if (ox < 0) {
+                        continue;
+                    }
+                    sum += Num<T>::load(dyp[oy * P.ow + ox]) * Num<T>::load(wp[ri * P.s + si]);
+                }
+            }
+        }
+        dx[i] = Num<T>::store(sum);
+    }
+}
+
+// One 256-thread block per weight element (k, c, r, s), blocks striding over the elements: the
+// block's threads stride over every image's output positions, then the block's tree adds their sums.
+template <typename T>
+__device__ __forceinline__ void conv2d_backward_weight_body(
+    T* __restrict__ dw, const T* __restrict__ x, const T* __restrict__ dy, const ConvGradParams& P) {
+    typedef typename Num<T>::acc Acc;
+    const i64 positions = P.oh * P.ow;
+    const i64 all = P.n * positions;
+    for (i64 e = blockIdx.x; e < P.total; e += gridDim.x) {
+        const i64 si = e % P.s;
+        const i64 ri = (e / P.s) % P.r;
+        const i64 cw = (e / (P.r * P.s)) % P.cg;
+        const i64 kk = e / (P.cg * P.r * P.s);
+        const i64 ch = (kk / P.kg) * P.cg + cw;
+        Acc sum = (Acc)0;
+        for (i64 j = threadIdx.x; j < all; j += blockDim.x) {
+            const i64 img = j / positions;
+            const i64 at = j % positions;
+            const i64 iy = (at / P.ow) * P.sh - P.ph + ri * P.dh;
+            const i64 ix = (at % P.ow) * P.sw - P.pw + si * P.dw;
+            if (iy < 0 || iy >= P.h || ix < 0 || ix >= P.w) {
+                continue;
+            }
+            sum += Num<T>::load(dy[(img * P.k + kk) * positions + at]) *
+                   Num<T>::load(x[((img * P.c + ch) * P.h + iy) * P.w + ix]);
+        }
+        sum = torsh_group_reduce<CONV_THREADS, TorshSum<Acc>, Acc>(sum);
+        if (threadIdx.x == 0) {
+            dw[e] = Num<T>::store(sum);
+        }
+    }
+}
+
+// conv2d_backward_input_<dtype>(grad_input, grad_output, weight, bias (null when absent), params)
+// and conv2d_backward_weight_<dtype>(grad_weight, input, grad_output, params); 256-thread blocks.
+#define ENTRY(S, T)                                                                                 \
+    extern "C" __global__ void conv2d_backward_input_##S(                                           \
+        T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ wt,                     \
+        const T* __restrict__ bias, ConvGradParams P) {                                             \
+        conv2d_backward_input_body<T>(dx, dy, wt, bias, P);                                         \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CONV_THREADS) conv2d_backward_weight_##S(          \
+        T* __restrict__ dw, const T* __restrict__ x, const T* __restrict__ dy, ConvGradParams P) {  \
+        conv2d_backward_weight_body<T>(dw, x, dy, P);                                               \
+    }
+TORSH_FLOAT_TYPES(ENTRY)
+#undef ENTRY
