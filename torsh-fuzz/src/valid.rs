@@ -504,8 +504,9 @@ fn gemm(rng: &mut Rng) -> Case {
     with_terms(g, (k + 1) as f64 * scale)
 }
 
-fn conv2d(rng: &mut Rng) -> Case {
-    let dtype = rng.float_dtype();
+/// A random convolution: input and weight shapes and a window that fits them (grouped, depthwise,
+/// strided, dilated and padded by chance; sometimes no image).
+fn conv_geometry(rng: &mut Rng) -> ([usize; 4], [usize; 4], ConvConfig) {
     let depthwise = rng.chance(0.2);
     let groups = if depthwise {
         rng.range(1, 8)
@@ -522,20 +523,26 @@ fn conv2d(rng: &mut Rng) -> Case {
     let h = need(kh, dilation[0], padding[0]) + rng.range(0, 12);
     let w = need(kw, dilation[1], padding[1]) + rng.range(0, 12);
     let batch = rng.range(0, 3);
-    let x = view(rng, &[batch, cin, h, w], Values::Normal);
-    let wt = view(rng, &[cout, cin / groups, kh, kw], Values::Normal);
-    let bias = rng.chance(0.5);
-    let mut inputs = vec![x, wt];
-    if bias {
-        inputs.push(view(rng, &[cout], Values::Normal));
-    }
     let config = ConvConfig {
         stride,
         padding,
         dilation,
         groups,
     };
-    let terms = (cin / groups * kh * kw + 1) as f64;
+    ([batch, cin, h, w], [cout, cin / groups, kh, kw], config)
+}
+
+fn conv2d(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let (x_shape, w_shape, config) = conv_geometry(rng);
+    let x = view(rng, &x_shape, Values::Normal);
+    let wt = view(rng, &w_shape, Values::Normal);
+    let bias = rng.chance(0.5);
+    let mut inputs = vec![x, wt];
+    if bias {
+        inputs.push(view(rng, &[w_shape[0]], Values::Normal));
+    }
+    let terms = (w_shape[1] * w_shape[2] * w_shape[3] + 1) as f64;
     let c = case(
         "conv2d",
         format!("{config:?} bias {bias}"),
@@ -551,6 +558,32 @@ fn conv2d(rng: &mut Rng) -> Case {
         },
     );
     with_terms(c, terms)
+}
+
+/// A convolution's three gradients from a random output gradient (the forward's output stands in
+/// for its shape), and the transposed convolution of that gradient.
+fn conv2d_backward(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let (x_shape, w_shape, config) = conv_geometry(rng);
+    let x = view(rng, &x_shape, Values::Normal);
+    let wt = view(rng, &w_shape, Values::Normal);
+    // The longest sums: the input gradient's over K/G·R·S terms, the weight's over N·OH·OW.
+    let [n, _, h, w] = x_shape;
+    let terms = ((w_shape[0] / config.groups) * w_shape[2] * w_shape[3]).max(n * h * w) + 1;
+    let c = case(
+        "backward",
+        format!("conv2d gradients {config:?}"),
+        dtype,
+        vec![x, wt],
+        move |b, t| {
+            let y = b.conv2d(&t[0], &t[1], config)?;
+            let dx = b.conv2d_backward_input(&y, &t[1], t[0].shape(), config)?;
+            let dw = b.conv2d_backward_weight(&y, &t[0], t[1].shape(), config)?;
+            let db = b.conv2d_backward_bias(&y)?;
+            Ok(vec![y, dx, dw, db])
+        },
+    );
+    with_terms(c, terms as f64)
 }
 
 fn pool2d(rng: &mut Rng) -> Case {
@@ -586,8 +619,12 @@ fn pool2d(rng: &mut Rng) -> Case {
 }
 
 /// The backward ops: a unary op's gradient from its input, dropout and its backward, max pooling's
-/// positions with both pooling gradients, and cross-entropy with its gradient.
+/// positions with both pooling gradients, cross-entropy with its gradient, and a convolution's
+/// gradients.
 fn backward(rng: &mut Rng) -> Case {
+    if rng.chance(0.2) {
+        return conv2d_backward(rng);
+    }
     let dtype = rng.float_dtype();
     match rng.range(0, 3) {
         0 => {
