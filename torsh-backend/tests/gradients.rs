@@ -503,3 +503,55 @@ fn conv_transpose2d_is_the_adjoint_of_conv2d() -> Result<()> {
     }
     Ok(())
 }
+
+/// Gradients whose sums are empty still write every element: the weight gradient of no image is
+/// zero, and the input gradient with no output channel is its bias (a transposed convolution of
+/// no input channel), on every backend, into outputs filled with NaN first.
+#[test]
+fn convolution_gradients_of_empty_sums_write_every_element() -> Result<()> {
+    use torsh_backend::compute::{Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc};
+    for b in common::backends() {
+        let poisoned = |shape: &[usize]| b.full(shape, f64::NAN, DType::F32);
+        let x = poisoned(&[0, 2, 5, 5])?;
+        let y = poisoned(&[0, 3, 5, 5])?;
+        let dw = poisoned(&[3, 2, 3, 3])?;
+        b.compute()
+            .conv2d_backward_weight(&Conv2dBackwardWeightDesc {
+                dtype: DType::F32,
+                input: x.data_ptr(),
+                input_shape: [0, 2, 5, 5],
+                grad_output: y.data_ptr(),
+                grad_output_shape: [0, 3, 5, 5],
+                grad_weight: dw.data_ptr(),
+                weight_shape: [3, 2, 3, 3],
+                stride: [1, 1],
+                padding: [1, 1],
+                dilation: [1, 1],
+                groups: 1,
+            })?;
+        assert_eq!(dw.to_vec_f64()?, vec![0.0; 54], "{}", b.backend_type());
+        let none = poisoned(&[1, 0, 4, 4])?;
+        let w = poisoned(&[0, 2, 3, 3])?;
+        let bias = b.from_f64(&[0.5, -2.0], &[2], DType::F32)?;
+        let dx = poisoned(&[1, 2, 4, 4])?;
+        b.compute()
+            .conv2d_backward_input(&Conv2dBackwardInputDesc {
+                dtype: DType::F32,
+                grad_output: none.data_ptr(),
+                grad_output_shape: [1, 0, 4, 4],
+                weight: w.data_ptr(),
+                weight_shape: [0, 2, 3, 3],
+                bias: Some(bias.data_ptr()),
+                grad_input: dx.data_ptr(),
+                grad_input_shape: [1, 2, 4, 4],
+                stride: [1, 1],
+                padding: [1, 1],
+                dilation: [1, 1],
+                groups: 1,
+            })?;
+        let mut want = vec![0.5; 16];
+        want.extend([-2.0; 16]);
+        assert_eq!(dx.to_vec_f64()?, want, "{}", b.backend_type());
+    }
+    Ok(())
+}

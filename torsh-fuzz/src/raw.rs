@@ -9,10 +9,11 @@
 
 use torsh_backend::compute::{
     AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, CompareDesc,
-    CompareOp, Conv2dDesc, CopyDesc, Distribution, DropoutDesc, FillDesc, GatherDesc, GemmDesc,
-    GemvDesc, LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc,
-    ReduceOp, ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf,
-    UnaryBackwardDesc, UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
+    CompareOp, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc,
+    Distribution, DropoutDesc, FillDesc, GatherDesc, GemmDesc, GemvDesc, LayerNormDesc,
+    Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp,
+    ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc,
+    UnaryOp, UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -98,7 +99,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 27) {
+    match rng.range(0, 28) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -515,6 +516,68 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                     })
                 },
             )
+        }
+        27 => {
+            // A strided, padded convolution's input or weight gradient.
+            let (batch, ch, h, w) = (
+                rng.range(1, 2),
+                rng.range(1, 3),
+                rng.range(3, 9),
+                rng.range(3, 9),
+            );
+            let (k, out, stride) = (rng.range(1, 3), rng.range(1, 3), rng.range(1, 2));
+            let pad = rng.range(0, k / 2);
+            let (oh, ow) = (
+                (h + 2 * pad - k) / stride + 1,
+                (w + 2 * pad - k) / stride + 1,
+            );
+            let (x, wt, y) = ([batch, ch, h, w], [out, ch, k, k], [batch, out, oh, ow]);
+            let bytes = |s: [usize; 4]| 4 * s.iter().product::<usize>();
+            let window = ([stride, stride], [pad, pad], [1, 1], 1);
+            if rng.chance(0.5) {
+                op(
+                    format!("conv2d_backward_input {batch}×{ch}×{h}×{w} k{k} s{stride} p{pad}"),
+                    &[(bytes(y), false), (bytes(wt), false), (bytes(x), true)],
+                    false,
+                    move |c, p| {
+                        c.conv2d_backward_input(&Conv2dBackwardInputDesc {
+                            dtype: F32,
+                            grad_output: p[0],
+                            grad_output_shape: y,
+                            weight: p[1],
+                            weight_shape: wt,
+                            bias: None,
+                            grad_input: p[2],
+                            grad_input_shape: x,
+                            stride: window.0,
+                            padding: window.1,
+                            dilation: window.2,
+                            groups: window.3,
+                        })
+                    },
+                )
+            } else {
+                op(
+                    format!("conv2d_backward_weight {batch}×{ch}×{h}×{w} k{k} s{stride} p{pad}"),
+                    &[(bytes(x), false), (bytes(y), false), (bytes(wt), true)],
+                    false,
+                    move |c, p| {
+                        c.conv2d_backward_weight(&Conv2dBackwardWeightDesc {
+                            dtype: F32,
+                            input: p[0],
+                            input_shape: x,
+                            grad_output: p[1],
+                            grad_output_shape: y,
+                            grad_weight: p[2],
+                            weight_shape: wt,
+                            stride: window.0,
+                            padding: window.1,
+                            dilation: window.2,
+                            groups: window.3,
+                        })
+                    },
+                )
+            }
         }
         16 => op("random", &[(bytes, true)], false, move |c, p| {
             c.random(&RandomDesc {

@@ -35,15 +35,15 @@ const WEIGHT_OP: &str = "conv2d_backward_weight";
 /// The most patch rows one item of the weight gradient takes.
 const WEIGHT_ROWS: usize = 192;
 
-/// The forward convolution whose gradients are computed (its pointers unused): for its geometry.
-fn forward(
+/// The geometry of the forward convolution whose gradients are computed, or `None` for the shapes
+/// left to the reference kernels ([`Geometry::of`]).
+fn geometry(
     input_shape: [usize; 4],
     weight_shape: [usize; 4],
     output_shape: [usize; 4],
-    window: ([usize; 2], [usize; 2], [usize; 2], usize),
-) -> Conv2dDesc {
-    let (stride, padding, dilation, groups) = window;
-    Conv2dDesc {
+    (stride, padding, dilation, groups): ([usize; 2], [usize; 2], [usize; 2], usize),
+) -> Option<Geometry> {
+    Geometry::of(&Conv2dDesc {
         dtype: crate::dtype::DType::F32,
         input: DevicePtr(0),
         input_shape,
@@ -56,7 +56,7 @@ fn forward(
         padding,
         dilation,
         groups,
-    }
+    })
 }
 
 /// How a gradient splits its work into items.
@@ -153,13 +153,13 @@ pub(crate) fn backward_input(
     if d.grad_input_shape.contains(&0) {
         return Ok(()); // No element to write.
     }
-    let view = forward(
+    let window = (d.stride, d.padding, d.dilation, d.groups);
+    let Some(g) = geometry(
         d.grad_input_shape,
         d.weight_shape,
         d.grad_output_shape,
-        (d.stride, d.padding, d.dilation, d.groups),
-    );
-    let Some(g) = Geometry::of(&view) else {
+        window,
+    ) else {
         return reference::conv2d_backward_input(mem, d);
     };
     with_float!(d.dtype, T => input_typed::<T>(mem, d, g, ctx), _ => reference::conv2d_backward_input(mem, d))
@@ -335,13 +335,8 @@ pub(crate) fn backward_weight(
     if d.weight_shape.contains(&0) {
         return Ok(()); // No element to write.
     }
-    let view = forward(
-        d.input_shape,
-        d.weight_shape,
-        d.grad_output_shape,
-        (d.stride, d.padding, d.dilation, d.groups),
-    );
-    let Some(g) = Geometry::of(&view) else {
+    let window = (d.stride, d.padding, d.dilation, d.groups);
+    let Some(g) = geometry(d.input_shape, d.weight_shape, d.grad_output_shape, window) else {
         return reference::conv2d_backward_weight(mem, d);
     };
     with_float!(d.dtype, T => weight_typed::<T>(mem, d, g, ctx), _ => reference::conv2d_backward_weight(mem, d))
