@@ -57,7 +57,7 @@ pub use dtype::{DType, Element};
 pub use error::{BackendError, BackendResult, Result};
 pub use ops::conv::{ConvConfig, ConvTransposeConfig};
 pub use ops::loss::{CrossEntropyConfig, Reduction};
-pub use ops::norm::BatchNormConfig;
+pub use ops::norm::{BatchNormConfig, NormGrads, Normalized};
 pub use ops::optim::AdamState;
 pub use ops::pool::Pool2dConfig;
 pub use runtime::{
@@ -77,7 +77,7 @@ pub mod prelude {
     pub use crate::error::{BackendError, Result};
     pub use crate::ops::conv::{ConvConfig, ConvTransposeConfig};
     pub use crate::ops::loss::{CrossEntropyConfig, Reduction};
-    pub use crate::ops::norm::BatchNormConfig;
+    pub use crate::ops::norm::{BatchNormConfig, NormGrads, Normalized};
     pub use crate::ops::optim::AdamState;
     pub use crate::ops::pool::Pool2dConfig;
     pub use crate::tensor::Tensor;

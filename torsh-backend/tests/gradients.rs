@@ -6,8 +6,8 @@
 mod common;
 
 use torsh_backend::{
-    Backend, ConvConfig, ConvTransposeConfig, CrossEntropyConfig, DType, Pool2dConfig, Reduction,
-    Result, Tensor, UnaryOp,
+    Backend, BatchNormConfig, ConvConfig, ConvTransposeConfig, CrossEntropyConfig, DType,
+    Pool2dConfig, Reduction, Result, Tensor, UnaryOp,
 };
 
 /// Asserts that `got` is the gradient of `forward` at `xs`: each element within 1e-6 of the central
@@ -552,6 +552,207 @@ fn convolution_gradients_of_empty_sums_write_every_element() -> Result<()> {
         let mut want = vec![0.5; 16];
         want.extend([-2.0; 16]);
         assert_eq!(dx.to_vec_f64()?, want, "{}", b.backend_type());
+    }
+    Ok(())
+}
+
+/// Deterministic values spread over [-11/7, 11/7] (none repeats within 23).
+fn spread(n: usize, seed: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| (((i * 37 + seed * 11) % 23) as f64 - 11.0) / 7.0)
+        .collect()
+}
+
+/// Layer norm's input, weight and bias gradients from the saved statistics, over one and two
+/// trailing dims, with and without an affine weight, against finite differences of `Σ g · y`.
+#[test]
+fn layer_norm_gradients_match_finite_differences() -> Result<()> {
+    let b = Backend::reference()?;
+    for (shape, normalized, affine) in [
+        (vec![3usize, 5], vec![5usize], true),
+        (vec![2, 3, 4], vec![3, 4], true),
+        (vec![4, 7], vec![7], false),
+        (vec![2, 1], vec![1], true),
+    ] {
+        let n: usize = shape.iter().product();
+        let cols: usize = normalized.iter().product();
+        let (xs, gs) = (spread(n, 1), spread(n, 2));
+        let (ws, bs) = (spread(cols, 3), spread(cols, 4));
+        let eps = 1e-3;
+        let loss = |xv: &[f64], wv: &[f64], bv: &[f64]| -> Result<f64> {
+            let (w, bias) = (
+                b.from_f64(wv, &normalized, DType::F64)?,
+                b.from_f64(bv, &normalized, DType::F64)?,
+            );
+            let y = b.layer_norm(
+                &b.from_f64(xv, &shape, DType::F64)?,
+                &normalized,
+                affine.then_some(&w),
+                affine.then_some(&bias),
+                eps,
+            )?;
+            Ok(y.to_vec_f64()?.iter().zip(&gs).map(|(y, g)| y * g).sum())
+        };
+        let x = b.from_f64(&xs, &shape, DType::F64)?;
+        let (w, bias) = (
+            b.from_f64(&ws, &normalized, DType::F64)?,
+            b.from_f64(&bs, &normalized, DType::F64)?,
+        );
+        let (w, bias) = (affine.then_some(&w), affine.then_some(&bias));
+        let fwd = b.layer_norm_with_stats(&x, &normalized, w, bias, eps)?;
+        assert_eq!(fwd.mean.shape(), &shape[..shape.len() - normalized.len()]);
+        let want = b.layer_norm(&x, &normalized, w, bias, eps)?.to_vec_f64()?;
+        assert_eq!(
+            fwd.output.to_vec_f64()?,
+            want,
+            "the saving forward's output"
+        );
+        let g = b.from_f64(&gs, &shape, DType::F64)?;
+        let grads = b.layer_norm_backward(&g, &x, &normalized, w, &fwd.mean, &fwd.invstd)?;
+        let what = format!("layer_norm {shape:?} over {normalized:?} affine {affine}");
+        assert_finite_differences(
+            &xs,
+            &grads.input.to_vec_f64()?,
+            &format!("input {what}"),
+            |v| loss(v, &ws, &bs),
+        )?;
+        if affine {
+            let dw = grads.weight.to_vec_f64()?;
+            assert_finite_differences(&ws, &dw, &format!("weight {what}"), |v| loss(&xs, v, &bs))?;
+            let db = grads.bias.to_vec_f64()?;
+            assert_finite_differences(&bs, &db, &format!("bias {what}"), |v| loss(&xs, &ws, v))?;
+        }
+    }
+    Ok(())
+}
+
+/// Batch norm's gradients: in training (statistics of the batch, so the input gradient runs
+/// through them) and with fixed statistics (inference), with and without spatial dims and an
+/// affine weight, against finite differences of `Σ g · y`; the saved statistics are the ones
+/// each mode normalises with.
+#[test]
+fn batch_norm_gradients_match_finite_differences() -> Result<()> {
+    let b = Backend::reference()?;
+    for (shape, training, affine) in [
+        (vec![3usize, 2, 5], true, true),
+        (vec![4, 3], true, false),
+        (vec![2, 3, 2, 3], true, true),
+        (vec![2, 3, 4], false, true),
+    ] {
+        let n: usize = shape.iter().product();
+        let c = shape[1];
+        let (xs, gs) = (spread(n, 5), spread(n, 6));
+        let (ws, bs) = (spread(c, 7), spread(c, 8));
+        let rm: Vec<f64> = spread(c, 9).iter().map(|v| v / 3.0).collect();
+        let rv: Vec<f64> = spread(c, 10).iter().map(|v| 1.0 + v.abs()).collect();
+        let eps = 1e-3;
+        let forward = |xv: &[f64], wv: &[f64], bv: &[f64]| -> Result<torsh_backend::Normalized> {
+            let (w, bias) = (
+                b.from_f64(wv, &[c], DType::F64)?,
+                b.from_f64(bv, &[c], DType::F64)?,
+            );
+            let (mean, var) = (
+                b.from_f64(&rm, &[c], DType::F64)?,
+                b.from_f64(&rv, &[c], DType::F64)?,
+            );
+            b.batch_norm_with_stats(
+                &b.from_f64(xv, &shape, DType::F64)?,
+                BatchNormConfig {
+                    weight: affine.then_some(&w),
+                    bias: affine.then_some(&bias),
+                    running_mean: (!training).then_some(&mean),
+                    running_var: (!training).then_some(&var),
+                    training,
+                    eps: Some(eps),
+                    ..Default::default()
+                },
+            )
+        };
+        let loss = |xv: &[f64], wv: &[f64], bv: &[f64]| -> Result<f64> {
+            let y = forward(xv, wv, bv)?.output.to_vec_f64()?;
+            Ok(y.iter().zip(&gs).map(|(y, g)| y * g).sum())
+        };
+        let fwd = forward(&xs, &ws, &bs)?;
+        if !training {
+            assert_eq!(
+                fwd.mean.to_vec_f64()?,
+                rm,
+                "inference saves the running mean"
+            );
+            let want: Vec<f64> = rv.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+            assert_eq!(fwd.invstd.to_vec_f64()?, want);
+        }
+        let x = b.from_f64(&xs, &shape, DType::F64)?;
+        let g = b.from_f64(&gs, &shape, DType::F64)?;
+        let w = b.from_f64(&ws, &[c], DType::F64)?;
+        let grads = b.batch_norm_backward(
+            &g,
+            &x,
+            affine.then_some(&w),
+            &fwd.mean,
+            &fwd.invstd,
+            training,
+        )?;
+        let what = format!("batch_norm {shape:?} training {training} affine {affine}");
+        assert_finite_differences(
+            &xs,
+            &grads.input.to_vec_f64()?,
+            &format!("input {what}"),
+            |v| loss(v, &ws, &bs),
+        )?;
+        if affine {
+            let dw = grads.weight.to_vec_f64()?;
+            assert_finite_differences(&ws, &dw, &format!("weight {what}"), |v| loss(&xs, v, &bs))?;
+            let db = grads.bias.to_vec_f64()?;
+            assert_finite_differences(&bs, &db, &format!("bias {what}"), |v| loss(&xs, &ws, v))?;
+        }
+    }
+    Ok(())
+}
+
+/// The small CNN of `validation::cnn` (conv → relu → max-pool twice, linear, cross-entropy): every
+/// parameter's gradient from the backward ops against finite differences of the loss, on the
+/// reference in f64 (random values, so no relu or pooling kink lies within a step of a point).
+#[test]
+fn cnn_gradients_match_finite_differences() -> Result<()> {
+    use torsh_backend::validation::cnn;
+    let b = Backend::reference()?;
+    let images = b.randn(&[2, 1, cnn::SIDE, cnn::SIDE], DType::F64)?;
+    let labels = b.from_slice(&[1i64, 4], &[2])?;
+    let shapes = cnn::parameter_shapes();
+    let values: Vec<Vec<f64>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let t = b.randn(s, DType::F64)?;
+            Ok(t.to_vec_f64()?
+                .iter()
+                .map(|v| v * 0.5 + 0.01 * k as f64)
+                .collect())
+        })
+        .collect::<Result<_>>()?;
+    let params = |values: &[Vec<f64>]| -> Result<Vec<Tensor>> {
+        values
+            .iter()
+            .zip(&shapes)
+            .map(|(v, s)| b.from_f64(v, s, DType::F64))
+            .collect()
+    };
+    let (_, grads) = cnn::loss_and_grads(&b, &images, &labels, &params(&values)?)?;
+    for (k, grad) in grads.iter().enumerate() {
+        assert_eq!(grad.shape(), &shapes[k][..]);
+        assert_finite_differences(
+            &values[k],
+            &grad.to_vec_f64()?,
+            &format!("cnn parameter {k}"),
+            |v| {
+                let mut perturbed = values.clone();
+                perturbed[k] = v.to_vec();
+                cnn::loss(&b, &images, &labels, &params(&perturbed)?)?
+                    .to_vec_f64()
+                    .map(|l| l[0])
+            },
+        )?;
     }
     Ok(())
 }

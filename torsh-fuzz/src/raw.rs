@@ -8,12 +8,12 @@
 //! `main.rs`), so a crash or hang is caught and reported with its case.
 
 use torsh_backend::compute::{
-    AdamDesc, AttentionDesc, BatchedGemmDesc, BinaryDesc, BinaryOp, CastDesc, CompareDesc,
-    CompareOp, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc,
-    Distribution, DropoutDesc, FillDesc, GatherDesc, GemmDesc, GemvDesc, LayerNormDesc,
-    Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp,
-    ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc,
-    UnaryOp, UnscaleDesc, Value, WhereDesc,
+    AdamDesc, AttentionDesc, BatchNormBackwardDesc, BatchedGemmDesc, BinaryDesc, BinaryOp,
+    CastDesc, CompareDesc, CompareOp, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc,
+    Conv2dDesc, CopyDesc, Distribution, DropoutDesc, FillDesc, GatherDesc, GemmDesc, GemvDesc,
+    LayerNormBackwardDesc, LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc,
+    ReduceDesc, ReduceOp, ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc,
+    StridedBuf, UnaryBackwardDesc, UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -99,7 +99,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 28) {
+    match rng.range(0, 29) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -267,7 +267,14 @@ fn generate_op(rng: &mut Rng) -> RawOp {
             let b = 4 * rows * cols;
             op(
                 format!("layer_norm {rows}×{cols}"),
-                &[(b, false), (b, true), (4 * cols, false), (4 * cols, false)],
+                &[
+                    (b, false),
+                    (b, true),
+                    (4 * cols, false),
+                    (4 * cols, false),
+                    (4 * rows, true),
+                    (4 * rows, true),
+                ],
                 false,
                 move |c, p| {
                     c.layer_norm(&LayerNormDesc {
@@ -279,6 +286,8 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                         rows,
                         cols,
                         eps: 1e-5,
+                        saved_mean: Some(p[4]),
+                        saved_invstd: Some(p[5]),
                     })
                 },
             )
@@ -516,6 +525,75 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                     })
                 },
             )
+        }
+        28 => {
+            // A layer norm or batch norm gradient from statistics, every gradient asked for.
+            let (rows, cols) = (rng.range(1, 6), rng.range(1, 40));
+            let (data, row, stat) = (4 * rows * cols, 4 * cols, 4 * rows);
+            if rng.chance(0.5) {
+                op(
+                    format!("layer_norm_backward {rows}×{cols}"),
+                    &[
+                        (data, false),
+                        (data, false),
+                        (row, false),
+                        (stat, false),
+                        (stat, false),
+                        (data, true),
+                        (row, true),
+                        (row, true),
+                    ],
+                    false,
+                    move |c, p| {
+                        c.layer_norm_backward(&LayerNormBackwardDesc {
+                            dtype: F32,
+                            grad_output: p[0],
+                            input: p[1],
+                            weight: Some(p[2]),
+                            mean: p[3],
+                            invstd: p[4],
+                            grad_input: Some(p[5]),
+                            grad_weight: Some(p[6]),
+                            grad_bias: Some(p[7]),
+                            rows,
+                            cols,
+                        })
+                    },
+                )
+            } else {
+                // `rows` images of `cols` positions, one channel.
+                op(
+                    format!("batch_norm_backward {rows}×1×{cols}"),
+                    &[
+                        (data, false),
+                        (data, false),
+                        (4, false),
+                        (4, false),
+                        (4, false),
+                        (data, true),
+                        (4, true),
+                        (4, true),
+                    ],
+                    false,
+                    move |c, p| {
+                        c.batch_norm_backward(&BatchNormBackwardDesc {
+                            dtype: F32,
+                            grad_output: p[0],
+                            input: p[1],
+                            weight: Some(p[2]),
+                            mean: p[3],
+                            invstd: p[4],
+                            grad_input: Some(p[5]),
+                            grad_weight: Some(p[6]),
+                            grad_bias: Some(p[7]),
+                            batch: rows,
+                            channels: 1,
+                            spatial: cols,
+                            training: true,
+                        })
+                    },
+                )
+            }
         }
         27 => {
             // A strided, padded convolution's input or weight gradient.

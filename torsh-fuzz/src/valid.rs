@@ -618,12 +618,76 @@ fn pool2d(rng: &mut Rng) -> Case {
     )
 }
 
+/// Layer norm (over the last dim) or batch norm (in training) saving its statistics, and its
+/// gradients from them, with or without a weight.
+fn norm_backward(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let rank = rng.range(2, 4);
+    let mut shape = rng.shape(rank, false, CAP);
+    let layer = rng.chance(0.5);
+    let affine = rng.chance(0.5);
+    let per_channel = shape[0] * shape[2..].iter().product::<usize>();
+    if !layer && per_channel < 2 {
+        // Training needs more than one value per channel.
+        shape[0] += 1;
+    }
+    let params = if layer {
+        vec![shape[rank - 1]]
+    } else {
+        vec![shape[1]]
+    };
+    let x = view(rng, &shape, Values::Normal);
+    let g = view(rng, &shape, Values::Normal);
+    let w = view(rng, &params, Values::Normal);
+    let rows: usize = shape.iter().product::<usize>() / params[0];
+    let terms = if layer { rows.max(params[0]) } else { rows };
+    let name = if layer { "layer" } else { "batch" };
+    let c = case(
+        "backward",
+        format!("{name} norm gradients affine {affine}"),
+        dtype,
+        vec![x, g, w],
+        move |b, t| {
+            let weight = affine.then(|| &t[2]);
+            let (saved, grads) = if layer {
+                let normalized = &params[..];
+                let s = b.layer_norm_with_stats(&t[0], normalized, weight, None, 1e-5)?;
+                let grads =
+                    b.layer_norm_backward(&t[1], &t[0], normalized, weight, &s.mean, &s.invstd)?;
+                (s, grads)
+            } else {
+                let config = BatchNormConfig {
+                    weight,
+                    training: true,
+                    ..Default::default()
+                };
+                let s = b.batch_norm_with_stats(&t[0], config)?;
+                let grads =
+                    b.batch_norm_backward(&t[1], &t[0], weight, &s.mean, &s.invstd, true)?;
+                (s, grads)
+            };
+            Ok(vec![
+                saved.output,
+                saved.mean,
+                saved.invstd,
+                grads.input,
+                grads.weight,
+                grads.bias,
+            ])
+        },
+    );
+    with_terms(c, terms as f64 + 1.0)
+}
+
 /// The backward ops: a unary op's gradient from its input, dropout and its backward, max pooling's
-/// positions with both pooling gradients, cross-entropy with its gradient, and a convolution's
-/// gradients.
+/// positions with both pooling gradients, cross-entropy with its gradient, a convolution's
+/// gradients and the norms'.
 fn backward(rng: &mut Rng) -> Case {
     if rng.chance(0.2) {
         return conv2d_backward(rng);
+    }
+    if rng.chance(0.2) {
+        return norm_backward(rng);
     }
     let dtype = rng.float_dtype();
     match rng.range(0, 3) {

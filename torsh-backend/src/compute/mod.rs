@@ -283,6 +283,16 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// The gradients of layer normalisation; see [`LayerNormBackwardDesc`].
+    fn layer_norm_backward(&self, desc: &LayerNormBackwardDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
+    /// The gradients of batch normalisation; see [`BatchNormBackwardDesc`].
+    fn batch_norm_backward(&self, desc: &BatchNormBackwardDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// Max or average 2-D pooling; see [`Pool2dDesc`].
     fn pool2d(&self, desc: &Pool2dDesc) -> Result<()> {
         Err(desc.unsupported(self))
@@ -527,6 +537,8 @@ macro_rules! for_each_op {
             softmax($crate::compute::SoftmaxDesc),
             layer_norm($crate::compute::LayerNormDesc),
             batch_norm($crate::compute::BatchNormDesc),
+            layer_norm_backward($crate::compute::LayerNormBackwardDesc),
+            batch_norm_backward($crate::compute::BatchNormBackwardDesc),
             pool2d($crate::compute::Pool2dDesc),
             pool2d_backward($crate::compute::Pool2dBackwardDesc),
             adam_step($crate::compute::AdamDesc),

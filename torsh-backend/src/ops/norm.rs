@@ -1,7 +1,12 @@
-//! `softmax`, `log_softmax`, `layer_norm` and `batch_norm` (training and inference, running statistics).
+//! `softmax`, `log_softmax`, `layer_norm` and `batch_norm` (training and inference, running
+//! statistics), the forwards that also return their saved statistics, and the norms' gradients.
 
 use crate::backend::Backend;
-use crate::compute::{BatchNormDesc, LayerNormDesc, SoftmaxDesc};
+use crate::compute::{
+    stats_dtype, BatchNormBackwardDesc, BatchNormDesc, LayerNormBackwardDesc, LayerNormDesc,
+    SoftmaxDesc,
+};
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::shape::normalize_axis;
 use crate::tensor::Tensor;
@@ -26,6 +31,109 @@ pub struct BatchNormConfig<'a> {
     pub momentum: Option<f64>,
     /// Added to the variance (`None`: 1e-5).
     pub eps: Option<f64>,
+}
+
+/// A normalisation's output with the statistics it normalised with, which its backward takes:
+/// `mean` and `invstd` (`1 / √(var + eps)`) are of [`stats_dtype`] (f32 for f16, bf16 and f32
+/// data, f64 for f64), one per row of a layer norm (the shape of the leading, unnormalised dims)
+/// or per channel of a batch norm (`[C]`).
+#[derive(Clone, Debug)]
+pub struct Normalized {
+    /// The normalised tensor.
+    pub output: Tensor,
+    /// The means.
+    pub mean: Tensor,
+    /// The inverse standard deviations.
+    pub invstd: Tensor,
+}
+
+impl Normalized {
+    /// The output with the statistics a forward that saved them returned.
+    fn of(output: Tensor, stats: Option<(Tensor, Tensor)>) -> Normalized {
+        let (mean, invstd) = stats.expect("a forward asked to save statistics returns them");
+        Normalized {
+            output,
+            mean,
+            invstd,
+        }
+    }
+}
+
+/// The gradients a normalisation's backward returns: of its input (the input's shape), and of its
+/// weight and bias (the parameters' shape; computed whether or not the forward had them).
+#[derive(Clone, Debug)]
+pub struct NormGrads {
+    /// Gradient of the input.
+    pub input: Tensor,
+    /// Gradient of the weight.
+    pub weight: Tensor,
+    /// Gradient of the bias.
+    pub bias: Tensor,
+}
+
+/// A norm backward's dense operands and its fresh gradients.
+struct GradCall {
+    dy: Tensor,
+    x: Tensor,
+    w: Option<Tensor>,
+    grads: NormGrads,
+}
+
+impl GradCall {
+    /// `grad`, `x` and `weight` dense, with gradients of `x`'s shape and `params` (the weight's).
+    fn new(
+        be: &Backend,
+        grad: &Tensor,
+        x: &Tensor,
+        weight: Option<&Tensor>,
+        params: &[usize],
+    ) -> Result<GradCall> {
+        let dtype = x.dtype();
+        Ok(GradCall {
+            dy: grad.contiguous()?,
+            x: x.contiguous()?,
+            w: weight.map(Tensor::contiguous).transpose()?,
+            grads: NormGrads {
+                input: be.empty(x.shape(), dtype)?,
+                weight: be.empty(params, dtype)?,
+                bias: be.empty(params, dtype)?,
+            },
+        })
+    }
+}
+
+/// Checks saved statistics against the data's dtype and the `count` values they hold (any shape
+/// of that many elements): `DTypeMismatch` unless of [`stats_dtype`]`(dtype)`, `ShapeMismatch`
+/// for another count. Returns them dense.
+fn dense_stats(
+    be: &Backend,
+    op: &'static str,
+    dtype: DType,
+    count: usize,
+    mean: &Tensor,
+    invstd: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let want = stats_dtype(dtype);
+    let got = be.check_operands(op, &[mean, invstd])?;
+    if got != want {
+        return Err(BackendError::DTypeMismatch {
+            op,
+            expected: want,
+            got,
+        });
+    }
+    for (name, t) in [("mean", mean), ("invstd", invstd)] {
+        if t.numel() != count {
+            return Err(BackendError::shape(
+                op,
+                format!(
+                    "{name} must hold {count} values (one per normalised group), got shape {:?}",
+                    t.shape()
+                ),
+            ));
+        }
+    }
+    Ok((mean.contiguous()?, invstd.contiguous()?))
 }
 
 impl Backend {
@@ -102,11 +210,33 @@ impl Backend {
         bias: Option<&Tensor>,
         eps: f64,
     ) -> Result<Tensor> {
-        let op = "layer_norm";
-        let mut operands = vec![x];
-        operands.extend(weight);
-        operands.extend(bias);
-        let dtype = self.check_operands(op, &operands)?;
+        self.layer_norm_impl(x, normalized_shape, weight, bias, eps, false)
+            .map(|(out, _)| out)
+    }
+
+    /// [`Backend::layer_norm`] that also returns each row's mean and inverse standard deviation,
+    /// shaped as the leading (unnormalised) dims of `x` (PyTorch's `native_layer_norm`), for
+    /// [`Backend::layer_norm_backward`]. A row of no element has a NaN mean and invstd. Errors as
+    /// [`Backend::layer_norm`].
+    pub fn layer_norm_with_stats(
+        &self,
+        x: &Tensor,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Normalized> {
+        let (output, stats) = self.layer_norm_impl(x, normalized_shape, weight, bias, eps, true)?;
+        Ok(Normalized::of(output, stats))
+    }
+
+    /// `ShapeMismatch` unless `normalized_shape` is non-empty and ends `x`'s shape; returns
+    /// `(rows, cols)`.
+    fn layer_norm_dims(
+        op: &'static str,
+        x: &Tensor,
+        normalized_shape: &[usize],
+    ) -> Result<(usize, usize)> {
         let r = normalized_shape.len();
         if r == 0 || x.rank() < r || &x.shape()[x.rank() - r..] != normalized_shape {
             return Err(BackendError::shape(
@@ -114,14 +244,35 @@ impl Backend {
                 format!("normalized_shape {normalized_shape:?} must be non-empty and end the input shape {:?}", x.shape()),
             ));
         }
+        Ok((
+            product(&x.shape()[..x.rank() - r]),
+            product(normalized_shape),
+        ))
+    }
+
+    fn layer_norm_impl(
+        &self,
+        x: &Tensor,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+        saved: bool,
+    ) -> Result<(Tensor, Option<(Tensor, Tensor)>)> {
+        let op = "layer_norm";
+        let mut operands = vec![x];
+        operands.extend(weight);
+        operands.extend(bias);
+        let dtype = self.check_operands(op, &operands)?;
+        let (rows, cols) = Self::layer_norm_dims(op, x, normalized_shape)?;
         for (name, p) in [("weight", weight), ("bias", bias)] {
             if let Some(p) = p {
                 expect_shape(op, name, p, normalized_shape)?;
             }
         }
         let out = self.empty(x.shape(), dtype)?;
-        let cols = product(normalized_shape);
-        let rows = product(&x.shape()[..x.rank() - r]);
+        let lead = &x.shape()[..x.rank() - normalized_shape.len()];
+        let stats = self.saved_stats(saved, lead, dtype)?;
         let (x, w, b) = (
             x.contiguous()?,
             weight.map(Tensor::contiguous).transpose()?,
@@ -136,8 +287,70 @@ impl Backend {
             rows,
             cols,
             eps,
+            saved_mean: stats.as_ref().map(|s| s.0.data_ptr()),
+            saved_invstd: stats.as_ref().map(|s| s.1.data_ptr()),
         })?;
-        Ok(out)
+        Ok((out, stats))
+    }
+
+    /// Fresh `shape` tensors of [`stats_dtype`]`(dtype)` for a forward's mean and invstd, when
+    /// `saved`: two halves of one allocation, so a device binds them as one buffer.
+    fn saved_stats(
+        &self,
+        saved: bool,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        if !saved {
+            return Ok(None);
+        }
+        let both = self.empty(&[2, product(shape)], stats_dtype(dtype))?;
+        let half = |k: usize| both.narrow(0, k, 1)?.reshape(shape);
+        Ok(Some((half(0)?, half(1)?)))
+    }
+
+    /// The gradients of [`Backend::layer_norm`] from `grad` (the output's gradient), the forward's
+    /// input `x`, its `normalized_shape` and `weight`, and the `mean` and `invstd` that
+    /// [`Backend::layer_norm_with_stats`] returned (any shapes of one value per row), in one pass
+    /// over each row (PyTorch's `native_layer_norm_backward`). The weight and bias gradients have
+    /// `normalized_shape`. Errors: `ShapeMismatch` when `grad` is not `x`'s shape, the trailing
+    /// dims or weight do not match, or the statistics do not hold one value per row;
+    /// `DTypeMismatch` when `grad`, `x` and `weight` differ in dtype or the statistics are not of
+    /// [`stats_dtype`].
+    pub fn layer_norm_backward(
+        &self,
+        grad: &Tensor,
+        x: &Tensor,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        mean: &Tensor,
+        invstd: &Tensor,
+    ) -> Result<NormGrads> {
+        let op = "layer_norm_backward";
+        let mut operands = vec![grad, x];
+        operands.extend(weight);
+        let dtype = self.check_operands(op, &operands)?;
+        expect_shape(op, "grad", grad, x.shape())?;
+        let (rows, cols) = Self::layer_norm_dims(op, x, normalized_shape)?;
+        if let Some(w) = weight {
+            expect_shape(op, "weight", w, normalized_shape)?;
+        }
+        let (mean, invstd) = dense_stats(self, op, dtype, rows, mean, invstd)?;
+        let g = GradCall::new(self, grad, x, weight, normalized_shape)?;
+        self.compute().layer_norm_backward(&LayerNormBackwardDesc {
+            dtype,
+            grad_output: g.dy.data_ptr(),
+            input: g.x.data_ptr(),
+            weight: g.w.as_ref().map(Tensor::data_ptr),
+            mean: mean.data_ptr(),
+            invstd: invstd.data_ptr(),
+            grad_input: Some(g.grads.input.data_ptr()),
+            grad_weight: Some(g.grads.weight.data_ptr()),
+            grad_bias: Some(g.grads.bias.data_ptr()),
+            rows,
+            cols,
+        })?;
+        Ok(g.grads)
     }
 
     /// Batch normalisation with running statistics: `mean` and `var` are the
@@ -166,6 +379,30 @@ impl Backend {
     /// training with one value per channel, inference without running statistics, or a bad
     /// momentum/eps.
     pub fn batch_norm_with(&self, input: &Tensor, config: BatchNormConfig<'_>) -> Result<Tensor> {
+        self.batch_norm_impl(input, config, false)
+            .map(|(out, _)| out)
+    }
+
+    /// [`Backend::batch_norm_with`] that also returns the `[C]` mean and inverse standard
+    /// deviation each channel was normalised with (PyTorch's `native_batch_norm`): the batch's
+    /// (biased variance) in training, the running ones in inference (mean 0 and variance 1
+    /// without them), for [`Backend::batch_norm_backward`]. Errors as
+    /// [`Backend::batch_norm_with`].
+    pub fn batch_norm_with_stats(
+        &self,
+        input: &Tensor,
+        config: BatchNormConfig<'_>,
+    ) -> Result<Normalized> {
+        let (output, stats) = self.batch_norm_impl(input, config, true)?;
+        Ok(Normalized::of(output, stats))
+    }
+
+    fn batch_norm_impl(
+        &self,
+        input: &Tensor,
+        config: BatchNormConfig<'_>,
+        saved: bool,
+    ) -> Result<(Tensor, Option<(Tensor, Tensor)>)> {
         let op = "batch_norm";
         let per_channel = [
             config.weight,
@@ -192,6 +429,7 @@ impl Backend {
             }
         }
         let out = self.empty(input.shape(), dtype)?;
+        let stats = self.saved_stats(saved, &[c], dtype)?;
         let x = input.contiguous()?;
         let (w, b) = (
             config.weight.map(Tensor::contiguous).transpose()?,
@@ -212,6 +450,8 @@ impl Backend {
                 training: config.training,
                 momentum: config.momentum.unwrap_or(0.1),
                 eps: config.eps.unwrap_or(1e-5),
+                saved_mean: stats.as_ref().map(|s| s.0.data_ptr()),
+                saved_invstd: stats.as_ref().map(|s| s.1.data_ptr()),
             })
         };
         match (config.running_mean, config.running_var) {
@@ -220,7 +460,60 @@ impl Backend {
             })?,
             (rm, rv) => run(rm, rv)?,
         }
-        Ok(out)
+        Ok((out, stats))
+    }
+
+    /// The gradients of [`Backend::batch_norm_with`] from `grad` (the output's gradient), the
+    /// forward's `input` `[N, C, ...]` and `weight`, and the `[C]` `mean` and `invstd` that
+    /// [`Backend::batch_norm_with_stats`] returned (PyTorch's `native_batch_norm_backward`):
+    /// `training` says the statistics were the batch's, so the input gradient runs through them
+    /// too; otherwise they are constants (a frozen or inference-mode norm). The weight and bias
+    /// gradients are `[C]`. One pass over the data for the per-channel sums and one for the input
+    /// gradient. Errors: `ShapeMismatch` for rank < 2, `grad` not of the input's shape, or a
+    /// weight or statistics not of `C` values; `DTypeMismatch` when `grad`, `input` and `weight`
+    /// differ in dtype or the statistics are not of [`stats_dtype`].
+    pub fn batch_norm_backward(
+        &self,
+        grad: &Tensor,
+        input: &Tensor,
+        weight: Option<&Tensor>,
+        mean: &Tensor,
+        invstd: &Tensor,
+        training: bool,
+    ) -> Result<NormGrads> {
+        let op = "batch_norm_backward";
+        let mut operands = vec![grad, input];
+        operands.extend(weight);
+        let dtype = self.check_operands(op, &operands)?;
+        if input.rank() < 2 {
+            return Err(BackendError::shape(
+                op,
+                format!("input must be [N, C, ...], got {:?}", input.shape()),
+            ));
+        }
+        expect_shape(op, "grad", grad, input.shape())?;
+        let (n, c) = (input.shape()[0], input.shape()[1]);
+        if let Some(w) = weight {
+            expect_shape(op, "weight", w, &[c])?;
+        }
+        let (mean, invstd) = dense_stats(self, op, dtype, c, mean, invstd)?;
+        let g = GradCall::new(self, grad, input, weight, &[c])?;
+        self.compute().batch_norm_backward(&BatchNormBackwardDesc {
+            dtype,
+            grad_output: g.dy.data_ptr(),
+            input: g.x.data_ptr(),
+            weight: g.w.as_ref().map(Tensor::data_ptr),
+            mean: mean.data_ptr(),
+            invstd: invstd.data_ptr(),
+            grad_input: Some(g.grads.input.data_ptr()),
+            grad_weight: Some(g.grads.weight.data_ptr()),
+            grad_bias: Some(g.grads.bias.data_ptr()),
+            batch: n,
+            channels: c,
+            spatial: product(&input.shape()[2..]),
+            training,
+        })?;
+        Ok(g.grads)
     }
 }
 
@@ -250,5 +543,22 @@ impl Tensor {
     /// See [`Backend::batch_norm_with`].
     pub fn batch_norm(&self, config: BatchNormConfig<'_>) -> Result<Tensor> {
         self.backend().batch_norm_with(self, config)
+    }
+
+    /// See [`Backend::layer_norm_with_stats`].
+    pub fn layer_norm_with_stats(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Normalized> {
+        self.backend()
+            .layer_norm_with_stats(self, normalized_shape, weight, bias, eps)
+    }
+
+    /// See [`Backend::batch_norm_with_stats`].
+    pub fn batch_norm_with_stats(&self, config: BatchNormConfig<'_>) -> Result<Normalized> {
+        self.backend().batch_norm_with_stats(self, config)
     }
 }

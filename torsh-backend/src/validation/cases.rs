@@ -166,6 +166,19 @@ pub fn all() -> Vec<ParityCase> {
             dtypes: FLOATS,
             body: conv2d_backward,
         },
+        ParityCase {
+            op: "norm_backward",
+            dtypes: FLOATS,
+            body: norm_backward,
+        },
+        ParityCase {
+            op: "cnn_training_step",
+            // In 16 bits a max-pool window whose two largest values lie within a rounding of each
+            // other may pick either on different backends (each op within its bounds), which
+            // routes a gradient elsewhere: the 16-bit dtypes are checked op by op above.
+            dtypes: &[DType::F32, DType::F64],
+            body: cnn_training_step,
+        },
     ]
 }
 
@@ -287,6 +300,84 @@ fn conv2d(i: &mut Inputs) -> Result<Vec<Tensor>> {
         ConvConfig::default(),
     )?;
     Ok(vec![plain, grouped, depthwise, with_bias, one])
+}
+
+fn cnn_training_step(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // Two steps of `validation::cnn` on a batch of 3 images: each step's loss and gradients, then
+    // the parameters and Adam's moments.
+    use super::cnn;
+    let b = i.backend();
+    let images = i.normal(&[3, 1, cnn::SIDE, cnn::SIDE])?;
+    let labels = i.indices(&[3], cnn::CLASSES, DType::I64)?;
+    let mut params = cnn::parameter_shapes()
+        .iter()
+        .map(|shape| i.normal(shape))
+        .collect::<Result<Vec<_>>>()?;
+    let mut state = AdamState::adam();
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        let (loss, grads) = cnn::training_step(b, &images, &labels, &mut params, &mut state)?;
+        out.push(loss);
+        out.extend(grads);
+    }
+    out.extend(params);
+    out.extend(state.exp_avg().iter().cloned());
+    out.extend(state.exp_avg_sq().iter().cloned());
+    Ok(out)
+}
+
+fn norm_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // The forwards that save their statistics, then the backwards from statistics given as inputs
+    // (so each backend differentiates at the same point): layer norm over 37 columns with a
+    // weight and over [3, 10] without, a transposed gradient; batch norm with long runs in
+    // training, short runs with fixed statistics, and [N, C] without a weight.
+    let b = i.backend();
+    let stats_dtype = crate::compute::stats_dtype(i.dtype());
+    let stats = |i: &mut Inputs, n: usize| -> Result<(Tensor, Tensor)> {
+        let mean = i.uniform(&[n], -0.5, 0.5)?.cast(stats_dtype)?;
+        let invstd = i.uniform(&[n], 0.5, 2.0)?.cast(stats_dtype)?;
+        Ok((mean, invstd))
+    };
+    let mut out = Vec::new();
+    let x = i.normal(&[5, 37])?;
+    let w = i.normal(&[37])?;
+    let bias = i.normal(&[37])?;
+    let saved = x.layer_norm_with_stats(&[37], Some(&w), Some(&bias), 1e-5)?;
+    out.extend([saved.output, saved.mean, saved.invstd]);
+    let (mean, invstd) = stats(i, 5)?;
+    let g = i.normal(&[37, 5])?.t()?;
+    let grads = b.layer_norm_backward(&g, &x, &[37], Some(&w), &mean, &invstd)?;
+    out.extend([grads.input, grads.weight, grads.bias]);
+    let x3 = i.normal(&[2, 3, 10])?;
+    let (mean, invstd) = stats(i, 2)?;
+    let grads =
+        b.layer_norm_backward(&i.normal(&[2, 3, 10])?, &x3, &[3, 10], None, &mean, &invstd)?;
+    out.extend([grads.input, grads.weight, grads.bias]);
+
+    let xb = i.normal(&[3, 4, 41])?;
+    let wb = i.normal(&[4])?;
+    let saved = xb.batch_norm_with_stats(BatchNormConfig {
+        weight: Some(&wb),
+        training: true,
+        ..Default::default()
+    })?;
+    out.extend([saved.output, saved.mean, saved.invstd]);
+    let (mean, invstd) = stats(i, 4)?;
+    for training in [true, false] {
+        let g = i.normal(&[3, 4, 41])?;
+        let grads = b.batch_norm_backward(&g, &xb, Some(&wb), &mean, &invstd, training)?;
+        out.extend([grads.input, grads.weight, grads.bias]);
+    }
+    let xs = i.normal(&[6, 5, 2, 3])?;
+    let (mean, invstd) = stats(i, 5)?;
+    let grads =
+        b.batch_norm_backward(&i.normal(&[6, 5, 2, 3])?, &xs, None, &mean, &invstd, true)?;
+    out.extend([grads.input, grads.weight, grads.bias]);
+    let flat = i.normal(&[9, 3])?;
+    let (mean, invstd) = stats(i, 3)?;
+    let grads = b.batch_norm_backward(&i.normal(&[9, 3])?, &flat, None, &mean, &invstd, true)?;
+    out.extend([grads.input, grads.weight, grads.bias]);
+    Ok(out)
 }
 
 fn conv2d_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {

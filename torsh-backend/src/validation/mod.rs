@@ -10,6 +10,7 @@
 //! [`parity_targets`] instead of a skip.
 
 pub mod cases;
+pub mod cnn;
 mod compare;
 
 pub use compare::{compare, Comparison};

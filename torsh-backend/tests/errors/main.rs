@@ -10,8 +10,9 @@ use torsh_backend::backends::reference::ReferenceBackend;
 use torsh_backend::compute::{
     AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc,
     Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc, Distribution,
-    DropoutDesc, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc,
-    PoolKind, RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc, Value,
+    DropoutDesc, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc,
+    Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf,
+    UnaryBackwardDesc, UnaryDesc, Value,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Layout, Transpose};

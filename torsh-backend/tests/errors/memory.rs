@@ -394,6 +394,8 @@ fn aliasing_is_rejected() {
                 rows: 2,
                 cols: 4,
                 eps: 1e-5,
+                saved_mean: None,
+                saved_invstd: None,
             }),
             Aliasing
         );

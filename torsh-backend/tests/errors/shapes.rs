@@ -525,6 +525,8 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
             rows: 2,
             cols: 4,
             eps: -1.0,
+            saved_mean: None,
+            saved_invstd: None,
         };
         let err = assert_err!(c.layer_norm(&ln), InvalidArgument);
         assert_mentions(&err, &["layer_norm", "eps"]);
@@ -549,6 +551,8 @@ fn shape_argument_and_dtype_errors_through_the_raw_trait() {
             training: false,
             momentum: 0.1,
             eps: 1e-5,
+            saved_mean: None,
+            saved_invstd: None,
         };
         let err = assert_err!(c.batch_norm(&bn), InvalidArgument);
         assert_mentions(&err, &["batch_norm", "running_var"]);

@@ -532,3 +532,115 @@ fn convolution_gradients_reject_mismatched_operands() {
         assert_backend_works(&b);
     }
 }
+
+/// Norm gradients: a gradient not of the input's shape, a weight or statistics of the wrong
+/// length or dtype, mixed dtypes, a raw descriptor asking for no gradient or writing over its
+/// input, and saved statistics given without their pair.
+#[test]
+fn norm_gradients_reject_mismatched_operands() {
+    for b in backends() {
+        eprintln!("backend: {}", b.backend_type());
+        let x = seq(&b, &[3, 4]);
+        let w = seq(&b, &[4]);
+        let saved = assert_ok!(x.layer_norm_with_stats(&[4], Some(&w), None, 1e-5));
+        let (mean, invstd) = (&saved.mean, &saved.invstd);
+        assert_ok!(b.layer_norm_backward(&x, &x, &[4], Some(&w), mean, invstd));
+        let err = assert_err!(
+            b.layer_norm_backward(&seq(&b, &[4, 3]), &x, &[4], None, mean, invstd),
+            ShapeMismatch
+        );
+        assert_mentions(&err, &["layer_norm_backward", "grad"]);
+        assert_err!(
+            b.layer_norm_backward(&x, &x, &[3], None, mean, invstd),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.layer_norm_backward(&x, &x, &[4], Some(&seq(&b, &[3])), mean, invstd),
+            ShapeMismatch
+        );
+        let short = assert_ok!(mean.narrow(0, 0, 2));
+        let err = assert_err!(
+            b.layer_norm_backward(&x, &x, &[4], None, &short, invstd),
+            ShapeMismatch
+        );
+        assert_mentions(&err, &["layer_norm_backward", "mean"]);
+        let wide = assert_ok!(mean.cast(DType::F64));
+        assert_err!(
+            b.layer_norm_backward(&x, &x, &[4], None, &wide, invstd),
+            DTypeMismatch
+        );
+        let half = assert_ok!(x.cast(DType::F16));
+        assert_err!(
+            b.layer_norm_backward(&half, &x, &[4], None, mean, invstd),
+            DTypeMismatch
+        );
+
+        let images = seq(&b, &[2, 3, 5]);
+        let bn = assert_ok!(images.batch_norm_with_stats(BatchNormConfig {
+            training: true,
+            ..Default::default()
+        }));
+        let (bm, bi) = (&bn.mean, &bn.invstd);
+        assert_ok!(b.batch_norm_backward(&images, &images, None, bm, bi, true));
+        assert_err!(
+            b.batch_norm_backward(&images, &seq(&b, &[3]), None, bm, bi, true),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.batch_norm_backward(&seq(&b, &[2, 5, 3]), &images, None, bm, bi, true),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.batch_norm_backward(&images, &images, Some(&w), bm, bi, true),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.batch_norm_backward(&images, &images, None, &short, bi, false),
+            ShapeMismatch
+        );
+
+        // Raw descriptors.
+        let out = seq(&b, &[3, 4]);
+        let raw = LayerNormBackwardDesc {
+            dtype: DType::F32,
+            grad_output: x.data_ptr(),
+            input: x.data_ptr(),
+            weight: None,
+            mean: mean.data_ptr(),
+            invstd: invstd.data_ptr(),
+            grad_input: None,
+            grad_weight: None,
+            grad_bias: None,
+            rows: 3,
+            cols: 4,
+        };
+        let err = assert_err!(b.compute().layer_norm_backward(&raw), InvalidArgument);
+        assert_mentions(&err, &["layer_norm_backward", "no gradient"]);
+        assert_err!(
+            b.compute().layer_norm_backward(&LayerNormBackwardDesc {
+                grad_input: Some(x.data_ptr()),
+                ..raw.clone()
+            }),
+            Aliasing
+        );
+        assert_ok!(b.compute().layer_norm_backward(&LayerNormBackwardDesc {
+            grad_input: Some(out.data_ptr()),
+            ..raw.clone()
+        }));
+        let forward = LayerNormDesc {
+            dtype: DType::F32,
+            input: x.data_ptr(),
+            weight: None,
+            bias: None,
+            output: out.data_ptr(),
+            rows: 3,
+            cols: 4,
+            eps: 1e-5,
+            saved_mean: Some(mean.data_ptr()),
+            saved_invstd: None,
+        };
+        let err = assert_err!(b.compute().layer_norm(&forward), InvalidArgument);
+        assert_mentions(&err, &["layer_norm", "saved_invstd"]);
+        assert_backend_works(&b);
+    }
+}

@@ -321,6 +321,81 @@ fn convolution_gradients_past_the_loop_budget_add_blocks() {
 }
 
 #[test]
+fn norm_gradients_and_saved_statistics_past_the_loop_budget_are_cut() {
+    // Layer norm: rows of 12 011 (composed forward) save their statistics; the weight and bias
+    // gradients of 9 001 rows take 4 095 rows a launch (three, adding in f32). Batch norm: channels
+    // of 30 021 values in chunks (forward in three launches, backward sums over chunks), in
+    // training and inference.
+    let Some(b) = low_budget() else { return };
+    against_reference(&b, &ALL, |be, dtype| {
+        // Offset, so that the means are not sums that cancel (whose f32 rounding is relatively
+        // large).
+        let rows = wave_tensor(be, &[2, 12_011], 0.3, dtype)
+            .add_scalar(3.0)
+            .unwrap();
+        let long = rows
+            .layer_norm_with_stats(&[12_011], None, None, 1e-5)
+            .unwrap();
+        let x = wave_tensor(be, &[9_001, 5], 0.4, dtype);
+        let w = wave_tensor(be, &[5], 0.5, dtype);
+        let saved = x.layer_norm_with_stats(&[5], Some(&w), None, 1e-5).unwrap();
+        let g = wave_tensor(be, &[9_001, 5], 0.6, dtype).abs().unwrap();
+        let ln = be
+            .layer_norm_backward(&g, &x, &[5], Some(&w), &saved.mean, &saved.invstd)
+            .unwrap();
+        let images = wave_tensor(be, &[3, 2, 10_007], 0.7, dtype)
+            .add_scalar(3.0)
+            .unwrap();
+        let wb = wave_tensor(be, &[2], 0.8, dtype);
+        let trained = images
+            .batch_norm_with_stats(torsh_backend::BatchNormConfig {
+                weight: Some(&wb),
+                training: true,
+                ..Default::default()
+            })
+            .unwrap();
+        let (mean, var) = (
+            be.full(&[2], 0.1, dtype).unwrap(),
+            be.full(&[2], 1.5, dtype).unwrap(),
+        );
+        let inferred = images
+            .batch_norm_with_stats(torsh_backend::BatchNormConfig {
+                running_mean: Some(&mean),
+                running_var: Some(&var),
+                ..Default::default()
+            })
+            .unwrap();
+        let gb = wave_tensor(be, &[3, 2, 10_007], 0.9, dtype);
+        let bn = be
+            .batch_norm_backward(
+                &gb,
+                &images,
+                Some(&wb),
+                &trained.mean,
+                &trained.invstd,
+                true,
+            )
+            .unwrap();
+        vec![
+            ("layer_norm mean (composed)", long.mean),
+            ("layer_norm invstd (composed)", long.invstd),
+            ("layer_norm mean", saved.mean),
+            ("layer_norm invstd", saved.invstd),
+            ("layer_norm_backward input", ln.input),
+            ("layer_norm_backward weight", ln.weight),
+            ("layer_norm_backward bias", ln.bias),
+            ("batch_norm mean (training)", trained.mean),
+            ("batch_norm invstd (training)", trained.invstd),
+            ("batch_norm mean (inference)", inferred.mean),
+            ("batch_norm invstd (inference)", inferred.invstd),
+            ("batch_norm_backward input", bn.input),
+            ("batch_norm_backward weight", bn.weight),
+            ("batch_norm_backward bias", bn.bias),
+        ]
+    });
+}
+
+#[test]
 fn attention_past_the_loop_budget_combines_ranges_of_keys() {
     // One launch takes 624 keys of head dim 64 (the tiled kernel) and 1152 of head dim 136 (the
     // row kernel): 1009 and 2503 keys in ranges, causal and not.

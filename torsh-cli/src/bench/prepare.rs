@@ -304,6 +304,8 @@ fn memory(
                 rows,
                 cols,
                 eps: 1e-5,
+                saved_mean: None,
+                saved_invstd: None,
             };
             Box::new(move || {
                 let _keep = (&x, &out);
@@ -330,6 +332,8 @@ fn memory(
                 training: op == MemOp::BatchNormTraining,
                 momentum: 0.1,
                 eps: 1e-5,
+                saved_mean: None,
+                saved_invstd: None,
             };
             Box::new(move || {
                 let _keep = (&x, &out, &weight, &bias, &mean, &var);

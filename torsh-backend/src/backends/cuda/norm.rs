@@ -1,16 +1,20 @@
-//! Host side of the norm kernels (`kernels/norm.cu`): softmax and log-softmax, layer norm, batch norm.
+//! Host side of the norm kernels (`kernels/norm.cu`): softmax and log-softmax, layer norm, batch norm
+//! (saving their statistics where asked) and the norms' gradients.
 //!
 //! Each kernel gives one row (a softmax lane, a layer-norm row, a batch-norm channel) to a group of 1,
 //! 32 or 256 threads, chosen by [`super::reduce::group_size`].
 
 use cudarc::driver::{CudaFunction, PushKernelArg};
 
-use super::launch::{check_aligned, suffix, to_i64};
+use super::launch::{check_aligned, grid_for, suffix, to_i64};
 use super::reduce::{group_launch, group_size};
 use super::Gpu;
 use crate::backends::cuda::CudaBackend;
 use crate::compute::op::OpImpl;
-use crate::compute::{BatchNormDesc, DevicePtr, LayerNormDesc, SoftmaxDesc};
+use crate::compute::{
+    stats_dtype, BatchNormBackwardDesc, BatchNormDesc, DevicePtr, LayerNormBackwardDesc,
+    LayerNormDesc, SoftmaxDesc,
+};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
@@ -68,7 +72,8 @@ pub(crate) fn softmax(gpu: &Gpu, d: &SoftmaxDesc) -> Result<()> {
 /// Layer norm over each row of `[rows, cols]`, one group per row.
 pub(crate) fn layer_norm(gpu: &Gpu, d: &LayerNormDesc) -> Result<()> {
     let op = "layer_norm";
-    if mul(op, d.rows, d.cols)? == 0 {
+    // Rows of no element still save their (NaN) statistics.
+    if mul(op, d.rows, d.cols)? == 0 && (d.rows == 0 || d.saved_mean.is_none()) {
         return Ok(());
     }
     let optional_ptrs = [d.weight, d.bias].into_iter().flatten();
@@ -81,12 +86,14 @@ pub(crate) fn layer_norm(gpu: &Gpu, d: &LayerNormDesc) -> Result<()> {
     let f = function(gpu, "layer_norm", group, d.dtype)?;
     let (x, w, bias, y) = (d.input.0, optional(d.weight), optional(d.bias), d.output.0);
     let (rows, cols) = (to_i64(op, d.rows)?, to_i64(op, d.cols)?);
+    let (save_mean, save_invstd) = saved(op, d.dtype, d.saved_mean, d.saved_invstd)?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&x).arg(&w).arg(&bias).arg(&y);
     b.arg(&rows).arg(&cols).arg(&d.eps);
-    // SAFETY: the caller checked the input and output (`rows · cols` elements) and the optional
-    // `cols`-element weight and bias; absent ones are null and never read. The arguments match
-    // `layer_norm_g<G>_<dtype>`'s parameters.
+    b.arg(&save_mean).arg(&save_invstd);
+    // SAFETY: the caller checked the input and output (`rows · cols` elements), the optional
+    // `cols`-element weight and bias and the optional `rows` saved statistics; absent ones are
+    // null and never touched. The arguments match `layer_norm_g<G>_<dtype>`'s parameters.
     unsafe { b.launch(group_launch(d.rows, group, gpu.sm_count())) }
         .map_err(|e| super::driver_error(op, e))?;
     Ok(())
@@ -97,8 +104,9 @@ pub(crate) fn layer_norm(gpu: &Gpu, d: &LayerNormDesc) -> Result<()> {
 pub(crate) fn batch_norm(gpu: &Gpu, d: &BatchNormDesc) -> Result<()> {
     let op = "batch_norm";
     let count = mul(op, d.batch, d.spatial)?;
-    if mul(op, count, d.channels)? == 0 {
-        // No element to normalise, and training with channels needs more than one value each.
+    if mul(op, count, d.channels)? == 0 && (d.channels == 0 || d.saved_mean.is_none()) {
+        // No element to normalise, and training with channels needs more than one value each;
+        // inference still saves the statistics of its channels.
         return Ok(());
     }
     let optional_ptrs = [d.weight, d.bias, d.running_mean, d.running_var]
@@ -118,13 +126,16 @@ pub(crate) fn batch_norm(gpu: &Gpu, d: &BatchNormDesc) -> Result<()> {
     let channels = to_i64(op, d.channels)?;
     let spatial = to_i64(op, d.spatial)?;
     let training = i32::from(d.training);
+    let (save_mean, save_invstd) = saved(op, d.dtype, d.saved_mean, d.saved_invstd)?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&x).arg(&y).arg(&w).arg(&bias).arg(&rm).arg(&rv);
     b.arg(&batch).arg(&channels).arg(&spatial);
     b.arg(&training).arg(&d.momentum).arg(&d.eps);
+    b.arg(&save_mean).arg(&save_invstd);
     // SAFETY: the caller checked the input and output (`batch · channels · spatial` elements) and the
-    // optional `channels`-element operands (running statistics writable in training); absent ones are
-    // null and never touched. The arguments match `batch_norm_g<G>_<dtype>`'s parameters.
+    // optional `channels`-element operands (running statistics writable in training, saved
+    // statistics written); absent ones are null and never touched. The arguments match
+    // `batch_norm_g<G>_<dtype>`'s parameters.
     unsafe { b.launch(group_launch(d.channels, group, gpu.sm_count())) }
         .map_err(|e| super::driver_error(op, e))?;
     Ok(())
@@ -154,6 +165,136 @@ impl OpImpl<BatchNormDesc> for CudaBackend {
     }
 }
 
+/// A forward's saved-statistics pointers as the kernels take them (null when absent), checked for
+/// the alignment of the statistics' dtype.
+fn saved(
+    op: &'static str,
+    dtype: DType,
+    mean: Option<DevicePtr>,
+    invstd: Option<DevicePtr>,
+) -> Result<(u64, u64)> {
+    let ptrs: Vec<DevicePtr> = [mean, invstd].into_iter().flatten().collect();
+    check_aligned(op, stats_dtype(dtype), &ptrs)?;
+    Ok((optional(mean), optional(invstd)))
+}
+
+/// Checks a norm backward's operands `[grad_output, input, mean, invstd]` and optional `[weight,
+/// grad_input, grad_weight, grad_bias]` for their dtypes' alignment.
+fn check_grad_aligned(
+    op: &'static str,
+    dtype: DType,
+    [dy, x, mean, invstd]: [DevicePtr; 4],
+    optional: [Option<DevicePtr>; 4],
+) -> Result<()> {
+    let ptrs: Vec<DevicePtr> = [dy, x]
+        .into_iter()
+        .chain(optional.into_iter().flatten())
+        .collect();
+    check_aligned(op, dtype, &ptrs)?;
+    check_aligned(op, stats_dtype(dtype), &[mean, invstd])
+}
+
+/// The gradients of layer norm: the input's a group per row, the weight's and bias's a thread per
+/// column.
+pub(crate) fn layer_norm_backward(gpu: &Gpu, d: &LayerNormBackwardDesc) -> Result<()> {
+    let op = "layer_norm_backward";
+    let n = mul(op, d.rows, d.cols)?;
+    check_grad_aligned(
+        op,
+        d.dtype,
+        [d.grad_output, d.input, d.mean, d.invstd],
+        [d.weight, d.grad_input, d.grad_weight, d.grad_bias],
+    )?;
+    let (dy, x, w) = (d.grad_output.0, d.input.0, optional(d.weight));
+    let (mean, invstd) = (d.mean.0, d.invstd.0);
+    let (rows, cols) = (to_i64(op, d.rows)?, to_i64(op, d.cols)?);
+    if let Some(dx) = d.grad_input.filter(|_| n > 0) {
+        let group = group_size(d.cols, d.rows, true, gpu.sm_count());
+        let f = function(gpu, "layer_norm_backward_input", group, d.dtype)?;
+        let dx = dx.0;
+        let mut b = gpu.stream().launch_builder(&f);
+        b.arg(&dy).arg(&x).arg(&w).arg(&mean).arg(&invstd).arg(&dx);
+        b.arg(&rows).arg(&cols);
+        // SAFETY: the caller checked the `rows · cols`-element gradient, input and input gradient,
+        // the optional `cols`-element weight (null when absent) and the `rows` statistics. The
+        // arguments match `layer_norm_backward_input_g<G>_<dtype>`'s parameters.
+        unsafe { b.launch(group_launch(d.rows, group, gpu.sm_count())) }
+            .map_err(|e| super::driver_error(op, e))?;
+    }
+    if (d.grad_weight.is_some() || d.grad_bias.is_some()) && d.cols > 0 {
+        let f = gpu.function_for(
+            "norm",
+            d.dtype,
+            &format!("layer_norm_backward_params_{}", suffix(d.dtype)),
+        )?;
+        let (dw, db) = (optional(d.grad_weight), optional(d.grad_bias));
+        let mut b = gpu.stream().launch_builder(&f);
+        b.arg(&dy).arg(&x).arg(&mean).arg(&invstd).arg(&dw).arg(&db);
+        b.arg(&rows).arg(&cols);
+        // SAFETY: as above; the optional `cols`-element weight and bias gradients are null when
+        // absent. The arguments match `layer_norm_backward_params_<dtype>`'s parameters.
+        unsafe { b.launch(grid_for(d.cols, gpu.sm_count())) }
+            .map_err(|e| super::driver_error(op, e))?;
+    }
+    Ok(())
+}
+
+/// The gradients of batch norm, a group per channel: the channel's sums, then its input gradient.
+pub(crate) fn batch_norm_backward(gpu: &Gpu, d: &BatchNormBackwardDesc) -> Result<()> {
+    let op = "batch_norm_backward";
+    mul(op, mul(op, d.batch, d.spatial)?, d.channels)?;
+    if d.channels == 0 {
+        return Ok(());
+    }
+    check_grad_aligned(
+        op,
+        d.dtype,
+        [d.grad_output, d.input, d.mean, d.invstd],
+        [d.weight, d.grad_input, d.grad_weight, d.grad_bias],
+    )?;
+    let count = d.batch * d.spatial;
+    let group = group_size(count, d.channels, d.spatial > 1, gpu.sm_count());
+    let f = function(gpu, "batch_norm_backward", group, d.dtype)?;
+    let (dy, x, w) = (d.grad_output.0, d.input.0, optional(d.weight));
+    let (mean, invstd) = (d.mean.0, d.invstd.0);
+    let (dx, dw, db) = (
+        optional(d.grad_input),
+        optional(d.grad_weight),
+        optional(d.grad_bias),
+    );
+    let batch = to_i64(op, d.batch)?;
+    let channels = to_i64(op, d.channels)?;
+    let spatial = to_i64(op, d.spatial)?;
+    let training = i32::from(d.training);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&dy).arg(&x).arg(&w).arg(&mean).arg(&invstd);
+    b.arg(&dx).arg(&dw).arg(&db);
+    b.arg(&batch).arg(&channels).arg(&spatial).arg(&training);
+    // SAFETY: the caller checked the `batch · channels · spatial`-element gradient and input (and
+    // input gradient when given), the `channels`-element statistics and the optional weight and
+    // parameter gradients; absent ones are null and never touched. The arguments match
+    // `batch_norm_backward_g<G>_<dtype>`'s parameters.
+    unsafe { b.launch(group_launch(d.channels, group, gpu.sm_count())) }
+        .map_err(|e| super::driver_error(op, e))?;
+    Ok(())
+}
+
+impl OpImpl<LayerNormBackwardDesc> for CudaBackend {
+    fn op(&self, desc: &LayerNormBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("layer_norm_backward", desc.dtype)?;
+        self.run(acc, |gpu| layer_norm_backward(gpu, desc))
+    }
+}
+
+impl OpImpl<BatchNormBackwardDesc> for CudaBackend {
+    fn op(&self, desc: &BatchNormBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("batch_norm_backward", desc.dtype)?;
+        self.run(acc, |gpu| batch_norm_backward(gpu, desc))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,9 +317,16 @@ mod tests {
     #[test]
     fn every_kernel_name_exists_in_the_source() {
         let src = include_str!("kernels/norm.cu");
-        for kernel in ["softmax", "layer_norm", "batch_norm"] {
+        for kernel in [
+            "softmax",
+            "layer_norm",
+            "batch_norm",
+            "layer_norm_backward_input",
+            "batch_norm_backward",
+        ] {
             assert!(src.contains(&format!("{kernel}_g##G##_##S(")), "{kernel}");
         }
         assert!(src.contains("ENTRY_G(S, T, 1) ENTRY_G(S, T, 32) ENTRY_G(S, T, 256)"));
+        assert!(src.contains("layer_norm_backward_params_##S("));
     }
 }

@@ -1,6 +1,9 @@
-//! Softmax, layer norm and batch norm, in f64.
+//! Softmax, layer norm and batch norm and the norms' gradients, in f64.
 
-use crate::compute::{BatchNormDesc, LayerNormDesc, SoftmaxDesc};
+use crate::compute::{
+    stats_dtype, BatchNormBackwardDesc, BatchNormDesc, DevicePtr, LayerNormBackwardDesc,
+    LayerNormDesc, SoftmaxDesc,
+};
 use crate::error::Result;
 
 use super::memory::HostMemory;
@@ -79,17 +82,36 @@ pub fn layer_norm(mem: &mut HostMemory, d: &LayerNormDesc) -> Result<()> {
         .map(|p| mem.load_dense(d.dtype, p, d.cols))
         .transpose()?;
     let mut out = vec![0.0f64; x.len()];
+    let (mut means, mut invs) = (vec![0.0; d.rows], vec![0.0; d.rows]);
     for r in 0..d.rows {
         let row = &x[r * d.cols..(r + 1) * d.cols];
         let m = Moments::of(row.iter().copied());
         let inv = 1.0 / (m.var + d.eps).sqrt();
+        (means[r], invs[r]) = (m.pivot + m.mean, inv);
         for c in 0..d.cols {
             let scale = w.as_ref().map_or(1.0, |w| w[c]);
             let shift = b.as_ref().map_or(0.0, |b| b[c]);
             out[r * d.cols + c] = m.deviation(row[c]) * inv * scale + shift;
         }
     }
-    mem.store(d.dtype, d.output, &out)
+    mem.store(d.dtype, d.output, &out)?;
+    store_saved(mem, d.dtype, d.saved_mean, d.saved_invstd, &means, &invs)
+}
+
+/// Writes a forward's saved statistics, where asked for.
+fn store_saved(
+    mem: &mut HostMemory,
+    dtype: crate::dtype::DType,
+    mean: Option<DevicePtr>,
+    invstd: Option<DevicePtr>,
+    means: &[f64],
+    invs: &[f64],
+) -> Result<()> {
+    if let (Some(m), Some(i)) = (mean, invstd) {
+        mem.store(stats_dtype(dtype), m, means)?;
+        mem.store(stats_dtype(dtype), i, invs)?;
+    }
+    Ok(())
 }
 
 /// Batch norm of `[batch, channels, spatial]` per channel, updating running statistics in training.
@@ -104,6 +126,7 @@ pub fn batch_norm(mem: &mut HostMemory, d: &BatchNormDesc) -> Result<()> {
     let mut rm = load(mem, d.running_mean)?;
     let mut rv = load(mem, d.running_var)?;
     let mut out = vec![0.0f64; x.len()];
+    let (mut means, mut invs) = (vec![0.0; c], vec![0.0; c]);
     for ch in 0..c {
         let values = (0..n).flat_map(|ni| (0..s).map(move |si| (ni * c + ch) * s + si));
         let m = if d.training {
@@ -127,6 +150,7 @@ pub fn batch_norm(mem: &mut HostMemory, d: &BatchNormDesc) -> Result<()> {
             }
         };
         let inv = 1.0 / (m.var + d.eps).sqrt();
+        (means[ch], invs[ch]) = (m.pivot + m.mean, inv);
         let scale = w.as_ref().map_or(1.0, |w| w[ch]);
         let shift = b.as_ref().map_or(0.0, |b| b[ch]);
         for i in values {
@@ -134,6 +158,7 @@ pub fn batch_norm(mem: &mut HostMemory, d: &BatchNormDesc) -> Result<()> {
         }
     }
     mem.store(d.dtype, d.output, &out)?;
+    store_saved(mem, d.dtype, d.saved_mean, d.saved_invstd, &means, &invs)?;
     if d.training {
         if let (Some(p), Some(v)) = (d.running_mean, rm) {
             mem.store(d.dtype, p, &v)?;
@@ -143,6 +168,106 @@ pub fn batch_norm(mem: &mut HostMemory, d: &BatchNormDesc) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The gradients of layer norm over each row of `[rows, cols]`.
+pub fn layer_norm_backward(mem: &mut HostMemory, d: &LayerNormBackwardDesc) -> Result<()> {
+    let (rows, cols) = (d.rows, d.cols);
+    let dy = mem.load_dense(d.dtype, d.grad_output, rows * cols)?;
+    let x = mem.load_dense(d.dtype, d.input, rows * cols)?;
+    let w = d
+        .weight
+        .map(|p| mem.load_dense(d.dtype, p, cols))
+        .transpose()?;
+    let mean = mem.load_dense(stats_dtype(d.dtype), d.mean, rows)?;
+    let inv = mem.load_dense(stats_dtype(d.dtype), d.invstd, rows)?;
+    let mut dx = vec![0.0f64; rows * cols];
+    let (mut dw, mut db) = (vec![0.0f64; cols], vec![0.0f64; cols]);
+    for r in 0..rows {
+        let at = |c: usize| r * cols + c;
+        let xhat = |c: usize| (x[at(c)] - mean[r]) * inv[r];
+        let g = |c: usize| dy[at(c)] * w.as_ref().map_or(1.0, |w| w[c]);
+        let mean_g = (0..cols).map(g).sum::<f64>() / cols as f64;
+        let mean_gx = (0..cols).map(|c| g(c) * xhat(c)).sum::<f64>() / cols as f64;
+        for c in 0..cols {
+            dx[at(c)] = inv[r] * (g(c) - mean_g - xhat(c) * mean_gx);
+            dw[c] += dy[at(c)] * xhat(c);
+            db[c] += dy[at(c)];
+        }
+    }
+    store_grads(
+        mem,
+        d.dtype,
+        [d.grad_input, d.grad_weight, d.grad_bias],
+        [&dx, &dw, &db],
+    )
+}
+
+/// Writes each gradient whose pointer is given.
+fn store_grads(
+    mem: &mut HostMemory,
+    dtype: crate::dtype::DType,
+    ptrs: [Option<DevicePtr>; 3],
+    values: [&[f64]; 3],
+) -> Result<()> {
+    for (p, v) in ptrs.into_iter().zip(values) {
+        if let Some(p) = p {
+            mem.store(dtype, p, v)?;
+        }
+    }
+    Ok(())
+}
+
+/// The gradients of batch norm of `[batch, channels, spatial]` per channel.
+pub fn batch_norm_backward(mem: &mut HostMemory, d: &BatchNormBackwardDesc) -> Result<()> {
+    let (n, c, s) = (d.batch, d.channels, d.spatial);
+    let dy = mem.load_dense(d.dtype, d.grad_output, n * c * s)?;
+    let x = mem.load_dense(d.dtype, d.input, n * c * s)?;
+    let w = d
+        .weight
+        .map(|p| mem.load_dense(d.dtype, p, c))
+        .transpose()?;
+    let mean = mem.load_dense(stats_dtype(d.dtype), d.mean, c)?;
+    let inv = mem.load_dense(stats_dtype(d.dtype), d.invstd, c)?;
+    let mut dx = vec![0.0f64; n * c * s];
+    let (mut dw, mut db) = (vec![0.0f64; c], vec![0.0f64; c]);
+    let count = (n * s) as f64;
+    for ch in 0..c {
+        let values = || (0..n).flat_map(move |ni| (0..s).map(move |si| (ni * c + ch) * s + si));
+        let xhat = |i: usize| (x[i] - mean[ch]) * inv[ch];
+        db[ch] = values().map(|i| dy[i]).sum();
+        dw[ch] = values().map(|i| dy[i] * xhat(i)).sum();
+        let scale = w.as_ref().map_or(1.0, |w| w[ch]) * inv[ch];
+        for i in values() {
+            dx[i] = if d.training {
+                scale * (dy[i] - db[ch] / count - xhat(i) * dw[ch] / count)
+            } else {
+                scale * dy[i]
+            };
+        }
+    }
+    store_grads(
+        mem,
+        d.dtype,
+        [d.grad_input, d.grad_weight, d.grad_bias],
+        [&dx, &dw, &db],
+    )
+}
+
+impl OpImpl<LayerNormBackwardDesc> for ReferenceBackend {
+    fn op(&self, desc: &LayerNormBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("layer_norm_backward", desc.dtype)?;
+        self.run(acc, |mem| layer_norm_backward(mem, desc))
+    }
+}
+
+impl OpImpl<BatchNormBackwardDesc> for ReferenceBackend {
+    fn op(&self, desc: &BatchNormBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only("batch_norm_backward", desc.dtype)?;
+        self.run(acc, |mem| batch_norm_backward(mem, desc))
+    }
 }
 
 impl OpImpl<SoftmaxDesc> for ReferenceBackend {

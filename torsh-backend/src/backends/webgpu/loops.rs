@@ -130,6 +130,23 @@ pub(crate) fn batch_norm_stats(chunks: usize) -> u64 {
     passes(count(chunks))
 }
 
+/// `norm_backward.wgsl`'s `layer_norm_backward_input` over rows of `cols`: two strided passes,
+/// two combines.
+pub(crate) fn layer_norm_backward_input(wg: u32, cols: usize) -> u64 {
+    2 * (strided(wg, cols) + combine(wg))
+}
+
+/// `norm_backward.wgsl`'s `layer_norm_backward_params` over `rows` rows: one pass a row.
+pub(crate) fn layer_norm_backward_params(rows: usize) -> u64 {
+    passes(count(rows))
+}
+
+/// `norm_backward.wgsl`'s `batch_norm_backward_sums` over chunks of `len` values: one strided
+/// pass, two combines.
+pub(crate) fn batch_norm_backward_sums(wg: u32, len: usize) -> u64 {
+    strided(wg, len) + 2 * combine(wg)
+}
+
 /// Steps of the inner dim a GEMM or convolution tile takes at once (`TK` of the shaders).
 const TK: usize = 16;
 

@@ -5,7 +5,11 @@
 //! Other dtypes, misaligned operands and sizes beyond the kernels' 32-bit words answer
 //! [`Launch::Stage`].
 
-use crate::compute::{BatchNormDesc, DevicePtr, LayerNormDesc, SoftmaxDesc};
+use crate::compute::{
+    BatchNormBackwardDesc, BatchNormDesc, DevicePtr, LayerNormBackwardDesc, LayerNormDesc,
+    SoftmaxDesc,
+};
+use crate::dtype::DType;
 use crate::error::Result;
 
 use super::context::Gpu;
@@ -15,8 +19,9 @@ use super::loops;
 use super::math_dtype;
 use super::memory::{Binding, Memory};
 use super::pipelines::{
-    combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, BATCH_NORM, BATCH_NORM_F16,
-    BATCH_NORM_F16_SUBGROUP, BATCH_NORM_SUBGROUP,
+    combining, for_dtype, grid_1d, grid_rows, Dispatch, Kernels, Module, BATCH_NORM,
+    BATCH_NORM_F16, BATCH_NORM_F16_SUBGROUP, BATCH_NORM_SUBGROUP, NORM_BACKWARD, NORM_BACKWARD_F16,
+    NORM_BACKWARD_F16_SUBGROUP, NORM_BACKWARD_SUBGROUP,
 };
 use super::pool::words;
 use super::reduce::{launch, module, word};
@@ -62,7 +67,7 @@ pub(crate) fn softmax(
             loops::softmax(gpu.row_threads, d.axis_len),
         ),
         rows,
-        [input, input, input, output],
+        [input, input, input, output, output],
         &p,
     )
 }
@@ -100,7 +105,7 @@ pub(crate) fn layer_norm(
     if !fits {
         return Ok(Launch::Stage);
     }
-    let mut p = vec![0u32; 11];
+    let mut p = vec![0u32; 14];
     p[0] = d.rows as u32;
     p[1] = d.cols as u32;
     p[4] = out_off as u32;
@@ -110,8 +115,17 @@ pub(crate) fn layer_norm(
     p[8] = u32::from(bias.is_some());
     p[9] = weight.map_or(0, |w| w.1 as u32);
     p[10] = bias.map_or(0, |b| b.1 as u32);
+    let saved = d.saved_mean.zip(d.saved_invstd);
+    if !saved_aligned(mem, saved, d.rows)? {
+        return Ok(Launch::Stage);
+    }
+    let scratch = saved.map(|_| saved_scratch(gpu, 0, d.rows));
+    if saved.is_some() {
+        (p[11], p[12], p[13]) = (1, 0, d.rows as u32);
+    }
     let (w, b) = (weight.map_or(input, |w| w.0), bias.map_or(input, |b| b.0));
-    launch(
+    let stats = scratch.as_ref().map_or(output, Binding::whole);
+    let launched = launch(
         gpu,
         kernels,
         (
@@ -120,9 +134,59 @@ pub(crate) fn layer_norm(
             loops::layer_norm(gpu.row_threads, d.cols),
         ),
         d.rows,
-        [input, w, b, output],
+        [input, w, b, output, stats],
         &p,
-    )
+    )?;
+    if let (Launch::Done, Some(scratch), Some(saved)) = (&launched, &scratch, saved) {
+        copy_saved(gpu, mem, scratch, 0, d.rows, saved)?;
+    }
+    Ok(launched)
+}
+
+/// A scratch buffer for a forward's saved statistics: `words` f32 words before them, then `len`
+/// means and `len` inverse standard deviations, which [`copy_saved`] moves to their places.
+fn saved_scratch(gpu: &Gpu, words: usize, len: usize) -> wgpu::Buffer {
+    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("saved statistics"),
+        size: (4 * (words + 2 * len)).max(4) as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    })
+}
+
+/// True unless the `len` saved statistics are misaligned for a copy into them (the op stages).
+fn saved_aligned(mem: &Memory, saved: Option<(DevicePtr, DevicePtr)>, len: usize) -> Result<bool> {
+    let Some((mean, invstd)) = saved else {
+        return Ok(true);
+    };
+    Ok(mem.elements_u32(mean, len, 4)?.is_some() && mem.elements_u32(invstd, len, 4)?.is_some())
+}
+
+/// Copies the `len` means and inverse standard deviations at word `from` of `scratch` (as
+/// [`saved_scratch`] lays them out) to the saved statistics' places, after the launches before.
+fn copy_saved(
+    gpu: &Gpu,
+    mem: &Memory,
+    scratch: &wgpu::Buffer,
+    from: usize,
+    len: usize,
+    (mean, invstd): (DevicePtr, DevicePtr),
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let bytes = 4 * len as u64;
+    let places = [mem.place(mean, 4 * len)?, mem.place(invstd, 4 * len)?];
+    gpu.scoped("saving normalisation statistics", 0, || {
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        for (k, place) in places.iter().enumerate() {
+            let src = 4 * from as u64 + k as u64 * bytes;
+            encoder.copy_buffer_to_buffer(scratch, src, place.buffer, place.offset, bytes);
+        }
+        gpu.submit(encoder.finish());
+    })
 }
 
 /// Elements of a channel per workgroup of `wg` threads (a chunk), for channels of
@@ -208,9 +272,19 @@ pub(crate) fn batch_norm(
     };
     // Per (chunk, channel): grid_rows gives the channels as (x ≤ limit, rows of x), here y and z.
     let chunked = (chunks as u32, cy, cz);
-    // The chunks' moments and the batch's statistics, f32 (see `shaders/batch_norm.wgsl`).
-    let partial_bytes = 4 * (2 * d.channels * chunks + 2 * d.channels) as u64;
+    // The chunks' moments and the batch's statistics, f32 (see `shaders/batch_norm.wgsl`), then
+    // the statistics to save.
+    let saved = d.saved_mean.zip(d.saved_invstd);
+    if !saved_aligned(mem, saved, d.channels)? {
+        return Ok(Launch::Stage);
+    }
+    let saved_at = 2 * d.channels * chunks + 2 * d.channels;
+    let saved_len = if saved.is_some() { 2 * d.channels } else { 0 };
+    let partial_bytes = 4 * (saved_at + saved_len) as u64;
     let three_launches = d.training && chunks > 1 && partial_bytes <= mem.binding_limit().bytes;
+    if saved.is_some() && partial_bytes > mem.binding_limit().bytes {
+        return Ok(Launch::Stage);
+    }
     let offset = |o: Option<(Binding<'_>, u32)>| o.map_or(0, |o| o.1 as usize);
     let Some(mut p) = words(&[
         d.batch,
@@ -231,6 +305,9 @@ pub(crate) fn batch_norm(
         chunk,
         chunks,
         usize::from(three_launches),
+        usize::from(saved.is_some()),
+        saved_at,
+        saved_at + d.channels,
     ]) else {
         return Ok(Launch::Stage);
     };
@@ -240,14 +317,8 @@ pub(crate) fn batch_norm(
     let [w_buf, b_buf, mean_buf, var_buf] =
         [weight, bias, mean, var].map(|o| o.map_or(input, |o| o.0));
     // Dropped once encoded: wgpu keeps it alive until the launches that use it have run.
-    let scratch = three_launches.then(|| {
-        gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("batch_norm partial statistics"),
-            size: partial_bytes,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        })
-    });
+    let scratch =
+        (three_launches || saved.is_some()).then(|| saved_scratch(gpu, saved_at, saved_len / 2));
     let partials = scratch.as_ref().map_or(input, Binding::whole);
     let buffers = [input, out.0, w_buf, b_buf, mean_buf, var_buf, partials];
     let wg = [("WG", u64::from(gpu.row_threads))];
@@ -293,6 +364,9 @@ pub(crate) fn batch_norm(
                 loops,
             },
         )?;
+    }
+    if let (Some(scratch), Some(saved)) = (&scratch, saved) {
+        copy_saved(gpu, mem, scratch, saved_at, d.channels, saved)?;
     }
     Ok(Launch::Done)
 }
@@ -347,6 +421,372 @@ impl OpImpl<BatchNormDesc> for WebGpuBackend {
             // In inference, one image larger than a binding: by channels, and positions.
             Plan::TooLarge => composed::batch_norm_inference(self, desc),
         }
+    }
+}
+
+/// The operands every norm-backward launch binds: output gradient, input, weight (the input
+/// when absent), means, inverse deviations, with their element offsets.
+struct GradOperands<'m> {
+    dy: (Binding<'m>, u32),
+    x: (Binding<'m>, u32),
+    weight: Option<(Binding<'m>, u32)>,
+    mean: (Binding<'m>, u32),
+    invstd: (Binding<'m>, u32),
+}
+
+impl<'m> GradOperands<'m> {
+    /// The operands of `len` elements, weight and statistics of `groups`; `None` where one is
+    /// misaligned or past 32-bit words (the op stages).
+    fn of(
+        mem: &'m Memory,
+        size: usize,
+        (dy, x, len): (DevicePtr, DevicePtr, usize),
+        weight: Option<DevicePtr>,
+        weight_len: usize,
+        (mean, invstd, groups): (DevicePtr, DevicePtr, usize),
+    ) -> Result<Option<GradOperands<'m>>> {
+        let weight = match weight {
+            None => Some(None),
+            Some(w) => mem.elements_u32(w, weight_len, size)?.map(Some),
+        };
+        Ok(
+            match (
+                mem.elements_u32(dy, len, size)?,
+                mem.elements_u32(x, len, size)?,
+                weight,
+                mem.elements_u32(mean, groups, 4)?,
+                mem.elements_u32(invstd, groups, 4)?,
+            ) {
+                (Some(dy), Some(x), Some(weight), Some(mean), Some(invstd)) => Some(GradOperands {
+                    dy,
+                    x,
+                    weight,
+                    mean,
+                    invstd,
+                }),
+                _ => None,
+            },
+        )
+    }
+
+    /// The data bindings with `out` and `sums` (`norm_backward.wgsl`'s order).
+    fn buffers(&self, out: Binding<'m>, sums: Binding<'m>) -> [Binding<'m>; 7] {
+        let w = self.weight.map_or(self.x.0, |w| w.0);
+        [
+            self.dy.0,
+            self.x.0,
+            w,
+            self.mean.0,
+            self.invstd.0,
+            out,
+            sums,
+        ]
+    }
+}
+
+/// The module of `norm_backward.wgsl` for `dtype` and its element size; `None` where the device
+/// has no kernel for it.
+fn grad_module(gpu: &Gpu, dtype: DType) -> Option<(Module, usize)> {
+    for_dtype(
+        gpu,
+        dtype,
+        combining(gpu, NORM_BACKWARD, NORM_BACKWARD_SUBGROUP),
+        combining(gpu, NORM_BACKWARD_F16, NORM_BACKWARD_F16_SUBGROUP),
+    )
+}
+
+/// A scratch buffer of `words` f32 words for the weight and bias gradients' sums.
+fn sums_scratch(gpu: &Gpu, words: usize) -> wgpu::Buffer {
+    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("norm gradient sums"),
+        size: (4 * words).max(4) as u64,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    })
+}
+
+/// Rounds `len` sums, `sums[from + 2 i]`, into each asked gradient `(ptr, from)`.
+fn store_sums(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    (module, size): (Module, usize),
+    ops: &GradOperands<'_>,
+    (sums, len): (&wgpu::Buffer, usize),
+    targets: [(Option<DevicePtr>, usize); 2],
+) -> Result<Option<()>> {
+    let limit = gpu.limits.max_compute_workgroups_per_dimension;
+    for (ptr, from) in targets {
+        let Some(ptr) = ptr else { continue };
+        let Some((out, out_at)) = mem.elements_u32(ptr, len, size)? else {
+            return Ok(None);
+        };
+        let Some(p) = words(&[len, from, 0, out_at as usize]) else {
+            return Ok(None);
+        };
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module,
+                entry: "norm_backward_store",
+                constants: &[("WG", u64::from(gpu.row_threads))],
+                buffers: &ops.buffers(out, Binding::whole(sums)),
+                params: &p,
+                groups: grid_1d(len, limit)?,
+                loops: 0,
+            },
+        )?;
+    }
+    Ok(Some(()))
+}
+
+/// The gradients of layer norm: the input's by a workgroup a row, the weight's and bias's by an
+/// invocation a column over launches of rows within the loop budget, summed in f32.
+pub(crate) fn layer_norm_backward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &LayerNormBackwardDesc,
+) -> Result<Launch> {
+    let Some((module, size)) = grad_module(gpu, d.dtype) else {
+        return Ok(Launch::Stage);
+    };
+    let (rows, cols) = (d.rows, d.cols);
+    let n = rows * cols;
+    if n == 0 {
+        // Empty sums: the reference's zeros, through staging.
+        return Ok(Launch::Stage);
+    }
+    let Some(ops) = GradOperands::of(
+        mem,
+        size,
+        (d.grad_output, d.input, n),
+        d.weight,
+        cols,
+        (d.mean, d.invstd, rows),
+    )?
+    else {
+        return Ok(Launch::Stage);
+    };
+    let limit = gpu.limits.max_compute_workgroups_per_dimension;
+    let wg = [("WG", u64::from(gpu.row_threads))];
+    let offset = |o: Option<(Binding<'_>, u32)>| o.map_or(0, |o| o.1 as usize);
+    let mut words_of = [
+        rows,
+        cols,
+        ops.dy.1 as usize,
+        ops.x.1 as usize,
+        usize::from(ops.weight.is_some()),
+        offset(ops.weight),
+        ops.mean.1 as usize,
+        ops.invstd.1 as usize,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    let sums = sums_scratch(gpu, 2 * cols);
+    if let Some(dx) = d.grad_input {
+        let Some((out, out_at)) = mem.elements_u32(dx, n, size)? else {
+            return Ok(Launch::Stage);
+        };
+        words_of[8] = out_at as usize;
+        let (Some(p), Some(groups)) = (words(&words_of), grid_rows(rows, limit)) else {
+            return Ok(Launch::Stage);
+        };
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module,
+                entry: "layer_norm_backward_input",
+                constants: &wg,
+                buffers: &ops.buffers(out, Binding::whole(&sums)),
+                params: &p,
+                groups,
+                loops: loops::layer_norm_backward_input(gpu.row_threads, cols),
+            },
+        )?;
+    }
+    if d.grad_weight.is_none() && d.grad_bias.is_none() {
+        return Ok(Launch::Done);
+    }
+    // Rows a launch: as many as the loop budget lets one invocation walk.
+    let most = loops::longest(rows, gpu.loop_limit, loops::layer_norm_backward_params).unwrap_or(1);
+    let mut first = 0;
+    while first < rows {
+        let len = most.min(rows - first);
+        (words_of[0], words_of[13], words_of[14]) = (len, first, usize::from(first > 0));
+        let Some(p) = words(&words_of) else {
+            return Ok(Launch::Stage);
+        };
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module,
+                entry: "layer_norm_backward_params",
+                constants: &wg,
+                buffers: &ops.buffers(ops.dy.0, Binding::whole(&sums)),
+                params: &p,
+                groups: grid_1d(cols, limit)?,
+                loops: loops::layer_norm_backward_params(len),
+            },
+        )?;
+        first += len;
+    }
+    let targets = [(d.grad_weight, 0), (d.grad_bias, 1)];
+    Ok(
+        match store_sums(
+            gpu,
+            kernels,
+            mem,
+            (module, size),
+            &ops,
+            (&sums, cols),
+            targets,
+        )? {
+            Some(()) => Launch::Done,
+            None => Launch::Stage,
+        },
+    )
+}
+
+/// The gradients of batch norm in three launches over chunks of each channel (as the forward's
+/// training): per-chunk sums, per-channel totals, then the input gradient.
+pub(crate) fn batch_norm_backward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &BatchNormBackwardDesc,
+) -> Result<Launch> {
+    let Some((module, size)) = grad_module(gpu, d.dtype) else {
+        return Ok(Launch::Stage);
+    };
+    let (n, c, s) = (d.batch, d.channels, d.spatial);
+    let len = n * c * s;
+    if len == 0 {
+        return Ok(Launch::Stage);
+    }
+    let Some(ops) = GradOperands::of(
+        mem,
+        size,
+        (d.grad_output, d.input, len),
+        d.weight,
+        c,
+        (d.mean, d.invstd, c),
+    )?
+    else {
+        return Ok(Launch::Stage);
+    };
+    let limit = gpu.limits.max_compute_workgroups_per_dimension.max(1) as usize;
+    let per_channel = n * s;
+    let threads = gpu.row_threads;
+    let chunk = loops::longest(per_channel, gpu.loop_limit, |l| {
+        loops::batch_norm_backward_sums(threads, l)
+    })
+    .unwrap_or(1)
+    .min(chunk_len(
+        per_channel,
+        threads as usize,
+        limit,
+        gpu.loop_limit,
+        false,
+    ));
+    let chunks = per_channel.div_ceil(chunk);
+    let Some((cy, cz, _)) = grid_rows(c, limit as u32) else {
+        return Ok(Launch::Stage);
+    };
+    let sums_words = 2 * c * chunks + 2 * c;
+    if 4 * sums_words as u64 > mem.binding_limit().bytes {
+        return Ok(Launch::Stage);
+    }
+    let sums = sums_scratch(gpu, sums_words);
+    let offset = |o: Option<(Binding<'_>, u32)>| o.map_or(0, |o| o.1 as usize);
+    let dx = match d.grad_input {
+        None => None,
+        Some(p) => match mem.elements_u32(p, len, size)? {
+            None => return Ok(Launch::Stage),
+            some => some,
+        },
+    };
+    let Some(p) = words(&[
+        n,
+        c,
+        s,
+        ops.dy.1 as usize,
+        ops.x.1 as usize,
+        usize::from(ops.weight.is_some()),
+        offset(ops.weight),
+        ops.mean.1 as usize,
+        ops.invstd.1 as usize,
+        offset(dx),
+        chunk,
+        chunks,
+        usize::from(d.training),
+    ]) else {
+        return Ok(Launch::Stage);
+    };
+    let wg = [("WG", u64::from(threads))];
+    let chunked = (chunks as u32, cy, cz);
+    let out = dx.map_or(ops.dy.0, |o| o.0);
+    let need_sums = d.training || d.grad_weight.is_some() || d.grad_bias.is_some();
+    let mut launches: Vec<(&str, (u32, u32, u32), u64)> = Vec::new();
+    if need_sums {
+        launches.push((
+            "batch_norm_backward_sums",
+            chunked,
+            loops::batch_norm_backward_sums(threads, chunk),
+        ));
+        launches.push((
+            "batch_norm_backward_params",
+            grid_1d(c, limit as u32)?,
+            loops::batch_norm_stats(chunks),
+        ));
+    }
+    if dx.is_some() {
+        launches.push((
+            "batch_norm_backward_input",
+            chunked,
+            loops::batch_norm_infer(threads, chunk),
+        ));
+    }
+    for (entry, groups, loops) in launches {
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module,
+                entry,
+                constants: &wg,
+                buffers: &ops.buffers(out, Binding::whole(&sums)),
+                params: &p,
+                groups,
+                loops,
+            },
+        )?;
+    }
+    let totals = 2 * c * chunks;
+    let targets = [(d.grad_weight, totals), (d.grad_bias, totals + 1)];
+    Ok(
+        match store_sums(gpu, kernels, mem, (module, size), &ops, (&sums, c), targets)? {
+            Some(()) => Launch::Done,
+            None => Launch::Stage,
+        },
+    )
+}
+
+impl OpImpl<LayerNormBackwardDesc> for WebGpuBackend {
+    fn op(&self, desc: &LayerNormBackwardDesc) -> Result<()> {
+        math_dtype("layer_norm_backward", desc.dtype, desc)?;
+        self.run(desc, layer_norm_backward)
+    }
+}
+
+impl OpImpl<BatchNormBackwardDesc> for WebGpuBackend {
+    fn op(&self, desc: &BatchNormBackwardDesc) -> Result<()> {
+        math_dtype("batch_norm_backward", desc.dtype, desc)?;
+        self.run(desc, batch_norm_backward)
     }
 }
 

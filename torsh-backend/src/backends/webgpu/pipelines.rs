@@ -192,6 +192,7 @@ pub(crate) const BATCH_NORM: Module = wgsl!(
         "elem_f32.wgsl",
         "combine_tree.wgsl",
         "combine.wgsl",
+        "channel_walk.wgsl",
         "batch_norm.wgsl"
     ]
 );
@@ -204,6 +205,7 @@ pub(crate) const BATCH_NORM_SUBGROUP: Module = wgsl!(
         "elem_f32.wgsl",
         "combine_subgroup.wgsl",
         "combine.wgsl",
+        "channel_walk.wgsl",
         "batch_norm.wgsl"
     ]
 );
@@ -216,6 +218,7 @@ pub(crate) const BATCH_NORM_F16: Module = wgsl!(
         "elem_f16.wgsl",
         "combine_tree.wgsl",
         "combine.wgsl",
+        "channel_walk.wgsl",
         "batch_norm.wgsl"
     ]
 );
@@ -228,7 +231,62 @@ pub(crate) const BATCH_NORM_F16_SUBGROUP: Module = wgsl!(
         "elem_f16.wgsl",
         "combine_subgroup.wgsl",
         "combine.wgsl",
+        "channel_walk.wgsl",
         "batch_norm.wgsl"
+    ]
+);
+
+/// `shaders/norm_backward.wgsl`: the gradients of layer norm and batch norm (output gradient,
+/// input, weight, f32 statistics, two outputs and f32 partial sums) on f32 elements, combining
+/// through a tree in workgroup memory.
+pub(crate) const NORM_BACKWARD: Module = wgsl!(
+    "norm_backward.wgsl",
+    7,
+    [
+        "elem_f32.wgsl",
+        "combine_tree.wgsl",
+        "combine.wgsl",
+        "channel_walk.wgsl",
+        "norm_backward.wgsl"
+    ]
+);
+
+/// [`NORM_BACKWARD`] combining through subgroup operations.
+pub(crate) const NORM_BACKWARD_SUBGROUP: Module = wgsl!(
+    "norm_backward.wgsl+subgroups",
+    7,
+    [
+        "elem_f32.wgsl",
+        "combine_subgroup.wgsl",
+        "combine.wgsl",
+        "channel_walk.wgsl",
+        "norm_backward.wgsl"
+    ]
+);
+
+/// [`NORM_BACKWARD`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const NORM_BACKWARD_F16: Module = wgsl!(
+    "norm_backward.wgsl+f16",
+    7,
+    [
+        "elem_f16.wgsl",
+        "combine_tree.wgsl",
+        "combine.wgsl",
+        "channel_walk.wgsl",
+        "norm_backward.wgsl"
+    ]
+);
+
+/// [`NORM_BACKWARD_SUBGROUP`] on f16 elements.
+pub(crate) const NORM_BACKWARD_F16_SUBGROUP: Module = wgsl!(
+    "norm_backward.wgsl+f16+subgroups",
+    7,
+    [
+        "elem_f16.wgsl",
+        "combine_subgroup.wgsl",
+        "combine.wgsl",
+        "channel_walk.wgsl",
+        "norm_backward.wgsl"
     ]
 );
 

@@ -49,7 +49,7 @@ pub(super) fn launch(
     kernels: &Kernels,
     (module, entry, loops): (Module, &'static str, u64),
     rows: usize,
-    [input, weight, bias, output]: [Binding<'_>; 4],
+    [input, weight, bias, output, idx]: [Binding<'_>; 5],
     params: &[u32],
 ) -> Result<Launch> {
     if rows == 0 {
@@ -64,7 +64,7 @@ pub(super) fn launch(
             module,
             entry,
             constants: &[("WG", u64::from(gpu.row_threads))],
-            buffers: &[input, weight, bias, output, output],
+            buffers: &[input, weight, bias, output, idx],
             params,
             groups,
             loops,
@@ -144,7 +144,7 @@ pub(crate) fn reduce(gpu: &Gpu, kernels: &Kernels, mem: &Memory, d: &ReduceDesc)
         kernels,
         (module, "reduce", loops::reduce(gpu.row_threads, d.op, len)),
         rows,
-        [input, input, input, output],
+        [input, input, input, output, output],
         &p,
     )
 }

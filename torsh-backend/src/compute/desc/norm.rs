@@ -1,4 +1,4 @@
-//! Softmax, layer-norm and batch-norm descriptors.
+//! Softmax, layer-norm and batch-norm descriptors, and the normalisations' gradients.
 
 use super::{dense_bytes, mul};
 use crate::compute::access::{Access, Accesses, InPlace};
@@ -57,6 +57,46 @@ pub struct LayerNormDesc {
     pub cols: usize,
     /// Added to the variance; finite and ≥ 0.
     pub eps: f64,
+    /// Where to write each row's mean (`[rows]` of [`stats_dtype`]`(dtype)`), for the backward;
+    /// given together with `saved_invstd`.
+    pub saved_mean: Option<DevicePtr>,
+    /// Where to write each row's `1 / √(σ² + eps)` (`[rows]` of [`stats_dtype`]`(dtype)`).
+    pub saved_invstd: Option<DevicePtr>,
+}
+
+/// The element type of the statistics a normalisation saves for its backward (mean and inverse
+/// standard deviation): f64 for f64 data, f32 otherwise (as PyTorch keeps half-precision
+/// statistics in f32).
+pub const fn stats_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    }
+}
+
+/// Pushes the saved-statistics outputs `[len]` each, `InvalidArgument` unless both or neither
+/// are given.
+fn push_saved(
+    acc: &mut Accesses,
+    op: &'static str,
+    dtype: DType,
+    len: usize,
+    mean: Option<DevicePtr>,
+    invstd: Option<DevicePtr>,
+) -> Result<()> {
+    match (mean, invstd) {
+        (None, None) => Ok(()),
+        (Some(m), Some(i)) => {
+            let bytes = dense_bytes(op, &[len], stats_dtype(dtype))?;
+            acc.push("saved_mean", m, bytes, Access::Write, true);
+            acc.push("saved_invstd", i, bytes, Access::Write, true);
+            Ok(())
+        }
+        _ => Err(BackendError::invalid(
+            op,
+            "saved_mean and saved_invstd must be given together",
+        )),
+    }
 }
 
 impl LayerNormDesc {
@@ -80,6 +120,14 @@ impl LayerNormDesc {
             acc.push("bias", b, row, Access::Read, true);
         }
         acc.push("output", self.output, bytes, Access::Write, true);
+        push_saved(
+            &mut acc,
+            op,
+            self.dtype,
+            self.rows,
+            self.saved_mean,
+            self.saved_invstd,
+        )?;
         Ok(acc)
     }
 }
@@ -116,6 +164,14 @@ pub struct BatchNormDesc {
     pub momentum: f64,
     /// Added to the variance; finite and ≥ 0.
     pub eps: f64,
+    /// Where to write each channel's mean as it normalised (`[C]` of [`stats_dtype`]`(dtype)`):
+    /// the batch's in training, the running mean in inference (0 without running statistics).
+    /// Given together with `saved_invstd`.
+    pub saved_mean: Option<DevicePtr>,
+    /// Where to write each channel's `1 / √(var + eps)` as it normalised (`[C]` of
+    /// [`stats_dtype`]`(dtype)`): the batch's biased variance in training, the running variance
+    /// in inference (1 without running statistics).
+    pub saved_invstd: Option<DevicePtr>,
 }
 
 impl BatchNormDesc {
@@ -179,7 +235,165 @@ impl BatchNormDesc {
             }
         }
         acc.push("output", self.output, bytes, Access::Write, true);
+        push_saved(
+            &mut acc,
+            op,
+            self.dtype,
+            self.channels,
+            self.saved_mean,
+            self.saved_invstd,
+        )?;
         Ok(acc)
+    }
+}
+
+/// The gradients of layer normalisation over each row of contiguous `[rows, cols]` operands, from
+/// the statistics its forward saved (`xhat = (x − mean) · invstd`, `g = grad_output · weight`):
+/// `grad_input = invstd · (g − mean_row(g) − xhat · mean_row(g · xhat))`,
+/// `grad_weight = Σ_rows grad_output · xhat`, `grad_bias = Σ_rows grad_output`. Each gradient is
+/// computed only where its pointer is given; a weight gradient of no row is zero. Errors:
+/// `InvalidArgument` when no gradient is asked for, `SizeOverflow`, and the region checks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNormBackwardDesc {
+    /// Element type of every operand but the statistics.
+    pub dtype: DType,
+    /// `[rows, cols]` gradient of the output.
+    pub grad_output: DevicePtr,
+    /// `[rows, cols]` input of the forward.
+    pub input: DevicePtr,
+    /// Optional `[cols]` scale of the forward (1 when absent).
+    pub weight: Option<DevicePtr>,
+    /// `[rows]` means, of [`stats_dtype`]`(dtype)`.
+    pub mean: DevicePtr,
+    /// `[rows]` inverse standard deviations, of [`stats_dtype`]`(dtype)`.
+    pub invstd: DevicePtr,
+    /// `[rows, cols]` gradient of the input, written.
+    pub grad_input: Option<DevicePtr>,
+    /// `[cols]` gradient of the weight, written.
+    pub grad_weight: Option<DevicePtr>,
+    /// `[cols]` gradient of the bias, written.
+    pub grad_bias: Option<DevicePtr>,
+    /// Rows.
+    pub rows: usize,
+    /// Normalised width.
+    pub cols: usize,
+}
+
+impl LayerNormBackwardDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        grad_accesses(
+            "layer_norm_backward",
+            self.dtype,
+            (&[self.rows, self.cols], self.cols, self.rows),
+            [self.grad_output, self.input, self.mean, self.invstd],
+            self.weight,
+            [self.grad_input, self.grad_weight, self.grad_bias],
+        )
+    }
+}
+
+/// The regions of a norm's backward over `data` elements with `params`-long weight and
+/// gradients of it and `groups` statistics: `[grad_output, input, mean, invstd]` read, the
+/// optional weight read, the asked gradients `[input, weight, bias]` written.
+fn grad_accesses(
+    op: &'static str,
+    dtype: DType,
+    (data, params, groups): (&[usize], usize, usize),
+    [grad_output, input, mean, invstd]: [DevicePtr; 4],
+    weight: Option<DevicePtr>,
+    grads: [Option<DevicePtr>; 3],
+) -> Result<Accesses> {
+    gradients_asked(op, grads)?;
+    let bytes = dense_bytes(op, data, dtype)?;
+    let row = dense_bytes(op, &[params], dtype)?;
+    let stats = dense_bytes(op, &[groups], stats_dtype(dtype))?;
+    let mut acc = Accesses::new(op, InPlace::Forbidden);
+    acc.push("grad_output", grad_output, bytes, Access::Read, true);
+    acc.push("input", input, bytes, Access::Read, true);
+    if let Some(w) = weight {
+        acc.push("weight", w, row, Access::Read, true);
+    }
+    acc.push("mean", mean, stats, Access::Read, true);
+    acc.push("invstd", invstd, stats, Access::Read, true);
+    let [gi, gw, gb] = grads;
+    for (name, p, len) in [
+        ("grad_input", gi, bytes),
+        ("grad_weight", gw, row),
+        ("grad_bias", gb, row),
+    ] {
+        if let Some(p) = p {
+            acc.push(name, p, len, Access::Write, true);
+        }
+    }
+    Ok(acc)
+}
+
+/// `InvalidArgument` when none of a backward's gradients is asked for.
+fn gradients_asked(op: &'static str, grads: [Option<DevicePtr>; 3]) -> Result<()> {
+    if grads.iter().all(Option::is_none) {
+        return Err(BackendError::invalid(
+            op,
+            "asks for no gradient (grad_input, grad_weight and grad_bias are all absent)",
+        ));
+    }
+    Ok(())
+}
+
+/// The gradients of batch normalisation of contiguous `[batch, channels, spatial]` operands per
+/// channel, from the statistics its forward saved (`xhat = (x − mean) · invstd`, `M = batch ·
+/// spatial`): `grad_weight = Σ grad_output · xhat`, `grad_bias = Σ grad_output` (sums over the
+/// batch and spatial dims); in `training` (the statistics are the batch's, so they depend on the
+/// input) `grad_input = weight · invstd · (grad_output − grad_bias / M − xhat · grad_weight / M)`,
+/// otherwise (fixed statistics, as in inference) `grad_input = weight · invstd · grad_output`. The
+/// weight is 1 when absent. Each gradient is computed only where its pointer is given; the sums of
+/// no value are zero. Errors: `InvalidArgument` when no gradient is asked for, `SizeOverflow`, and
+/// the region checks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchNormBackwardDesc {
+    /// Element type of every operand but the statistics.
+    pub dtype: DType,
+    /// `[batch, channels, spatial]` gradient of the output.
+    pub grad_output: DevicePtr,
+    /// `[batch, channels, spatial]` input of the forward.
+    pub input: DevicePtr,
+    /// Optional `[channels]` scale of the forward.
+    pub weight: Option<DevicePtr>,
+    /// `[channels]` means, of [`stats_dtype`]`(dtype)`.
+    pub mean: DevicePtr,
+    /// `[channels]` inverse standard deviations, of [`stats_dtype`]`(dtype)`.
+    pub invstd: DevicePtr,
+    /// `[batch, channels, spatial]` gradient of the input, written.
+    pub grad_input: Option<DevicePtr>,
+    /// `[channels]` gradient of the weight, written.
+    pub grad_weight: Option<DevicePtr>,
+    /// `[channels]` gradient of the bias, written.
+    pub grad_bias: Option<DevicePtr>,
+    /// N.
+    pub batch: usize,
+    /// C.
+    pub channels: usize,
+    /// Product of the spatial dims (1 for `[N, C]` input).
+    pub spatial: usize,
+    /// The statistics are the batch's (the forward ran in training).
+    pub training: bool,
+}
+
+impl BatchNormBackwardDesc {
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        grad_accesses(
+            "batch_norm_backward",
+            self.dtype,
+            (
+                &[self.batch, self.channels, self.spatial],
+                self.channels,
+                self.channels,
+            ),
+            [self.grad_output, self.input, self.mean, self.invstd],
+            self.weight,
+            [self.grad_input, self.grad_weight, self.grad_bias],
+        )
     }
 }
 
@@ -193,6 +407,8 @@ crate::compute::op::op_desc!(LayerNormDesc => layer_norm, dtype: dtype, {
     optional "weight": weight,
     optional "bias": bias,
     dense "output": output,
+    optional "saved_mean": saved_mean as |d: &LayerNormDesc| stats_dtype(d.dtype),
+    optional "saved_invstd": saved_invstd as |d: &LayerNormDesc| stats_dtype(d.dtype),
 });
 
 crate::compute::op::op_desc!(BatchNormDesc => batch_norm, dtype: dtype, {
@@ -202,4 +418,28 @@ crate::compute::op::op_desc!(BatchNormDesc => batch_norm, dtype: dtype, {
     optional "running_mean": running_mean,
     optional "running_var": running_var,
     dense "output": output,
+    optional "saved_mean": saved_mean as |d: &BatchNormDesc| stats_dtype(d.dtype),
+    optional "saved_invstd": saved_invstd as |d: &BatchNormDesc| stats_dtype(d.dtype),
+});
+
+crate::compute::op::op_desc!(LayerNormBackwardDesc => layer_norm_backward, dtype: dtype, {
+    dense "grad_output": grad_output,
+    dense "input": input,
+    optional "weight": weight,
+    dense "mean": mean as |d: &LayerNormBackwardDesc| stats_dtype(d.dtype),
+    dense "invstd": invstd as |d: &LayerNormBackwardDesc| stats_dtype(d.dtype),
+    optional "grad_input": grad_input,
+    optional "grad_weight": grad_weight,
+    optional "grad_bias": grad_bias,
+});
+
+crate::compute::op::op_desc!(BatchNormBackwardDesc => batch_norm_backward, dtype: dtype, {
+    dense "grad_output": grad_output,
+    dense "input": input,
+    optional "weight": weight,
+    dense "mean": mean as |d: &BatchNormBackwardDesc| stats_dtype(d.dtype),
+    dense "invstd": invstd as |d: &BatchNormBackwardDesc| stats_dtype(d.dtype),
+    optional "grad_input": grad_input,
+    optional "grad_weight": grad_weight,
+    optional "grad_bias": grad_bias,
 });

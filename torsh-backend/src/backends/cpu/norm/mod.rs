@@ -6,6 +6,7 @@
 //! large common offset costs no accuracy. Layer norm is threaded over rows; batch norm over
 //! `(sample, channel)` runs or rows for its statistics and its output.
 
+mod backward;
 mod softmax;
 
 use std::ops::Range;
@@ -22,7 +23,9 @@ use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
-use crate::compute::{BatchNormDesc, DevicePtr, LayerNormDesc};
+use crate::compute::{
+    BatchNormBackwardDesc, BatchNormDesc, DevicePtr, LayerNormBackwardDesc, LayerNormDesc,
+};
 use crate::error::Result;
 
 /// Spatial sizes below this take batch norm's row-wise paths (per-column statistics, expanded
@@ -70,7 +73,7 @@ fn store<T: Element>(dst: &mut [T], buf: &mut [T::Acc], f: impl FnOnce(&mut [T::
 // Layer norm.
 
 /// Layer norm's operands.
-struct LayerNorm<T> {
+struct LayerNorm<T: Element> {
     /// `[rows, cols]` input.
     x: Span<T>,
     /// `[rows, cols]` output.
@@ -83,18 +86,61 @@ struct LayerNorm<T> {
     cols: usize,
     /// Added to the variance.
     eps: f64,
+    /// Where each row's mean and inverse standard deviation go, when saved.
+    saved: Option<Saved<T::Acc>>,
+}
+
+/// A forward's saved statistics, one per row or channel, in the compute type (which is the
+/// statistics' dtype, `stats_dtype`).
+#[derive(Clone, Copy)]
+struct Saved<A> {
+    mean: Span<A>,
+    invstd: Span<A>,
+}
+
+impl<A: Element> Saved<A> {
+    /// The `[len]` statistics of `d`'s `mean` and `invstd` pointers, when given.
+    fn of(
+        mem: &mut HostMemory,
+        op: &'static str,
+        mean: Option<DevicePtr>,
+        invstd: Option<DevicePtr>,
+        len: usize,
+    ) -> Result<Option<Saved<A>>> {
+        match (mean, invstd) {
+            (Some(m), Some(i)) => Ok(Some(Saved {
+                mean: Span::of(mem, op, m, len)?,
+                invstd: Span::of(mem, op, i, len)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    /// Writes entry `at`.
+    ///
+    /// # Safety
+    /// `at` is in range and no other task writes it.
+    unsafe fn write(&self, at: usize, mean: f64, invstd: f64) {
+        let narrow = |v: f64| A::narrow(<A::Acc as Real>::from_f64(v));
+        self.mean.write(at, narrow(mean));
+        self.invstd.write(at, narrow(invstd));
+    }
 }
 
 /// Layer norm over each row of `[rows, cols]`.
 pub(crate) fn layer_norm(mem: &mut HostMemory, d: &LayerNormDesc, ctx: Ctx) -> Result<()> {
     if d.rows == 0 || d.cols == 0 {
-        return Ok(());
+        // No element to normalise; the reference writes the (NaN) statistics of empty rows.
+        return reference::layer_norm(mem, d);
     }
     with_float!(d.dtype, T => layer_norm_typed::<T>(mem, d, ctx), _ => reference::layer_norm(mem, d))
 }
 
 /// [`layer_norm`] for element type `T`.
-fn layer_norm_typed<T: Element>(mem: &mut HostMemory, d: &LayerNormDesc, ctx: Ctx) -> Result<()> {
+fn layer_norm_typed<T: Element>(mem: &mut HostMemory, d: &LayerNormDesc, ctx: Ctx) -> Result<()>
+where
+    T::Acc: Element,
+{
     const OP: &str = "layer_norm";
     let n = d.rows * d.cols;
     let op = LayerNorm {
@@ -104,6 +150,7 @@ fn layer_norm_typed<T: Element>(mem: &mut HostMemory, d: &LayerNormDesc, ctx: Ct
         b: optional(mem, OP, d.bias, d.cols)?,
         cols: d.cols,
         eps: d.eps,
+        saved: Saved::of(mem, OP, d.saved_mean, d.saved_invstd, d.rows)?,
     };
     let min_rows = (SERIAL_ELEMENTS / d.cols).max(1);
     for_chunks(d.rows, ctx.threads, min_rows, |rows| {
@@ -128,7 +175,10 @@ fn optional<T: Element>(
 
 /// Normalises rows `rows`.
 #[inline(always)]
-fn layer_norm_rows<T: Element>(op: &LayerNorm<T>, rows: Range<usize>) {
+fn layer_norm_rows<T: Element>(op: &LayerNorm<T>, rows: Range<usize>)
+where
+    T::Acc: Element,
+{
     let cols = op.cols;
     let (mut wbuf, mut bbuf) = (Vec::new(), Vec::new());
     // SAFETY: weight and bias are inputs; nothing writes them.
@@ -143,7 +193,12 @@ fn layer_norm_rows<T: Element>(op: &LayerNorm<T>, rows: Range<usize>) {
         let base = r * cols;
         let m: Moments = lane_state(&op.x, base, cols, &mut scratch);
         let centre = Centre::of(m.mean);
-        let inv = <T::Acc as Real>::from_f64(1.0 / (m.variance() + op.eps).sqrt());
+        let inv_f64 = 1.0 / (m.variance() + op.eps).sqrt();
+        if let Some(saved) = &op.saved {
+            // SAFETY: this task owns rows `rows`.
+            unsafe { saved.write(r, m.mean, inv_f64) };
+        }
+        let inv = <T::Acc as Real>::from_f64(inv_f64);
         let mut c0 = 0;
         while c0 < cols {
             let len = (cols - c0).min(BLOCK);
@@ -217,14 +272,17 @@ struct Affine<A> {
 pub(crate) fn batch_norm(mem: &mut HostMemory, d: &BatchNormDesc, ctx: Ctx) -> Result<()> {
     if d.batch == 0 || d.channels == 0 || d.spatial == 0 {
         // No element to normalise; training needs more than one value per channel, so no running
-        // statistic changes either.
-        return Ok(());
+        // statistic changes either. The reference writes the saved statistics of inference.
+        return reference::batch_norm(mem, d);
     }
     with_float!(d.dtype, T => batch_norm_typed::<T>(mem, d, ctx), _ => reference::batch_norm(mem, d))
 }
 
 /// [`batch_norm`] for element type `T`.
-fn batch_norm_typed<T: Element>(mem: &mut HostMemory, d: &BatchNormDesc, ctx: Ctx) -> Result<()> {
+fn batch_norm_typed<T: Element>(mem: &mut HostMemory, d: &BatchNormDesc, ctx: Ctx) -> Result<()>
+where
+    T::Acc: Element,
+{
     const OP: &str = "batch_norm";
     let (n, c, s) = (d.batch, d.channels, d.spatial);
     let x = Span::<T>::of(mem, OP, d.input, n * c * s)?;
@@ -233,6 +291,7 @@ fn batch_norm_typed<T: Element>(mem: &mut HostMemory, d: &BatchNormDesc, ctx: Ct
     let b = optional::<T>(mem, OP, d.bias, c)?;
     let rm = optional::<T>(mem, OP, d.running_mean, c)?;
     let rv = optional::<T>(mem, OP, d.running_var, c)?;
+    let saved = Saved::<T::Acc>::of(mem, OP, d.saved_mean, d.saved_invstd, c)?;
     let stats: Vec<(f64, f64)> = if d.training {
         let moments = channel_moments(x, n, c, s, ctx);
         if let (Some(rm), Some(rv)) = (rm, rv) {
@@ -261,6 +320,10 @@ fn batch_norm_typed<T: Element>(mem: &mut HostMemory, d: &BatchNormDesc, ctx: Ct
         .enumerate()
         .map(|(ch, &(mean, var))| {
             let inv = 1.0 / (var + d.eps).sqrt();
+            if let Some(saved) = &saved {
+                // SAFETY: no task runs meanwhile; the saved statistics are written only here.
+                unsafe { saved.write(ch, mean, inv) };
+            }
             Affine {
                 centre: Centre::of(mean),
                 scale: <T::Acc as Real>::from_f64(inv * coefficient(w, ch, 1.0)),
@@ -434,6 +497,28 @@ fn normalise_rows<T: Element>(
     });
 }
 
+impl OpImpl<LayerNormBackwardDesc> for CpuBackend {
+    fn op(&self, desc: &LayerNormBackwardDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.layer_norm_backward(desc);
+        };
+        self.kernel(acc, |mem, ctx| {
+            backward::layer_norm_backward(mem, desc, ctx)
+        })
+    }
+}
+
+impl OpImpl<BatchNormBackwardDesc> for CpuBackend {
+    fn op(&self, desc: &BatchNormBackwardDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.batch_norm_backward(desc);
+        };
+        self.kernel(acc, |mem, ctx| {
+            backward::batch_norm_backward(mem, desc, ctx)
+        })
+    }
+}
+
 impl OpImpl<LayerNormDesc> for CpuBackend {
     fn op(&self, desc: &LayerNormDesc) -> Result<()> {
         let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
@@ -493,6 +578,8 @@ mod tests {
                     rows,
                     cols,
                     eps,
+                    saved_mean: None,
+                    saved_invstd: None,
                 };
                 let bytes = rows * cols * dtype.size_in_bytes();
                 let want_ptr = mem.alloc(bytes).unwrap();
@@ -577,6 +664,8 @@ mod tests {
                         training,
                         momentum: 0.3,
                         eps: 1e-5,
+                        saved_mean: None,
+                        saved_invstd: None,
                     };
                     if run == 0 {
                         reference::batch_norm(&mut mem, &desc).unwrap();

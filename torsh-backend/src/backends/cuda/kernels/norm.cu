@@ -18,6 +18,16 @@
 //   updates them to (1 - momentum) * old + momentum * new, with the unbiased variance var * n / (n - 1);
 //   in inference it normalises with the running statistics.
 // Sums start at -0, the exact identity of + (as Rust's f64 sum does).
+// The forwards write the mean and 1 / sqrt(var + eps) they normalised with (in the accumulator type,
+// the statistics' dtype: float for half, bfloat16 and float, double for double) where `save_mean` and
+// `save_invstd` are not null.
+//
+// Gradients, from such statistics (xhat = (x - mean) * invstd, g = dy * weight):
+// - layer norm: dx = invstd * (g - mean(g) - xhat * mean(g * xhat)) per row, a group per row;
+//   dweight = sum over rows of dy * xhat, dbias = sum of dy, a thread per column;
+// - batch norm: per channel (a group each) sum_dy = sum dy, sum_dyx = sum dy * xhat; dweight =
+//   sum_dyx, dbias = sum_dy; dx = weight * invstd * (dy - sum_dy / M - xhat * sum_dyx / M) in training,
+//   weight * invstd * dy otherwise. Null outputs are not written.
 
 #define NORM_BLOCK 256
 
@@ -81,7 +91,8 @@ __device__ void softmax_body(const T* x, T* y, i64 outer, i64 len, i64 inner, in
 
 template <int G, typename T>
 __device__ void layer_norm_body(const T* x, const T* w, const T* b, T* y, i64 rows, i64 cols,
-                                double eps) {
+                                double eps, typename Num<T>::acc* save_mean,
+                                typename Num<T>::acc* save_invstd) {
     typedef typename Num<T>::acc A;
     const int groups = NORM_BLOCK / G;
     const int lane = (int)(threadIdx.x % G);
@@ -102,6 +113,10 @@ __device__ void layer_norm_body(const T* x, const T* w, const T* b, T* y, i64 ro
         }
         const A var = norm_group_sum<G, A>(q) / (A)cols;
         const A inv = (A)1 / norm_sqrt(var + (A)eps);
+        if (save_mean && lane == 0) {
+            save_mean[r] = pivot + mean;
+            save_invstd[r] = inv;
+        }
         for (i64 c = lane; c < cols; c += G) {
             const A scale = w ? Num<T>::load(w[c]) : (A)1;
             const A shift = b ? Num<T>::load(b[c]) : (A)0;
@@ -141,7 +156,8 @@ struct NormChannelCursor {
 
 template <int G, typename T>
 __device__ void batch_norm_body(const T* x, T* y, const T* w, const T* b, T* rm, T* rv, i64 batch,
-                                i64 channels, i64 spatial, int training, double momentum, double eps) {
+                                i64 channels, i64 spatial, int training, double momentum, double eps,
+                                typename Num<T>::acc* save_mean, typename Num<T>::acc* save_invstd) {
     typedef typename Num<T>::acc A;
     const int groups = NORM_BLOCK / G;
     const int lane = (int)(threadIdx.x % G);
@@ -177,6 +193,10 @@ __device__ void batch_norm_body(const T* x, T* y, const T* w, const T* b, T* rm,
             var = Num<T>::load(rv[c]);
         }
         const A inv = (A)1 / norm_sqrt(var + (A)eps);
+        if (save_mean && lane == 0) {
+            save_mean[c] = pivot + mean;
+            save_invstd[c] = inv;
+        }
         const A scale = w ? Num<T>::load(w[c]) : (A)1;
         const A shift = b ? Num<T>::load(b[c]) : (A)0;
         NormChannelCursor k(lane, G, spatial);
@@ -187,25 +207,156 @@ __device__ void batch_norm_body(const T* x, T* y, const T* w, const T* b, T* rm,
     }
 }
 
-// Entry points, for G in {1, 32, 256}:
+// ---------------------------------------------------------------------------------------------------
+// Gradients.
+
+template <int G, typename T>
+__device__ void layer_norm_backward_input_body(const T* dy, const T* x, const T* w,
+                                               const typename Num<T>::acc* mean,
+                                               const typename Num<T>::acc* invstd, T* dx, i64 rows,
+                                               i64 cols) {
+    typedef typename Num<T>::acc A;
+    const int groups = NORM_BLOCK / G;
+    const int lane = (int)(threadIdx.x % G);
+    const i64 group = (i64)(threadIdx.x / G);
+    for (i64 r = (i64)blockIdx.x * groups + group; r < rows; r += (i64)gridDim.x * groups) {
+        const T* dyr = dy + r * cols;
+        const T* xr = x + r * cols;
+        const A m = mean[r];
+        const A inv = invstd[r];
+        A sg = (A)-0.0;
+        A sgx = (A)-0.0;
+        for (i64 c = lane; c < cols; c += G) {
+            const A g = Num<T>::load(dyr[c]) * (w ? Num<T>::load(w[c]) : (A)1);
+            sg += g;
+            sgx += g * ((Num<T>::load(xr[c]) - m) * inv);
+        }
+        const A mean_g = norm_group_sum<G, A>(sg) / (A)cols;
+        const A mean_gx = norm_group_sum<G, A>(sgx) / (A)cols;
+        for (i64 c = lane; c < cols; c += G) {
+            const A g = Num<T>::load(dyr[c]) * (w ? Num<T>::load(w[c]) : (A)1);
+            const A h = (Num<T>::load(xr[c]) - m) * inv;
+            dx[r * cols + c] = Num<T>::store(inv * ((g - mean_g) - h * mean_gx));
+        }
+    }
+}
+
+// A thread per column (grid-stride), walking every row.
+template <typename T>
+__device__ void layer_norm_backward_params_body(const T* dy, const T* x,
+                                                const typename Num<T>::acc* mean,
+                                                const typename Num<T>::acc* invstd, T* dw, T* db,
+                                                i64 rows, i64 cols) {
+    typedef typename Num<T>::acc A;
+    for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+         c += (i64)gridDim.x * blockDim.x) {
+        A sw = (A)-0.0;
+        A sb = (A)-0.0;
+        for (i64 r = 0; r < rows; r++) {
+            const A g = Num<T>::load(dy[r * cols + c]);
+            sw += g * ((Num<T>::load(x[r * cols + c]) - mean[r]) * invstd[r]);
+            sb += g;
+        }
+        if (dw) {
+            dw[c] = Num<T>::store(sw);
+        }
+        if (db) {
+            db[c] = Num<T>::store(sb);
+        }
+    }
+}
+
+template <int G, typename T>
+__device__ void batch_norm_backward_body(const T* dy, const T* x, const T* w,
+                                         const typename Num<T>::acc* mean,
+                                         const typename Num<T>::acc* invstd, T* dx, T* dw, T* db,
+                                         i64 batch, i64 channels, i64 spatial, int training) {
+    typedef typename Num<T>::acc A;
+    const int groups = NORM_BLOCK / G;
+    const int lane = (int)(threadIdx.x % G);
+    const i64 group = (i64)(threadIdx.x / G);
+    const i64 count = batch * spatial;
+    for (i64 c = (i64)blockIdx.x * groups + group; c < channels; c += (i64)gridDim.x * groups) {
+        const A m = mean[c];
+        const A inv = invstd[c];
+        A sd = (A)-0.0;
+        A sdx = (A)-0.0;
+        NormChannelCursor k(lane, G, spatial);
+        for (i64 i = lane; i < count; i += G, k.advance()) {
+            const i64 off = k.offset(channels, c);
+            const A g = Num<T>::load(dy[off]);
+            sd += g;
+            sdx += g * (Num<T>::load(x[off]) - m);
+        }
+        sd = norm_group_sum<G, A>(sd);
+        const A sdh = norm_group_sum<G, A>(sdx) * inv;
+        if (lane == 0) {
+            if (dw) {
+                dw[c] = Num<T>::store(sdh);
+            }
+            if (db) {
+                db[c] = Num<T>::store(sd);
+            }
+        }
+        if (!dx) {
+            continue;
+        }
+        const A a = (w ? Num<T>::load(w[c]) : (A)1) * inv;
+        const A bx = training ? -a * inv * sdh / (A)count : (A)0;
+        const A k0 = training ? -a * sd / (A)count : (A)0;
+        NormChannelCursor k2(lane, G, spatial);
+        for (i64 i = lane; i < count; i += G, k2.advance()) {
+            const i64 off = k2.offset(channels, c);
+            const A v = a * Num<T>::load(dy[off]) + bx * (Num<T>::load(x[off]) - m) + k0;
+            dx[off] = Num<T>::store(v);
+        }
+    }
+}
+
+// Entry points, for G in {1, 32, 256} (A is the accumulator type, Num<T>::acc):
 //   softmax_g<G>_<dtype>(x, y, outer, len, inner, log_softmax)
-//   layer_norm_g<G>_<dtype>(x, w, b, y, rows, cols, eps)
-//   batch_norm_g<G>_<dtype>(x, y, w, b, rm, rv, batch, channels, spatial, training, momentum, eps)
+//   layer_norm_g<G>_<dtype>(x, w, b, y, rows, cols, eps, save_mean, save_invstd)
+//   batch_norm_g<G>_<dtype>(x, y, w, b, rm, rv, batch, channels, spatial, training, momentum, eps,
+//                           save_mean, save_invstd)
+//   layer_norm_backward_input_g<G>_<dtype>(dy, x, w, mean, invstd, dx, rows, cols)
+//   batch_norm_backward_g<G>_<dtype>(dy, x, w, mean, invstd, dx, dw, db, batch, channels, spatial,
+//                                    training)
+// and, once per dtype, layer_norm_backward_params_<dtype>(dy, x, mean, invstd, dw, db, rows, cols).
 #define ENTRY_G(S, T, G)                                                                              \
     extern "C" __global__ void __launch_bounds__(NORM_BLOCK) softmax_g##G##_##S(                      \
         const T* x, T* y, i64 outer, i64 len, i64 inner, int log_softmax) {                           \
         softmax_body<G, T>(x, y, outer, len, inner, log_softmax);                                     \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(NORM_BLOCK) layer_norm_g##G##_##S(                   \
-        const T* x, const T* w, const T* b, T* y, i64 rows, i64 cols, double eps) {                   \
-        layer_norm_body<G, T>(x, w, b, y, rows, cols, eps);                                           \
+        const T* x, const T* w, const T* b, T* y, i64 rows, i64 cols, double eps,                     \
+        Num<T>::acc* save_mean, Num<T>::acc* save_invstd) {                                           \
+        layer_norm_body<G, T>(x, w, b, y, rows, cols, eps, save_mean, save_invstd);                   \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(NORM_BLOCK) batch_norm_g##G##_##S(                   \
         const T* x, T* y, const T* w, const T* b, T* rm, T* rv, i64 batch, i64 channels,             \
-        i64 spatial, int training, double momentum, double eps) {                                     \
-        batch_norm_body<G, T>(x, y, w, b, rm, rv, batch, channels, spatial, training, momentum, eps); \
+        i64 spatial, int training, double momentum, double eps, Num<T>::acc* save_mean,              \
+        Num<T>::acc* save_invstd) {                                                                   \
+        batch_norm_body<G, T>(x, y, w, b, rm, rv, batch, channels, spatial, training, momentum, eps,  \
+                              save_mean, save_invstd);                                                \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK) layer_norm_backward_input_g##G##_##S(   \
+        const T* dy, const T* x, const T* w, const Num<T>::acc* mean, const Num<T>::acc* invstd,      \
+        T* dx, i64 rows, i64 cols) {                                                                  \
+        layer_norm_backward_input_body<G, T>(dy, x, w, mean, invstd, dx, rows, cols);                 \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK) batch_norm_backward_g##G##_##S(          \
+        const T* dy, const T* x, const T* w, const Num<T>::acc* mean, const Num<T>::acc* invstd,      \
+        T* dx, T* dw, T* db, i64 batch, i64 channels, i64 spatial, int training) {                    \
+        batch_norm_backward_body<G, T>(dy, x, w, mean, invstd, dx, dw, db, batch, channels, spatial,  \
+                                       training);                                                     \
     }
-#define ENTRY(S, T) ENTRY_G(S, T, 1) ENTRY_G(S, T, 32) ENTRY_G(S, T, 256)
+#define ENTRY(S, T)                                                                                   \
+    ENTRY_G(S, T, 1) ENTRY_G(S, T, 32) ENTRY_G(S, T, 256)                                             \
+    extern "C" __global__ void layer_norm_backward_params_##S(                                        \
+        const T* dy, const T* x, const Num<T>::acc* mean, const Num<T>::acc* invstd, T* dw, T* db,    \
+        i64 rows, i64 cols) {                                                                         \
+        layer_norm_backward_params_body<T>(dy, x, mean, invstd, dw, db, rows, cols);                  \
+    }
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY
 #undef ENTRY_G

@@ -56,6 +56,8 @@ fn channel_block(
     let size = desc.dtype.size_in_bytes();
     let at = (image * desc.channels + c0) * desc.spatial + s0;
     let stat = |p: Option<DevicePtr>| p.map(|p| advance(p, c0, size)).transpose();
+    let saved_size = crate::compute::stats_dtype(desc.dtype).size_in_bytes();
+    let saved = |p: Option<DevicePtr>| p.map(|p| advance(p, c0, saved_size)).transpose();
     Ok(BatchNormDesc {
         input: advance(desc.input, at, size)?,
         output: advance(desc.output, at, size)?,
@@ -66,6 +68,8 @@ fn channel_block(
         bias: stat(desc.bias)?,
         running_mean: stat(desc.running_mean)?,
         running_var: stat(desc.running_var)?,
+        saved_mean: saved(desc.saved_mean)?,
+        saved_invstd: saved(desc.saved_invstd)?,
         ..desc.clone()
     })
 }
@@ -366,6 +370,17 @@ pub(crate) fn layer_norm(be: &WebGpuBackend, desc: &LayerNormDesc) -> Result<()>
         work.reduce_rows(ReduceOp::Var { correction: 0 }, y, column, scale)?;
         work.with_row(BinaryOp::Add, scale, eps, [1, 1], scale)?;
         work.unary_in_place(UnaryOp::Rsqrt, scale, 1)?;
+        if let (Some(m), Some(i)) = (desc.saved_mean, desc.saved_invstd) {
+            // The row's mean is the pivot (its first value) plus the mean about it.
+            be.binary(&BinaryDesc {
+                op: BinaryOp::Add,
+                dtype: DType::F32,
+                lhs: StridedBuf::contiguous(mean, &[1]),
+                rhs: Value::Tensor(StridedBuf::contiguous(x, &[1])),
+                output: advance(m, r, 4)?,
+            })?;
+            be.copy_dtod(advance(i, r, 4)?, scale, 4)?;
+        }
         // y = (y - mean) · scale.
         by_scalar(BinaryOp::Sub, y, mean)?;
         by_scalar(BinaryOp::Mul, y, scale)?;

@@ -46,11 +46,20 @@ pub(crate) fn layer_norm(mem: &Memory, desc: &LayerNormDesc) -> Result<Option<Ve
         desc.cols,
         pointers,
         LayerNormDesc::accesses,
-        |input, output, rows| LayerNormDesc {
-            input,
-            output,
-            rows,
-            ..desc.clone()
+        |input, output, rows| {
+            // The piece's first row, and its saved statistics from there.
+            let row_bytes = (desc.cols * desc.dtype.size_in_bytes()).max(1) as u64;
+            let first = (input.0 - desc.input.0) / row_bytes;
+            let stat_bytes = crate::compute::stats_dtype(desc.dtype).size_in_bytes() as u64;
+            let from = |p: Option<DevicePtr>| p.map(|p| DevicePtr(p.0 + first * stat_bytes));
+            LayerNormDesc {
+                input,
+                output,
+                rows,
+                saved_mean: from(desc.saved_mean),
+                saved_invstd: from(desc.saved_invstd),
+                ..desc.clone()
+            }
         },
     )
 }

@@ -423,6 +423,9 @@ pub(crate) fn batch_norm(be: &WebGpuBackend, desc: &BatchNormDesc) -> Result<()>
             running_var: Some(advance(variances, b * c, 4)?),
             training: true,
             momentum: 1.0,
+            // Pass two saves the batch's statistics.
+            saved_mean: None,
+            saved_invstd: None,
             ..desc.clone()
         })?;
     }

@@ -23,6 +23,9 @@
 // the batch's statistics from `partials`. `partials` holds the (mean, squared deviations) of chunk k
 // of channel ch at 2 * (ch * chunks + k), then the batch's means and biased variances of every
 // channel at 2 * channels * chunks; the means there are relative to the channel's pivot.
+// [18] 1 to save each channel's mean and 1/√(var + eps) as it normalised, into `partials` at
+// word offsets [19] (means) and [20] (inverse deviations), whence the host copies them
+// (`batch_norm` and `batch_norm_infer` write them).
 
 @group(0) @binding(0) var<storage, read_write> x: array<elem>;
 @group(0) @binding(1) var<storage, read_write> out: array<elem>;
@@ -32,21 +35,6 @@
 @group(0) @binding(5) var<storage, read_write> running_var: array<elem>;
 @group(0) @binding(6) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(7) var<storage, read> p: array<u32>;
-
-// The offset, within the input, of the channel's element `j` of `count` (j = image * s + position):
-// `walk.x` is the image, `walk.y` the position; `step` advances it by WG elements.
-fn channel_at(walk: vec2<u32>, ch: u32, c: u32, s: u32) -> u32 {
-    return (walk.x * c + ch) * s + walk.y;
-}
-
-// `walk` advanced by WG elements, given WG = step.x images and step.y positions (step.y < s).
-fn advance(walk: vec2<u32>, step: vec2<u32>, s: u32) -> vec2<u32> {
-    var next = walk + step;
-    if (next.y >= s) {
-        next = vec2<u32>(next.x + 1u, next.y - s);
-    }
-    return next;
-}
 
 // How a channel's values are normalised: ((v - pivot) - mean) * inv * scale + shift.
 struct Norm {
@@ -150,6 +138,10 @@ fn batch_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
         update_running(ch, pivot + mean, squares, count);
     }
     let norm = channel_norm(ch, pivot, mean, squares / f32(count));
+    if (p[18] != 0u && t == 0u) {
+        partials[p[19] + ch] = pivot + mean;
+        partials[p[20] + ch] = norm.inv;
+    }
     var walk = vec2<u32>(t / s, t % s);
     let step = vec2<u32>(WG / s, WG % s);
     for (var j = t; j < count; j += WG) {
@@ -181,6 +173,10 @@ fn batch_norm_infer(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     } else if (p[6] != 0u) {
         norm = channel_norm(ch, 0.0, load_elem(running_mean[p[13] + ch]),
                             load_elem(running_var[p[14] + ch]));
+    }
+    if (p[18] != 0u && wid.x == 0u && t == 0u) {
+        partials[p[19] + ch] = norm.pivot + norm.mean;
+        partials[p[20] + ch] = norm.inv;
     }
     var j = first;
     var walk = vec2<u32>(j / s, j % s);
@@ -242,5 +238,6 @@ fn batch_norm_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let stats = 2u * c * p[16];
     partials[stats + ch] = mean;
     partials[stats + c + ch] = squares / f32(count);
+
     update_running(ch, pivot_of(ch) + mean, squares, count);
 }

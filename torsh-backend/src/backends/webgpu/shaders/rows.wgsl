@@ -14,7 +14,8 @@
 // reduce: [6] correction, [7] rank of the row index, [8..16) its shape, [16..24) its input strides;
 // softmax: [6] inner (rows are `outer x inner`, row r = (r / inner, r % inner)), [7] log-softmax;
 // layer norm: [6] eps as f32 bits, [7] weight present, [8] bias present, [9] weight offset,
-// [10] bias offset.
+// [10] bias offset, [11] 1 when the row's mean and 1/√(var + eps) are saved (as f32 bits in
+// `idx`, bound to the statistics' buffer), [12] and [13] their word offsets.
 
 @group(0) @binding(0) var<storage, read_write> x: array<elem>;
 @group(0) @binding(1) var<storage, read_write> weight: array<elem>;
@@ -233,6 +234,10 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) gr
     let mean = wg_sum(part_sum(at_in, 1u, len, t, pivot), t) / f32(len);
     let squares = wg_sum(part_squares(at_in, 1u, len, t, pivot, mean), t);
     let inv = 1.0 / sqrt(squares / f32(len) + bitcast<f32>(p[6]));
+    if (p[11] != 0u && t == 0u) {
+        idx[p[12] + r] = bitcast<u32>(pivot + mean);
+        idx[p[13] + r] = bitcast<u32>(inv);
+    }
     for (var j = t; j < len; j += WG) {
         var y = ((xv(at_in + j) - pivot) - mean) * inv;
         if (p[7] != 0u) {
