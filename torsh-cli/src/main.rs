@@ -62,7 +62,7 @@ enum Command {
         #[arg(long, value_name = "KIND")]
         backend: Option<String>,
         /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, batch_norm,
-        /// sum, max, cast, fill, gather, index_select, index_add, where, cumsum, topk, cat,
+        /// layer_norm_backward, batch_norm_backward, sum, max, cast, fill, gather, index_select, index_add, where, cumsum, topk, cat,
         /// gelu_backward, softmax_backward, dropout, max_pool2d, max_pool2d_backward,
         /// avg_pool2d_backward, cross_entropy, cross_entropy_backward, attention, conv2d,
         /// conv2d_backward, adam); repeatable.

@@ -157,6 +157,11 @@ pub enum MemOp {
     CrossEntropy,
     /// `cross_entropy_backward` of [`MemOp::CrossEntropy`], likewise.
     CrossEntropyBackward,
+    /// `layer_norm_backward` over each row with a weight, every gradient, from saved statistics.
+    LayerNormBackward,
+    /// `batch_norm_backward` in training over the [`MemOp::BatchNormTraining`] shape with a
+    /// weight, every gradient, from saved statistics.
+    BatchNormBackward,
 }
 
 /// Rows of each image plane of the pooling cases: the `[rows, cols]` tensor is
@@ -200,6 +205,8 @@ impl MemOp {
             MemOp::AvgPoolBackward => "avg_pool2d_backward",
             MemOp::CrossEntropy => "cross_entropy",
             MemOp::CrossEntropyBackward => "cross_entropy_backward",
+            MemOp::LayerNormBackward => "layer_norm_backward",
+            MemOp::BatchNormBackward => "batch_norm_backward",
         }
     }
 
@@ -292,7 +299,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 33] = [
+pub const OP_NAMES: [&str; 35] = [
     "matmul",
     "memcpy",
     "copy",
@@ -303,6 +310,8 @@ pub const OP_NAMES: [&str; 33] = [
     "softmax",
     "layer_norm",
     "batch_norm",
+    "layer_norm_backward",
+    "batch_norm_backward",
     "sum",
     "max",
     "cast",
@@ -436,7 +445,7 @@ impl Case {
                 MemOp::Where => format!("{rows}x{cols} by a u8 mask"),
                 MemOp::Cumsum => format!("{rows}x{cols} rows"),
                 MemOp::Topk => format!("{rows}x{cols} rows, k {TOPK}"),
-                MemOp::BatchNormTraining => {
+                MemOp::BatchNormTraining | MemOp::BatchNormBackward => {
                     format!(
                         "{rows}x{BATCH_NORM_CHANNELS}x{} train",
                         cols / BATCH_NORM_CHANNELS
@@ -448,7 +457,11 @@ impl Case {
                         cols / BATCH_NORM_CHANNELS
                     )
                 }
-                MemOp::Softmax | MemOp::LayerNorm | MemOp::Sum | MemOp::Max => {
+                MemOp::Softmax
+                | MemOp::LayerNorm
+                | MemOp::LayerNormBackward
+                | MemOp::Sum
+                | MemOp::Max => {
                     format!("{rows}x{cols} rows")
                 }
                 _ => format!("{rows}x{cols}"),
@@ -480,7 +493,7 @@ impl Case {
         match self.op {
             Op::Matmul { m, n, k } => json!({"m": m, "n": n, "k": k}),
             Op::Memory {
-                op: MemOp::BatchNormTraining | MemOp::BatchNormInference,
+                op: MemOp::BatchNormTraining | MemOp::BatchNormInference | MemOp::BatchNormBackward,
                 rows,
                 cols,
             } => json!({
@@ -554,6 +567,9 @@ impl Case {
                     // The logits read (and their gradient written), the targets.
                     MemOp::CrossEntropy => n * size + rows as f64 * 8.0,
                     MemOp::CrossEntropyBackward => 2.0 * n * size + rows as f64 * 8.0,
+                    // The gradient and the input read, the input's gradient written (the least a
+                    // kernel moves; batch norm's reads both twice).
+                    MemOp::LayerNormBackward | MemOp::BatchNormBackward => 3.0 * n * size,
                     _ => 2.0 * n * size,
                 })
             }

@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 31] = [
+const MEMORY_OPS: [MemOp; 33] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -68,6 +68,8 @@ const MEMORY_OPS: [MemOp; 31] = [
     MemOp::AvgPoolBackward,
     MemOp::CrossEntropy,
     MemOp::CrossEntropyBackward,
+    MemOp::LayerNormBackward,
+    MemOp::BatchNormBackward,
 ];
 
 /// A convolution with "same" padding (`r / 2`).

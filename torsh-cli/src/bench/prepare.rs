@@ -6,13 +6,14 @@
 //! measure the kernel's traffic and not the allocator or the page faults of a fresh 64 MiB buffer.
 
 use torsh_backend::compute::{
-    BatchNormDesc, BinaryDesc, CastDesc, DropoutDesc, FillDesc, GatherDesc, LayerNormDesc,
-    Pool2dBackwardDesc, Pool2dDesc, PoolKind, ReduceDesc, ScanDesc, ScanOp, ScatterDesc,
-    ScatterReduce, SoftmaxDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc, Value, WhereDesc,
+    BatchNormBackwardDesc, BatchNormDesc, BinaryDesc, CastDesc, DropoutDesc, FillDesc, GatherDesc,
+    LayerNormBackwardDesc, LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, PoolKind, ReduceDesc,
+    ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf, UnaryBackwardDesc,
+    UnaryDesc, Value, WhereDesc,
 };
 use torsh_backend::{
-    AdamState, Backend, BackendError, BinaryOp, ConvConfig, CrossEntropyConfig, DType, ReduceOp,
-    Tensor, UnaryOp,
+    AdamState, Backend, BackendError, BatchNormConfig, BinaryOp, ConvConfig, CrossEntropyConfig,
+    DType, ReduceOp, Tensor, UnaryOp,
 };
 
 use super::cases::{pool_image, Case, MemOp, Op, Runner, BATCH_NORM_CHANNELS, TOPK};
@@ -338,6 +339,63 @@ fn memory(
             Box::new(move || {
                 let _keep = (&x, &out, &weight, &bias, &mean, &var);
                 b.compute().batch_norm(&desc).map_err(text)
+            })
+        }
+        MemOp::LayerNormBackward => {
+            let w = backend.randn(&[cols], dt)?;
+            let saved = x.layer_norm_with_stats(&[cols], Some(&w), None, 1e-5)?;
+            let grad = backend.randn(&[rows, cols], dt)?;
+            let out = dense_out()?;
+            let params = || backend.empty(&[cols], dt);
+            let (dw, db) = (params()?, params()?);
+            let desc = LayerNormBackwardDesc {
+                dtype: dt,
+                grad_output: grad.data_ptr(),
+                input: x.data_ptr(),
+                weight: Some(w.data_ptr()),
+                mean: saved.mean.data_ptr(),
+                invstd: saved.invstd.data_ptr(),
+                grad_input: Some(out.data_ptr()),
+                grad_weight: Some(dw.data_ptr()),
+                grad_bias: Some(db.data_ptr()),
+                rows,
+                cols,
+            };
+            Box::new(move || {
+                let _keep = (&x, &w, &saved, &grad, &out, &dw, &db);
+                b.compute().layer_norm_backward(&desc).map_err(text)
+            })
+        }
+        MemOp::BatchNormBackward => {
+            let c = BATCH_NORM_CHANNELS;
+            let image = x.reshape(&[rows, c, cols / c])?;
+            let w = backend.randn(&[c], dt)?;
+            let saved = image.batch_norm_with_stats(BatchNormConfig {
+                weight: Some(&w),
+                training: true,
+                ..Default::default()
+            })?;
+            let grad = backend.randn(&[rows, cols], dt)?;
+            let out = dense_out()?;
+            let (dw, db) = (backend.empty(&[c], dt)?, backend.empty(&[c], dt)?);
+            let desc = BatchNormBackwardDesc {
+                dtype: dt,
+                grad_output: grad.data_ptr(),
+                input: x.data_ptr(),
+                weight: Some(w.data_ptr()),
+                mean: saved.mean.data_ptr(),
+                invstd: saved.invstd.data_ptr(),
+                grad_input: Some(out.data_ptr()),
+                grad_weight: Some(dw.data_ptr()),
+                grad_bias: Some(db.data_ptr()),
+                batch: rows,
+                channels: c,
+                spatial: cols / c,
+                training: true,
+            };
+            Box::new(move || {
+                let _keep = (&x, &w, &saved, &grad, &out, &dw, &db);
+                b.compute().batch_norm_backward(&desc).map_err(text)
             })
         }
         MemOp::Sum | MemOp::Max => {

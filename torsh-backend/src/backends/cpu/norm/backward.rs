@@ -169,7 +169,8 @@ where
     let w = op.w.as_ref().map(|w| unsafe { w.slice(0..cols) });
     let w = w.map(|w| acc_of(w, &mut wbuf));
     let (mut s_dy, mut s_x) = (vec![zero; BLOCK], vec![zero; BLOCK]);
-    let (mut g, mut xhat, mut out) = (vec![zero; BLOCK], vec![zero; BLOCK], vec![zero; BLOCK]);
+    // The row's g = dy · w and xhat, kept from pass 1 for pass 2.
+    let (mut g, mut xhat, mut out) = (vec![zero; cols], vec![zero; cols], vec![zero; BLOCK]);
     // Weight and bias terms: in the compute type for up to ROWS rows, then into f64.
     let (mut acc, mut total) = if op.params {
         (vec![zero; 2 * cols], vec![0.0f64; 2 * cols])
@@ -186,11 +187,12 @@ where
         // SAFETY: the statistics are inputs.
         let (mean, inv) = unsafe { (op.mean.read(r), op.invstd.read(r)) };
         let base = r * cols;
-        // Pass 1: Σ g and Σ g · xhat, and the weight and bias terms.
+        // Pass 1: g, xhat, Σ g and Σ g · xhat, and the weight and bias terms.
         let (mut sum_g, mut sum_gx) = (0.0f64, 0.0f64);
         let mut c0 = 0;
         while c0 < cols {
             let len = (cols - c0).min(BLOCK);
+            let cs = c0..c0 + len;
             // SAFETY: inputs, only read.
             let (dys, xs) = unsafe {
                 (
@@ -198,27 +200,27 @@ where
                     op.x.load(base + c0, len, &mut s_x),
                 )
             };
-            for (h, &x) in xhat[..len].iter_mut().zip(xs) {
+            for (h, &x) in xhat[cs.clone()].iter_mut().zip(xs) {
                 *h = (x - mean) * inv;
             }
             match w {
                 Some(w) => {
-                    for ((gv, &dy), &wv) in g[..len].iter_mut().zip(dys).zip(&w[c0..c0 + len]) {
+                    for ((gv, &dy), &wv) in g[cs.clone()].iter_mut().zip(dys).zip(&w[cs.clone()]) {
                         *gv = dy * wv;
                     }
                 }
-                None => g[..len].copy_from_slice(dys),
+                None => g[cs.clone()].copy_from_slice(dys),
             }
-            let (gx, gs) = dot_and_sum(&g[..len], &xhat[..len]);
+            let (gx, gs) = dot_and_sum(&g[cs.clone()], &xhat[cs.clone()]);
             sum_g += gs.to_f64();
             sum_gx += gx.to_f64();
             if op.params {
                 let (dw, db) = acc.split_at_mut(cols);
-                for (((dw, db), &dy), &h) in dw[c0..c0 + len]
+                for (((dw, db), &dy), &h) in dw[cs.clone()]
                     .iter_mut()
-                    .zip(&mut db[c0..c0 + len])
+                    .zip(&mut db[cs.clone()])
                     .zip(dys)
-                    .zip(&xhat[..len])
+                    .zip(&xhat[cs])
                 {
                     *dw = dy.mul_add(h, *dw);
                     *db += dy;
@@ -238,24 +240,15 @@ where
         let mut c0 = 0;
         while c0 < cols {
             let len = (cols - c0).min(BLOCK);
-            // SAFETY: inputs, only read.
-            let (dys, xs) = unsafe {
-                (
-                    op.dy.load(base + c0, len, &mut s_dy),
-                    op.x.load(base + c0, len, &mut s_x),
-                )
-            };
+            let (gs, hs) = (&g[c0..c0 + len], &xhat[c0..c0 + len]);
             // SAFETY: this task owns rows `rows` of the input gradient.
             let ys = unsafe { dx.slice_mut(base + c0..base + c0 + len) };
-            let wc = w.map(|w| &w[c0..c0 + len]);
             store(
                 ys,
                 &mut out,
                 #[inline(always)]
                 |ys| {
-                    for (i, y) in ys.iter_mut().enumerate() {
-                        let gv = wc.map_or(dys[i], |w| dys[i] * w[i]);
-                        let h = (xs[i] - mean) * inv;
+                    for ((y, &gv), &h) in ys.iter_mut().zip(gs).zip(hs) {
                         *y = inv * ((gv - mean_g) - h * mean_gx);
                     }
                 },
@@ -410,39 +403,19 @@ where
             #[inline(always)]
             || {
                 let zero = <T::Acc as Real>::ZERO;
-                let (mut s_dy, mut s_x, mut dev) =
-                    (vec![zero; BLOCK], vec![zero; BLOCK], vec![zero; BLOCK]);
-                // The sums of `len` values from element `at` of channel `ch`.
-                let mut run = |at: usize, len: usize, ch: usize| -> (f64, f64) {
-                    let mean = op.mean[ch];
-                    let (mut sd, mut sdx) = (0.0, 0.0);
-                    let mut i = 0;
-                    while i < len {
-                        let l = (len - i).min(BLOCK);
-                        // SAFETY: inputs, only read.
-                        let (dys, xs) = unsafe {
-                            (
-                                op.dy.load(at + i, l, &mut s_dy),
-                                op.x.load(at + i, l, &mut s_x),
-                            )
-                        };
-                        for (d, &x) in dev[..l].iter_mut().zip(xs) {
-                            *d = x - mean;
-                        }
-                        let (dot, sum) = dot_and_sum(dys, &dev[..l]);
-                        sd += sum.to_f64();
-                        sdx += dot.to_f64();
-                        i += l;
-                    }
-                    (sd, sdx)
-                };
+                let mut bufs = [vec![zero; BLOCK], vec![zero; BLOCK], vec![zero; BLOCK]];
                 if long {
-                    range.map(|j| run(j * s, s, j % c)).collect::<Vec<_>>()
+                    // A plain loop: a closure here would be compiled without the SIMD features.
+                    let mut sums = Vec::with_capacity(range.len());
+                    for j in range {
+                        sums.push(run_sums(op, j * s, s, j % c, &mut bufs));
+                    }
+                    sums
                 } else {
                     let mut acc = vec![(0.0, 0.0); c];
                     for sample in range {
                         for (ch, a) in acc.iter_mut().enumerate() {
-                            let (sd, sdx) = run((sample * c + ch) * s, s, ch);
+                            let (sd, sdx) = run_sums(op, (sample * c + ch) * s, s, ch, &mut bufs);
                             a.0 += sd;
                             a.1 += sdx;
                         }
@@ -472,6 +445,38 @@ where
         }
     }
     sums
+}
+
+/// `(Σ dy, Σ dy · (x − mean))` of the `len` values from element `at`, of channel `ch`, through
+/// `bufs` (three [`BLOCK`]-long scratch buffers).
+#[inline(always)]
+fn run_sums<T: Element>(
+    op: &BatchNormGrad<T>,
+    at: usize,
+    len: usize,
+    ch: usize,
+    bufs: &mut [Vec<T::Acc>; 3],
+) -> (f64, f64)
+where
+    T::Acc: Element,
+{
+    let [s_dy, s_x, dev] = bufs;
+    let mean = op.mean[ch];
+    let (mut sd, mut sdx) = (0.0, 0.0);
+    let mut i = 0;
+    while i < len {
+        let l = (len - i).min(BLOCK);
+        // SAFETY: inputs, only read.
+        let (dys, xs) = unsafe { (op.dy.load(at + i, l, s_dy), op.x.load(at + i, l, s_x)) };
+        for (d, &x) in dev[..l].iter_mut().zip(xs) {
+            *d = x - mean;
+        }
+        let (dot, sum) = dot_and_sum(dys, &dev[..l]);
+        sd += sum.to_f64();
+        sdx += dot.to_f64();
+        i += l;
+    }
+    (sd, sdx)
 }
 
 /// The input gradient by `(sample, channel)` runs, split across threads.
