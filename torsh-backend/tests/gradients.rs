@@ -756,3 +756,34 @@ fn cnn_gradients_match_finite_differences() -> Result<()> {
     }
     Ok(())
 }
+
+/// Norm gradients over no value still write their weight and bias gradients (zero sums), and the
+/// statistics of rows of no element are NaN, on every backend; outputs are poisoned first.
+#[test]
+fn norm_gradients_of_empty_sums_write_every_element() -> Result<()> {
+    for b in common::backends() {
+        let what = b.backend_type();
+        let x = b.randn(&[0, 5], DType::F32)?;
+        let stats = b.randn(&[0], DType::F32)?;
+        let w = b.randn(&[5], DType::F32)?;
+        let grads = b.layer_norm_backward(&x, &x, &[5], Some(&w), &stats, &stats)?;
+        assert_eq!(grads.weight.to_vec_f64()?, vec![0.0; 5], "{what}");
+        assert_eq!(grads.bias.to_vec_f64()?, vec![0.0; 5], "{what}");
+        let images = b.randn(&[0, 3, 4], DType::F32)?;
+        let (mean, invstd) = (b.randn(&[3], DType::F32)?, b.randn(&[3], DType::F32)?);
+        let grads = b.batch_norm_backward(&images, &images, None, &mean, &invstd, false)?;
+        assert_eq!(grads.weight.to_vec_f64()?, vec![0.0; 3], "{what}");
+        assert_eq!(grads.bias.to_vec_f64()?, vec![0.0; 3], "{what}");
+        let empty_rows = b.randn(&[2, 0], DType::F32)?;
+        let saved = empty_rows.layer_norm_with_stats(&[0], None, None, 1e-5)?;
+        assert!(
+            saved.mean.to_vec_f64()?.iter().all(|v| v.is_nan()),
+            "{what}"
+        );
+        assert!(
+            saved.invstd.to_vec_f64()?.iter().all(|v| v.is_nan()),
+            "{what}"
+        );
+    }
+    Ok(())
+}

@@ -27,6 +27,7 @@ use super::pool::words;
 use super::reduce::{launch, module, word};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
+use crate::compute::ComputeBackend;
 
 /// Softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim.
 pub(crate) fn softmax(
@@ -776,9 +777,38 @@ pub(crate) fn batch_norm_backward(
     )
 }
 
+impl WebGpuBackend {
+    /// The weight and bias gradients of a norm over no value: zero sums, filled (the kernels need
+    /// values to walk).
+    fn zero_param_grads(
+        &self,
+        dtype: DType,
+        grads: [Option<DevicePtr>; 2],
+        len: usize,
+    ) -> Result<()> {
+        for ptr in grads.into_iter().flatten() {
+            self.fill(&crate::compute::FillDesc {
+                dtype,
+                ptr,
+                len,
+                value: 0.0,
+            })?;
+        }
+        Ok(())
+    }
+}
+
 impl OpImpl<LayerNormBackwardDesc> for WebGpuBackend {
     fn op(&self, desc: &LayerNormBackwardDesc) -> Result<()> {
         math_dtype("layer_norm_backward", desc.dtype, desc)?;
+        if desc.rows == 0 {
+            desc.accesses()?;
+            return self.zero_param_grads(
+                desc.dtype,
+                [desc.grad_weight, desc.grad_bias],
+                desc.cols,
+            );
+        }
         self.run(desc, layer_norm_backward)
     }
 }
@@ -786,6 +816,11 @@ impl OpImpl<LayerNormBackwardDesc> for WebGpuBackend {
 impl OpImpl<BatchNormBackwardDesc> for WebGpuBackend {
     fn op(&self, desc: &BatchNormBackwardDesc) -> Result<()> {
         math_dtype("batch_norm_backward", desc.dtype, desc)?;
+        if desc.batch == 0 || desc.spatial == 0 {
+            desc.accesses()?;
+            let grads = [desc.grad_weight, desc.grad_bias];
+            return self.zero_param_grads(desc.dtype, grads, desc.channels);
+        }
         self.run(desc, batch_norm_backward)
     }
 }

@@ -341,15 +341,16 @@ where
         return Ok(());
     };
     let dx = Span::<T>::of(mem, OP, dx, n * c * s)?;
-    // dx = a · dy + b · (x − mean) + k per channel.
+    // dx = a · ((dy − k) − (x − mean) · b) per channel: the mean gradient is subtracted before
+    // the scale `a` (up to 1/√eps) multiplies, so equal gradients of a constant channel give 0.
     let count = (n * s) as f64;
     let coef: Vec<Coef<T::Acc>> = (0..c)
         .map(|ch| {
             let a = w[ch] * inv64[ch];
             let (b, k) = if d.training {
                 (
-                    -a * inv64[ch] * inv64[ch] * sums[ch].1 / count,
-                    -a * sums[ch].0 / count,
+                    inv64[ch] * inv64[ch] * sums[ch].1 / count,
+                    sums[ch].0 / count,
                 )
             } else {
                 (0.0, 0.0)
@@ -371,7 +372,7 @@ where
     Ok(())
 }
 
-/// One channel's input gradient `a · dy + b · (x − mean) + k`.
+/// One channel's input gradient `a · ((dy − k) − (x − mean) · b)`.
 #[derive(Clone, Copy, Debug)]
 struct Coef<A> {
     a: A,
@@ -513,7 +514,7 @@ where
                             #[inline(always)]
                             |ys| {
                                 for ((y, &dy), &x) in ys.iter_mut().zip(dys).zip(xs) {
-                                    *y = f.a.mul_add(dy, f.b.mul_add(x - f.mean, f.k));
+                                    *y = f.a * ((dy - f.k) - (x - f.mean) * f.b);
                                 }
                             },
                         );
@@ -573,7 +574,7 @@ where
                             #[inline(always)]
                             |ys| {
                                 for i in 0..ys.len() {
-                                    ys[i] = a[i].mul_add(dys[i], b[i].mul_add(xs[i] - m[i], k[i]));
+                                    ys[i] = a[i] * ((dys[i] - k[i]) - (xs[i] - m[i]) * b[i]);
                                 }
                             },
                         );

@@ -301,13 +301,14 @@ __device__ void batch_norm_backward_body(const T* dy, const T* x, const T* w,
         if (!dx) {
             continue;
         }
+        // dx = a * ((dy - k0) - (x - mean) * bx): the mean gradient subtracted before the scale.
         const A a = (w ? Num<T>::load(w[c]) : (A)1) * inv;
-        const A bx = training ? -a * inv * sdh / (A)count : (A)0;
-        const A k0 = training ? -a * sd / (A)count : (A)0;
+        const A bx = training ? inv * sdh / (A)count : (A)0;
+        const A k0 = training ? sd / (A)count : (A)0;
         NormChannelCursor k2(lane, G, spatial);
         for (i64 i = lane; i < count; i += G, k2.advance()) {
             const i64 off = k2.offset(channels, c);
-            const A v = a * Num<T>::load(dy[off]) + bx * (Num<T>::load(x[off]) - m) + k0;
+            const A v = a * ((Num<T>::load(dy[off]) - k0) - (Num<T>::load(x[off]) - m) * bx);
             dx[off] = Num<T>::store(v);
         }
     }

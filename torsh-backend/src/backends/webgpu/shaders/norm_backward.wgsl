@@ -194,14 +194,14 @@ fn batch_norm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
     if (p[5] != 0u) {
         a *= load_elem(weight[p[6] + ch]);
     }
-    // dx = a · dy + b · (x - mean) + k.
+    // dx = a · ((dy - k) - (x - mean) · b): the mean gradient subtracted before the scale.
     var b = 0.0;
     var k = 0.0;
     if (p[12] != 0u) {
         let count = f32(p[0] * s);
         let totals = 2u * c * p[11];
-        b = -a * inv * sums[totals + 2u * ch] / count;
-        k = -a * sums[totals + 2u * ch + 1u] / count;
+        b = inv * sums[totals + 2u * ch] / count;
+        k = sums[totals + 2u * ch + 1u] / count;
     }
     let step = vec2<u32>(WG / s, WG % s);
     let end = chunk.y + chunk.z;
@@ -209,7 +209,7 @@ fn batch_norm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
     var walk = vec2<u32>(j / s, j % s);
     loop {
         let at = channel_at(walk, ch, c, s);
-        let v = fma(a, load_elem(dy[p[3] + at]), fma(b, load_elem(x[p[4] + at]) - mean, k));
+        let v = a * ((load_elem(dy[p[3] + at]) - k) - (load_elem(x[p[4] + at]) - mean) * b);
         out[p[9] + at] = store_elem(v);
         if (end - j <= WG) {
             break;
