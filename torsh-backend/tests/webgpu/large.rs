@@ -981,3 +981,50 @@ fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_ch
         "{err:?}"
     );
 }
+
+#[test]
+fn norm_gradients_past_a_binding_answer_feature_unavailable_and_saved_statistics_are_written() {
+    // Bindings of 64 KiB: a [64, 512] f32 tensor (128 KiB) is past one. The forwards cut it and
+    // save every row's and channel's statistics; the gradients have no cut and say so.
+    let Some(b) = with_binding(webgpu::MIN_BINDING_SIZE) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    let host = wave(64 * 512, 0.3);
+    let x = b.from_slice(&host, &[64, 512]).unwrap();
+    let saved = x.layer_norm_with_stats(&[512], None, None, 1e-5).unwrap();
+    let want = on_reference(&reference, &x)
+        .layer_norm_with_stats(&[512], None, None, 1e-5)
+        .unwrap();
+    check_close("layer_norm mean", &saved.mean, &want.mean);
+    check_close("layer_norm invstd", &saved.invstd, &want.invstd);
+    let images = x.reshape(&[64, 4, 128]).unwrap();
+    let bn = images
+        .batch_norm_with_stats(torsh_backend::BatchNormConfig {
+            training: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let want = on_reference(&reference, &images)
+        .batch_norm_with_stats(torsh_backend::BatchNormConfig {
+            training: true,
+            ..Default::default()
+        })
+        .unwrap();
+    check_close("batch_norm mean", &bn.mean, &want.mean);
+    check_close("batch_norm invstd", &bn.invstd, &want.invstd);
+    let err = b
+        .layer_norm_backward(&x, &x, &[512], None, &saved.mean, &saved.invstd)
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::FeatureUnavailable { .. }),
+        "{err:?}"
+    );
+    let err = b
+        .batch_norm_backward(&images, &images, None, &bn.mean, &bn.invstd, true)
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::FeatureUnavailable { .. }),
+        "{err:?}"
+    );
+}
