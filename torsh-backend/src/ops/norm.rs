@@ -49,13 +49,16 @@ pub struct Normalized {
 
 impl Normalized {
     /// The output with the statistics a forward that saved them returned.
-    fn of(output: Tensor, stats: Option<(Tensor, Tensor)>) -> Normalized {
-        let (mean, invstd) = stats.expect("a forward asked to save statistics returns them");
-        Normalized {
+    /// `InvalidArgument` (an internal error) when the forward returned no statistics.
+    fn of(op: &'static str, output: Tensor, stats: Option<(Tensor, Tensor)>) -> Result<Normalized> {
+        let (mean, invstd) = stats.ok_or_else(|| {
+            BackendError::invalid(op, "internal: the forward returned no saved statistics")
+        })?;
+        Ok(Normalized {
             output,
             mean,
             invstd,
-        }
+        })
     }
 }
 
@@ -227,7 +230,7 @@ impl Backend {
         eps: f64,
     ) -> Result<Normalized> {
         let (output, stats) = self.layer_norm_impl(x, normalized_shape, weight, bias, eps, true)?;
-        Ok(Normalized::of(output, stats))
+        Normalized::of("layer_norm", output, stats)
     }
 
     /// `ShapeMismatch` unless `normalized_shape` is non-empty and ends `x`'s shape; returns
@@ -394,7 +397,7 @@ impl Backend {
         config: BatchNormConfig<'_>,
     ) -> Result<Normalized> {
         let (output, stats) = self.batch_norm_impl(input, config, true)?;
-        Ok(Normalized::of(output, stats))
+        Normalized::of("batch_norm", output, stats)
     }
 
     fn batch_norm_impl(
