@@ -55,6 +55,7 @@ pub use compute::{
 pub use device::{BackendType, Device, DeviceInfo};
 pub use dtype::{DType, Element};
 pub use error::{BackendError, BackendResult, Result};
+pub use ops::attention::{AttentionGrads, AttentionOutput};
 pub use ops::conv::{ConvConfig, ConvTransposeConfig};
 pub use ops::loss::{CrossEntropyConfig, Reduction};
 pub use ops::norm::{BatchNormConfig, NormGrads, Normalized};
@@ -75,6 +76,7 @@ pub mod prelude {
     pub use crate::device::{BackendType, Device, DeviceInfo};
     pub use crate::dtype::DType;
     pub use crate::error::{BackendError, Result};
+    pub use crate::ops::attention::{AttentionGrads, AttentionOutput};
     pub use crate::ops::conv::{ConvConfig, ConvTransposeConfig};
     pub use crate::ops::loss::{CrossEntropyConfig, Reduction};
     pub use crate::ops::norm::{BatchNormConfig, NormGrads, Normalized};

@@ -64,8 +64,8 @@ enum Command {
         /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, batch_norm,
         /// layer_norm_backward, batch_norm_backward, sum, max, cast, fill, gather, index_select, index_add, where, cumsum, topk, cat,
         /// gelu_backward, softmax_backward, dropout, max_pool2d, max_pool2d_backward,
-        /// avg_pool2d_backward, cross_entropy, cross_entropy_backward, attention, conv2d,
-        /// conv2d_backward, adam); repeatable.
+        /// avg_pool2d_backward, cross_entropy, cross_entropy_backward, attention, attention_backward,
+        /// conv2d, conv2d_backward, adam); repeatable.
         #[arg(long = "op", value_name = "NAME")]
         ops: Vec<String>,
         /// Tiny sizes and short repeats: a smoke run (used by the tests).

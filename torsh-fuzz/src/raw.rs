@@ -8,12 +8,13 @@
 //! `main.rs`), so a crash or hang is caught and reported with its case.
 
 use torsh_backend::compute::{
-    AdamDesc, AttentionDesc, BatchNormBackwardDesc, BatchedGemmDesc, BinaryDesc, BinaryOp,
-    CastDesc, CompareDesc, CompareOp, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc,
-    Conv2dDesc, CopyDesc, Distribution, DropoutDesc, FillDesc, GatherDesc, GemmDesc, GemvDesc,
-    LayerNormBackwardDesc, LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc,
-    ReduceDesc, ReduceOp, ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, SortDesc,
-    StridedBuf, UnaryBackwardDesc, UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
+    AdamDesc, AttentionBackwardDesc, AttentionDesc, BatchNormBackwardDesc, BatchedGemmDesc,
+    BinaryDesc, BinaryOp, CastDesc, CompareDesc, CompareOp, Conv2dBackwardInputDesc,
+    Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc, Distribution, DropoutDesc, FillDesc,
+    GatherDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc, Pool2dBackwardDesc,
+    Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp, ScatterDesc,
+    ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc, UnaryOp,
+    UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -737,24 +738,63 @@ fn generate_op(rng: &mut Rng) -> RawOp {
         _ => {
             let (s, d) = (rng.range(1, 9), rng.range(1, 17));
             let b = 4 * s * d;
+            let causal = rng.chance(0.5);
+            if rng.chance(0.5) {
+                // The forward, saving its log-sum-exps half the time.
+                let with_lse = rng.chance(0.5);
+                let mut operands = vec![(b, false), (b, false), (b, false), (b, true)];
+                if with_lse {
+                    operands.push((4 * s, true));
+                }
+                return op(
+                    format!("attention {s}×{d} lse {with_lse}"),
+                    &operands,
+                    false,
+                    move |c, p| {
+                        c.attention(&AttentionDesc {
+                            dtype: F32,
+                            q: p[0],
+                            k: p[1],
+                            v: p[2],
+                            o: p[3],
+                            batch: 1,
+                            heads: 1,
+                            seq_q: s,
+                            seq_kv: s,
+                            head_dim: d,
+                            scale: 0.5,
+                            causal,
+                            lse: with_lse.then(|| p[4]),
+                        })
+                    },
+                );
+            }
+            let mut operands = vec![(b, false); 5];
+            operands.push((4 * s, false));
+            operands.extend([(b, true); 3]);
             op(
-                format!("attention {s}×{d}"),
-                &[(b, false), (b, false), (b, false), (b, true)],
+                format!("attention_backward {s}×{d}"),
+                &operands,
                 false,
                 move |c, p| {
-                    c.attention(&AttentionDesc {
+                    c.attention_backward(&AttentionBackwardDesc {
                         dtype: F32,
-                        q: p[0],
-                        k: p[1],
-                        v: p[2],
-                        o: p[3],
+                        grad_output: p[0],
+                        q: p[1],
+                        k: p[2],
+                        v: p[3],
+                        o: p[4],
+                        lse: p[5],
+                        grad_q: p[6],
+                        grad_k: p[7],
+                        grad_v: p[8],
                         batch: 1,
                         heads: 1,
                         seq_q: s,
                         seq_kv: s,
                         head_dim: d,
                         scale: 0.5,
-                        causal: false,
+                        causal,
                     })
                 },
             )

@@ -679,12 +679,53 @@ fn norm_backward(rng: &mut Rng) -> Case {
     with_terms(c, terms as f64 + 1.0)
 }
 
+/// Attention saving its log-sum-exps, and its gradients from an output given as an input and the
+/// forward's log-sum-exps raised by one (so that backends differentiate at nearly the same point),
+/// causal or not.
+fn attention_backward(rng: &mut Rng) -> Case {
+    let dtype = rng.float_dtype();
+    let (batch, heads) = (rng.range(1, 2), rng.range(1, 3));
+    let (sq, skv) = (rng.range(0, 40), rng.range(1, 80));
+    let d = rng.pick(&[1, 8, 16, 33, 64]);
+    let causal = rng.chance(0.5);
+    let (qs, ks) = ([batch, heads, sq, d], [batch, heads, skv, d]);
+    let inputs = vec![
+        view(rng, &qs, Values::Normal),
+        view(rng, &ks, Values::Normal),
+        view(rng, &ks, Values::Normal),
+        view(rng, &qs, Values::Normal),
+        view(rng, &qs, Values::Normal),
+        view(rng, &[batch, heads, sq], Values::Positive),
+    ];
+    let c = case(
+        "backward",
+        format!("attention gradients causal {causal}"),
+        dtype,
+        inputs,
+        move |b, t| {
+            let scale = 1.0 / (d as f64).sqrt();
+            let fwd = b.attention_with_lse(&t[0], &t[1], &t[2], causal, scale)?;
+            // The forward's log-sum-exps raised by a positive input: probabilities below 1, as a
+            // real forward's are, and differing across backends only by the forward's rounding.
+            let raise = t[5].cast(fwd.lse.dtype())?;
+            let lse = fwd.lse.add(&raise)?;
+            let grads =
+                b.attention_backward(&t[3], &t[0], &t[1], &t[2], &t[4], &lse, causal, scale)?;
+            Ok(vec![fwd.output, fwd.lse, grads.q, grads.k, grads.v])
+        },
+    );
+    with_terms(c, (sq.max(skv) * d) as f64 + 1.0)
+}
+
 /// The backward ops: a unary op's gradient from its input, dropout and its backward, max pooling's
 /// positions with both pooling gradients, cross-entropy with its gradient, a convolution's
-/// gradients and the norms'.
+/// gradients, the norms' and attention's.
 fn backward(rng: &mut Rng) -> Case {
     if rng.chance(0.2) {
         return conv2d_backward(rng);
+    }
+    if rng.chance(0.15) {
+        return attention_backward(rng);
     }
     if rng.chance(0.2) {
         return norm_backward(rng);

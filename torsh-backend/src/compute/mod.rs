@@ -242,6 +242,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// The gradients of scaled dot-product attention; see [`AttentionBackwardDesc`].
+    fn attention_backward(&self, desc: &AttentionBackwardDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// Reduction along an axis; see [`ReduceDesc`].
     fn reduce(&self, desc: &ReduceDesc) -> Result<()> {
         Err(desc.unsupported(self))
@@ -529,6 +534,7 @@ macro_rules! for_each_op {
             conv2d_backward_input($crate::compute::Conv2dBackwardInputDesc),
             conv2d_backward_weight($crate::compute::Conv2dBackwardWeightDesc),
             attention($crate::compute::AttentionDesc),
+            attention_backward($crate::compute::AttentionBackwardDesc),
             reduce($crate::compute::ReduceDesc),
             unary($crate::compute::UnaryDesc),
             binary($crate::compute::BinaryDesc),

@@ -179,6 +179,11 @@ pub fn all() -> Vec<ParityCase> {
             dtypes: &[DType::F32, DType::F64],
             body: cnn_training_step,
         },
+        ParityCase {
+            op: "attention_backward",
+            dtypes: FLOATS,
+            body: attention_backward,
+        },
     ]
 }
 
@@ -469,6 +474,53 @@ fn attention(i: &mut Inputs) -> Result<Vec<Tensor>> {
             true,
         )?,
     ])
+}
+
+fn attention_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
+    // The forward's output and log-sum-exp, then the gradients from an output and log-sum-exp
+    // given as inputs (so each backend differentiates at the same point): non-causal with more
+    // keys than queries, causal with more queries than keys, several key and query tiles with a
+    // transposed query and gradient, and a single key.
+    let b = i.backend();
+    let stats_dtype = crate::compute::stats_dtype(i.dtype());
+    let mut out = Vec::new();
+    let (q, k, v) = (
+        i.normal(&[2, 3, 5, 8])?,
+        i.normal(&[2, 3, 7, 8])?,
+        i.normal(&[2, 3, 7, 8])?,
+    );
+    let fwd = b.attention_with_lse(&q, &k, &v, true, 0.4)?;
+    out.extend([fwd.output, fwd.lse]);
+    let cases: [([usize; 5], bool, bool); 4] = [
+        ([2, 3, 5, 7, 8], false, false),
+        ([1, 2, 9, 6, 4], true, false),
+        ([1, 2, 70, 133, 16], true, true),
+        ([1, 1, 1, 1, 3], false, false),
+    ];
+    for ([batch, heads, sq, skv, dim], causal, strided) in cases {
+        let q = if strided {
+            i.normal(&[batch, heads, dim, sq])?.transpose(2, 3)?
+        } else {
+            i.normal(&[batch, heads, sq, dim])?
+        };
+        let (k, v) = (
+            i.normal(&[batch, heads, skv, dim])?,
+            i.normal(&[batch, heads, skv, dim])?,
+        );
+        let o = i.normal(&[batch, heads, sq, dim])?;
+        let g = if strided {
+            i.normal(&[batch, heads, dim, sq])?.transpose(2, 3)?
+        } else {
+            i.normal(&[batch, heads, sq, dim])?
+        };
+        let lse = i
+            .uniform(&[batch, heads, sq], 2.0, 3.0)?
+            .cast(stats_dtype)?;
+        let scale = 1.0 / (dim as f64).sqrt();
+        let grads = b.attention_backward(&g, &q, &k, &v, &o, &lse, causal, scale)?;
+        out.extend([grads.q, grads.k, grads.v]);
+    }
+    Ok(out)
 }
 
 fn softmax(i: &mut Inputs) -> Result<Vec<Tensor>> {

@@ -27,6 +27,7 @@ fn attention_errors() {
             head_dim: 4,
             scale: 0.5,
             causal: false,
+            lse: None,
         };
         let err = assert_err!(c.attention(&desc), InvalidArgument);
         assert_mentions(&err, &["attention", "seq_kv"]);

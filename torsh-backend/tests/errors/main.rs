@@ -8,9 +8,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use torsh_backend::backends::reference::ReferenceBackend;
 use torsh_backend::compute::{
-    AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc,
-    Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc, Distribution,
-    DropoutDesc, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc,
+    AdamDesc, AttentionBackwardDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc,
+    CastDesc, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc,
+    Distribution, DropoutDesc, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc,
     Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf,
     UnaryBackwardDesc, UnaryDesc, Value,
 };

@@ -330,6 +330,7 @@ fn overflowing_sizes_through_the_raw_trait() {
                 head_dim: 1,
                 scale: 1.0,
                 causal: false,
+                lse: None,
             }),
             SizeOverflow
         );
@@ -477,6 +478,7 @@ fn raw_attention_with_zero_head_dim_and_a_long_sequence() {
             head_dim: 0,
             scale: 1.0,
             causal: false,
+            lse: None,
         })
     });
 }

@@ -644,3 +644,121 @@ fn norm_gradients_reject_mismatched_operands() {
         assert_backend_works(&b);
     }
 }
+
+#[test]
+fn attention_gradients_reject_mismatched_operands() {
+    for b in backends() {
+        eprintln!("backend: {}", b.backend_type());
+        let (q, k, v) = (
+            seq(&b, &[1, 2, 3, 4]),
+            seq(&b, &[1, 2, 5, 4]),
+            seq(&b, &[1, 2, 5, 4]),
+        );
+        let fwd = assert_ok!(b.attention_with_lse(&q, &k, &v, true, 0.5));
+        let (o, lse) = (&fwd.output, &fwd.lse);
+        assert_eq!(lse.shape(), &[1, 2, 3]);
+        let grads = assert_ok!(b.attention_backward(&q, &q, &k, &v, o, lse, true, 0.5));
+        assert_eq!(grads.k.shape(), &[1, 2, 5, 4]);
+        let err = assert_err!(
+            b.attention_backward(&seq(&b, &[1, 2, 4, 3]), &q, &k, &v, o, lse, true, 0.5),
+            ShapeMismatch
+        );
+        assert_mentions(&err, &["attention_backward", "grad"]);
+        assert_err!(
+            b.attention_backward(&q, &q, &k, &v, &k, lse, true, 0.5),
+            ShapeMismatch
+        );
+        assert_err!(
+            b.attention_backward(&q, &q, &k, &seq(&b, &[1, 2, 4, 4]), o, lse, true, 0.5),
+            ShapeMismatch
+        );
+        let short = assert_ok!(lse.narrow(2, 0, 2));
+        let err = assert_err!(
+            b.attention_backward(&q, &q, &k, &v, o, &short, true, 0.5),
+            ShapeMismatch
+        );
+        assert_mentions(&err, &["attention_backward", "lse"]);
+        let wide = assert_ok!(lse.cast(DType::F64));
+        assert_err!(
+            b.attention_backward(&q, &q, &k, &v, o, &wide, true, 0.5),
+            DTypeMismatch
+        );
+        let half = assert_ok!(q.cast(DType::F16));
+        assert_err!(
+            b.attention_backward(&half, &q, &k, &v, o, lse, true, 0.5),
+            DTypeMismatch
+        );
+        assert_err!(
+            b.attention_backward(&q, &q, &k, &v, o, lse, true, f64::INFINITY),
+            InvalidArgument
+        );
+
+        // Raw descriptors: outputs aliasing inputs or each other, no keys for present queries.
+        let [dq, dk, dv] = [&q, &k, &v].map(|t| assert_ok!(b.empty(t.shape(), DType::F32)));
+        let raw = AttentionBackwardDesc {
+            dtype: DType::F32,
+            grad_output: q.data_ptr(),
+            q: q.data_ptr(),
+            k: k.data_ptr(),
+            v: v.data_ptr(),
+            o: o.data_ptr(),
+            lse: lse.data_ptr(),
+            grad_q: dq.data_ptr(),
+            grad_k: dk.data_ptr(),
+            grad_v: dv.data_ptr(),
+            batch: 1,
+            heads: 2,
+            seq_q: 3,
+            seq_kv: 5,
+            head_dim: 4,
+            scale: 0.5,
+            causal: false,
+        };
+        assert_ok!(b.compute().attention_backward(&raw));
+        assert_err!(
+            b.compute().attention_backward(&AttentionBackwardDesc {
+                grad_q: q.data_ptr(),
+                ..raw.clone()
+            }),
+            Aliasing
+        );
+        assert_err!(
+            b.compute().attention_backward(&AttentionBackwardDesc {
+                grad_v: dk.data_ptr(),
+                ..raw.clone()
+            }),
+            Aliasing
+        );
+        let err = assert_err!(
+            b.compute().attention_backward(&AttentionBackwardDesc {
+                seq_kv: 0,
+                ..raw.clone()
+            }),
+            InvalidArgument
+        );
+        assert_mentions(&err, &["attention_backward", "seq_kv"]);
+        assert_err!(
+            b.compute().attention_backward(&AttentionBackwardDesc {
+                dtype: DType::I32,
+                ..raw.clone()
+            }),
+            Unsupported
+        );
+        // No query: zero key and value gradients, written over NaN.
+        let [nk, nv] = [0, 1].map(|_| assert_ok!(b.full(&[1, 2, 5, 4], f64::NAN, DType::F32)));
+        assert_ok!(b.compute().attention_backward(&AttentionBackwardDesc {
+            seq_q: 0,
+            grad_k: nk.data_ptr(),
+            grad_v: nv.data_ptr(),
+            ..raw.clone()
+        }));
+        assert_eq!(assert_ok!(nk.to_vec_f64()), vec![0.0; 40]);
+        assert_eq!(assert_ok!(nv.to_vec_f64()), vec![0.0; 40]);
+        // No head dim: the log-sum-exps of zero scores, ln(keys seen).
+        let none = assert_ok!(b.empty(&[1, 1, 3, 0], DType::F32));
+        let keys = assert_ok!(b.empty(&[1, 1, 2, 0], DType::F32));
+        let fwd = assert_ok!(b.attention_with_lse(&none, &keys, &keys, true, 0.5));
+        let want = [1.0f32, 2.0, 2.0].map(f32::ln);
+        assert_close(&assert_ok!(fwd.lse.to_vec::<f32>()), &want, 1e-6);
+    }
+}

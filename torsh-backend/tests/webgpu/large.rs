@@ -1028,3 +1028,41 @@ fn norm_gradients_past_a_binding_answer_feature_unavailable_and_saved_statistics
         "{err:?}"
     );
 }
+
+#[test]
+fn attention_past_a_binding_saves_every_log_sum_exp_and_its_gradients_say_unavailable() {
+    // Bindings of 64 KiB: Q, K and V of [4, 2, 64, 64] f32 (128 KiB each) are past one. The
+    // forward runs (batch, head) pieces, each writing its rows' log-sum-exps; the gradients have
+    // no cut and say so.
+    let Some(b) = with_binding(webgpu::MIN_BINDING_SIZE) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    let shape = [4, 2, 64, 64];
+    let [q, k, v] = [0.1, 0.2, 0.3].map(|phase| {
+        let host: Vec<f32> = wave(4 * 2 * 64 * 64, phase)
+            .iter()
+            .map(|x| x * 0.3)
+            .collect();
+        b.from_slice(&host, &shape).unwrap()
+    });
+    let fwd = b.attention_with_lse(&q, &k, &v, true, 0.125).unwrap();
+    let want = reference
+        .attention_with_lse(
+            &on_reference(&reference, &q),
+            &on_reference(&reference, &k),
+            &on_reference(&reference, &v),
+            true,
+            0.125,
+        )
+        .unwrap();
+    check_close("attention output", &fwd.output, &want.output);
+    check_close("attention lse", &fwd.lse, &want.lse);
+    let err = b
+        .attention_backward(&q, &q, &k, &v, &fwd.output, &fwd.lse, true, 0.125)
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::FeatureUnavailable { .. }),
+        "{err:?}"
+    );
+}

@@ -425,6 +425,62 @@ fn attention_past_the_loop_budget_combines_ranges_of_keys() {
 }
 
 #[test]
+fn attention_gradients_past_the_loop_budget_add_ranges() {
+    // Head dim 136: a forward launch takes 1152 keys (1400 in two ranges, the log-sum-exps
+    // combined on the host); a gradient launch about 1270 keys or queries, so dQ adds two ranges of
+    // keys and dK, dV two ranges of queries. Causal and not. (A scale of 0.05 makes a few causal
+    // rows of these inputs ill-conditioned in f32 on every backend: dS cancels.)
+    let Some(b) = low_budget() else { return };
+    // bf16 runs the f32 kernels on cast copies.
+    against_reference(&b, &[DType::F32, DType::F16], |be, dtype| {
+        let q = wave_tensor(be, &[1, 1, 1300, 136], 0.1, dtype);
+        let k = wave_tensor(be, &[1, 1, 1400, 136], 0.2, dtype);
+        let v = wave_tensor(be, &[1, 1, 1400, 136], 0.3, dtype);
+        let g = wave_tensor(be, &[1, 1, 1300, 136], 0.4, dtype);
+        let mut out = Vec::new();
+        for (causal, names) in [
+            (false, ["output", "lse", "dq", "dk", "dv"]),
+            (
+                true,
+                [
+                    "causal output",
+                    "causal lse",
+                    "causal dq",
+                    "causal dk",
+                    "causal dv",
+                ],
+            ),
+        ] {
+            let fwd = be.attention_with_lse(&q, &k, &v, causal, 0.02).unwrap();
+            // The gradients from the reference's forward, so that only the backward differs.
+            let reference = Backend::reference().unwrap();
+            let on = |t: &Tensor| {
+                let moved = t.to_vec_f64().unwrap();
+                reference.from_f64(&moved, t.shape(), t.dtype()).unwrap()
+            };
+            let exact = reference
+                .attention_with_lse(&on(&q), &on(&k), &on(&v), causal, 0.02)
+                .unwrap();
+            let back = |t: &Tensor| {
+                let moved = t.to_vec_f64().unwrap();
+                be.from_f64(&moved, t.shape(), t.dtype()).unwrap()
+            };
+            let (o, lse) = (back(&exact.output), back(&exact.lse));
+            let grads = be
+                .attention_backward(&g, &q, &k, &v, &o, &lse, causal, 0.02)
+                .unwrap();
+            let lse = fwd.lse.cast(dtype).unwrap();
+            out.extend(
+                names
+                    .into_iter()
+                    .zip([fwd.output, lse, grads.q, grads.k, grads.v]),
+            );
+        }
+        out
+    });
+}
+
+#[test]
 fn pooling_windows_past_the_loop_budget_run_as_row_then_column_passes() {
     // A 70 × 70 window (5041 passes) with stride and padding, max and both averages.
     let Some(b) = low_budget() else { return };

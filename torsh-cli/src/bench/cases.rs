@@ -264,6 +264,9 @@ pub enum Op {
         d: usize,
         /// Causal mask (top-left aligned).
         causal: bool,
+        /// The gradients (dq, dk, dv from the forward's output and log-sum-exp) instead of the
+        /// forward.
+        backward: bool,
     },
     /// Square images and kernels: input `[n, c, hw, hw]`, weight `[k, c/groups, r, r]`.
     Conv2d {
@@ -299,7 +302,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 35] = [
+pub const OP_NAMES: [&str; 36] = [
     "matmul",
     "memcpy",
     "copy",
@@ -332,6 +335,7 @@ pub const OP_NAMES: [&str; 35] = [
     "cross_entropy",
     "cross_entropy_backward",
     "attention",
+    "attention_backward",
     "conv2d",
     "conv2d_backward",
     "adam",
@@ -400,7 +404,10 @@ impl Case {
         match self.op {
             Op::Matmul { .. } => "matmul",
             Op::Memory { op, .. } => op.name(),
-            Op::Attention { .. } => "attention",
+            Op::Attention {
+                backward: false, ..
+            } => "attention",
+            Op::Attention { backward: true, .. } => "attention_backward",
             Op::Conv2d {
                 backward: false, ..
             } => "conv2d",
@@ -466,7 +473,9 @@ impl Case {
                 }
                 _ => format!("{rows}x{cols}"),
             },
-            Op::Attention { b, h, s, d, causal } => {
+            Op::Attention {
+                b, h, s, d, causal, ..
+            } => {
                 format!("B{b} H{h} S{s} D{d}{}", if causal { " causal" } else { "" })
             }
             Op::Conv2d {
@@ -509,8 +518,15 @@ impl Case {
                 json!({"rows": rows, "cols": cols, "n": n, "c": c, "h": h, "w": w, "kernel": 2, "stride": 2})
             }
             Op::Memory { rows, cols, .. } => json!({"rows": rows, "cols": cols}),
-            Op::Attention { b, h, s, d, causal } => {
-                json!({"batch": b, "heads": h, "seq_q": s, "seq_kv": s, "head_dim": d, "causal": causal})
+            Op::Attention {
+                b,
+                h,
+                s,
+                d,
+                causal,
+                backward,
+            } => {
+                json!({"batch": b, "heads": h, "seq_q": s, "seq_kv": s, "head_dim": d, "causal": causal, "backward": backward})
             }
             Op::Conv2d {
                 n,
@@ -573,8 +589,17 @@ impl Case {
                     _ => 2.0 * n * size,
                 })
             }
-            Op::Attention { b, h, s, d, causal } => {
-                let full = 4.0 * (b * h) as f64 * (s * s) as f64 * d as f64;
+            Op::Attention {
+                b,
+                h,
+                s,
+                d,
+                causal,
+                backward,
+            } => {
+                // The backward's five products of the forward's two (FlashAttention's count).
+                let passes = if backward { 2.5 } else { 1.0 };
+                let full = passes * 4.0 * (b * h) as f64 * (s * s) as f64 * d as f64;
                 Work::Flops(if causal { full / 2.0 } else { full })
             }
             Op::Conv2d {
@@ -629,6 +654,7 @@ mod tests {
                     s: 3,
                     d: 4,
                     causal,
+                    backward: false,
                 },
                 DType::BF16,
             )

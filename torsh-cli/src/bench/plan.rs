@@ -212,7 +212,7 @@ fn memory_cases(scale: Scale) -> Vec<Case> {
     cases
 }
 
-/// Attention, each shape without and with the causal mask.
+/// Attention, each shape without and with the causal mask, each followed by its backward.
 fn attention_cases(scale: Scale) -> Vec<Case> {
     use DType::{BF16, F16, F32};
     let shapes: &[(DType, [usize; 4])] = match scale {
@@ -228,7 +228,17 @@ fn attention_cases(scale: Scale) -> Vec<Case> {
     let mut cases = Vec::new();
     for &(dtype, [b, h, s, d]) in shapes {
         for causal in [false, true] {
-            cases.push(Case::new(Op::Attention { b, h, s, d, causal }, dtype));
+            for backward in [false, true] {
+                let op = Op::Attention {
+                    b,
+                    h,
+                    s,
+                    d,
+                    causal,
+                    backward,
+                };
+                cases.push(Case::new(op, dtype));
+            }
         }
     }
     cases
@@ -424,14 +434,17 @@ mod tests {
         assert!(has(square, DType::BF16) && has(square, DType::F16));
         for s in [512, 2048] {
             for causal in [false, true] {
-                let op = Op::Attention {
-                    b: 1,
-                    h: 8,
-                    s,
-                    d: 64,
-                    causal,
-                };
-                assert!(has(op, DType::F32));
+                for backward in [false, true] {
+                    let op = Op::Attention {
+                        b: 1,
+                        h: 8,
+                        s,
+                        d: 64,
+                        causal,
+                        backward,
+                    };
+                    assert!(has(op, DType::F32));
+                }
             }
         }
         assert!(has(conv(8, 3, 224, 64, 7, 2, true), DType::F32));

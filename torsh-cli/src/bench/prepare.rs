@@ -34,10 +34,30 @@ impl Case {
                 Box::new(move || a.matmul(&b).map(drop).map_err(text))
             }
             Op::Memory { op, rows, cols } => memory(backend, op, rows, cols, dt)?,
-            Op::Attention { b, h, s, d, causal } => {
+            Op::Attention {
+                b,
+                h,
+                s,
+                d,
+                causal,
+                backward,
+            } => {
                 let q = backend.randn(&[b, h, s, d], dt)?;
                 let k = backend.randn(&[b, h, s, d], dt)?;
                 let v = backend.randn(&[b, h, s, d], dt)?;
+                if backward {
+                    let scale = 1.0 / (d as f64).sqrt();
+                    let fwd = backend.attention_with_lse(&q, &k, &v, causal, scale)?;
+                    let grad = backend.randn(&[b, h, s, d], dt)?;
+                    let backend = backend.clone();
+                    return Ok(Box::new(move || {
+                        let (o, lse) = (&fwd.output, &fwd.lse);
+                        backend
+                            .attention_backward(&grad, &q, &k, &v, o, lse, causal, scale)
+                            .map(drop)
+                            .map_err(text)
+                    }));
+                }
                 Box::new(move || q.attention(&k, &v, causal).map(drop).map_err(text))
             }
             Op::Conv2d {

@@ -254,8 +254,13 @@ pub fn print_section(
     println!("\n{}{at} [throughput in {unit}]", section.title());
     let keys = peer_keys(results);
     let width = |k: &str| k.len().max(8);
+    // The op column fits the longest name (`layer_norm_backward`).
+    let op_w = results
+        .iter()
+        .map(|r| r.case.name().len())
+        .fold(10, usize::max);
     let mut header = format!(
-        "{:<10} {:<5} {:<31} {:>10} {:>23} {:>9}",
+        "{:<op_w$} {:<5} {:<31} {:>10} {:>23} {:>9}",
         "op", "dtype", "shape", "median", "min .. max", "ours"
     );
     for k in &keys {
@@ -271,7 +276,7 @@ pub fn print_section(
     for r in results {
         let c = &r.case;
         let head = format!(
-            "{:<10} {:<5} {:<31}",
+            "{:<op_w$} {:<5} {:<31}",
             c.name(),
             c.dtype_label(),
             c.shape_label()

@@ -12,6 +12,14 @@
 //!   smallest of the three column-group widths (64, 128, 256) that covers `head_dim` is used, and a
 //!   `head_dim` above 256 takes several 256-column groups, each of which recomputes the scores.
 //!
+//! With a log-sum-exp output both kernels write each query row's `m + ln l` too.
+//!
+//! The gradients (`attention_backward_w{64,128,256}_<dtype>`) are SIMT kernels in two launches: dQ
+//! with a warp per [`GRAD_ROWS`] query rows walking the keys, then dK and dV with a warp per
+//! [`GRAD_ROWS`] key rows walking the queries; each rebuilds P and dS from the log-sum-exp per
+//! (query, key) pair and sums its rows in a fixed order (no atomics). They are compiled under NVRTC in
+//! CI and have not run on a GPU.
+//!
 //! Setting the environment variable `TORSH_CUDA_ATTENTION=simt` makes every call use the SIMT kernel
 //! (read on each call), so one GPU run can compare the two. Both kernels walk their work items
 //! grid-stride, so any problem size fits in one launch.
@@ -23,7 +31,7 @@ use super::launch::{suffix, to_i64};
 use super::Gpu;
 use crate::backends::cuda::CudaBackend;
 use crate::compute::op::OpImpl;
-use crate::compute::AttentionDesc;
+use crate::compute::{stats_dtype, AttentionBackwardDesc, AttentionDesc};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 
@@ -38,6 +46,9 @@ const BLOCK_ROWS: usize = 16;
 
 /// The column-group widths the kernel is instantiated for, ascending.
 const WIDTHS: [usize; 3] = [64, 128, 256];
+
+/// Rows (queries or keys) per warp of the gradient kernels (`ATT_GRAD_ROWS`).
+const GRAD_ROWS: usize = 4;
 
 /// Most blocks a 1-D launch may have (`gridDim.x` ≤ 2³¹ − 1).
 const MAX_BLOCKS: usize = i32::MAX as usize;
@@ -135,8 +146,11 @@ fn mma_blocks(heads: usize, seq_q: usize) -> Result<u32> {
 /// Enqueues `O = softmax(scale · Q·Kᵀ [causal]) · V`. Empty outputs (no heads, no queries, zero
 /// head_dim) launch nothing. The regions were checked by the caller.
 pub(crate) fn attention(gpu: &Gpu, d: &AttentionDesc) -> Result<()> {
-    if d.batch == 0 || d.heads == 0 || d.seq_q == 0 || d.head_dim == 0 {
+    if d.batch == 0 || d.heads == 0 || d.seq_q == 0 {
         return Ok(()); // O is empty; K and V may be any length.
+    }
+    if d.head_dim == 0 {
+        return Ok(()); // The caller writes the log-sum-exps of zero scores.
     }
     let heads = d
         .batch
@@ -177,6 +191,7 @@ fn launch(
     );
     let causal = i32::from(d.causal);
     let (q, k, v, o) = (d.q.0, d.k.0, d.v.0, d.o.0);
+    let lse = d.lse.map_or(0u64, |p| p.0);
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (threads, 1, 1),
@@ -187,6 +202,7 @@ fn launch(
         .arg(&k)
         .arg(&v)
         .arg(&o)
+        .arg(&lse)
         .arg(&bh)
         .arg(&sq)
         .arg(&skv)
@@ -194,7 +210,8 @@ fn launch(
         .arg(&d.scale)
         .arg(&causal);
     // SAFETY: the caller checked every region against live allocations and for aliasing; the arguments
-    // match the kernel's parameters (four pointers, four i64, a double, an int); the tensor-core kernel
+    // match the kernel's parameters (five pointers, the log-sum-exp's null when not asked, four i64,
+    // a double, an int); the tensor-core kernel
     // is launched only for its head_dim and with 16-byte aligned operands.
     unsafe { b.launch(cfg) }.map_err(|e| super::driver_error("attention", e))?;
     Ok(())
@@ -204,10 +221,110 @@ impl OpImpl<AttentionDesc> for CudaBackend {
     fn op(&self, desc: &AttentionDesc) -> Result<()> {
         let acc = desc.accesses()?;
         Self::float_only("attention", desc.dtype)?;
+        if let (0, Some(lse)) = (desc.head_dim, desc.lse) {
+            // No head dim: log-sum-exps of zero scores, from the host.
+            let stats = stats_dtype(desc.dtype);
+            let size = stats.size_in_bytes();
+            let values = desc.lse_without_head_dim();
+            let mut bytes = vec![0u8; values.len() * size];
+            for (v, out) in values.iter().zip(bytes.chunks_exact_mut(size)) {
+                crate::dtype::encode(stats, *v, out);
+            }
+            return crate::compute::ComputeBackend::copy_htod(self, lse, &bytes);
+        }
         self.run(acc, |gpu| {
             let ptrs = [desc.q, desc.k, desc.v, desc.o];
             launch::check_aligned("attention", desc.dtype, &ptrs)?;
             attention(gpu, desc)
+        })
+    }
+}
+
+/// Enqueues the gradients of `d`: dQ, then dK and dV. Nothing to write without keys or head dim.
+pub(crate) fn attention_backward(gpu: &Gpu, d: &AttentionBackwardDesc) -> Result<()> {
+    let op = "attention_backward";
+    if d.batch == 0 || d.heads == 0 || d.seq_kv == 0 || d.head_dim == 0 {
+        return Ok(());
+    }
+    let heads = d
+        .batch
+        .checked_mul(d.heads)
+        .ok_or_else(|| BackendError::overflow(op, "batch · heads overflows"))?;
+    let width = column_width(d.head_dim);
+    let f = gpu.function_for(
+        "attention",
+        d.dtype,
+        &format!("attention_backward_w{width}_{}", suffix(d.dtype)),
+    )?;
+    let (bh, sq, skv, dim) = (
+        to_i64(op, heads)?,
+        to_i64(op, d.seq_q)?,
+        to_i64(op, d.seq_kv)?,
+        to_i64(op, d.head_dim)?,
+    );
+    let causal = i32::from(d.causal);
+    let ptrs = [
+        d.grad_output.0,
+        d.q.0,
+        d.k.0,
+        d.v.0,
+        d.o.0,
+        d.lse.0,
+        d.grad_q.0,
+        d.grad_k.0,
+        d.grad_v.0,
+    ];
+    for (which, rows) in [(0i32, d.seq_q), (1, d.seq_kv)] {
+        let items = heads
+            .checked_mul(rows.div_ceil(GRAD_ROWS))
+            .ok_or_else(|| BackendError::overflow(op, "the number of attention tiles overflows"))?;
+        to_i64(op, items)?;
+        if items == 0 {
+            continue;
+        }
+        let warps = (THREADS / 32) as usize;
+        let blocks = items.div_ceil(warps).clamp(1, MAX_BLOCKS) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = gpu.stream().launch_builder(&f);
+        for p in &ptrs {
+            b.arg(p);
+        }
+        b.arg(&bh)
+            .arg(&sq)
+            .arg(&skv)
+            .arg(&dim)
+            .arg(&d.scale)
+            .arg(&causal)
+            .arg(&which);
+        // SAFETY: the caller checked every region against live allocations and for aliasing; the
+        // arguments match the kernel's parameters (nine pointers, four i64, a double, two ints).
+        unsafe { b.launch(cfg) }.map_err(|e| super::driver_error(op, e))?;
+    }
+    Ok(())
+}
+
+impl OpImpl<AttentionBackwardDesc> for CudaBackend {
+    fn op(&self, desc: &AttentionBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only("attention_backward", desc.dtype)?;
+        self.run(acc, |gpu| {
+            let ptrs = [
+                desc.grad_output,
+                desc.q,
+                desc.k,
+                desc.v,
+                desc.o,
+                desc.grad_q,
+                desc.grad_k,
+                desc.grad_v,
+            ];
+            launch::check_aligned("attention_backward", desc.dtype, &ptrs)?;
+            launch::check_aligned("attention_backward", stats_dtype(desc.dtype), &[desc.lse])?;
+            attention_backward(gpu, desc)
         })
     }
 }
@@ -263,6 +380,16 @@ mod tests {
         assert!(src.contains("#define ATT_WARPS 4") && src.contains("#define ATT_ROWS 4"));
         assert_eq!(THREADS, 4 * 32);
         assert_eq!(BLOCK_ROWS, 4 * 4);
+    }
+
+    #[test]
+    fn gradient_entry_names_match_the_kernel_source() {
+        let src = include_str!("kernels/attention.cu");
+        assert!(src.contains("attention_backward_w##W##_##S"));
+        for w in WIDTHS {
+            assert!(src.contains(&format!("GRAD_ENTRY_W({w}, {}, S, T)", w / 32)));
+        }
+        assert!(src.contains(&format!("#define ATT_GRAD_ROWS {GRAD_ROWS}")));
     }
 
     #[test]

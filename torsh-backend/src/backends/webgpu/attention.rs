@@ -6,19 +6,30 @@
 //! workgroup per query row). Other dtypes, head dims above 1024, misaligned operands and offsets
 //! beyond 32 bits answer [`Launch::Stage`].
 //!
+//! The gradients (`shaders/attention_backward.wgsl`) take three kinds of launch: D = dO · O per
+//! query row next to the log-sum-exps (copied into a scratch buffer first), dQ a workgroup per
+//! query row over ranges of keys, dK and dV a workgroup per key row over ranges of queries; each
+//! range within the loop budget, later ranges adding to the outputs (16-bit outputs are rounded
+//! once per range). Operands past one binding answer `FeatureUnavailable`.
+//!
 //! A launch may take a range of the keys only ([`attention_keys`]), writing each row's unnormalised
 //! sums and its (maximum, denominator) pair for the host to combine (`large/attention_split.rs`): keys too
 //! many for one launch within the loop budget (`loops.rs`).
 
-use crate::compute::{AttentionDesc, DevicePtr};
+use crate::compute::{AttentionBackwardDesc, AttentionDesc, ComputeBackend, DevicePtr};
+use crate::dtype::DType;
 use crate::error::Result;
 
 use super::context::Gpu;
 use super::elementwise::Launch;
 use super::large::{pieces, Plan};
 use super::loops;
+use super::memory::Binding;
 use super::memory::Memory;
-use super::pipelines::{for_dtype, grid_rows, Dispatch, Kernels, ATTENTION, ATTENTION_F16};
+use super::pipelines::{
+    for_dtype, grid_1d, grid_rows, Dispatch, Kernels, ATTENTION, ATTENTION_BACKWARD,
+    ATTENTION_BACKWARD_F16, ATTENTION_F16,
+};
 use super::{large, math_dtype};
 use crate::backends::webgpu::WebGpuBackend;
 use crate::compute::op::OpImpl;
@@ -66,7 +77,7 @@ pub(crate) fn max_keys(gpu: &Gpu, d: &AttentionDesc) -> Option<usize> {
     loops::longest(d.seq_kv, gpu.loop_limit, |span| loops_over(gpu, d, span))
 }
 
-/// f32 attention.
+/// f32 attention, with its log-sum-exp rows where `d` asks for them.
 pub(crate) fn attention(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -78,7 +89,8 @@ pub(crate) fn attention(
 
 /// Attention of `d` over keys `first..end` only: with `stats` (an f32 allocation of a (maximum,
 /// denominator) pair per query row), each row's sums unnormalised into the output and its pair
-/// into `stats`, for the host to combine with other ranges; without, the output of those keys.
+/// into `stats`, for the host to combine with other ranges; without, the output of those keys
+/// (and the log-sum-exp rows `d` asks for, which only a launch over all its keys may).
 pub(crate) fn attention_keys(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -108,13 +120,14 @@ pub(crate) fn attention_keys(
     ) else {
         return Ok(Launch::Stage);
     };
-    let stats = match stats {
-        Some(ptr) => match mem.elements_u32(ptr, 2 * rows, 4)? {
-            Some(found) => Some(found),
-            None => return Ok(Launch::Stage),
-        },
-        None => None,
+    let (stats, mode) = match (stats, d.lse) {
+        (Some(ptr), _) => (mem.elements_u32(ptr, 2 * rows, 4)?, 1),
+        (None, Some(lse)) => (mem.elements_u32(lse, rows, 4)?, 2),
+        (None, None) => (None, 0),
     };
+    if mode != 0 && stats.is_none() {
+        return Ok(Launch::Stage);
+    }
     let (entry, groups) = if tiled(gpu, d) {
         let tiles = d.seq_q.div_ceil(TILED_ROWS);
         ("attention_tiled", (tiles as u32, bh as u32, 1))
@@ -138,7 +151,7 @@ pub(crate) fn attention_keys(
         first as u32,
         end as u32,
         stats.map_or(0, |s| s.1),
-        u32::from(stats.is_some()),
+        mode,
     ];
     kernels.dispatch(
         gpu,
@@ -153,6 +166,175 @@ pub(crate) fn attention_keys(
         },
     )?;
     Ok(Launch::Done)
+}
+
+/// The gradients of `d`: D beside the log-sum-exps, then dQ over ranges of keys and dK, dV over
+/// ranges of queries, each within the loop budget.
+pub(crate) fn attention_backward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &AttentionBackwardDesc,
+) -> Result<Launch> {
+    let Some((module, size)) = for_dtype(gpu, d.dtype, ATTENTION_BACKWARD, ATTENTION_BACKWARD_F16)
+    else {
+        return Ok(Launch::Stage);
+    };
+    let bh = d.batch * d.heads;
+    let (rows, kv_rows, dim) = (bh * d.seq_q, bh * d.seq_kv, d.head_dim);
+    if d.head_dim > MAX_HEAD_DIM {
+        return Ok(Launch::Stage);
+    }
+    if rows == 0 || kv_rows == 0 || dim == 0 {
+        return Ok(Launch::Done); // The host fills the key gradients of no query.
+    }
+    let (qo, kv) = (rows * dim, kv_rows * dim);
+    let Some((buffers, at)) = mem.elements_u32_each(
+        &[
+            (d.grad_output, qo),
+            (d.q, qo),
+            (d.k, kv),
+            (d.v, kv),
+            (d.o, qo),
+            (d.grad_q, qo),
+            (d.grad_k, kv),
+            (d.grad_v, kv),
+        ],
+        size,
+    )?
+    else {
+        return Ok(Launch::Stage);
+    };
+    if mem.elements_u32(d.lse, rows, 4)?.is_none() {
+        return Ok(Launch::Stage);
+    }
+    let limit = gpu.limits.max_compute_workgroups_per_dimension;
+    let (Some(query_groups), Some(key_groups)) =
+        (grid_rows(rows, limit), grid_rows(kv_rows, limit))
+    else {
+        return Ok(Launch::Stage);
+    };
+    let unavailable = |what: String| BackendError::FeatureUnavailable {
+        feature: "WebGPU loop budget",
+        reason: format!("attention_backward: {what}"),
+    };
+    let budget = |len: usize| {
+        loops::longest(len, gpu.loop_limit, |span| {
+            loops::attention_backward(dim, span)
+        })
+        .ok_or_else(|| {
+            unavailable(format!(
+                "one chunk of rows of head dim {dim} needs more loop passes than the budget of {}",
+                gpu.loop_limit
+            ))
+        })
+    };
+    let (key_span, query_span) = (budget(d.seq_kv)?, budget(d.seq_q)?);
+    let stats_bytes = 8 * rows as u64;
+    if stats_bytes > mem.binding_limit().bytes {
+        return Err(unavailable(format!(
+            "{rows} query rows' statistics take more than a binding"
+        )));
+    }
+    let stats = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("attention gradient statistics"),
+        size: stats_bytes,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let lse = mem.place(d.lse, 4 * rows)?;
+    gpu.scoped("attention gradient statistics", 0, || {
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        encoder.copy_buffer_to_buffer(lse.buffer, lse.offset, &stats, 0, 4 * rows as u64);
+        gpu.submit(encoder.finish());
+    })?;
+    let [dout, q, k, v, o, dq, dk, dv] = [0, 1, 2, 3, 4, 5, 6, 7].map(|i| buffers[i]);
+    let stats = Binding::whole(&stats);
+    let words = |x: u32, y: u32, (first, end): (usize, usize)| {
+        [
+            rows as u32,
+            d.seq_q as u32,
+            d.seq_kv as u32,
+            dim as u32,
+            (d.scale as f32).to_bits(),
+            u32::from(d.causal),
+            at[0],
+            at[1],
+            at[2],
+            at[3],
+            x,
+            y,
+            first as u32,
+            end as u32,
+            u32::from(first > 0),
+            kv_rows as u32,
+        ]
+    };
+    // Every launch binds dO, Q, K, V, two outputs (or O) and the statistics.
+    let launch = |entry, [x, y]: [Binding<'_>; 2], params: &[u32], groups, loops| {
+        kernels.dispatch(
+            gpu,
+            Dispatch {
+                module,
+                entry,
+                constants: &[],
+                buffers: &[dout, q, k, v, x, y, stats],
+                params,
+                groups,
+                loops,
+            },
+        )
+    };
+    launch(
+        "attention_backward_delta",
+        [o, o],
+        &words(at[4], at[4], (0, 0)),
+        grid_1d(rows, limit)?,
+        loops::passes(dim as u64),
+    )?;
+    for first in (0..d.seq_kv).step_by(key_span) {
+        let end = (first + key_span).min(d.seq_kv);
+        launch(
+            "attention_backward_dq",
+            [dq, dq],
+            &words(at[5], at[5], (first, end)),
+            query_groups,
+            loops::attention_backward(dim, end - first),
+        )?;
+    }
+    for first in (0..d.seq_q).step_by(query_span) {
+        let end = (first + query_span).min(d.seq_q);
+        launch(
+            "attention_backward_dkv",
+            [dk, dv],
+            &words(at[6], at[7], (first, end)),
+            key_groups,
+            loops::attention_backward(dim, end - first),
+        )?;
+    }
+    Ok(Launch::Done)
+}
+
+impl OpImpl<AttentionBackwardDesc> for WebGpuBackend {
+    fn op(&self, desc: &AttentionBackwardDesc) -> Result<()> {
+        math_dtype("attention_backward", desc.dtype, desc)?;
+        let kv = desc.batch * desc.heads * desc.seq_kv * desc.head_dim;
+        if desc.seq_q == 0 && kv > 0 {
+            // No query: the key and value gradients are zeros.
+            for ptr in [desc.grad_k, desc.grad_v] {
+                self.fill(&crate::compute::FillDesc {
+                    dtype: desc.dtype,
+                    ptr,
+                    len: kv,
+                    value: 0.0,
+                })?;
+            }
+            return Ok(());
+        }
+        self.run(desc, attention_backward)
+    }
 }
 
 impl OpImpl<AttentionDesc> for WebGpuBackend {
@@ -172,6 +354,12 @@ impl OpImpl<AttentionDesc> for WebGpuBackend {
                 ),
             }),
         };
+        let rows = desc.batch * desc.heads * desc.seq_q;
+        if let (0, Some(lse), true) = (desc.head_dim, desc.lse, rows > 0) {
+            // No head dim: no output, and log-sum-exps of zero scores.
+            let values = desc.lse_without_head_dim();
+            return large::two_pass::write(self, lse, DType::F32, &values);
+        }
         match self.plan(desc, desc.dtype, pieces::attention, None)? {
             Plan::Pieces(parts) => parts.iter().try_for_each(run),
             // A single head larger than a binding: the launch's window check reports it.

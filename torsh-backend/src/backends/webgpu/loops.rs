@@ -195,6 +195,16 @@ pub(crate) fn attention_tiled(dim: usize, span: usize) -> u64 {
     passes(columns) + columns * load + passes(chunks) + chunks * per_chunk + 8 * load
 }
 
+/// `attention_backward.wgsl`'s `attention_backward_dq` and `attention_backward_dkv` (128 threads, a
+/// row of width `dim` each) over `span` keys or queries: the row loads, then per chunk of 128 the
+/// thread's two dot products and its owned dims' sums over the chunk; the stores.
+pub(crate) fn attention_backward(dim: usize, span: usize) -> u64 {
+    let owned = ceil(dim, 128).min(8);
+    let chunks = ceil(span, 128);
+    let per_chunk = passes(count(dim)) + passes(8) + owned * passes(span.min(128) as u64);
+    strided(128, dim) + passes(8) + passes(chunks) + chunks * per_chunk + passes(8)
+}
+
 /// `pool.wgsl` over a `ky` × `kx` window: a pass per row and per tap.
 pub(crate) fn pool2d(ky: usize, kx: usize) -> u64 {
     passes(count(ky)) + count(ky).saturating_mul(passes(count(kx)))

@@ -168,6 +168,21 @@ pub(crate) const POOL: Module = wgsl!("pool.wgsl", 2, ["elem_f32.wgsl", "pool.wg
 /// [`POOL`] on f16 elements, for devices with `SHADER_F16`.
 pub(crate) const POOL_F16: Module = wgsl!("pool.wgsl+f16", 2, ["elem_f16.wgsl", "pool.wgsl"]);
 
+/// `shaders/attention_backward.wgsl`: attention's gradients (dO, q, k, v, two outputs, and the f32
+/// log-sum-exp and D rows) on f32 elements.
+pub(crate) const ATTENTION_BACKWARD: Module = wgsl!(
+    "attention_backward.wgsl",
+    7,
+    ["elem_f32.wgsl", "attention_backward.wgsl"]
+);
+
+/// [`ATTENTION_BACKWARD`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const ATTENTION_BACKWARD_F16: Module = wgsl!(
+    "attention_backward.wgsl+f16",
+    7,
+    ["elem_f16.wgsl", "attention_backward.wgsl"]
+);
+
 /// `shaders/pool_backward.wgsl`: the max pool that writes its positions, and the pooling gradients
 /// (input or gradient, output, positions, error flag), on f32 elements.
 pub(crate) const POOL_BACKWARD: Module = wgsl!(

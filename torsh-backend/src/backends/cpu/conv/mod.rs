@@ -185,6 +185,14 @@ impl<T: Element> Raw<T> {
         })
     }
 
+    /// The elements of `xs`, which must outlive every use of the result.
+    pub(super) fn of_slice(xs: &mut [T]) -> Raw<T> {
+        Raw {
+            ptr: xs.as_mut_ptr(),
+            len: xs.len(),
+        }
+    }
+
     /// The address of element `at` (`at ≤ len`).
     #[inline]
     pub(super) fn at(&self, at: usize) -> *mut T {

@@ -16,6 +16,9 @@
 //
 // Numerics follow the reference: the max ignores NaN scores (f64::max), a NaN score or a +inf max makes
 // the row NaN, and a row whose scores are all −inf is NaN (0/0). Accumulation is in Num<T>::acc.
+//
+// With a non-null `lse` (Num<T>::acc per query row), each row's log-sum-exp of its scaled scores,
+// base + log(l) (base: the running max, or 0 while it is −inf), is written too, for the backward.
 
 #define ATT_WARPS 4
 #define ATT_ROWS 4
@@ -78,8 +81,9 @@ __device__ __forceinline__ void att_stage(A* dst, int ld, const T* src, i64 row0
 
 // One (head, query tile, column group). `q`, `k`, `v`, `o` point at the head's first row.
 template <typename T, int CPL>
-__device__ void attention_tile(const T* q, const T* k, const T* v, T* o, i64 sq, i64 skv, i64 dim,
-                               i64 q0, i64 col_base, typename Num<T>::acc scale, bool causal) {
+__device__ void attention_tile(const T* q, const T* k, const T* v, T* o,
+                               typename Num<T>::acc* lse, i64 sq, i64 skv, i64 dim, i64 q0,
+                               i64 col_base, typename Num<T>::acc scale, bool causal) {
     typedef typename Num<T>::acc A;
     __shared__ A qs[ATT_BQ * ATT_DC];
     __shared__ A kvs[ATT_BK * ATT_KV_LD];
@@ -182,10 +186,13 @@ __device__ void attention_tile(const T* q, const T* k, const T* v, T* o, i64 sq,
         }
     }
 
-    // O = acc / l, rounded once to T.
+    // O = acc / l, rounded once to T; the log-sum-exp from the first column group's lane 0.
 #pragma unroll
     for (int r = 0; r < ATT_ROWS; ++r) {
         if (row[r] < sq) {
+            if (lse != nullptr && col_base == 0 && lane == 0) {
+                lse[row[r]] = (m[r] == neg_inf ? (A)0 : m[r]) + log(l[r]);
+            }
             T* orow = o + row[r] * dim;
 #pragma unroll
             for (int t = 0; t < CPL; ++t) {
@@ -201,8 +208,8 @@ __device__ void attention_tile(const T* q, const T* k, const T* v, T* o, i64 sq,
 // Grid-stride walk over (head, query tile, column group) work items. Launch with ATT_THREADS threads.
 // Items are ordered query tile slowest, last tile first, so the heaviest causal tiles start first.
 template <typename T, int CPL>
-__device__ void attention_body(const T* q, const T* k, const T* v, T* o, i64 bh, i64 sq, i64 skv,
-                               i64 dim, double scale, int causal) {
+__device__ void attention_body(const T* q, const T* k, const T* v, T* o, typename Num<T>::acc* lse,
+                               i64 bh, i64 sq, i64 skv, i64 dim, double scale, int causal) {
     const i64 width = 32 * CPL;
     const i64 n_qt = (sq + ATT_BQ - 1) / ATT_BQ;
     const i64 n_cg = (dim + width - 1) / width;
@@ -214,23 +221,258 @@ __device__ void attention_body(const T* q, const T* k, const T* v, T* o, i64 bh,
         const i64 cg = rest % n_cg;
         const i64 qt = n_qt - 1 - rest / n_cg;
         attention_tile<T, CPL>(q + head * sq * dim, k + head * skv * dim, v + head * skv * dim,
-                               o + head * sq * dim, sq, skv, dim, qt * ATT_BQ, cg * width, sc,
-                               causal != 0);
+                               o + head * sq * dim, lse == nullptr ? nullptr : lse + head * sq, sq,
+                               skv, dim, qt * ATT_BQ, cg * width, sc, causal != 0);
     }
 }
 
-// attention_w{64,128,256}_<dtype>(q, k, v, o, batch·heads, seq_q, seq_kv, head_dim, scale, causal):
-// the suffix is the column-group width; the host picks the smallest width ≥ head_dim (256 above that).
+// attention_w{64,128,256}_<dtype>(q, k, v, o, lse, batch·heads, seq_q, seq_kv, head_dim, scale,
+// causal): the suffix is the column-group width; the host picks the smallest width ≥ head_dim (256
+// above that). `lse` may be null.
 #define ENTRY_W(W, CPL, S, T)                                                                       \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                      \
-        attention_w##W##_##S(const T* q, const T* k, const T* v, T* o, i64 bh, i64 sq, i64 skv,     \
-                             i64 dim, double scale, int causal) {                                   \
-        attention_body<T, CPL>(q, k, v, o, bh, sq, skv, dim, scale, causal);                        \
+        attention_w##W##_##S(const T* q, const T* k, const T* v, T* o, typename Num<T>::acc* lse,   \
+                             i64 bh, i64 sq, i64 skv, i64 dim, double scale, int causal) {          \
+        attention_body<T, CPL>(q, k, v, o, lse, bh, sq, skv, dim, scale, causal);                   \
     }
 #define ENTRY(S, T) ENTRY_W(64, 2, S, T) ENTRY_W(128, 4, S, T) ENTRY_W(256, 8, S, T)
 TORSH_FLOAT_TYPES(ENTRY)
 #undef ENTRY
 #undef ENTRY_W
+
+// ----------------------------------------------------------------------------------------- gradients
+//
+// attention_backward_{dq,dkv}_w{64,128,256}_<dtype>: the gradients from the forward's output O and
+// log-sum-exp (Num<T>::acc per query row), P = exp(scale · q·k − lse), dS = P · (dO·v − D) with
+// D = dO·O, rebuilt per (query, key) pair and never stored. Deterministic: every output row is summed
+// by one warp in a fixed order, no atomics.
+// - dq: a warp owns ATT_GRAD_ROWS query rows (grid-stride over them). It takes their D and walks the
+//   keys they see 32 at a time, lane j computing the rows' dS with key j; then, with the dS broadcast
+//   by shuffles, lane c adds dS · k into the rows' columns c, c + 32, ... of one column group of
+//   W = 32·CPL columns (head_dim > 256: several groups, each recomputing dS). dQ = scale · the sums.
+// - dkv: a warp owns ATT_GRAD_ROWS key rows and walks the queries that see them 32 at a time, lane i
+//   computing query i's D, P and dS with each key; lane c then adds dS · q into dK's columns and
+//   P · dO into dV's. dK = scale · its sums.
+// Causal: query i sees keys j ≤ i, as the forward.
+
+#define ATT_GRAD_ROWS 4
+
+// dq for the warp's rows `rows[r]` (of one head; `q`, `dout`, `o`, `lse` at the head's first row).
+template <typename T, int CPL>
+__device__ void attention_dq_rows(const T* dout, const T* q, const T* k, const T* v, const T* o,
+                                  const typename Num<T>::acc* lse, T* dq, i64 row0, i64 sq,
+                                  i64 skv, i64 dim, typename Num<T>::acc scale, bool causal) {
+    typedef typename Num<T>::acc A;
+    const int lane = threadIdx.x & 31;
+    A delta[ATT_GRAD_ROWS];
+    A lse_r[ATT_GRAD_ROWS];
+    i64 last = -1;
+#pragma unroll
+    for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+        const i64 i = row0 + r;
+        A part = (A)0;
+        if (i < sq) {
+            for (i64 c = lane; c < dim; c += 32) {
+                part += Num<T>::load(dout[i * dim + c]) * Num<T>::load(o[i * dim + c]);
+            }
+            last = i;
+        }
+        delta[r] = att_warp_sum(part);
+        lse_r[r] = i < sq ? lse[i] : (A)0;
+    }
+    const i64 key_end = causal ? min(skv, last + 1) : skv;
+    const i64 width = 32 * CPL;
+    for (i64 col_base = 0; col_base < dim; col_base += width) {
+        A acc[ATT_GRAD_ROWS][CPL];
+#pragma unroll
+        for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+#pragma unroll
+            for (int t = 0; t < CPL; ++t) {
+                acc[r][t] = (A)0;
+            }
+        }
+        for (i64 k0 = 0; k0 < key_end; k0 += 32) {
+            const i64 j = k0 + lane;
+            A ds[ATT_GRAD_ROWS];
+#pragma unroll
+            for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+                ds[r] = (A)0;
+            }
+            if (j < key_end) {
+#pragma unroll
+                for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+                    const i64 i = row0 + r;
+                    if (i < sq && (!causal || j <= i)) {
+                        A s = (A)0;
+                        A dp = (A)0;
+                        for (i64 c = 0; c < dim; ++c) {
+                            s += Num<T>::load(q[i * dim + c]) * Num<T>::load(k[j * dim + c]);
+                            dp += Num<T>::load(dout[i * dim + c]) * Num<T>::load(v[j * dim + c]);
+                        }
+                        ds[r] = att_exp(scale * s - lse_r[r]) * (dp - delta[r]);
+                    }
+                }
+            }
+            const int nk = (int)min((i64)32, key_end - k0);
+            for (int jj = 0; jj < nk; ++jj) {
+                const T* krow = k + (k0 + jj) * dim;
+#pragma unroll
+                for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+                    const A d = __shfl_sync(ATT_FULL_MASK, ds[r], jj);
+#pragma unroll
+                    for (int t = 0; t < CPL; ++t) {
+                        const i64 c = col_base + 32 * t + lane;
+                        if (c < dim) {
+                            acc[r][t] += d * Num<T>::load(krow[c]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+            const i64 i = row0 + r;
+            if (i < sq) {
+#pragma unroll
+                for (int t = 0; t < CPL; ++t) {
+                    const i64 c = col_base + 32 * t + lane;
+                    if (c < dim) {
+                        dq[i * dim + c] = Num<T>::store(scale * acc[r][t]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// dk and dv for the warp's key rows from `col0` (of one head).
+template <typename T, int CPL>
+__device__ void attention_dkv_rows(const T* dout, const T* q, const T* k, const T* v, const T* o,
+                                   const typename Num<T>::acc* lse, T* dk, T* dv, i64 col0, i64 sq,
+                                   i64 skv, i64 dim, typename Num<T>::acc scale, bool causal) {
+    typedef typename Num<T>::acc A;
+    const int lane = threadIdx.x & 31;
+    // Queries that see any of the warp's keys: all, or (causal) from its first key on.
+    const i64 q_start = causal ? col0 : 0;
+    const i64 width = 32 * CPL;
+    for (i64 col_base = 0; col_base < dim; col_base += width) {
+        A acc_k[ATT_GRAD_ROWS][CPL];
+        A acc_v[ATT_GRAD_ROWS][CPL];
+#pragma unroll
+        for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+#pragma unroll
+            for (int t = 0; t < CPL; ++t) {
+                acc_k[r][t] = (A)0;
+                acc_v[r][t] = (A)0;
+            }
+        }
+        for (i64 i0 = q_start; i0 < sq; i0 += 32) {
+            const i64 i = i0 + lane;
+            A p[ATT_GRAD_ROWS];
+            A ds[ATT_GRAD_ROWS];
+#pragma unroll
+            for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+                p[r] = (A)0;
+                ds[r] = (A)0;
+            }
+            if (i < sq) {
+                A delta = (A)0;
+                for (i64 c = 0; c < dim; ++c) {
+                    delta += Num<T>::load(dout[i * dim + c]) * Num<T>::load(o[i * dim + c]);
+                }
+#pragma unroll
+                for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+                    const i64 j = col0 + r;
+                    if (j < skv && (!causal || j <= i)) {
+                        A s = (A)0;
+                        A dp = (A)0;
+                        for (i64 c = 0; c < dim; ++c) {
+                            s += Num<T>::load(q[i * dim + c]) * Num<T>::load(k[j * dim + c]);
+                            dp += Num<T>::load(dout[i * dim + c]) * Num<T>::load(v[j * dim + c]);
+                        }
+                        p[r] = att_exp(scale * s - lse[i]);
+                        ds[r] = p[r] * (dp - delta);
+                    }
+                }
+            }
+            const int nq = (int)min((i64)32, sq - i0);
+            for (int ii = 0; ii < nq; ++ii) {
+                const T* qrow = q + (i0 + ii) * dim;
+                const T* drow = dout + (i0 + ii) * dim;
+#pragma unroll
+                for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+                    const A pr = __shfl_sync(ATT_FULL_MASK, p[r], ii);
+                    const A dsr = __shfl_sync(ATT_FULL_MASK, ds[r], ii);
+#pragma unroll
+                    for (int t = 0; t < CPL; ++t) {
+                        const i64 c = col_base + 32 * t + lane;
+                        if (c < dim) {
+                            acc_k[r][t] += dsr * Num<T>::load(qrow[c]);
+                            acc_v[r][t] += pr * Num<T>::load(drow[c]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ATT_GRAD_ROWS; ++r) {
+            const i64 j = col0 + r;
+            if (j < skv) {
+#pragma unroll
+                for (int t = 0; t < CPL; ++t) {
+                    const i64 c = col_base + 32 * t + lane;
+                    if (c < dim) {
+                        dk[j * dim + c] = Num<T>::store(scale * acc_k[r][t]);
+                        dv[j * dim + c] = Num<T>::store(acc_v[r][t]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Grid-stride walk of warps over (head, tile of ATT_GRAD_ROWS rows) items; `dkv` picks the kernel.
+template <typename T, int CPL>
+__device__ void attention_backward_body(const T* dout, const T* q, const T* k, const T* v,
+                                        const T* o, const typename Num<T>::acc* lse, T* dq, T* dk,
+                                        T* dv, i64 bh, i64 sq, i64 skv, i64 dim, double scale,
+                                        int causal, bool dkv) {
+    const i64 len = dkv ? skv : sq;
+    const i64 tiles = (len + ATT_GRAD_ROWS - 1) / ATT_GRAD_ROWS;
+    const i64 total = bh * tiles;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    const typename Num<T>::acc sc = (typename Num<T>::acc)scale;
+    for (i64 item = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); item < total;
+         item += warps) {
+        const i64 head = item % bh;
+        const i64 row0 = (item / bh) * ATT_GRAD_ROWS;
+        const i64 qh = head * sq * dim;
+        const i64 kh = head * skv * dim;
+        if (dkv) {
+            attention_dkv_rows<T, CPL>(dout + qh, q + qh, k + kh, v + kh, o + qh, lse + head * sq,
+                                       dk + kh, dv + kh, row0, sq, skv, dim, sc, causal != 0);
+        } else {
+            attention_dq_rows<T, CPL>(dout + qh, q + qh, k + kh, v + kh, o + qh, lse + head * sq,
+                                      dq + qh, row0, sq, skv, dim, sc, causal != 0);
+        }
+    }
+}
+
+// attention_backward_w{64,128,256}_<dtype>(dout, q, k, v, o, lse, dq, dk, dv, batch·heads, seq_q,
+// seq_kv, head_dim, scale, causal, which): `which` 0 writes dq, 1 dk and dv. Launch with ATT_THREADS
+// threads; the suffix is the column-group width, as the forward's.
+#define GRAD_ENTRY_W(W, CPL, S, T)                                                                  \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_backward_w##W##_##S(        \
+        const T* dout, const T* q, const T* k, const T* v, const T* o,                              \
+        const typename Num<T>::acc* lse, T* dq, T* dk, T* dv, i64 bh, i64 sq, i64 skv, i64 dim,     \
+        double scale, int causal, int which) {                                                      \
+        attention_backward_body<T, CPL>(dout, q, k, v, o, lse, dq, dk, dv, bh, sq, skv, dim, scale, \
+                                        causal, which != 0);                                        \
+    }
+#define GRAD_ENTRY(S, T) GRAD_ENTRY_W(64, 2, S, T) GRAD_ENTRY_W(128, 4, S, T) GRAD_ENTRY_W(256, 8, S, T)
+TORSH_FLOAT_TYPES(GRAD_ENTRY)
+#undef GRAD_ENTRY
+#undef GRAD_ENTRY_W
 
 // ------------------------------------------------------------------------- tensor-core path (sm_80+)
 //
@@ -396,8 +638,8 @@ __device__ __forceinline__ void mma_pv_masked(float (&acc)[D / 8][4], const floa
 // One (head, 64-row query tile) on tensor cores. `q`, `k`, `v`, `o` point at the head's first row, as
 // raw 16-bit elements.
 template <typename T, int D>
-__device__ void mma_tile(const u16* q, const u16* k, const u16* v, u16* o, i64 sq, i64 skv, i64 q0,
-                         float scale, bool causal) {
+__device__ void mma_tile(const u16* q, const u16* k, const u16* v, u16* o, float* lse, i64 sq,
+                         i64 skv, i64 q0, float scale, bool causal) {
     constexpr int LD = D + MMA_PAD;
     constexpr int KS = D / 16;  // k-steps of Q·Kᵀ
     constexpr int NT = D / 8;   // n-tiles of O
@@ -538,6 +780,9 @@ __device__ void mma_tile(const u16* q, const u16* k, const u16* v, u16* o, i64 s
     for (int h = 0; h < 2; ++h) {
         l[h] += __shfl_xor_sync(ATT_FULL_MASK, l[h], 1);
         l[h] += __shfl_xor_sync(ATT_FULL_MASK, l[h], 2);
+        if (lse != nullptr && t == 0 && row[h] < sq) {
+            lse[row[h]] = (m[h] == neg_inf ? 0.f : m[h]) + logf(l[h]);
+        }
         if (row[h] < sq) {
             u32* orow = reinterpret_cast<u32*>(o + row[h] * D + 2 * t);
 #pragma unroll
@@ -551,8 +796,8 @@ __device__ void mma_tile(const u16* q, const u16* k, const u16* v, u16* o, i64 s
 // Grid-stride walk over (head, query tile) items, last query tile first (the heaviest when causal).
 // Launch with MMA_THREADS threads.
 template <typename T, int D>
-__device__ void mma_body(const T* q, const T* k, const T* v, T* o, i64 bh, i64 sq, i64 skv,
-                         double scale, int causal) {
+__device__ void mma_body(const T* q, const T* k, const T* v, T* o, float* lse, i64 bh, i64 sq,
+                         i64 skv, double scale, int causal) {
     const i64 n_qt = (sq + MMA_BQ - 1) / MMA_BQ;
     const i64 total = bh * n_qt;
     for (i64 item = blockIdx.x; item < total; item += gridDim.x) {
@@ -561,20 +806,22 @@ __device__ void mma_body(const T* q, const T* k, const T* v, T* o, i64 bh, i64 s
         mma_tile<T, D>(reinterpret_cast<const u16*>(q + head * sq * D),
                        reinterpret_cast<const u16*>(k + head * skv * D),
                        reinterpret_cast<const u16*>(v + head * skv * D),
-                       reinterpret_cast<u16*>(o + head * sq * D), sq, skv, qt * MMA_BQ, (float)scale,
-                       causal != 0);
+                       reinterpret_cast<u16*>(o + head * sq * D),
+                       lse == nullptr ? nullptr : lse + head * sq, sq, skv, qt * MMA_BQ,
+                       (float)scale, causal != 0);
     }
 }
 
-// attention_mma_d{64,128}_{f16,bf16}(q, k, v, o, batch·heads, seq_q, seq_kv, head_dim, scale, causal):
+// attention_mma_d{64,128}_{f16,bf16}(q, k, v, o, lse, batch·heads, seq_q, seq_kv, head_dim, scale,
+// causal):
 // the SIMT entry points' parameters; head_dim must equal the suffix's D, and q, k, v, o must be 16-byte
 // aligned.
 #define MMA_ENTRY_D(D, S, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS)                                      \
-        attention_mma_d##D##_##S(const T* q, const T* k, const T* v, T* o, i64 bh, i64 sq, i64 skv, \
-                                 i64 dim, double scale, int causal) {                               \
+        attention_mma_d##D##_##S(const T* q, const T* k, const T* v, T* o, float* lse, i64 bh,      \
+                                 i64 sq, i64 skv, i64 dim, double scale, int causal) {              \
         (void)dim;                                                                                  \
-        mma_body<T, D>(q, k, v, o, bh, sq, skv, scale, causal);                                     \
+        mma_body<T, D>(q, k, v, o, lse, bh, sq, skv, scale, causal);                                \
     }
 #define MMA_ENTRY(S, T) MMA_ENTRY_D(64, S, T) MMA_ENTRY_D(128, S, T)
 #if TORSH_HAS_F16

@@ -6,7 +6,8 @@
 //! its running maximum score, with that maximum and the denominator. The host reads each range
 //! back and combines it into f64 accumulators as the online softmax does within a launch —
 //! rescaling to the larger maximum, adding sums and denominators — and writes `sums /
-//! denominator` once all ranges are in, rounded once to the dtype. The kernel's rules carry over:
+//! denominator` once all ranges are in, rounded once to the dtype, and each row's log-sum-exp
+//! `max + ln denominator` where asked. The kernel's rules carry over:
 //! a NaN score makes the row NaN, a NaN value its dim (even where its weight is 0), and a row
 //! whose every score is -inf is NaN.
 //!
@@ -79,6 +80,10 @@ pub(crate) fn attention(be: &WebGpuBackend, desc: &AttentionDesc, span: usize) -
             k: at(desc.k, skv)?,
             v: at(desc.v, skv)?,
             o: at(desc.o, sq)?,
+            lse: desc
+                .lse
+                .map(|lse| advance(lse, start * sq, 4))
+                .transpose()?,
             batch: len,
             heads: 1,
             ..desc.clone()
@@ -102,28 +107,33 @@ pub(crate) fn attention(be: &WebGpuBackend, desc: &AttentionDesc, span: usize) -
                     k,
                     v,
                     o: sums,
+                    lse: None,
                     ..part.clone()
                 }
             }
             None => AttentionDesc {
                 o: sums,
+                lse: None,
                 ..part.clone()
             },
         };
-        let out = by_ranges(be, &f32_part, span, stats)?;
+        let (out, lse) = by_ranges(be, &f32_part, span, stats)?;
         write(be, part.o, desc.dtype, &out)?;
+        if let Some(ptr) = part.lse {
+            write(be, ptr, DType::F32, &lse)?;
+        }
     }
     Ok(())
 }
 
 /// `d` (f32, its output the sums' scratch) over ranges of `span` keys, each range's row
-/// statistics in `stats`; the output values, combined on the host.
+/// statistics in `stats`; the output values and each row's log-sum-exp, combined on the host.
 fn by_ranges(
     be: &WebGpuBackend,
     d: &AttentionDesc,
     span: usize,
     stats: DevicePtr,
-) -> Result<Vec<f64>> {
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let dim = d.head_dim;
     let rows = d.batch * d.heads * d.seq_q;
     let mut row = vec![
@@ -159,7 +169,7 @@ fn by_ranges(
             combine(state, into, (max, denominator), from);
         }
     }
-    Ok(row
+    let out = row
         .iter()
         .enumerate()
         .flat_map(|(r, state)| {
@@ -172,7 +182,18 @@ fn by_ranges(
                 }
             })
         })
-        .collect())
+        .collect();
+    let lse = row
+        .iter()
+        .map(|state| {
+            if state.nan {
+                f64::NAN
+            } else {
+                state.max + state.denominator.ln()
+            }
+        })
+        .collect();
+    Ok((out, lse))
 }
 
 /// Adds one range's results for a row — its maximum and denominator, and its unnormalised sums

@@ -437,6 +437,10 @@ pub(crate) fn attention(mem: &Memory, desc: &AttentionDesc) -> Result<Option<Vec
                 k: advance(desc.k, start * kv_each, size)?,
                 v: advance(desc.v, start * kv_each, size)?,
                 o: advance(desc.o, start * q_each, size)?,
+                lse: desc
+                    .lse
+                    .map(|lse| advance(lse, start * desc.seq_q, 4))
+                    .transpose()?,
                 batch: len,
                 heads: 1,
                 ..desc.clone()

@@ -8,12 +8,14 @@
 // A launch may take a range of the keys only (so that no invocation loops past the driver's limit):
 // then, with p[13] set, it writes each row's unnormalised sums (relative to its running maximum)
 // instead of the output, and the maximum and denominator to `stats`, from which the host combines
-// the ranges.
+// the ranges. With p[13] = 2, a launch over all the keys writes the output and each row's
+// log-sum-exp `m + ln l` to `stats` (for the backward).
 //
 // Parameter words (`p`): [0] rows (batch * heads * seq_q), [1] seq_q, [2] seq_kv, [3] head_dim,
 // [4] scale as f32 bits, [5] causal, [6..10) element offsets of q, k, v, o, [10] the first key and
 // [11] the end of the keys of this launch, [12] the offset in `stats` (f32 words) of row 0's
-// (maximum, denominator) pair, [13] 1 to write the sums and `stats` (a range of keys).
+// (maximum, denominator) pair or log-sum-exp, [13] 1 to write the sums and `stats` (a range of
+// keys), 2 to write the output and the log-sum-exps.
 
 @group(0) @binding(0) var<storage, read_write> q: array<elem>;
 @group(0) @binding(1) var<storage, read_write> k: array<elem>;
@@ -25,17 +27,20 @@
 // The value stored for an output element: the sum `acc` normalised by `l` (0 for a row that sees
 // no key), or as it is where the launch takes a range of the keys.
 fn result(acc: f32, l: f32, empty: bool) -> f32 {
-    if (p[13] != 0u) {
+    if (p[13] == 1u) {
         return acc;
     }
     return select(acc / l, 0.0, empty);
 }
 
-// Row `row`'s running maximum and denominator, where the launch takes a range of the keys.
+// Row `row`'s running maximum and denominator, where the launch takes a range of the keys, or its
+// log-sum-exp where asked.
 fn store_stats(row: u32, m: f32, l: f32) {
-    if (p[13] != 0u) {
+    if (p[13] == 1u) {
         stats[p[12] + 2u * row] = m;
         stats[p[12] + 2u * row + 1u] = l;
+    } else if (p[13] == 2u) {
+        stats[p[12] + row] = m + log(l);
     }
 }
 

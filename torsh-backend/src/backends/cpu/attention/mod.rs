@@ -15,6 +15,9 @@
 //! the reference, for any `seq_q`, `seq_kv`) stops each item at key `min(seq_kv, last query + 1)`:
 //! key blocks past the diagonal are never computed and only the diagonal block is masked.
 //!
+//! With a log-sum-exp output, each row's `m + ln l` is stored with it (in the compute type, which is
+//! the statistics' dtype). The gradients are in [`backward`].
+//!
 //! f32, f16 and bf16 compute in f32 (the half types are widened a block at a time and rounded once
 //! on store; `exp` is a vectorisable polynomial, see [`Exp`]); f64 computes in f64. Row sums are kept per key block and then
 //! folded into the running sum, so no serial sum runs over more than [`BLOCK_K`] terms.
@@ -25,13 +28,17 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+mod backward;
+
+use backward::attention_backward;
+
 use super::conv::{out_of_memory, parallel_items, zeroed, Product, Raw, Wide, NO_REPACK_COLS};
-use super::host::{with_float, with_simd, Ctx, Real};
+use super::host::{with_float, with_simd, Ctx, Element, Real};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{attention as reference, memory::HostMemory};
 use crate::compute::op::OpImpl;
-use crate::compute::AttentionDesc;
 use crate::compute::ComputeBackend;
+use crate::compute::{AttentionBackwardDesc, AttentionDesc};
 use crate::error::Result;
 
 /// The op name in errors.
@@ -46,100 +53,133 @@ const MIN_BLOCK_Q: usize = 16;
 /// Keys per step of the online softmax.
 const BLOCK_K: usize = 64;
 
-/// The exponential the softmax uses in each compute type.
+/// The exponentials the softmax and its gradient use in each compute type.
 trait Exp: Real {
-    /// eˣ.
+    /// eˣ for the softmax's arguments `x − max ≤ 0`: positive arguments give 1.
     fn exp_fast(self) -> Self;
+    /// eˣ for any argument, as fast: the gradient's `s − lse`, which a log-sum-exp from
+    /// elsewhere than the forward can make positive. Past the largest argument whose power of two
+    /// is normal (88 in f32, 709 in f64) the result is +∞.
+    fn exp_any(self) -> Self;
+}
+
+/// `vmath::exp_f32`'s reduction and polynomial for `x` in `[-87, hi]` (`hi ≤ 88`), with 2ⁿ built
+/// from the bits of the rounded `x·log₂e` instead of a float-to-int conversion (which LLVM does
+/// not vectorise when it must saturate). Below −87 the result is 0 (the reference's value there is
+/// under 2⁻¹²⁵ of the row's largest term, which is 1), so masked keys (−∞) contribute exactly
+/// nothing; above `hi` it is `above`. NaN propagates.
+#[inline(always)]
+fn exp_f32(x: f32, hi: f32, above: Option<f32>) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    /// 1.5 · 2²³: after adding it, the low mantissa bits hold the rounded integer.
+    const ROUND_MAGIC: f32 = 12_582_912.0;
+    let clamped = x.clamp(-87.0, hi);
+    let t = clamped.mul_add(LOG2E, ROUND_MAGIC);
+    let n = t - ROUND_MAGIC;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
+    let mut p = 1.987_569_2e-4_f32;
+    p = p.mul_add(r, 1.398_2e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 5e-1);
+    let e = (p * r).mul_add(r, r) + 1.0;
+    // t's bits are 0x4B40_0000 + n for −126 ≤ n ≤ 127: 2ⁿ has exponent field n + 127.
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
+    let mut y = if x < -87.0 { 0.0 } else { e * scale };
+    if let Some(above) = above {
+        y = if x > hi { above } else { y };
+    }
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
 }
 
 impl Exp for f32 {
-    /// `vmath::exp_f32`'s reduction and polynomial for the softmax's arguments `x − max ≤ 0`, with 2ⁿ
-    /// built from the bits of the rounded `x·log₂e` instead of a float-to-int conversion (which
-    /// LLVM does not vectorise when it must saturate). Below −87 the result is 0 (the reference's
-    /// value there is under 2⁻¹²⁵ of the row's largest term, which is 1), so masked keys (−∞)
-    /// contribute exactly nothing. NaN propagates; positive arguments (only from NaN-free rows
-    /// whose max was +∞ or NaN, where the reference gives NaN too) are clamped to 0.
+    /// [`exp_f32`] over `[-87, 0]`; positive arguments (only from NaN-free rows whose max was +∞
+    /// or NaN, where the reference gives NaN too) are clamped to 0.
     #[inline(always)]
     fn exp_fast(self) -> f32 {
-        const LOG2E: f32 = std::f32::consts::LOG2_E;
-        const LN2_HI: f32 = 0.693_359_4;
-        const LN2_LO: f32 = -2.121_944_4e-4;
-        /// 1.5 · 2²³: after adding it, the low mantissa bits hold the rounded integer.
-        const ROUND_MAGIC: f32 = 12_582_912.0;
-        let x = self;
-        let clamped = x.clamp(-87.0, 0.0);
-        let t = clamped.mul_add(LOG2E, ROUND_MAGIC);
-        let n = t - ROUND_MAGIC;
-        let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
-        let mut p = 1.987_569_2e-4_f32;
-        p = p.mul_add(r, 1.398_2e-3);
-        p = p.mul_add(r, 8.333_452e-3);
-        p = p.mul_add(r, 4.166_579_6e-2);
-        p = p.mul_add(r, 1.666_666_5e-1);
-        p = p.mul_add(r, 5e-1);
-        let e = (p * r).mul_add(r, r) + 1.0;
-        // t's bits are 0x4B40_0000 + n for −126 ≤ n ≤ 0: 2ⁿ has exponent field n + 127.
-        let scale = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
-        let y = if x < -87.0 { 0.0 } else { e * scale };
-        if x.is_nan() {
-            x
-        } else {
-            y
-        }
+        exp_f32(self, 0.0, None)
+    }
+
+    #[inline(always)]
+    fn exp_any(self) -> f32 {
+        exp_f32(self, 88.0, Some(f32::INFINITY))
+    }
+}
+
+/// eˣ for `x` in `[-708, hi]` (`hi ≤ 709`), vectorisable: `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`,
+/// `eʳ` by its Taylor series to degree 13 (truncation below 10⁻¹⁷ relative), 2ⁿ from the bits of
+/// the rounded `x·log₂e`. Below −708 the result is 0 (under 2⁻¹⁰²¹ of the row's largest term,
+/// which is 1); above `hi` it is `above`. NaN propagates.
+#[inline(always)]
+fn exp_f64(x: f64, hi: f64, above: Option<f64>) -> f64 {
+    const LOG2E: f64 = std::f64::consts::LOG2_E;
+    // ln 2 split so that n · LN2_HI is exact for |n| < 2¹¹.
+    const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    /// 1.5 · 2⁵²: after adding it, the low mantissa bits hold the rounded integer.
+    const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
+    let clamped = x.clamp(-708.0, hi);
+    let t = clamped.mul_add(LOG2E, ROUND_MAGIC);
+    let n = t - ROUND_MAGIC;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
+    // Σ_{k ≥ 2} r^(k−2) / k!, by Horner's rule from k = 13.
+    let mut p = 1.0 / 6_227_020_800.0;
+    for c in [
+        1.0 / 479_001_600.0,
+        1.0 / 39_916_800.0,
+        1.0 / 3_628_800.0,
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+    ] {
+        p = p.mul_add(r, c);
+    }
+    let e = (p * r).mul_add(r, r) + 1.0;
+    // t's bits are 0x4338_0000_0000_0000 + n for −1022 ≤ n ≤ 1023: 2ⁿ has exponent field n + 1023.
+    let scale = f64::from_bits(t.to_bits().wrapping_sub(0x4338_0000_0000_0000 - 1023) << 52);
+    let mut y = if x < -708.0 { 0.0 } else { e * scale };
+    if let Some(above) = above {
+        y = if x > hi { above } else { y };
+    }
+    if x.is_nan() {
+        x
+    } else {
+        y
     }
 }
 
 impl Exp for f64 {
-    /// eˣ for the softmax's arguments `x ≤ 0`, vectorisable: `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`,
-    /// `eʳ` by its Taylor series to degree 13 (truncation below 10⁻¹⁷ relative), 2ⁿ from the bits
-    /// of the rounded `x·log₂e`. Below −708 the result is 0 (under 2⁻¹⁰²¹ of the row's largest term,
-    /// which is 1); NaN propagates.
+    /// [`exp_f64`] over `[-708, 0]`.
     #[inline(always)]
     fn exp_fast(self) -> f64 {
-        const LOG2E: f64 = std::f64::consts::LOG2_E;
-        // ln 2 split so that n · LN2_HI is exact for |n| < 2¹¹.
-        const LN2_HI: f64 = 6.931_471_803_691_238e-1;
-        const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-        /// 1.5 · 2⁵²: after adding it, the low mantissa bits hold the rounded integer.
-        const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
-        let x = self;
-        let clamped = x.clamp(-708.0, 0.0);
-        let t = clamped.mul_add(LOG2E, ROUND_MAGIC);
-        let n = t - ROUND_MAGIC;
-        let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
-        // Σ_{k ≥ 2} r^(k−2) / k!, by Horner's rule from k = 13.
-        let mut p = 1.0 / 6_227_020_800.0;
-        for c in [
-            1.0 / 479_001_600.0,
-            1.0 / 39_916_800.0,
-            1.0 / 3_628_800.0,
-            1.0 / 362_880.0,
-            1.0 / 40_320.0,
-            1.0 / 5_040.0,
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-        ] {
-            p = p.mul_add(r, c);
-        }
-        let e = (p * r).mul_add(r, r) + 1.0;
-        // t's bits are 0x4338_0000_0000_0000 + n for −1022 ≤ n ≤ 0: 2ⁿ has exponent field n + 1023.
-        let scale = f64::from_bits(t.to_bits().wrapping_sub(0x4338_0000_0000_0000 - 1023) << 52);
-        let y = if x < -708.0 { 0.0 } else { e * scale };
-        if x.is_nan() {
-            x
-        } else {
-            y
-        }
+        exp_f64(self, 0.0, None)
+    }
+
+    #[inline(always)]
+    fn exp_any(self) -> f64 {
+        exp_f64(self, 709.0, Some(f64::INFINITY))
     }
 }
 
 /// `softmax(scale · Q·Kᵀ [+ causal mask]) · V` per batch and head.
 pub(crate) fn attention(mem: &mut HostMemory, d: &AttentionDesc, ctx: Ctx) -> Result<()> {
-    if d.batch * d.heads == 0 || d.seq_q == 0 || d.head_dim == 0 {
+    if d.batch * d.heads == 0 || d.seq_q == 0 {
         return Ok(()); // O is empty; K and V may be any length.
+    }
+    if d.head_dim == 0 {
+        return reference::attention(mem, d); // Only the log-sum-exp to write.
     }
     with_float!(d.dtype, T => typed::<T>(mem, d, ctx), _ => reference::attention(mem, d))
 }
@@ -150,6 +190,8 @@ struct Flash<T: Wide> {
     k: Raw<T>,
     v: Raw<T>,
     o: Raw<T>,
+    /// The log-sum-exp per query row, when asked for.
+    lse: Option<Raw<T::Acc>>,
     sq: usize,
     skv: usize,
     dim: usize,
@@ -208,7 +250,7 @@ impl<A: Real> Scratch<A> {
 /// [`attention`] for element type `T`.
 fn typed<T: Wide>(mem: &mut HostMemory, d: &AttentionDesc, ctx: Ctx) -> Result<()>
 where
-    T::Acc: Exp,
+    T::Acc: Exp + Element,
 {
     let bh = d.batch * d.heads;
     let (sq, skv, dim) = (d.seq_q, d.seq_kv, d.head_dim);
@@ -221,6 +263,10 @@ where
         k: Raw::of(mem, OP, d.k, bh * skv * dim)?,
         v: Raw::of(mem, OP, d.v, bh * skv * dim)?,
         o: Raw::of(mem, OP, d.o, bh * sq * dim)?,
+        lse: d
+            .lse
+            .map(|ptr| Raw::of(mem, OP, ptr, bh * sq))
+            .transpose()?,
         sq,
         skv,
         dim,
@@ -259,7 +305,7 @@ where
 
 impl<T: Wide> Flash<T>
 where
-    T::Acc: Exp,
+    T::Acc: Exp + Element,
 {
     /// Query block `block` of head `head` (batch · heads + head).
     #[inline(always)]
@@ -381,6 +427,13 @@ where
         for (inv, &l) in s.part[..rows].iter_mut().zip(&s.l[..rows]) {
             *inv = T::Acc::ONE / l;
         }
+        if let Some(lse) = self.lse {
+            // SAFETY: rows i0 .. i0 + rows of this head are written by this item only.
+            let out = unsafe { lse.get_mut(head * self.sq + i0, rows) };
+            for ((o, &m), &l) in out.iter_mut().zip(&s.m[..rows]).zip(&s.l[..rows]) {
+                *o = T::Acc::from_f64(m.to_f64() + l.to_f64().ln());
+            }
+        }
         for (i, acc) in s.acc.chunks_exact(dim).take(rows).enumerate() {
             let inv = s.part[i];
             // SAFETY: row i0 + i of this head is written by this item only.
@@ -463,6 +516,15 @@ impl OpImpl<AttentionDesc> for CpuBackend {
     }
 }
 
+impl OpImpl<AttentionBackwardDesc> for CpuBackend {
+    fn op(&self, desc: &AttentionBackwardDesc) -> Result<()> {
+        let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
+            return self.scalar.attention_backward(desc);
+        };
+        self.kernel(acc, |mem, ctx| attention_backward(mem, desc, ctx))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,6 +586,8 @@ mod tests {
         let k = random(&mut mem, &mut rng, dtype, nkv);
         let v = random(&mut mem, &mut rng, dtype, nkv);
         let [o, expected] = [0, 1].map(|_| mem.alloc((nq * dtype.size_in_bytes()).max(1)).unwrap());
+        let rows = batch * heads * seq_q;
+        let [lse, expected_lse] = [0, 1].map(|_| mem.alloc((rows * 8).max(1)).unwrap());
         let desc = AttentionDesc {
             dtype,
             q,
@@ -537,14 +601,26 @@ mod tests {
             head_dim,
             scale: case.scale,
             causal: case.causal,
+            lse: Some(lse),
         };
         desc.accesses().unwrap();
         on_threads(threads, |ctx| attention(&mut mem, &desc, ctx)).unwrap();
         let oracle = AttentionDesc {
             o: expected,
+            lse: Some(expected_lse),
             ..desc
         };
         reference::attention(&mut mem, &oracle).unwrap();
+        let stats = crate::compute::stats_dtype(dtype);
+        let got = mem.load_dense(stats, lse, rows).unwrap();
+        let want = mem.load_dense(stats, expected_lse, rows).unwrap();
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            let tolerance = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+            assert!(
+                (a - b).abs() <= tolerance * (1.0 + b.abs()),
+                "{case:?} {dtype:?} lse row {i}: {a} vs {b}"
+            );
+        }
         let got = mem.load_dense(dtype, o, nq).unwrap();
         let want = mem.load_dense(dtype, expected, nq).unwrap();
         let (mut err, mut norm) = (0.0f64, 0.0f64);
@@ -579,25 +655,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn single_query_and_key() {
-        check_all([1, 1, 1, 1, 1], 0.5);
-        check_all([1, 2, 1, 3, 7], 0.3);
-    }
+    /// The problems both kernels' tests compare with the reference, `([batch, heads, seq_q, seq_kv,
+    /// head_dim], scale)`: single queries and keys, odd lengths and head dims across the 64-row
+    /// blocks, and fewer queries than keys (causal: the queries see only the first keys) and more.
+    pub(super) const PROBLEMS: [([usize; 5], f64); 9] = [
+        ([1, 1, 1, 1, 1], 0.5),
+        ([1, 2, 1, 3, 7], 0.3),
+        ([2, 3, 17, 17, 7], 0.378),
+        ([1, 2, 67, 67, 1], 1.0),
+        ([2, 1, 70, 133, 64], 0.125),
+        ([1, 2, 65, 130, 7], 0.4),
+        ([2, 1, 130, 65, 5], 0.4),
+        ([1, 1, 3, 200, 16], 0.25),
+        ([1, 1, 0, 9, 4], 0.5),
+    ];
 
     #[test]
-    fn odd_lengths_and_head_dims_match_the_reference() {
-        check_all([2, 3, 17, 17, 7], 1.0 / 7f64.sqrt());
-        check_all([1, 2, 67, 67, 1], 1.0);
-        check_all([2, 1, 70, 133, 64], 0.125);
-    }
-
-    #[test]
-    fn unequal_query_and_key_lengths_match_the_reference() {
-        // Fewer queries than keys (causal: the queries see only the first keys) and more.
-        check_all([1, 2, 65, 130, 7], 0.4);
-        check_all([2, 1, 130, 65, 5], 0.4);
-        check_all([1, 1, 3, 200, 16], 0.25);
+    fn odd_and_unequal_lengths_match_the_reference() {
+        for (sizes, scale) in PROBLEMS {
+            check_all(sizes, scale);
+        }
     }
 
     #[test]
@@ -652,6 +729,7 @@ mod tests {
                 head_dim: d,
                 scale: 0.5,
                 causal,
+                lse: None,
             };
             on_threads(1, |ctx| attention(&mut mem, &desc, ctx)).unwrap();
             reference::attention(
@@ -691,6 +769,30 @@ mod tests {
         assert_eq!((-100.0f32).exp_fast(), 0.0);
         assert_eq!(0.0f32.exp_fast(), 1.0);
         assert!(f32::NAN.exp_fast().is_nan());
+    }
+
+    #[test]
+    fn gradient_exp_is_accurate_on_both_sides_of_zero() {
+        let (mut worst, mut worst64) = (0.0f64, 0.0f64);
+        for i in 0..=200_000 {
+            let x = -87.0 + 175.0 * i as f32 / 200_000.0;
+            let want = (x as f64).exp();
+            worst = worst.max(((x.exp_any() as f64 - want) / want).abs());
+            let y = -708.0 + 1417.0 * (i as f64 / 200_000.0);
+            worst64 = worst64.max(((y.exp_any() - y.exp()) / y.exp()).abs());
+        }
+        assert!(
+            worst < 3.0 * f32::EPSILON as f64,
+            "relative error {worst:e}"
+        );
+        assert!(
+            worst64 < 4.0 * f64::EPSILON,
+            "f64 relative error {worst64:e}"
+        );
+        assert_eq!(89.0f32.exp_any(), f32::INFINITY);
+        assert_eq!(710.0f64.exp_any(), f64::INFINITY);
+        assert_eq!(f32::NEG_INFINITY.exp_any(), 0.0);
+        assert!(f32::NAN.exp_any().is_nan());
     }
 
     #[test]
