@@ -334,6 +334,28 @@ fn overflowing_sizes_through_the_raw_trait() {
             }),
             SizeOverflow
         );
+        assert_err!(
+            c.attention_backward(&torsh_backend::compute::AttentionBackwardDesc {
+                dtype: DType::F32,
+                grad_output: x,
+                q: x,
+                k: y,
+                v: y,
+                o: x,
+                lse: y,
+                grad_q: out,
+                grad_k: out,
+                grad_v: out,
+                batch: 1 << 40,
+                heads: 1 << 40,
+                seq_q: 1,
+                seq_kv: 1,
+                head_dim: 1,
+                scale: 1.0,
+                causal: false,
+            }),
+            SizeOverflow
+        );
         assert_eq!(DevicePtr(u64::MAX - 3).offset(8), None);
         assert_err!(c.copy_dtod(out, x, usize::MAX), OutOfBounds | SizeOverflow);
 

@@ -42,15 +42,20 @@ pub struct AttentionDesc {
 }
 
 /// The scores' shapes shared by the forward and the backward, checked: the scale finite, and keys
-/// present wherever a query is.
-fn check_sizes(op: &'static str, scale: f64, bh: usize, seq_q: usize, seq_kv: usize) -> Result<()> {
+/// present wherever a query is (`[batch, heads, seq_q, seq_kv]`, not multiplied: their product may
+/// overflow, which the region checks report).
+fn check_sizes(
+    op: &'static str,
+    scale: f64,
+    [batch, heads, seq_q, seq_kv]: [usize; 4],
+) -> Result<()> {
     if !scale.is_finite() {
         return Err(BackendError::invalid(
             op,
             format!("scale {scale} must be finite"),
         ));
     }
-    if seq_kv == 0 && seq_q > 0 && bh > 0 {
+    if seq_kv == 0 && seq_q > 0 && batch > 0 && heads > 0 {
         return Err(BackendError::invalid(
             op,
             "seq_kv is 0: every query would attend to nothing",
@@ -66,9 +71,7 @@ impl AttentionDesc {
         check_sizes(
             op,
             self.scale,
-            self.batch * self.heads,
-            self.seq_q,
-            self.seq_kv,
+            [self.batch, self.heads, self.seq_q, self.seq_kv],
         )?;
         let q_shape = [self.batch, self.heads, self.seq_q, self.head_dim];
         let kv_shape = [self.batch, self.heads, self.seq_kv, self.head_dim];
@@ -157,9 +160,7 @@ impl AttentionBackwardDesc {
         check_sizes(
             op,
             self.scale,
-            self.batch * self.heads,
-            self.seq_q,
-            self.seq_kv,
+            [self.batch, self.heads, self.seq_q, self.seq_kv],
         )?;
         let q_shape = [self.batch, self.heads, self.seq_q, self.head_dim];
         let kv_shape = [self.batch, self.heads, self.seq_kv, self.head_dim];
