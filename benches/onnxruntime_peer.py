@@ -56,6 +56,9 @@ NOT_COVERED = {
     "cross_entropy": "a training loss: PyTorch is the peer",
     "cross_entropy_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
     "conv2d_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
+    "layer_norm_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
+    "batch_norm_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
+    "attention_backward": "a backward op: an inference runtime has none (PyTorch's autograd is the peer)",
 }
 
 
