@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,7 +39,8 @@ except ImportError as missing:  # pragma: no cover - depends on the machine
     )
     sys.exit(1)
 
-MAX_K = 1 << 20
+from peer_timing import measure
+
 DEFAULT_OPSET = 18
 NOT_COVERED = {
     "memcpy": "a plain memcpy: no ONNX op (Identity is elided by the optimiser)",
@@ -333,28 +332,6 @@ def runner(g: Graph, threads: int) -> Callable[[], None]:
             binding.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
     g.keep.append((sess, binding))
     return lambda: sess.run_with_iobinding(binding)
-
-
-def measure(run: Callable[[], None], repeats: int, target: float) -> float:
-    """Seconds per run: the median of `repeats` repeats of k back-to-back runs, as ours."""
-    def batch(k):
-        start = time.perf_counter()
-        for _ in range(k):
-            run()
-        return time.perf_counter() - start
-
-    batch(1)
-    k, per = 1, []
-    while True:
-        t = batch(k)
-        if t >= target or k >= MAX_K:
-            per.append(t / k)
-            break
-        grow = math.ceil(target * 1.2 / t) if t > 0 else 100
-        k = int(min(k * min(max(grow, 2), 100), MAX_K))
-    while len(per) < repeats:
-        per.append(batch(k) / k)
-    return statistics.median(per)
 
 
 def work(row: dict) -> float:

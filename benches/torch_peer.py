@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
-import time
 from typing import Callable
 
 try:
@@ -43,7 +40,8 @@ except ImportError as missing:  # pragma: no cover - depends on the machine
     )
     sys.exit(1)
 
-MAX_K = 1 << 20
+from peer_timing import measure
+
 # Channels of the bench's batch-norm cases (`BATCH_NORM_CHANNELS` in torsh-cli/src/bench/cases.rs).
 BATCH_NORM_CHANNELS = 32
 # Rows of a pooling case's planes (`POOL_ROWS`): each [rows, cols] tensor is [rows / 64, 1, 64, cols].
@@ -138,28 +136,6 @@ def backward_of(row: dict) -> tuple[Callable[[], object], Callable[[], object]] 
             return fwd()
 
     return forward_only, bwd
-
-
-def measure(run: Callable[[], object], repeats: int, target: float) -> float:
-    """Seconds per call: the median of `repeats` repeats of k back-to-back calls, as ours."""
-    def batch(k):
-        start = time.perf_counter()
-        for _ in range(k):
-            run()
-        return time.perf_counter() - start
-
-    batch(1)
-    k, per = 1, []
-    while True:
-        t = batch(k)
-        if t >= target or k >= MAX_K:
-            per.append(t / k)
-            break
-        grow = math.ceil(target * 1.2 / t) if t > 0 else 100
-        k = int(min(k * min(max(grow, 2), 100), MAX_K))
-    while len(per) < repeats:
-        per.append(batch(k) / k)
-    return statistics.median(per)
 
 
 def main() -> int:
