@@ -479,8 +479,8 @@ fn store<T: Wide>(acc: &[T::Acc], dst: &mut [T]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{on_threads, random, PROBLEMS};
     use super::*;
-    use crate::backends::cpu::simd::SimdLevel;
     use crate::compute::{AttentionDesc, DevicePtr};
     use crate::dtype::DType;
     use crate::rng::HostRng;
@@ -496,19 +496,10 @@ mod tests {
         }
     }
 
-    /// A buffer of `n` values of `dtype`: standard normal, or NaN (`poison`).
-    fn buffer(
-        mem: &mut HostMemory,
-        rng: &mut HostRng,
-        dtype: DType,
-        n: usize,
-        poison: bool,
-    ) -> DevicePtr {
+    /// A buffer of `n` NaNs of `dtype`: an output no write may leave so.
+    fn poisoned(mem: &mut HostMemory, dtype: DType, n: usize) -> DevicePtr {
         let ptr = mem.alloc((n * dtype.size_in_bytes()).max(1)).unwrap();
-        let values: Vec<f64> = (0..n)
-            .map(|_| if poison { f64::NAN } else { rng.normal() })
-            .collect();
-        mem.store(dtype, ptr, &values).unwrap();
+        mem.store(dtype, ptr, &vec![f64::NAN; n]).unwrap();
         ptr
     }
 
@@ -520,14 +511,13 @@ mod tests {
         let mut rng = HostRng::new(sizes.iter().sum::<usize>() as u64 + u64::from(causal));
         let bh = batch * heads;
         let (nq, nkv) = (bh * seq_q * head_dim, bh * seq_kv * head_dim);
-        let mut fresh = |mem: &mut HostMemory, n, poison| buffer(mem, &mut rng, dtype, n, poison);
         let (q, k, v, dout) = (
-            fresh(&mut mem, nq, false),
-            fresh(&mut mem, nkv, false),
-            fresh(&mut mem, nkv, false),
-            fresh(&mut mem, nq, false),
+            random(&mut mem, &mut rng, dtype, nq),
+            random(&mut mem, &mut rng, dtype, nkv),
+            random(&mut mem, &mut rng, dtype, nkv),
+            random(&mut mem, &mut rng, dtype, nq),
         );
-        let o = fresh(&mut mem, nq, true);
+        let o = poisoned(&mut mem, dtype, nq);
         let lse = mem.alloc((bh * seq_q * 8).max(1)).unwrap();
         let fwd = AttentionDesc {
             dtype,
@@ -545,11 +535,8 @@ mod tests {
             lse: Some(lse),
         };
         reference::attention(&mut mem, &fwd).unwrap();
-        let grads = |mem: &mut HostMemory, rng: &mut HostRng| {
-            [nq, nkv, nkv].map(|n| buffer(mem, rng, dtype, n, true))
-        };
-        let [dq, dk, dv] = grads(&mut mem, &mut rng);
-        let [wq, wk, wv] = grads(&mut mem, &mut rng);
+        let [dq, dk, dv] = [nq, nkv, nkv].map(|n| poisoned(&mut mem, dtype, n));
+        let [wq, wk, wv] = [nq, nkv, nkv].map(|n| poisoned(&mut mem, dtype, n));
         let desc = AttentionBackwardDesc {
             dtype,
             grad_output: dout,
@@ -570,16 +557,7 @@ mod tests {
             causal,
         };
         desc.accesses().unwrap();
-        let ctx = Ctx {
-            threads,
-            simd: SimdLevel::detect(),
-        };
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(|| attention_backward(&mut mem, &desc, ctx))
-            .unwrap();
+        on_threads(threads, |ctx| attention_backward(&mut mem, &desc, ctx)).unwrap();
         let oracle = AttentionBackwardDesc {
             grad_q: wq,
             grad_k: wk,
@@ -624,7 +602,7 @@ mod tests {
     fn odd_and_unequal_lengths_match_the_reference() {
         // The forward's problems: causal with fewer queries than keys leaves the last keys unseen
         // (their gradients are 0), and no query at all leaves every key so.
-        for (sizes, scale) in super::super::tests::PROBLEMS {
+        for (sizes, scale) in PROBLEMS {
             check_all(sizes, scale);
         }
     }

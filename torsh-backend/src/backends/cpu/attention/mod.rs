@@ -553,7 +553,12 @@ mod tests {
     }
 
     /// A buffer of `n` standard normal values of `dtype`.
-    fn random(mem: &mut HostMemory, rng: &mut HostRng, dtype: DType, n: usize) -> DevicePtr {
+    pub(super) fn random(
+        mem: &mut HostMemory,
+        rng: &mut HostRng,
+        dtype: DType,
+        n: usize,
+    ) -> DevicePtr {
         let ptr = mem.alloc((n * dtype.size_in_bytes()).max(1)).unwrap();
         let values: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
         mem.store(dtype, ptr, &values).unwrap();
@@ -561,7 +566,7 @@ mod tests {
     }
 
     /// Runs `f` with a context of `threads` threads, inside a pool of that size.
-    fn on_threads<R: Send>(threads: usize, f: impl FnOnce(Ctx) -> R + Send) -> R {
+    pub(super) fn on_threads<R: Send>(threads: usize, f: impl FnOnce(Ctx) -> R + Send) -> R {
         let ctx = Ctx {
             threads,
             simd: SimdLevel::detect(),
