@@ -13,8 +13,8 @@ use torsh_backend::compute::{
     Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc, Distribution, DropoutDesc, FillDesc,
     GatherDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc, Pool2dBackwardDesc,
     Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp, ScatterDesc,
-    ScatterReduce, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc, UnaryDesc, UnaryOp,
-    UnscaleDesc, Value, WhereDesc,
+    ScatterReduce, SoftmaxBackwardDesc, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc,
+    UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -100,7 +100,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 29) {
+    match rng.range(0, 30) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -657,6 +657,28 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                     },
                 )
             }
+        }
+        29 => {
+            let (outer, len, inner) = (rng.range(1, 5), rng.range(1, 40), rng.range(1, 3));
+            let b = 4 * outer * len * inner;
+            let log = rng.chance(0.5);
+            op(
+                format!("softmax_backward {outer}×{len}×{inner} log {log}"),
+                &[(b, false), (b, false), (b, true)],
+                false,
+                move |c, p| {
+                    c.softmax_backward(&SoftmaxBackwardDesc {
+                        dtype: F32,
+                        grad_output: p[0],
+                        output: p[1],
+                        grad_input: p[2],
+                        outer,
+                        axis_len: len,
+                        inner,
+                        log,
+                    })
+                },
+            )
         }
         16 => op("random", &[(bytes, true)], false, move |c, p| {
             c.random(&RandomDesc {

@@ -731,7 +731,7 @@ fn backward(rng: &mut Rng) -> Case {
         return norm_backward(rng);
     }
     let dtype = rng.float_dtype();
-    match rng.range(0, 3) {
+    match rng.range(0, 4) {
         0 => {
             let op = rng.pick(UnaryOp::ALL);
             let rank = rng.range(1, 3);
@@ -795,6 +795,33 @@ fn backward(rng: &mut Rng) -> Case {
                     Ok(vec![y, at, dmax, davg])
                 },
             )
+        }
+        3 => {
+            let rank = rng.range(1, 4);
+            let shape = rng.shape(rank, true, CAP);
+            let (x, g) = (
+                view(rng, &shape, Values::Normal),
+                view(rng, &shape, Values::Normal),
+            );
+            let axis = rng.range(0, rank - 1) as isize;
+            let log = rng.chance(0.5);
+            // A gradient constant along the axis gives outputs of 0 up to rounding: the sum's
+            // terms bound the absolute error.
+            let terms = shape[axis as usize] as f64 + 1.0;
+            let c = case(
+                "backward",
+                format!("softmax_backward axis {axis} log {log}"),
+                dtype,
+                vec![x, g],
+                move |b, t| {
+                    Ok(vec![if log {
+                        b.log_softmax_backward(&t[1], &t[0].log_softmax(axis)?, axis)?
+                    } else {
+                        b.softmax_backward(&t[1], &t[0].softmax(axis)?, axis)?
+                    }])
+                },
+            );
+            with_terms(c, terms)
         }
         _ => {
             let (n, c) = (rng.range(0, 9), rng.range(1, 12));

@@ -278,6 +278,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// The input gradient of softmax or log-softmax; see [`SoftmaxBackwardDesc`].
+    fn softmax_backward(&self, desc: &SoftmaxBackwardDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// Layer normalisation; see [`LayerNormDesc`].
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
         Err(desc.unsupported(self))
@@ -541,6 +546,7 @@ macro_rules! for_each_op {
             unary_backward($crate::compute::UnaryBackwardDesc),
             dropout($crate::compute::DropoutDesc),
             softmax($crate::compute::SoftmaxDesc),
+            softmax_backward($crate::compute::SoftmaxBackwardDesc),
             layer_norm($crate::compute::LayerNormDesc),
             batch_norm($crate::compute::BatchNormDesc),
             layer_norm_backward($crate::compute::LayerNormBackwardDesc),

@@ -4,7 +4,7 @@
 use crate::backend::Backend;
 use crate::compute::{
     stats_dtype, BatchNormBackwardDesc, BatchNormDesc, LayerNormBackwardDesc, LayerNormDesc,
-    SoftmaxDesc,
+    SoftmaxBackwardDesc, SoftmaxDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -178,28 +178,54 @@ impl Backend {
 
     /// The gradient of [`Backend::softmax`]'s input along `axis` from `grad`, its output's
     /// gradient, and `y`, its output: `y · (grad − Σ grad · y)`, the sum along `axis` (PyTorch's
-    /// `_softmax_backward_data`). Composed of elementwise ops and one sum, so it runs on every
-    /// backend; four passes over the data, not yet one fused kernel. Errors: `ShapeMismatch` when
-    /// `grad` and `y` differ in shape, `DTypeMismatch` when their dtypes differ, `InvalidArgument`
-    /// for an axis out of range.
+    /// `_softmax_backward_data`), in one pass over the data. Errors: `ShapeMismatch` when `grad`
+    /// and `y` differ in shape, `DTypeMismatch` when their dtypes differ, `InvalidArgument` for an
+    /// axis out of range, `Unsupported` for a dtype that is not a float.
     pub fn softmax_backward(&self, grad: &Tensor, y: &Tensor, axis: isize) -> Result<Tensor> {
-        let op = "softmax_backward";
-        self.check_operands(op, &[grad, y])?;
-        expect_shape(op, "grad", grad, y.shape())?;
-        let dot = self.sum(&grad.mul(y)?, axis, true)?;
-        y.mul(&grad.sub(&dot)?)
+        self.softmax_backward_impl(grad, y, axis, false)
     }
 
     /// The gradient of [`Backend::log_softmax`]'s input along `axis` from `grad` and `y`, its
     /// output: `grad − exp(y) · Σ grad`, the sum along `axis` (PyTorch's
-    /// `_log_softmax_backward_data`). Composed as [`Backend::softmax_backward`] is. Errors as
-    /// [`Backend::softmax_backward`].
+    /// `_log_softmax_backward_data`), in one pass. Errors as [`Backend::softmax_backward`].
     pub fn log_softmax_backward(&self, grad: &Tensor, y: &Tensor, axis: isize) -> Result<Tensor> {
-        let op = "log_softmax_backward";
-        self.check_operands(op, &[grad, y])?;
+        self.softmax_backward_impl(grad, y, axis, true)
+    }
+
+    fn softmax_backward_impl(
+        &self,
+        grad: &Tensor,
+        y: &Tensor,
+        axis: isize,
+        log: bool,
+    ) -> Result<Tensor> {
+        let op = if log {
+            "log_softmax_backward"
+        } else {
+            "softmax_backward"
+        };
+        let dtype = self.check_operands(op, &[grad, y])?;
         expect_shape(op, "grad", grad, y.shape())?;
-        let total = self.sum(grad, axis, true)?;
-        grad.sub(&y.exp()?.mul(&total)?)
+        let shape = y.shape().to_vec();
+        let dims = shape.len().max(1);
+        let axis = normalize_axis(op, axis, dims)?;
+        let out = self.empty(&shape, dtype)?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        let (grad, y) = (grad.contiguous()?, y.contiguous()?);
+        let full = if shape.is_empty() { vec![1] } else { shape };
+        self.compute().softmax_backward(&SoftmaxBackwardDesc {
+            dtype,
+            grad_output: grad.data_ptr(),
+            output: y.data_ptr(),
+            grad_input: out.data_ptr(),
+            outer: product(&full[..axis]),
+            axis_len: full[axis],
+            inner: product(&full[axis + 1..]),
+            log,
+        })?;
+        Ok(out)
     }
 
     /// Layer normalisation over the trailing dims given by `normalized_shape`, with optional `weight` and

@@ -622,6 +622,17 @@ fn softmax_backward(i: &mut Inputs) -> Result<Vec<Tensor>> {
     // A row of one.
     let one = i.normal(&[3, 1])?;
     out.push(b.softmax_backward(&i.normal(&[3, 1])?, &one.softmax(1)?, 1)?);
+    // The middle dim of [3, 67, 9] (inner > 1), rows of 1 031 across blocks, and a 0-d tensor.
+    let mid = i.normal(&[3, 67, 9])?;
+    let grad = i.normal(&[3, 67, 9])?;
+    out.push(b.softmax_backward(&grad, &mid.softmax(1)?, 1)?);
+    out.push(b.log_softmax_backward(&grad, &mid.log_softmax(1)?, 1)?);
+    let long = i.normal(&[4, 1031])?;
+    let grad = i.normal(&[4, 1031])?;
+    out.push(b.softmax_backward(&grad, &long.softmax(-1)?, -1)?);
+    out.push(b.log_softmax_backward(&grad, &long.log_softmax(-1)?, -1)?);
+    let scalar = i.normal(&[])?;
+    out.push(b.log_softmax_backward(&i.normal(&[])?, &scalar.log_softmax(0)?, 0)?);
     Ok(out)
 }
 

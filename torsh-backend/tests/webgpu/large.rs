@@ -204,7 +204,8 @@ fn ops_over_all_of_a_tensor_larger_than_one_binding_split_into_pieces_that_fit()
     let reference = Backend::reference().unwrap();
     let n = host.len();
     let check = check_close;
-    // Ops made of independent rows split along them: softmax, layer norm and a sum by rows, a GEMM
+    // Ops made of independent rows split along them: softmax and its gradient, layer norm and a sum
+    // by rows, a GEMM
     // by blocks, Adam by elements; against the reference on all of the tensor.
     let (rows_all, cols_all) = (n / 1024, 1024);
     assert_eq!(rows_all * cols_all, n);
@@ -215,6 +216,14 @@ fn ops_over_all_of_a_tensor_larger_than_one_binding_split_into_pieces_that_fit()
         &all.softmax(1).unwrap(),
         &all_ref.softmax(1).unwrap(),
     );
+    let y_all = all.softmax(1).unwrap();
+    let y_all_ref = all_ref.softmax(1).unwrap();
+    check(
+        "softmax_backward of all",
+        &b.softmax_backward(&all, &y_all, 1).unwrap(),
+        &reference.softmax_backward(&all_ref, &y_all_ref, 1).unwrap(),
+    );
+    drop((y_all, y_all_ref));
     check(
         "layer_norm of all",
         &all.layer_norm(&[cols_all], None, None, 1e-5).unwrap(),
@@ -888,8 +897,8 @@ fn elementwise_ops_copies_and_casts_whose_leading_indices_each_exceed_a_binding(
 
 #[test]
 fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_channels() {
-    // On a 64 KiB binding: softmax and log-softmax of rows of 20 011 values (80 KB each) and over
-    // the 7 channels of [2, 7, 3 001] (84 KB per outer slice), layer norm of such rows with weight
+    // On a 64 KiB binding: softmax and log-softmax and their gradients of rows of 20 011 values
+    // (80 KB each) and over the 7 channels of [2, 7, 3 001] (84 KB per outer slice), layer norm of such rows with weight
     // and bias, each composed of reductions and elementwise ops in f32; batch norm of images of
     // 82 KB (by blocks of channels, copied out of every image in training) and of one channel of
     // 80 KB in inference (by ranges of positions); against the reference in f32, f16 and bf16.
@@ -909,16 +918,30 @@ fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_ch
             let channels = dtype_tensor(be, &wave(2 * 7 * 3001, 1.05), &[2, 7, 3001], dtype);
             let weight = dtype_tensor(be, &wave(20_011, 2.45), &[20_011], dtype);
             let bias = dtype_tensor(be, &wave(20_011, 0.15), &[20_011], dtype);
+            let grad_rows = dtype_tensor(be, &wave(2 * 20_011, 1.3), &[2, 20_011], dtype);
+            let grad_channels = dtype_tensor(be, &wave(2 * 7 * 3001, 0.6), &[2, 7, 3001], dtype);
+            let (y, log_y) = (masked.softmax(1).unwrap(), masked.log_softmax(1).unwrap());
+            let y_channels = channels.softmax(1).unwrap();
+            let log_y_channels = channels.log_softmax(1).unwrap();
             [
-                masked.softmax(1).unwrap(),
-                masked.log_softmax(1).unwrap(),
-                channels.softmax(1).unwrap(),
-                channels.log_softmax(1).unwrap(),
+                be.softmax_backward(&grad_rows, &y, 1).unwrap(),
+                be.log_softmax_backward(&grad_rows, &log_y, 1).unwrap(),
+                be.softmax_backward(&grad_channels, &y_channels, 1).unwrap(),
+                be.log_softmax_backward(&grad_channels, &log_y_channels, 1)
+                    .unwrap(),
+                y,
+                log_y,
+                y_channels,
+                log_y_channels,
                 rows.layer_norm(&[20_011], Some(&weight), Some(&bias), 1e-5)
                     .unwrap(),
             ]
         };
         let names = [
+            "softmax_backward of masked rows",
+            "log_softmax_backward of masked rows",
+            "softmax_backward over channels",
+            "log_softmax_backward over channels",
             "softmax of masked rows",
             "log_softmax of masked rows",
             "softmax over channels",

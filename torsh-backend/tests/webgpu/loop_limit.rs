@@ -172,7 +172,7 @@ fn reductions_of_rows_past_the_loop_budget_combine_blocks_of_them() {
 #[test]
 fn normalisations_of_rows_past_the_loop_budget_are_composed() {
     // Softmax, log-softmax and layer norm of rows of 12 011 (one launch takes 10 864), inner > 1
-    // too; batch norm of channels of 30 021 and 13 001 values, in chunks within the budget
+    // too, and softmax's gradients of rows of 20 011; batch norm of channels of 30 021 and 13 001 values, in chunks within the budget
     // (training in three launches), with running statistics.
     let Some(b) = low_budget() else { return };
     against_reference(&b, &ALL, |be, dtype| {
@@ -188,7 +188,27 @@ fn normalisations_of_rows_past_the_loop_budget_are_composed() {
         let (mean1, var1) = (stat(-0.2), stat(0.5));
         let trained1 = be.batch_norm(&one, &mean1, &var1, true).unwrap();
         let inferred = be.batch_norm(&images, &mean, &var, false).unwrap();
+        // Gradients of rows of 20 011, past what one launch takes.
+        let long = wave_tensor(be, &[2, 20_011], 0.9, dtype);
+        let long_inner = wave_tensor(be, &[2, 20_011, 3], 1.0, dtype);
+        let grad = wave_tensor(be, &[2, 20_011], 1.1, dtype);
+        let grad_inner = wave_tensor(be, &[2, 20_011, 3], 1.2, dtype);
+        let y = long.softmax(-1).unwrap();
+        let log_y = long.log_softmax(-1).unwrap();
+        let y_inner = long_inner.softmax(1).unwrap();
         vec![
+            (
+                "softmax_backward",
+                be.softmax_backward(&grad, &y, -1).unwrap(),
+            ),
+            (
+                "log_softmax_backward",
+                be.log_softmax_backward(&grad, &log_y, -1).unwrap(),
+            ),
+            (
+                "softmax_backward, inner > 1",
+                be.softmax_backward(&grad_inner, &y_inner, 1).unwrap(),
+            ),
             ("softmax", rows.softmax(-1).unwrap()),
             ("log_softmax", rows.log_softmax(-1).unwrap()),
             ("softmax, inner > 1", inner.softmax(1).unwrap()),

@@ -141,8 +141,8 @@ pub enum MemOp {
     /// `gelu`'s backward (`unary_backward`): the input and a gradient read, the input's gradient
     /// written.
     GeluBackward,
-    /// `softmax_backward` along each row through the tensor API (composed of elementwise ops and a
-    /// sum; allocates its temporaries and output each call).
+    /// `softmax_backward` along each row: the gradient and the forward's output read, the
+    /// input's gradient written.
     SoftmaxBackward,
     /// `dropout` with p = 0.5 (the counter-based mask).
     Dropout,

@@ -8,8 +8,8 @@
 use torsh_backend::compute::{
     BatchNormBackwardDesc, BatchNormDesc, BinaryDesc, CastDesc, DropoutDesc, FillDesc, GatherDesc,
     LayerNormBackwardDesc, LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, PoolKind, ReduceDesc,
-    ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxDesc, StridedBuf, UnaryBackwardDesc,
-    UnaryDesc, Value, WhereDesc,
+    ScanDesc, ScanOp, ScatterDesc, ScatterReduce, SoftmaxBackwardDesc, SoftmaxDesc, StridedBuf,
+    UnaryBackwardDesc, UnaryDesc, Value, WhereDesc,
 };
 use torsh_backend::{
     AdamState, Backend, BackendError, BatchNormConfig, BinaryOp, ConvConfig, CrossEntropyConfig,
@@ -211,8 +211,25 @@ fn memory(
             })
         }
         MemOp::SoftmaxBackward => {
-            let (y, grad) = (x.softmax(1)?, backend.randn(&[rows, cols], dt)?);
-            Box::new(move || b.softmax_backward(&grad, &y, 1).map(drop).map_err(text))
+            let (y, grad, out) = (
+                x.softmax(1)?,
+                backend.randn(&[rows, cols], dt)?,
+                dense_out()?,
+            );
+            let desc = SoftmaxBackwardDesc {
+                dtype: dt,
+                grad_output: grad.data_ptr(),
+                output: y.data_ptr(),
+                grad_input: out.data_ptr(),
+                outer: rows,
+                axis_len: cols,
+                inner: 1,
+                log: false,
+            };
+            Box::new(move || {
+                let _keep = (&y, &grad, &out);
+                b.compute().softmax_backward(&desc).map_err(text)
+            })
         }
         MemOp::Dropout => {
             let out = dense_out()?;

@@ -1,4 +1,5 @@
-//! Host side of the norm kernels (`kernels/norm.cu`): softmax and log-softmax, layer norm, batch norm
+//! Host side of the norm kernels (`kernels/norm.cu`): softmax and log-softmax and their gradient,
+//! layer norm, batch norm
 //! (saving their statistics where asked) and the norms' gradients.
 //!
 //! Each kernel gives one row (a softmax lane, a layer-norm row, a batch-norm channel) to a group of 1,
@@ -13,7 +14,7 @@ use crate::backends::cuda::CudaBackend;
 use crate::compute::op::OpImpl;
 use crate::compute::{
     stats_dtype, BatchNormBackwardDesc, BatchNormDesc, DevicePtr, LayerNormBackwardDesc,
-    LayerNormDesc, SoftmaxDesc,
+    LayerNormDesc, SoftmaxBackwardDesc, SoftmaxDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -38,22 +39,33 @@ fn mul(op: &'static str, a: usize, b: usize) -> Result<usize> {
         .ok_or_else(|| BackendError::overflow(op, format!("{a} × {b} overflows")))
 }
 
+/// `[outer, len, inner]` as the softmax kernels take it: the lanes (`outer · inner`) and the three
+/// dims as kernel arguments; `None` when there is no element, `SizeOverflow` for products that do
+/// not fit.
+fn lanes(
+    op: &'static str,
+    outer: usize,
+    len: usize,
+    inner: usize,
+) -> Result<Option<(usize, [i64; 3])>> {
+    let rows = mul(op, outer, inner)?;
+    if mul(op, rows, len)? == 0 {
+        return Ok(None);
+    }
+    let dims = [to_i64(op, outer)?, to_i64(op, len)?, to_i64(op, inner)?];
+    Ok(Some((rows, dims)))
+}
+
 /// Softmax (or log-softmax) of `[outer, axis_len, inner]` along the middle dim, one group per lane.
 pub(crate) fn softmax(gpu: &Gpu, d: &SoftmaxDesc) -> Result<()> {
     let op = if d.log { "log_softmax" } else { "softmax" };
-    let rows = mul(op, d.outer, d.inner)?;
-    if mul(op, rows, d.axis_len)? == 0 {
+    let Some((rows, [outer, len, inner])) = lanes(op, d.outer, d.axis_len, d.inner)? else {
         return Ok(());
-    }
+    };
     check_aligned(op, d.dtype, &[d.input, d.output])?;
     let group = group_size(d.axis_len, rows, d.inner == 1, gpu.sm_count());
     let f = function(gpu, "softmax", group, d.dtype)?;
     let (x, y) = (d.input.0, d.output.0);
-    let (outer, len, inner) = (
-        to_i64(op, d.outer)?,
-        to_i64(op, d.axis_len)?,
-        to_i64(op, d.inner)?,
-    );
     let log = i32::from(d.log);
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(&x)
@@ -64,6 +76,28 @@ pub(crate) fn softmax(gpu: &Gpu, d: &SoftmaxDesc) -> Result<()> {
         .arg(&log);
     // SAFETY: the caller checked the dense input and output regions of `outer · len · inner` elements;
     // the arguments match `softmax_g<G>_<dtype>`'s parameters.
+    unsafe { b.launch(group_launch(rows, group, gpu.sm_count())) }
+        .map_err(|e| super::driver_error(op, e))?;
+    Ok(())
+}
+
+/// The input gradient of softmax (or log-softmax) of `[outer, axis_len, inner]` along the middle
+/// dim, one group per lane.
+pub(crate) fn softmax_backward(gpu: &Gpu, d: &SoftmaxBackwardDesc) -> Result<()> {
+    let op = d.name();
+    let Some((rows, [outer, len, inner])) = lanes(op, d.outer, d.axis_len, d.inner)? else {
+        return Ok(());
+    };
+    check_aligned(op, d.dtype, &[d.grad_output, d.output, d.grad_input])?;
+    let group = group_size(d.axis_len, rows, d.inner == 1, gpu.sm_count());
+    let f = function(gpu, "softmax_backward", group, d.dtype)?;
+    let (dy, y, dx) = (d.grad_output.0, d.output.0, d.grad_input.0);
+    let log = i32::from(d.log);
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&dy).arg(&y).arg(&dx);
+    b.arg(&outer).arg(&len).arg(&inner).arg(&log);
+    // SAFETY: the caller checked the three dense regions of `outer · len · inner` elements; the
+    // arguments match `softmax_backward_g<G>_<dtype>`'s parameters.
     unsafe { b.launch(group_launch(rows, group, gpu.sm_count())) }
         .map_err(|e| super::driver_error(op, e))?;
     Ok(())
@@ -146,6 +180,14 @@ impl OpImpl<SoftmaxDesc> for CudaBackend {
         let acc = desc.accesses()?;
         Self::float_only("softmax", desc.dtype)?;
         self.run(acc, |gpu| softmax(gpu, desc))
+    }
+}
+
+impl OpImpl<SoftmaxBackwardDesc> for CudaBackend {
+    fn op(&self, desc: &SoftmaxBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        Self::float_only(desc.name(), desc.dtype)?;
+        self.run(acc, |gpu| softmax_backward(gpu, desc))
     }
 }
 
@@ -319,6 +361,7 @@ mod tests {
         let src = include_str!("kernels/norm.cu");
         for kernel in [
             "softmax",
+            "softmax_backward",
             "layer_norm",
             "batch_norm",
             "layer_norm_backward_input",

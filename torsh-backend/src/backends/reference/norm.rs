@@ -2,7 +2,7 @@
 
 use crate::compute::{
     stats_dtype, BatchNormBackwardDesc, BatchNormDesc, DevicePtr, LayerNormBackwardDesc,
-    LayerNormDesc, SoftmaxDesc,
+    LayerNormDesc, SoftmaxBackwardDesc, SoftmaxDesc,
 };
 use crate::error::Result;
 
@@ -32,6 +32,33 @@ pub fn softmax(mem: &mut HostMemory, d: &SoftmaxDesc) -> Result<()> {
         }
     }
     mem.store(d.dtype, d.output, &out)
+}
+
+/// The input gradient of softmax or log-softmax of `[outer, axis_len, inner]` along the middle dim.
+pub fn softmax_backward(mem: &mut HostMemory, d: &SoftmaxBackwardDesc) -> Result<()> {
+    let (outer, len, inner) = (d.outer, d.axis_len, d.inner);
+    let g = mem.load_dense(d.dtype, d.grad_output, outer * len * inner)?;
+    let y = mem.load_dense(d.dtype, d.output, outer * len * inner)?;
+    let mut out = vec![0.0f64; g.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let idx = |a: usize| (o * len + a) * inner + i;
+            let sum: f64 = if d.log {
+                (0..len).map(|a| g[idx(a)]).sum()
+            } else {
+                (0..len).map(|a| g[idx(a)] * y[idx(a)]).sum()
+            };
+            for a in 0..len {
+                let k = idx(a);
+                out[k] = if d.log {
+                    g[k] - y[k].exp() * sum
+                } else {
+                    y[k] * (g[k] - sum)
+                };
+            }
+        }
+    }
+    mem.store(d.dtype, d.grad_input, &out)
 }
 
 /// The moments of some values, taken relative to a pivot (the first value): a constant row has
@@ -275,6 +302,14 @@ impl OpImpl<SoftmaxDesc> for ReferenceBackend {
         let acc = desc.accesses()?;
         self.float_only("softmax", desc.dtype)?;
         self.run(acc, |mem| softmax(mem, desc))
+    }
+}
+
+impl OpImpl<SoftmaxBackwardDesc> for ReferenceBackend {
+    fn op(&self, desc: &SoftmaxBackwardDesc) -> Result<()> {
+        let acc = desc.accesses()?;
+        self.float_only(desc.name(), desc.dtype)?;
+        self.run(acc, |mem| softmax_backward(mem, desc))
     }
 }
 

@@ -102,6 +102,12 @@ pub(crate) fn softmax(wg: u32, len: usize) -> u64 {
     2 * strided(wg, len) + blocked(wg, len) + 2 * combine(wg)
 }
 
+/// `rows.wgsl`'s `softmax_backward` over rows of `len` elements: a blocked sum, a strided pass,
+/// one combine.
+pub(crate) fn softmax_backward(wg: u32, len: usize) -> u64 {
+    blocked(wg, len) + strided(wg, len) + combine(wg)
+}
+
 /// `rows.wgsl`'s `layer_norm` over rows of `len` elements: two blocked sums, a strided pass, two
 /// combines.
 pub(crate) fn layer_norm(wg: u32, len: usize) -> u64 {

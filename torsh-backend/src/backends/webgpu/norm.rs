@@ -1,4 +1,5 @@
-//! Softmax and log-softmax, layer norm and batch norm. Softmax and layer norm run on the row
+//! Softmax and log-softmax and their gradient, layer norm and batch norm. Softmax, its gradient
+//! and layer norm run on the row
 //! kernels of `shaders/rows.wgsl` (one workgroup per row, as reductions do: `reduce.rs`), batch norm
 //! on `shaders/batch_norm.wgsl` (workgroups over chunks of each channel, or one per channel); in
 //! f32, and in f16 where the device has `SHADER_F16` (f32 math, one rounding per stored value).
@@ -7,7 +8,7 @@
 
 use crate::compute::{
     BatchNormBackwardDesc, BatchNormDesc, DevicePtr, LayerNormBackwardDesc, LayerNormDesc,
-    SoftmaxDesc,
+    SoftmaxBackwardDesc, SoftmaxDesc,
 };
 use crate::dtype::DType;
 use crate::error::Result;
@@ -69,6 +70,54 @@ pub(crate) fn softmax(
         ),
         rows,
         [input, input, input, output, output],
+        &p,
+    )
+}
+
+/// The input gradient of softmax or log-softmax of `[outer, axis_len, inner]` along the middle
+/// dim.
+pub(crate) fn softmax_backward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &SoftmaxBackwardDesc,
+) -> Result<Launch> {
+    let Some((module, size)) = module(gpu, d.dtype) else {
+        return Ok(Launch::Stage);
+    };
+    let (Some((grad, g_off)), Some((y, y_off)), Some((output, out_off))) = (
+        mem.elements(d.grad_output, size)?,
+        mem.elements(d.output, size)?,
+        mem.elements(d.grad_input, size)?,
+    ) else {
+        return Ok(Launch::Stage);
+    };
+    let n = d.outer * d.axis_len * d.inner;
+    let rows = d.outer * d.inner;
+    let fits = [n + g_off, n + y_off, n + out_off, d.axis_len, d.inner, rows]
+        .iter()
+        .all(|&v| word(v).is_some());
+    if !fits {
+        return Ok(Launch::Stage);
+    }
+    let mut p = vec![0u32; 9];
+    p[0] = rows as u32;
+    p[1] = d.axis_len as u32;
+    p[4] = out_off as u32;
+    p[5] = g_off as u32;
+    p[6] = d.inner.max(1) as u32;
+    p[7] = u32::from(d.log);
+    p[8] = y_off as u32;
+    launch(
+        gpu,
+        kernels,
+        (
+            module,
+            "softmax_backward",
+            loops::softmax_backward(gpu.row_threads, d.axis_len),
+        ),
+        rows,
+        [grad, y, grad, output, output],
         &p,
     )
 }
@@ -388,6 +437,26 @@ impl OpImpl<SoftmaxDesc> for WebGpuBackend {
             // One outer slice larger than a binding, or rows longer than a launch takes within
             // the loop budget: composed of reductions and elementwise ops.
             Plan::TooLarge | Plan::PastBudget => composed::softmax(self, desc),
+        }
+    }
+}
+
+impl OpImpl<SoftmaxBackwardDesc> for WebGpuBackend {
+    fn op(&self, desc: &SoftmaxBackwardDesc) -> Result<()> {
+        math_dtype(desc.name(), desc.dtype, desc)?;
+        let loops = Loops {
+            elements: [desc.outer, desc.axis_len, desc.inner]
+                .iter()
+                .fold(1usize, |a, &b| a.saturating_mul(b)),
+            passes: &|gpu| loops::softmax_backward(gpu.row_threads, desc.axis_len),
+        };
+        let run = |d: &SoftmaxBackwardDesc| self.run(d, softmax_backward);
+        match self.plan(desc, desc.dtype, pieces::softmax_backward, Some(loops))? {
+            Plan::Whole => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            // One outer slice larger than a binding, or rows longer than a launch takes within
+            // the loop budget: composed of reductions and elementwise ops.
+            Plan::TooLarge | Plan::PastBudget => composed::softmax_backward(self, desc),
         }
     }
 }

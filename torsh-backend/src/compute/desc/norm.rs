@@ -37,6 +37,53 @@ impl SoftmaxDesc {
     }
 }
 
+/// The input gradient of softmax (or log-softmax) of a contiguous `[outer, axis_len, inner]`
+/// tensor along the middle dim, from the output's gradient and the forward's output `y`:
+/// `y · (grad − Σ grad · y)` (softmax) or `grad − exp(y) · Σ grad` (log-softmax), each sum along
+/// the axis, in one pass over the data (PyTorch's `_softmax_backward_data` and
+/// `_log_softmax_backward_data`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SoftmaxBackwardDesc {
+    /// Element type of every operand.
+    pub dtype: DType,
+    /// The output's gradient.
+    pub grad_output: DevicePtr,
+    /// The forward's output (softmax or log-softmax).
+    pub output: DevicePtr,
+    /// Where the input's gradient goes (same shape; overlaps no operand).
+    pub grad_input: DevicePtr,
+    /// Product of the dims before the axis.
+    pub outer: usize,
+    /// Length of the axis.
+    pub axis_len: usize,
+    /// Product of the dims after the axis.
+    pub inner: usize,
+    /// The forward was `log_softmax`.
+    pub log: bool,
+}
+
+impl SoftmaxBackwardDesc {
+    /// The op's name: `softmax_backward` or `log_softmax_backward`.
+    pub fn name(&self) -> &'static str {
+        if self.log {
+            "log_softmax_backward"
+        } else {
+            "softmax_backward"
+        }
+    }
+
+    /// Validates and lists the regions.
+    pub fn accesses(&self) -> Result<Accesses> {
+        let op = self.name();
+        let bytes = dense_bytes(op, &[self.outer, self.axis_len, self.inner], self.dtype)?;
+        let mut acc = Accesses::new(op, InPlace::Forbidden);
+        acc.push("grad_output", self.grad_output, bytes, Access::Read, true);
+        acc.push("output", self.output, bytes, Access::Read, true);
+        acc.push("grad_input", self.grad_input, bytes, Access::Write, true);
+        Ok(acc)
+    }
+}
+
 /// Layer normalisation of a contiguous `[rows, cols]` tensor over each row, with biased variance:
 /// `y = (x - μ) / √(σ² + eps) · weight + bias`.
 #[derive(Clone, Debug, PartialEq)]
@@ -400,6 +447,12 @@ impl BatchNormBackwardDesc {
 crate::compute::op::op_desc!(SoftmaxDesc => softmax, dtype: dtype, {
     dense "input": input,
     dense "output": output,
+});
+
+crate::compute::op::op_desc!(SoftmaxBackwardDesc => softmax_backward, dtype: dtype, {
+    dense "grad_output": grad_output,
+    dense "output": output,
+    dense "grad_input": grad_input,
 });
 
 crate::compute::op::op_desc!(LayerNormDesc => layer_norm, dtype: dtype, {

@@ -1,4 +1,4 @@
-//! Softmax (`softmax.rs`), layer norm and batch norm on the CPU.
+//! Softmax (`softmax.rs`) and its gradient (`softmax_backward.rs`), layer norm and batch norm on the CPU.
 //!
 //! Layer norm and batch norm compute their statistics with the reduction kernels' [`Moments`] (two passes over each block
 //! while it is in L1, blocks merged in f64 with Chan's formula; Welford per column where the runs are
@@ -8,6 +8,7 @@
 
 mod backward;
 mod softmax;
+mod softmax_backward;
 
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};

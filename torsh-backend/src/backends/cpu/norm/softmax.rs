@@ -27,10 +27,10 @@ use crate::compute::{ComputeBackend, SoftmaxDesc};
 use crate::error::Result;
 
 /// Independent accumulators per reduction: four AVX-512 registers of f32.
-const LANES: usize = 64;
+pub(super) const LANES: usize = 64;
 
 /// Bytes of input one column tile of the `inner > 1` path spans (it is read three times).
-const TILE_BYTES: usize = 128 * 1024;
+pub(super) const TILE_BYTES: usize = 128 * 1024;
 
 /// The compute type's exponential: vectorisable for f32, the standard library's for f64.
 pub(super) trait Exp: Real {
@@ -123,7 +123,7 @@ fn max_of<A: Real>(xs: &[A]) -> A {
 
 /// `Σ f(x)` over `xs`: in `LANES` accumulators of `A` within each [`BLOCK`], in f64 across blocks.
 #[inline(always)]
-fn sum_of<A: Real>(xs: &[A], f: impl Fn(A) -> A) -> f64 {
+pub(super) fn sum_of<A: Real>(xs: &[A], f: impl Fn(A) -> A) -> f64 {
     let mut total = 0.0;
     for block in xs.chunks(BLOCK) {
         let mut acc = [A::ZERO; LANES];
@@ -189,7 +189,7 @@ fn exp_in_place<A: Exp>(xs: &mut [A], m: A) -> f64 {
 
 /// Pairwise sum of the accumulators, in f64.
 #[inline(always)]
-fn lane_sum<A: Real>(acc: &[A; LANES]) -> f64 {
+pub(super) fn lane_sum<A: Real>(acc: &[A; LANES]) -> f64 {
     let mut w: [f64; LANES] = std::array::from_fn(|i| acc[i].to_f64());
     let mut n = LANES;
     while n > 1 {
@@ -203,7 +203,7 @@ fn lane_sum<A: Real>(acc: &[A; LANES]) -> f64 {
 
 /// `xs` in the compute type: itself for f32 and f64, else widened into `buf` (at least as long).
 #[inline(always)]
-fn widened<'a, T: Lanes>(xs: &'a [T], buf: &'a mut [T::Acc]) -> &'a [T::Acc] {
+pub(super) fn widened<'a, T: Lanes>(xs: &'a [T], buf: &'a mut [T::Acc]) -> &'a [T::Acc] {
     match T::as_acc(xs) {
         Some(a) => a,
         None => {
@@ -349,7 +349,7 @@ where
 
 /// A block of compute-type scratch.
 #[inline(always)]
-fn scratch_row<T: Lanes>() -> [T::Acc; BLOCK] {
+pub(super) fn scratch_row<T: Lanes>() -> [T::Acc; BLOCK] {
     [<T::Acc as Real>::ZERO; BLOCK]
 }
 
@@ -457,7 +457,7 @@ impl OpImpl<SoftmaxDesc> for CpuBackend {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::backends::cpu::simd::SimdLevel;
     use crate::compute::DevicePtr;
@@ -467,7 +467,7 @@ mod tests {
     const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
     /// Runs `f` with one thread, then with two inside a two-thread pool.
-    fn for_threads(f: impl Fn(Ctx) + Send + Sync) {
+    pub(in crate::backends::cpu::norm) fn for_threads(f: impl Fn(Ctx) + Send + Sync) {
         let simd = SimdLevel::detect();
         f(Ctx { threads: 1, simd });
         let pool = rayon::ThreadPoolBuilder::new()
@@ -475,6 +475,29 @@ mod tests {
             .build()
             .unwrap();
         pool.install(|| f(Ctx { threads: 2, simd }));
+    }
+
+    /// `[outer, len, inner]` shapes that reach every path: rows of one, across blocks, many rows,
+    /// columns in one tile and across tiles, one outer slice.
+    pub(in crate::backends::cpu::norm) const SHAPES: [(usize, usize, usize); 9] = [
+        (1, 1, 1),
+        (3, 7, 1),
+        (4, BLOCK + 3, 1),
+        (37, 1500, 1),
+        (2, 7, 5),
+        (3, 5, 130),
+        (2, 300, 70),
+        (2, 3, BLOCK + 9),
+        (1, 1, 9),
+    ];
+
+    /// The norm-wise relative error the kernels may have against the reference in `dtype`.
+    pub(in crate::backends::cpu::norm) fn bound(dtype: DType) -> f64 {
+        match dtype {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 1e-2,
+        }
     }
 
     /// Runs softmax (or log-softmax) of `vals` as `[outer, len, inner]` here and in the reference and
@@ -502,11 +525,7 @@ mod tests {
         let got = mem.load_dense(dtype, mine, n).unwrap();
         let want = mem.load_dense(dtype, theirs, n).unwrap();
         let what = format!("log {log} {dtype} {shape:?} ({} threads)", ctx.threads);
-        let bound = match dtype {
-            DType::F64 => 1e-12,
-            DType::F32 => 1e-5,
-            _ => 1e-2,
-        };
+        let bound = bound(dtype);
         let (mut num, mut den) = (0.0, 0.0);
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
             if g.is_nan() || w.is_nan() {
@@ -531,19 +550,8 @@ mod tests {
 
     #[test]
     fn softmax_matches_the_reference_for_every_shape_and_dtype() {
-        let shapes = [
-            (1, 1, 1),
-            (3, 7, 1),
-            (4, BLOCK + 3, 1),
-            (37, 1500, 1),
-            (2, 7, 5),
-            (3, 5, 130),
-            (2, 300, 70),
-            (2, 3, BLOCK + 9),
-            (1, 1, 9),
-        ];
         for_threads(|ctx| {
-            for (i, &(o, l, n)) in shapes.iter().enumerate() {
+            for (i, &(o, l, n)) in SHAPES.iter().enumerate() {
                 let vals = HostRng::new(i as u64).uniform_vec(o * l * n, -10.0, 10.0);
                 for dtype in FLOATS {
                     for log in [false, true] {

@@ -10,6 +10,8 @@
 // Semantics (the reference backend's, `backends/reference/norm.rs`):
 // - softmax: m = max of the lane ignoring NaN (fmax; -inf when every element is NaN), s = sum(exp(x - m)),
 //   y = exp(x - m) / s, or for log-softmax y = (x - m) - log(s);
+// - softmax's gradient from dy and the forward's y: dx = y * (dy - sum(dy * y)), or for log-softmax
+//   dx = dy - exp(y) * sum(dy), a group per lane;
 // - layer norm and batch norm: two passes, mean then biased variance sum((x - mean)^2) / n,
 //   y = (x - mean) * (1 / sqrt(var + eps)) * weight + bias (weight 1 and bias 0 when absent); the
 //   moments are taken relative to a pivot, the row's or channel's first value, so that a constant
@@ -82,6 +84,36 @@ __device__ void softmax_body(const T* x, T* y, i64 outer, i64 len, i64 inner, in
         for (i64 a = lane; a < len; a += G) {
             const A d = Num<T>::load(xr[a * inner]) - m;
             yr[a * inner] = Num<T>::store(log_softmax ? d - log_s : norm_exp(d) / s);
+        }
+    }
+}
+
+// The input gradient of softmax (or log-softmax) over the same layout, from the output's gradient `dy`
+// and the forward's output `y`.
+template <int G, typename T>
+__device__ void softmax_backward_body(const T* dy, const T* y, T* dx, i64 outer, i64 len, i64 inner,
+                                      int log_softmax) {
+    typedef typename Num<T>::acc A;
+    const int groups = NORM_BLOCK / G;
+    const int lane = (int)(threadIdx.x % G);
+    const i64 group = (i64)(threadIdx.x / G);
+    const i64 rows = outer * inner;
+    for (i64 r = (i64)blockIdx.x * groups + group; r < rows; r += (i64)gridDim.x * groups) {
+        const i64 o = r / inner;
+        const i64 base = o * len * inner + (r - o * inner);
+        const T* gr = dy + base;
+        const T* yr = y + base;
+        T* dr = dx + base;
+        A s = (A)-0.0;
+        for (i64 a = lane; a < len; a += G) {
+            const A g = Num<T>::load(gr[a * inner]);
+            s += log_softmax ? g : g * Num<T>::load(yr[a * inner]);
+        }
+        s = norm_group_sum<G, A>(s);
+        for (i64 a = lane; a < len; a += G) {
+            const A g = Num<T>::load(gr[a * inner]);
+            const A v = Num<T>::load(yr[a * inner]);
+            dr[a * inner] = Num<T>::store(log_softmax ? g - norm_exp(v) * s : v * (g - s));
         }
     }
 }
@@ -317,6 +349,7 @@ __device__ void batch_norm_backward_body(const T* dy, const T* x, const T* w,
 // Entry points, for G in {1, 32, 256} (A is the accumulator type, Num<T>::acc):
 //   softmax_g<G>_<dtype>(x, y, outer, len, inner, log_softmax)
 //   layer_norm_g<G>_<dtype>(x, w, b, y, rows, cols, eps, save_mean, save_invstd)
+//   softmax_backward_g<G>_<dtype>(dy, y, dx, outer, len, inner, log_softmax)
 //   batch_norm_g<G>_<dtype>(x, y, w, b, rm, rv, batch, channels, spatial, training, momentum, eps,
 //                           save_mean, save_invstd)
 //   layer_norm_backward_input_g<G>_<dtype>(dy, x, w, mean, invstd, dx, rows, cols)
@@ -327,6 +360,10 @@ __device__ void batch_norm_backward_body(const T* dy, const T* x, const T* w,
     extern "C" __global__ void __launch_bounds__(NORM_BLOCK) softmax_g##G##_##S(                      \
         const T* x, T* y, i64 outer, i64 len, i64 inner, int log_softmax) {                           \
         softmax_body<G, T>(x, y, outer, len, inner, log_softmax);                                     \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK) softmax_backward_g##G##_##S(             \
+        const T* dy, const T* y, T* dx, i64 outer, i64 len, i64 inner, int log_softmax) {             \
+        softmax_backward_body<G, T>(dy, y, dx, outer, len, inner, log_softmax);                       \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(NORM_BLOCK) layer_norm_g##G##_##S(                   \
         const T* x, const T* w, const T* b, T* y, i64 rows, i64 cols, double eps,                     \

@@ -7,8 +7,9 @@
 //! - **Batch norm in training** takes each channel's statistics over every image, but channels are
 //!   independent: blocks of channels are copied out of every image into a dense scratch tensor,
 //!   normalised there (in two passes where that is still past a binding) and copied back.
-//! - **Softmax, log-softmax and layer norm** of such a slice are composed of ops that cut
-//!   themselves as far as needed: the slice's maximum (or mean and variance) by a reduction, then
+//! - **Softmax, log-softmax, their gradients and layer norm** of such a slice are composed of ops
+//!   that cut themselves as far as needed: the slice's maximum (or mean and variance, or the
+//!   gradient's sum) by a reduction, then
 //!   broadcasting elementwise ops. They run in f32: a 16-bit slice is cast to an f32 copy first and
 //!   the result rounded once, so no intermediate is rounded to 16 bits.
 //!
@@ -18,7 +19,7 @@
 //!   sum of its rows' sums, and its count the product of its real rows and columns) an average of
 //!   averages, in f32 for 16-bit averages.
 //!
-//! Softmax, log-softmax and layer norm are composed so too when their rows are longer than a launch
+//! Softmax, log-softmax, their gradients and layer norm are composed so too when their rows are longer than a launch
 //! takes within the loop budget, their reductions then cut into blocks of the row (`two_pass.rs`).
 //!
 //! Each costs extra passes over the data (and, for 16-bit and training, copies), which only ops too
@@ -26,8 +27,8 @@
 
 use crate::compute::{
     BatchNormDesc, BinaryDesc, BinaryOp, CastDesc, ComputeBackend, CopyDesc, DevicePtr, FillDesc,
-    LayerNormDesc, Pool2dDesc, PoolKind, ReduceDesc, ReduceOp, SoftmaxDesc, StridedBuf,
-    Temporaries, UnaryDesc, UnaryOp, Value,
+    LayerNormDesc, Pool2dDesc, PoolKind, ReduceDesc, ReduceOp, SoftmaxBackwardDesc, SoftmaxDesc,
+    StridedBuf, Temporaries, UnaryDesc, UnaryOp, Value,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -306,6 +307,71 @@ pub(crate) fn softmax(be: &WebGpuBackend, desc: &SoftmaxDesc) -> Result<()> {
         }
         let result = if desc.log { t } else { e };
         work.round_into(result, len, desc.dtype, output)?;
+    }
+    Ok(())
+}
+
+/// `desc`, a softmax or log-softmax gradient one outer slice of which is larger than a binding (or
+/// whose rows are past the loop budget), slice by slice in f32: `s = Σ g·y` (or `Σ g`) along the
+/// axis, then `y · (g − s)` (or `g − exp(y) · s`).
+pub(crate) fn softmax_backward(be: &WebGpuBackend, desc: &SoftmaxBackwardDesc) -> Result<()> {
+    let shape = [desc.axis_len, desc.inner];
+    let len = desc.axis_len * desc.inner;
+    let size = desc.dtype.size_in_bytes();
+    let work = Work::new(be);
+    let native = desc.dtype == DType::F32;
+    let (g32, y32) = if native {
+        (None, None)
+    } else {
+        (Some(work.f32s(len)?), Some(work.f32s(len)?))
+    };
+    let t = work.f32s(len)?;
+    let sum = work.f32s(desc.inner)?;
+    let mul = |lhs: DevicePtr, rhs: DevicePtr, output: DevicePtr| {
+        be.binary(&BinaryDesc {
+            op: BinaryOp::Mul,
+            dtype: DType::F32,
+            lhs: StridedBuf::contiguous(lhs, &[len]),
+            rhs: Value::Tensor(StridedBuf::contiguous(rhs, &[len])),
+            output,
+        })
+    };
+    for outer in 0..desc.outer {
+        let at = |p: DevicePtr| advance(p, outer * len, size);
+        let f32_of = |p: DevicePtr, scratch: Option<DevicePtr>| -> Result<DevicePtr> {
+            let p = at(p)?;
+            match scratch {
+                Some(s) => {
+                    work.as_f32(desc.dtype, p, len, s)?;
+                    Ok(s)
+                }
+                None => Ok(p),
+            }
+        };
+        let (g, y) = (f32_of(desc.grad_output, g32)?, f32_of(desc.output, y32)?);
+        if desc.log {
+            work.reduce_rows(ReduceOp::Sum, g, shape, sum)?;
+            be.unary(&UnaryDesc {
+                op: UnaryOp::Exp,
+                dtype: DType::F32,
+                input: StridedBuf::contiguous(y, &[len]),
+                output: t,
+            })?;
+            work.with_row(BinaryOp::Mul, t, sum, shape, t)?;
+            be.binary(&BinaryDesc {
+                op: BinaryOp::Sub,
+                dtype: DType::F32,
+                lhs: StridedBuf::contiguous(g, &[len]),
+                rhs: Value::Tensor(StridedBuf::contiguous(t, &[len])),
+                output: t,
+            })?;
+        } else {
+            mul(g, y, t)?;
+            work.reduce_rows(ReduceOp::Sum, t, shape, sum)?;
+            work.with_row(BinaryOp::Sub, g, sum, shape, t)?;
+            mul(t, y, t)?;
+        }
+        work.round_into(t, len, desc.dtype, at(desc.grad_input)?)?;
     }
     Ok(())
 }

@@ -5,7 +5,8 @@
 use crate::compute::{
     AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc,
     CopyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dBackwardDesc,
-    Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
+    Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc, SoftmaxDesc, StridedBuf, Transpose,
+    UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -31,6 +32,30 @@ pub(crate) fn softmax(mem: &Memory, desc: &SoftmaxDesc) -> Result<Option<Vec<Sof
             output,
             outer,
             ..desc.clone()
+        },
+    )
+}
+
+/// `desc` by outer slices.
+pub(crate) fn softmax_backward(
+    mem: &Memory,
+    desc: &SoftmaxBackwardDesc,
+) -> Result<Option<Vec<SoftmaxBackwardDesc>>> {
+    let (size, step) = (desc.dtype.size_in_bytes(), desc.axis_len * desc.inner);
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.outer,
+        SoftmaxBackwardDesc::accesses,
+        |start, len| {
+            Ok(SoftmaxBackwardDesc {
+                grad_output: advance(desc.grad_output, start * step, size)?,
+                output: advance(desc.output, start * step, size)?,
+                grad_input: advance(desc.grad_input, start * step, size)?,
+                outer: len,
+                ..desc.clone()
+            })
         },
     )
 }

@@ -13,6 +13,8 @@
 // then per kernel:
 // reduce: [6] correction, [7] rank of the row index, [8..16) its shape, [16..24) its input strides;
 // softmax: [6] inner (rows are `outer x inner`, row r = (r / inner, r % inner)), [7] log-softmax;
+// softmax_backward: as softmax, the output's gradient as the input (`x`) and the forward's output
+// bound as `weight`, [8] its offset;
 // layer norm: [6] eps as f32 bits, [7] weight present, [8] bias present, [9] weight offset,
 // [10] bias offset, [11] 1 when the row's mean and 1/√(var + eps) are saved (as f32 bits in
 // `idx`, bound to the statistics' buffer), [12] and [13] their word offsets.
@@ -212,6 +214,55 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) group
             y = exp(v) / total;
         }
         out[at_out + j * inner] = store_elem(y);
+    }
+}
+
+// The input gradient of softmax (y · (g - Σ g·y)) or log-softmax (g - exp(y) · Σ g) along a row,
+// g the output's gradient (`x`) and y the forward's output (`weight`).
+@compute @workgroup_size(WG)
+fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) groups: vec3<u32>,
+                    @builtin(local_invocation_index) t: u32) {
+    let r = row_of(wid, groups);
+    if (r >= p[0]) {
+        return;
+    }
+    let len = p[1];
+    let inner = p[6];
+    let log_softmax = p[7] != 0u;
+    let start = (r / inner) * len * inner + r % inner;
+    let at_g = p[5] + start;
+    let at_y = p[8] + start;
+    let at_out = p[4] + start;
+    var s = 0.0;
+    var i = t;
+    loop {
+        if (i >= len) {
+            break;
+        }
+        var block = 0.0;
+        for (var k = 0u; k < SUM_BLOCK && i < len; k++) {
+            let g = xv(at_g + i * inner);
+            if (log_softmax) {
+                block += g;
+            } else {
+                block = fma(g, load_elem(weight[at_y + i * inner]), block);
+            }
+            i += WG;
+        }
+        s += block;
+    }
+    let total = wg_sum(s, t);
+    for (var j = t; j < len; j += WG) {
+        let g = xv(at_g + j * inner);
+        let y = load_elem(weight[at_y + j * inner]);
+        var d: f32;
+        if (log_softmax) {
+            d = g - exp(y) * total;
+        } else {
+            d = y * (g - total);
+        }
+        out[at_out + j * inner] = store_elem(d);
     }
 }
 
