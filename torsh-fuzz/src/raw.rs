@@ -10,11 +10,11 @@
 use torsh_backend::compute::{
     AdamDesc, AttentionBackwardDesc, AttentionDesc, BatchNormBackwardDesc, BatchedGemmDesc,
     BinaryDesc, BinaryOp, CastDesc, CompareDesc, CompareOp, Conv2dBackwardInputDesc,
-    Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc, Distribution, DropoutDesc, FillDesc,
-    GatherDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc, Pool2dBackwardDesc,
-    Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp, ScatterDesc,
-    ScatterReduce, SoftmaxBackwardDesc, SoftmaxDesc, SortDesc, StridedBuf, UnaryBackwardDesc,
-    UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
+    Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc, CrossEntropyDesc, Distribution, DropoutDesc,
+    FillDesc, GatherDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc,
+    Pool2dBackwardDesc, Pool2dDesc, PoolKind, RandomDesc, ReduceDesc, ReduceOp, ScanDesc, ScanOp,
+    ScatterDesc, ScatterReduce, SoftmaxBackwardDesc, SoftmaxDesc, SortDesc, StridedBuf,
+    UnaryBackwardDesc, UnaryDesc, UnaryOp, UnscaleDesc, Value, WhereDesc,
 };
 use torsh_backend::prelude::*;
 use torsh_backend::{ComputeBackend, DevicePtr, Transpose};
@@ -100,7 +100,7 @@ fn gemm_desc(p: &[DevicePtr], (m, n, k): (usize, usize, usize), beta: f64) -> Ge
 fn generate_op(rng: &mut Rng) -> RawOp {
     let n = rng.range(1, 300);
     let bytes = 4 * n;
-    match rng.range(0, 30) {
+    match rng.range(0, 31) {
         0 => op("fill", &[(bytes, true)], false, move |c, p| {
             c.fill(&FillDesc {
                 dtype: F32,
@@ -679,6 +679,39 @@ fn generate_op(rng: &mut Rng) -> RawOp {
                     })
                 },
             )
+        }
+        30 => {
+            // Zeroed I64 targets: class 0 of every row.
+            let (rows, classes) = (rng.range(1, 6), rng.range(1, 40));
+            let backward = rng.chance(0.5);
+            let logits = 4 * rows * classes;
+            let mut operands = vec![(logits, false), (8 * rows, false)];
+            if backward {
+                operands.push((4 * rows, false));
+            }
+            operands.push((if backward { logits } else { 4 * rows }, true));
+            RawOp {
+                zeroed: vec![1],
+                ..op(
+                    format!("cross_entropy {rows}×{classes} backward {backward}"),
+                    &operands,
+                    false,
+                    move |c, p| {
+                        c.cross_entropy(&CrossEntropyDesc {
+                            dtype: F32,
+                            index_dtype: DType::I64,
+                            logits: p[0],
+                            target: p[1],
+                            grad: backward.then(|| p[2]),
+                            output: p[p.len() - 1],
+                            rows,
+                            classes,
+                            ignore_index: Some(-100),
+                            label_smoothing: 0.1,
+                        })
+                    },
+                )
+            }
         }
         16 => op("random", &[(bytes, true)], false, move |c, p| {
             c.random(&RandomDesc {

@@ -847,7 +847,10 @@ fn backward(rng: &mut Rng) -> Case {
                 vec![]
             };
             let grad = view(rng, &grad_shape, Values::Normal);
-            case(
+            // A loss near 0 (one class, or logits favouring the target) is a difference of terms
+            // of the size of the logits: each sample's C of them, N samples in a sum.
+            let terms = (n * c + 1) as f64;
+            let built = case(
                 "backward",
                 format!("cross_entropy {config:?} targets {targets:?}"),
                 dtype,
@@ -859,7 +862,8 @@ fn backward(rng: &mut Rng) -> Case {
                         b.cross_entropy_backward(&t[1], &t[0], &target, config)?,
                     ])
                 },
-            )
+            );
+            with_terms(built, terms)
         }
     }
 }

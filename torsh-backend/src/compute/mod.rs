@@ -283,6 +283,11 @@ pub trait ComputeBackend: Send + Sync + Debug {
         Err(desc.unsupported(self))
     }
 
+    /// Cross-entropy per sample, or its logits' gradient; see [`CrossEntropyDesc`].
+    fn cross_entropy(&self, desc: &CrossEntropyDesc) -> Result<()> {
+        Err(desc.unsupported(self))
+    }
+
     /// Layer normalisation; see [`LayerNormDesc`].
     fn layer_norm(&self, desc: &LayerNormDesc) -> Result<()> {
         Err(desc.unsupported(self))
@@ -547,6 +552,7 @@ macro_rules! for_each_op {
             dropout($crate::compute::DropoutDesc),
             softmax($crate::compute::SoftmaxDesc),
             softmax_backward($crate::compute::SoftmaxBackwardDesc),
+            cross_entropy($crate::compute::CrossEntropyDesc),
             layer_norm($crate::compute::LayerNormDesc),
             batch_norm($crate::compute::BatchNormDesc),
             layer_norm_backward($crate::compute::LayerNormBackwardDesc),

@@ -2,14 +2,16 @@
 //! smoothing) and `nll_loss`, as `torch.nn.functional` defines them, over `[N, C]` scores and `[N]`
 //! class indices.
 //!
-//! Both are composed of the crate's ops (`log_softmax`, `gather`, `one_hot`, masks, reductions), so
-//! they run on every backend in every float dtype the ops take; they are several passes over the
-//! scores, not yet one fused kernel. A target outside `0..C` (other than `ignore_index`) is
-//! `IndexOutOfRange` from the `gather` or `one_hot` they run (on GPUs at the next synchronize or
-//! host read).
+//! `cross_entropy` and its gradient run as one fused kernel over the logits
+//! ([`CrossEntropyDesc`]: a pass over each row after its maximum and sum), then a reduction of the
+//! `[N]` per-sample values; where a backend answers the kernel `FeatureUnavailable` (WebGPU rows
+//! past a binding or its loop budget) they are composed of `log_softmax`, `gather` and `one_hot`
+//! instead. `nll_loss` is composed of `gather`, `one_hot`, masks and reductions. A
+//! target outside `0..C` (other than `ignore_index`) is `IndexOutOfRange` (on GPUs at the next
+//! synchronize or host read).
 
 use crate::backend::Backend;
-use crate::compute::check_index_dtype;
+use crate::compute::{check_index_dtype, CompareOp, CrossEntropyDesc};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::tensor::Tensor;
@@ -63,13 +65,7 @@ struct Targets {
 
 impl Backend {
     /// Checks `scores` (`[N, C]`, a float dtype) and `target` (`[N]`, `I32` or `I64`) of `op`.
-    fn loss_targets(
-        &self,
-        op: &'static str,
-        scores: &Tensor,
-        target: &Tensor,
-        ignore_index: Option<i64>,
-    ) -> Result<Targets> {
+    fn check_loss(&self, op: &'static str, scores: &Tensor, target: &Tensor) -> Result<()> {
         self.check_operands(op, &[scores])?;
         self.check_owner(op, target)?;
         if !scores.dtype().is_float() {
@@ -81,7 +77,18 @@ impl Backend {
         }
         check_index_dtype(op, target.dtype())?;
         expect_rank(op, "scores", scores, 2)?;
-        expect_shape(op, "target", target, &scores.shape()[..1])?;
+        expect_shape(op, "target", target, &scores.shape()[..1])
+    }
+
+    /// Checks the operands of `op` ([`Backend::check_loss`]) and builds its targets.
+    fn loss_targets(
+        &self,
+        op: &'static str,
+        scores: &Tensor,
+        target: &Tensor,
+        ignore_index: Option<i64>,
+    ) -> Result<Targets> {
+        self.check_loss(op, scores, target)?;
         let n = scores.shape()[0];
         let Some(ignore) = ignore_index else {
             return Ok(Targets {
@@ -89,11 +96,63 @@ impl Backend {
                 counted: None,
             });
         };
-        let ignored = self.compare_scalar(crate::compute::CompareOp::Eq, target, ignore as f64)?;
+        let ignored = self.compare_scalar(CompareOp::Eq, target, ignore as f64)?;
         Ok(Targets {
             safe: target.masked_fill(&ignored, 0.0)?.reshape(&[n, 1])?,
             counted: Some(ignored.logical_not()?),
         })
+    }
+
+    /// The number of `target`'s samples that are not `ignore_index`, as a 0-d tensor of `dtype`.
+    fn counted_targets(
+        &self,
+        target: &Tensor,
+        ignore_index: Option<i64>,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        match ignore_index {
+            Some(ignore) => self
+                .compare_scalar(CompareOp::Ne, target, ignore as f64)?
+                .cast(dtype)?
+                .sum_all(),
+            None => self.full(&[], target.shape()[0] as f64, dtype),
+        }
+    }
+
+    /// Runs the fused cross-entropy kernel over `logits` and `target` (checked), with the `[N]`
+    /// per-sample gradients `grad` for the backward, into a fresh output.
+    fn cross_entropy_kernel(
+        &self,
+        logits: &Tensor,
+        target: &Tensor,
+        grad: Option<&Tensor>,
+        config: CrossEntropyConfig,
+    ) -> Result<Tensor> {
+        let [rows, classes] = [logits.shape()[0], logits.shape()[1]];
+        let shape: &[usize] = if grad.is_some() {
+            &[rows, classes]
+        } else {
+            &[rows]
+        };
+        let out = self.empty(shape, logits.dtype())?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let (x, t) = (logits.contiguous()?, target.contiguous()?);
+        let grad = grad.map(Tensor::contiguous).transpose()?;
+        self.compute().cross_entropy(&CrossEntropyDesc {
+            dtype: logits.dtype(),
+            index_dtype: target.dtype(),
+            logits: x.data_ptr(),
+            target: t.data_ptr(),
+            grad: grad.as_ref().map(Tensor::data_ptr),
+            output: out.data_ptr(),
+            rows,
+            classes,
+            ignore_index: config.ignore_index,
+            label_smoothing: config.label_smoothing,
+        })?;
+        Ok(out)
     }
 
     /// `per` (`[N]`) with the ignored samples zeroed, combined by `reduction`.
@@ -153,11 +212,11 @@ impl Backend {
 
     /// PyTorch's `cross_entropy(logits, target, reduction, ignore_index, label_smoothing)` over
     /// `[N, C]` logits and `[N]` class indices: per sample `−Σ_c q_c · log_softmax(logits)_c` with
-    /// `q` the target class smoothed by `config.label_smoothing`, then reduced. Errors:
-    /// `ShapeMismatch` unless the logits are `[N, C]` and the target `[N]`; `DTypeMismatch` for a
-    /// target that is not `I32`/`I64` or logits that are not floats; `InvalidArgument` for a
-    /// smoothing outside `[0, 1]`; `IndexOutOfRange` for a target outside `0..C` that is not the
-    /// ignore index (see the module's note on GPUs).
+    /// `q` the target class smoothed by `config.label_smoothing`, then reduced. One fused pass over
+    /// the logits. Errors: `ShapeMismatch` unless the logits are `[N, C]` and the target `[N]`;
+    /// `DTypeMismatch` for a target that is not `I32`/`I64` or logits that are not floats;
+    /// `InvalidArgument` for a smoothing outside `[0, 1]`; `IndexOutOfRange` for a target outside
+    /// `0..C` that is not the ignore index (see the module's note on GPUs).
     pub fn cross_entropy(
         &self,
         logits: &Tensor,
@@ -165,7 +224,73 @@ impl Backend {
         config: CrossEntropyConfig,
     ) -> Result<Tensor> {
         let op = "cross_entropy";
-        let eps = check_smoothing(op, config.label_smoothing)?;
+        check_smoothing(op, config.label_smoothing)?;
+        self.check_loss(op, logits, target)?;
+        let per = match self.cross_entropy_kernel(logits, target, None, config) {
+            Err(BackendError::FeatureUnavailable { .. }) => {
+                return self.cross_entropy_composed(logits, target, config);
+            }
+            per => per?,
+        };
+        match config.reduction {
+            Reduction::None => Ok(per),
+            Reduction::Sum => per.sum_all(),
+            Reduction::Mean => {
+                let count = self.counted_targets(target, config.ignore_index, per.dtype())?;
+                per.sum_all()?.div(&count)
+            }
+        }
+    }
+
+    /// The gradient of [`Backend::cross_entropy`] with respect to its logits, from `grad` (the
+    /// loss's gradient: 0-d for `Mean` and `Sum`, `[N]` for `None`): per sample
+    /// `(softmax(logits) − q) · weight`, ignored samples 0, in one fused pass. Errors as
+    /// [`Backend::cross_entropy`], and `ShapeMismatch` for a `grad` of another shape.
+    pub fn cross_entropy_backward(
+        &self,
+        grad: &Tensor,
+        logits: &Tensor,
+        target: &Tensor,
+        config: CrossEntropyConfig,
+    ) -> Result<Tensor> {
+        let op = "cross_entropy_backward";
+        check_smoothing(op, config.label_smoothing)?;
+        self.check_loss(op, logits, target)?;
+        self.check_operands(op, &[grad, logits])?;
+        let n = logits.shape()[0];
+        let weights = match config.reduction {
+            Reduction::None => {
+                expect_shape(op, "grad", grad, &[n])?;
+                grad.clone()
+            }
+            Reduction::Sum | Reduction::Mean => {
+                expect_shape(op, "grad", grad, &[])?;
+                let g = if config.reduction == Reduction::Mean {
+                    grad.div(&self.counted_targets(target, config.ignore_index, grad.dtype())?)?
+                } else {
+                    grad.clone()
+                };
+                g.reshape(&[1])?.broadcast_to(&[n])?
+            }
+        };
+        match self.cross_entropy_kernel(logits, target, Some(&weights), config) {
+            Err(BackendError::FeatureUnavailable { .. }) => {
+                self.cross_entropy_backward_composed(grad, logits, target, config)
+            }
+            out => out,
+        }
+    }
+
+    /// [`Backend::cross_entropy`] composed of `log_softmax`, `gather` and reductions, for logits
+    /// the fused kernel does not take (WebGPU rows past a binding or the loop budget).
+    fn cross_entropy_composed(
+        &self,
+        logits: &Tensor,
+        target: &Tensor,
+        config: CrossEntropyConfig,
+    ) -> Result<Tensor> {
+        let op = "cross_entropy";
+        let eps = config.label_smoothing;
         let t = self.loss_targets(op, logits, target, config.ignore_index)?;
         let n = logits.shape()[0];
         let logp = logits.log_softmax(1)?;
@@ -181,11 +306,9 @@ impl Backend {
         self.reduce_loss(per.neg()?.reshape(&[n])?, &t, config.reduction)
     }
 
-    /// The gradient of [`Backend::cross_entropy`] with respect to its logits, from `grad` (the
-    /// loss's gradient: 0-d for `Mean` and `Sum`, `[N]` for `None`): per sample
-    /// `(softmax(logits) − q) · weight`. Errors as [`Backend::cross_entropy`], and `ShapeMismatch`
-    /// for a `grad` of another shape.
-    pub fn cross_entropy_backward(
+    /// [`Backend::cross_entropy_backward`] composed of `softmax`, `one_hot` and elementwise ops,
+    /// as [`Backend::cross_entropy`] falls back to it.
+    fn cross_entropy_backward_composed(
         &self,
         grad: &Tensor,
         logits: &Tensor,
@@ -193,7 +316,7 @@ impl Backend {
         config: CrossEntropyConfig,
     ) -> Result<Tensor> {
         let op = "cross_entropy_backward";
-        let eps = check_smoothing(op, config.label_smoothing)?;
+        let eps = config.label_smoothing;
         let t = self.loss_targets(op, logits, target, config.ignore_index)?;
         let weights = self.loss_weights(op, grad, logits, &t, config.reduction)?;
         let classes = logits.shape()[1];

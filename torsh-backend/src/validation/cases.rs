@@ -661,6 +661,24 @@ fn cross_entropy(i: &mut Inputs) -> Result<Vec<Tensor>> {
         out.push(logp.nll_loss(&target, reduction, Some(-100))?);
         out.push(b.nll_loss_backward(&grad, &logp, &target, reduction, Some(-100))?);
     }
+    // Rows of 1 031 classes with I32 targets, no ignore index, full smoothing; a class of one.
+    let wide = i.normal(&[3, 1031])?;
+    let target = b.from_slice(&[1030i32, 0, 517], &[3])?;
+    let grad = i.normal(&[3])?;
+    for label_smoothing in [0.0, 1.0] {
+        let config = CrossEntropyConfig {
+            reduction: Reduction::None,
+            ignore_index: None,
+            label_smoothing,
+        };
+        out.push(wide.cross_entropy(&target, config)?);
+        out.push(b.cross_entropy_backward(&grad, &wide, &target, config)?);
+    }
+    let single = i.normal(&[2, 1])?;
+    let zeros = b.from_slice(&[0i64, 0], &[2])?;
+    let config = CrossEntropyConfig::default();
+    out.push(single.cross_entropy(&zeros, config)?);
+    out.push(b.cross_entropy_backward(&i.normal(&[])?, &single, &zeros, config)?);
     Ok(out)
 }
 

@@ -407,10 +407,12 @@ fn losses_reject_bad_targets_shapes_and_smoothing() {
         );
         // A target past the classes: IndexOutOfRange, now or at the host read.
         let past = assert_ok!(b.from_slice(&[0i64, 4, 1], &[3]));
-        let err = match no_panic!(logits.cross_entropy(&past, config)) {
+        // The error comes now (CPU) or at the host read (GPUs).
+        let failed = |r: torsh_backend::Result<torsh_backend::Tensor>| match r {
             Err(e) => e,
             Ok(y) => no_panic!(y.to_vec_f64()).expect_err("a bad target must fail by the read"),
         };
+        let err = failed(no_panic!(logits.cross_entropy(&past, config)));
         assert!(
             matches!(
                 err,
@@ -418,6 +420,22 @@ fn losses_reject_bad_targets_shapes_and_smoothing() {
                     index: 4,
                     size: 4,
                     ..
+                }
+            ),
+            "{name}: {err:?}"
+        );
+        // The gradient, from a negative I32 target.
+        let negative = assert_ok!(b.from_slice(&[0i32, -3, 1], &[3]));
+        let err = failed(no_panic!(
+            b.cross_entropy_backward(&scalar, &logits, &negative, config)
+        ));
+        assert!(
+            matches!(
+                err,
+                BackendError::IndexOutOfRange {
+                    op: "cross_entropy_backward",
+                    index: -3,
+                    size: 4,
                 }
             ),
             "{name}: {err:?}"

@@ -224,6 +224,25 @@ fn ops_over_all_of_a_tensor_larger_than_one_binding_split_into_pieces_that_fit()
         &reference.softmax_backward(&all_ref, &y_all_ref, 1).unwrap(),
     );
     drop((y_all, y_all_ref));
+    let classes: Vec<i64> = (0..rows_all).map(|r| (r * 37 % cols_all) as i64).collect();
+    let target = b.from_slice(&classes, &[rows_all]).unwrap();
+    let target_ref = reference.from_slice(&classes, &[rows_all]).unwrap();
+    let config = torsh_backend::CrossEntropyConfig::default();
+    check(
+        "cross_entropy of all",
+        &all.cross_entropy(&target, config).unwrap(),
+        &all_ref.cross_entropy(&target_ref, config).unwrap(),
+    );
+    let one = b.full(&[], 1.0, DType::F32).unwrap();
+    let one_ref = reference.full(&[], 1.0, DType::F32).unwrap();
+    check(
+        "cross_entropy_backward of all",
+        &b.cross_entropy_backward(&one, &all, &target, config)
+            .unwrap(),
+        &reference
+            .cross_entropy_backward(&one_ref, &all_ref, &target_ref, config)
+            .unwrap(),
+    );
     check(
         "layer_norm of all",
         &all.layer_norm(&[cols_all], None, None, 1e-5).unwrap(),

@@ -8,7 +8,7 @@
 
 use torsh_backend::compute::ComputeBackend;
 use torsh_backend::webgpu::{self, WebGpuBackend, WebGpuBackendConfig};
-use torsh_backend::{Backend, BackendError, DType, Tensor};
+use torsh_backend::{Backend, BackendError, CrossEntropyConfig, DType, Reduction, Tensor};
 
 use super::{backend, check_dtype, values};
 
@@ -172,7 +172,7 @@ fn reductions_of_rows_past_the_loop_budget_combine_blocks_of_them() {
 #[test]
 fn normalisations_of_rows_past_the_loop_budget_are_composed() {
     // Softmax, log-softmax and layer norm of rows of 12 011 (one launch takes 10 864), inner > 1
-    // too, and softmax's gradients of rows of 20 011; batch norm of channels of 30 021 and 13 001 values, in chunks within the budget
+    // too, and softmax's gradients and cross-entropy of rows of 20 011; batch norm of channels of 30 021 and 13 001 values, in chunks within the budget
     // (training in three launches), with running statistics.
     let Some(b) = low_budget() else { return };
     against_reference(&b, &ALL, |be, dtype| {
@@ -196,7 +196,28 @@ fn normalisations_of_rows_past_the_loop_budget_are_composed() {
         let y = long.softmax(-1).unwrap();
         let log_y = long.log_softmax(-1).unwrap();
         let y_inner = long_inner.softmax(1).unwrap();
+        // Cross-entropy of rows of 20 011 classes: composed past the budget.
+        let target = be.from_slice(&[5i64, 20_000], &[2]).unwrap();
+        let config = CrossEntropyConfig {
+            reduction: Reduction::None,
+            label_smoothing: 0.1,
+            ..Default::default()
+        };
+        let per_sample = be
+            .from_slice(&[0.5f32, -1.5], &[2])
+            .unwrap()
+            .cast(dtype)
+            .unwrap();
         vec![
+            (
+                "cross_entropy",
+                long.cross_entropy(&target, config).unwrap(),
+            ),
+            (
+                "cross_entropy_backward",
+                be.cross_entropy_backward(&per_sample, &long, &target, config)
+                    .unwrap(),
+            ),
             (
                 "softmax_backward",
                 be.softmax_backward(&grad, &y, -1).unwrap(),

@@ -153,7 +153,7 @@ pub enum MemOp {
     /// `avg_pool2d_backward` 2×2 / 2 of the [`pool_image`] images.
     AvgPoolBackward,
     /// `cross_entropy` (mean) of `[rows, cols]` logits against `rows` random classes, through the
-    /// tensor API (composed; allocates its temporaries each call).
+    /// tensor API (the fused kernel, then the mean of the `rows` losses; allocates each call).
     CrossEntropy,
     /// `cross_entropy_backward` of [`MemOp::CrossEntropy`], likewise.
     CrossEntropyBackward,

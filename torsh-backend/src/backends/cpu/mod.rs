@@ -17,6 +17,7 @@ mod copy;
 mod elementwise;
 mod host;
 mod index;
+mod loss;
 mod norm;
 mod optim;
 mod pool;

@@ -23,7 +23,7 @@ use crate::error::{BackendError, Result};
 use crate::shape::contiguous_strides;
 
 /// The ops that raise the flag, by the code the kernels record.
-pub(super) const FLAG_OPS: [&str; 3] = ["gather", "scatter", "max_pool2d_backward"];
+pub(super) use crate::compute::FLAG_OPS;
 
 /// The device words `[raised, op code, index, size]` of the kernels that check indices, allocated
 /// zeroed on first use, and whether such a kernel has been launched (from then on every

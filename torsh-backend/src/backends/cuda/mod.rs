@@ -20,6 +20,7 @@ mod index;
 pub mod kernels;
 mod launch;
 pub(crate) mod loader;
+mod loss;
 mod memory;
 mod norm;
 mod optim;

@@ -12,6 +12,7 @@ mod blas;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;
+pub(crate) mod loss;
 pub(crate) mod math;
 pub(crate) mod memory;
 pub(crate) mod norm;

@@ -29,8 +29,8 @@ const MAX_RANK: usize = 8;
 /// Parameter words: n, rank, shape[8], the input's byte address and strides, the index's element
 /// offset and strides, the output's byte address, the size along the dim, the op's code.
 const WORDS: usize = 2 + MAX_RANK + 2 * (1 + MAX_RANK) + 3;
-/// The ops that raise the flag, by the code the kernel records.
-pub(super) const FLAG_OPS: [&str; 3] = ["gather", "scatter", "max_pool2d_backward"];
+/// The ops that raise the flag, by the code the kernels record.
+pub(super) use crate::compute::FLAG_OPS;
 /// Parameter words of a scatter: a gather's, the output's strides and alpha.
 const SCATTER_WORDS: usize = WORDS + MAX_RANK + 1;
 

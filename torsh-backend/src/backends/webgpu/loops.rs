@@ -108,6 +108,12 @@ pub(crate) fn softmax_backward(wg: u32, len: usize) -> u64 {
     blocked(wg, len) + strided(wg, len) + combine(wg)
 }
 
+/// `loss.wgsl`'s `cross_entropy` over rows of `classes` logits: a strided pass for the maximum, a
+/// blocked sum, a strided output pass, three combines.
+pub(crate) fn cross_entropy(wg: u32, classes: usize) -> u64 {
+    2 * strided(wg, classes) + blocked(wg, classes) + 3 * combine(wg)
+}
+
 /// `rows.wgsl`'s `layer_norm` over rows of `len` elements: two blocked sums, a strided pass, two
 /// combines.
 pub(crate) fn layer_norm(wg: u32, len: usize) -> u64 {

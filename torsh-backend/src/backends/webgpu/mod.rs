@@ -39,6 +39,7 @@ mod events;
 mod index;
 mod large;
 mod loops;
+mod loss;
 mod memory;
 mod norm;
 mod optim;

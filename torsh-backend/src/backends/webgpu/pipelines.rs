@@ -305,6 +305,55 @@ pub(crate) const NORM_BACKWARD_F16_SUBGROUP: Module = wgsl!(
     ]
 );
 
+/// `shaders/loss.wgsl`: the fused cross-entropy (logits, target words, per-row gradients, output,
+/// error flag) on f32 elements, combining through a tree in workgroup memory.
+pub(crate) const LOSS: Module = wgsl!(
+    "loss.wgsl",
+    5,
+    [
+        "elem_f32.wgsl",
+        "combine_tree.wgsl",
+        "combine.wgsl",
+        "loss.wgsl"
+    ]
+);
+
+/// [`LOSS`] combining through subgroup operations.
+pub(crate) const LOSS_SUBGROUP: Module = wgsl!(
+    "loss.wgsl+subgroups",
+    5,
+    [
+        "elem_f32.wgsl",
+        "combine_subgroup.wgsl",
+        "combine.wgsl",
+        "loss.wgsl"
+    ]
+);
+
+/// [`LOSS`] on f16 elements, for devices with `SHADER_F16`.
+pub(crate) const LOSS_F16: Module = wgsl!(
+    "loss.wgsl+f16",
+    5,
+    [
+        "elem_f16.wgsl",
+        "combine_tree.wgsl",
+        "combine.wgsl",
+        "loss.wgsl"
+    ]
+);
+
+/// [`LOSS_SUBGROUP`] on f16 elements.
+pub(crate) const LOSS_F16_SUBGROUP: Module = wgsl!(
+    "loss.wgsl+f16+subgroups",
+    5,
+    [
+        "elem_f16.wgsl",
+        "combine_subgroup.wgsl",
+        "combine.wgsl",
+        "loss.wgsl"
+    ]
+);
+
 /// `shaders/cast.wgsl`: conversion and copy between any dtypes (source, destination).
 pub(crate) const CAST: Module = wgsl!("cast.wgsl", 2, ["cast.wgsl"]);
 

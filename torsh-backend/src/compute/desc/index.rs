@@ -25,6 +25,16 @@ pub fn check_index_dtype(op: &'static str, dtype: DType) -> Result<()> {
     }
 }
 
+/// The ops whose GPU kernels check indices on the device and raise the backend's error flag, by
+/// the code each kernel records; the flag is reported as `IndexOutOfRange` naming the op.
+pub(crate) const FLAG_OPS: [&str; 5] = [
+    "gather",
+    "scatter",
+    "max_pool2d_backward",
+    "cross_entropy",
+    "cross_entropy_backward",
+];
+
 /// `InvalidArgument` unless `dim < rank`.
 pub(crate) fn check_dim(op: &'static str, dim: usize, rank: usize) -> Result<()> {
     if dim < rank {

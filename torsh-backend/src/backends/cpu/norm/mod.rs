@@ -10,6 +10,8 @@ mod backward;
 mod softmax;
 mod softmax_backward;
 
+pub(super) use softmax::{max_of, sum_of, widened, Exp};
+
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
 

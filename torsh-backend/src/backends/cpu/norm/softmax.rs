@@ -33,7 +33,7 @@ pub(super) const LANES: usize = 64;
 pub(super) const TILE_BYTES: usize = 128 * 1024;
 
 /// The compute type's exponential: vectorisable for f32, the standard library's for f64.
-pub(super) trait Exp: Real {
+pub(in crate::backends::cpu) trait Exp: Real {
     /// eˢᵉˡᶠ.
     fn vexp(self) -> Self;
 }
@@ -105,7 +105,7 @@ struct Shape {
 
 /// The largest element of `xs` (−∞ when empty), ignoring NaN.
 #[inline(always)]
-fn max_of<A: Real>(xs: &[A]) -> A {
+pub(in crate::backends::cpu) fn max_of<A: Real>(xs: &[A]) -> A {
     let mut acc = [A::NEG_INFINITY; LANES];
     let chunks = xs.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -123,7 +123,7 @@ fn max_of<A: Real>(xs: &[A]) -> A {
 
 /// `Σ f(x)` over `xs`: in `LANES` accumulators of `A` within each [`BLOCK`], in f64 across blocks.
 #[inline(always)]
-pub(super) fn sum_of<A: Real>(xs: &[A], f: impl Fn(A) -> A) -> f64 {
+pub(in crate::backends::cpu) fn sum_of<A: Real>(xs: &[A], f: impl Fn(A) -> A) -> f64 {
     let mut total = 0.0;
     for block in xs.chunks(BLOCK) {
         let mut acc = [A::ZERO; LANES];
@@ -203,7 +203,10 @@ pub(super) fn lane_sum<A: Real>(acc: &[A; LANES]) -> f64 {
 
 /// `xs` in the compute type: itself for f32 and f64, else widened into `buf` (at least as long).
 #[inline(always)]
-pub(super) fn widened<'a, T: Lanes>(xs: &'a [T], buf: &'a mut [T::Acc]) -> &'a [T::Acc] {
+pub(in crate::backends::cpu) fn widened<'a, T: Lanes>(
+    xs: &'a [T],
+    buf: &'a mut [T::Acc],
+) -> &'a [T::Acc] {
     match T::as_acc(xs) {
         Some(a) => a,
         None => {

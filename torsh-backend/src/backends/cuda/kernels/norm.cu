@@ -12,6 +12,11 @@
 //   y = exp(x - m) / s, or for log-softmax y = (x - m) - log(s);
 // - softmax's gradient from dy and the forward's y: dx = y * (dy - sum(dy * y)), or for log-softmax
 //   dx = dy - exp(y) * sum(dy), a group per lane;
+// - cross-entropy of [rows, classes] logits against a target class per row (a group per row), with
+//   label smoothing eps: lse = m + log(s), the loss lse - (1 - eps) * x_t - eps * mean(x) (terms with a
+//   factor of 0 skipped, computed in double), or with per-row gradients w the logits' gradient
+//   w * (exp(x - lse) - eps / classes - (1 - eps) * [c == t]); a row whose target is the ignore index
+//   gives 0, any other target outside [0, classes) raises the error flag and leaves its row unwritten;
 // - layer norm and batch norm: two passes, mean then biased variance sum((x - mean)^2) / n,
 //   y = (x - mean) * (1 / sqrt(var + eps)) * weight + bias (weight 1 and bias 0 when absent); the
 //   moments are taken relative to a pivot, the row's or channel's first value, so that a constant
@@ -114,6 +119,76 @@ __device__ void softmax_backward_body(const T* dy, const T* y, T* dx, i64 outer,
             const A g = Num<T>::load(gr[a * inner]);
             const A v = Num<T>::load(yr[a * inner]);
             dr[a * inner] = Num<T>::store(log_softmax ? g - norm_exp(v) * s : v * (g - s));
+        }
+    }
+}
+
+// Cross-entropy of contiguous [rows, classes] logits `x` against `target`: the losses into `out` ([rows])
+// when `w` is null, else the logits' gradient ([rows, classes]) scaled by w[row].
+template <int G, typename T, typename I>
+__device__ void cross_entropy_body(const T* x, const I* target, const T* w, T* out, i64 rows, i64 classes,
+                                   int has_ignore, i64 ignore, double eps, u64* flag, i64 op) {
+    typedef typename Num<T>::acc A;
+    const int groups = NORM_BLOCK / G;
+    const int lane = (int)(threadIdx.x % G);
+    const i64 group = (i64)(threadIdx.x / G);
+    for (i64 r = (i64)blockIdx.x * groups + group; r < rows; r += (i64)gridDim.x * groups) {
+        // Every lane of the group reads the same target, so the branches below are uniform.
+        const i64 t = (i64)target[r];
+        const T* xr = x + r * classes;
+        if (has_ignore && t == ignore) {
+            if (w) {
+                for (i64 a = lane; a < classes; a += G) {
+                    out[r * classes + a] = Num<T>::store((A)0);
+                }
+            } else if (lane == 0) {
+                out[r] = Num<T>::store((A)0);
+            }
+            continue;
+        }
+        if (t < 0 || t >= classes) {
+            if (lane == 0) {
+                raise_index_error(flag, t, op, classes);
+            }
+            continue;
+        }
+        A m = torsh_neg_inf<A>();
+        for (i64 a = lane; a < classes; a += G) {
+            m = torsh_fmax(m, Num<T>::load(xr[a]));
+        }
+        m = norm_group_max<G, A>(m);
+        A s = (A)-0.0;
+        A sx = (A)-0.0;
+        for (i64 a = lane; a < classes; a += G) {
+            const A v = Num<T>::load(xr[a]);
+            s += norm_exp(v - m);
+            sx += v;
+        }
+        s = norm_group_sum<G, A>(s);
+        sx = norm_group_sum<G, A>(sx);
+        const A lse = m + norm_log(s);
+        if (!w) {
+            if (lane == 0) {
+                double loss = (double)lse;
+                if (eps < 1.0) {
+                    loss -= (1.0 - eps) * (double)Num<T>::load(xr[t]);
+                }
+                if (eps > 0.0) {
+                    loss -= eps * (double)sx / (double)classes;
+                }
+                out[r] = Num<T>::store((A)loss);
+            }
+            continue;
+        }
+        const A k = Num<T>::load(w[r]);
+        const A spread = (A)(eps / (double)classes);
+        const A hot = (A)(1.0 - eps);
+        for (i64 a = lane; a < classes; a += G) {
+            A g = norm_exp(Num<T>::load(xr[a]) - lse) - spread;
+            if (a == t) {
+                g -= hot;
+            }
+            out[r * classes + a] = Num<T>::store(k * g);
         }
     }
 }
@@ -350,6 +425,8 @@ __device__ void batch_norm_backward_body(const T* dy, const T* x, const T* w,
 //   softmax_g<G>_<dtype>(x, y, outer, len, inner, log_softmax)
 //   layer_norm_g<G>_<dtype>(x, w, b, y, rows, cols, eps, save_mean, save_invstd)
 //   softmax_backward_g<G>_<dtype>(dy, y, dx, outer, len, inner, log_softmax)
+//   cross_entropy_g<G>_<dtype>_<i32|i64>(x, target, w, out, rows, classes, has_ignore, ignore, eps,
+//                                        flag, op)
 //   batch_norm_g<G>_<dtype>(x, y, w, b, rm, rv, batch, channels, spatial, training, momentum, eps,
 //                           save_mean, save_invstd)
 //   layer_norm_backward_input_g<G>_<dtype>(dy, x, w, mean, invstd, dx, rows, cols)
@@ -364,6 +441,18 @@ __device__ void batch_norm_backward_body(const T* dy, const T* x, const T* w,
     extern "C" __global__ void __launch_bounds__(NORM_BLOCK) softmax_backward_g##G##_##S(             \
         const T* dy, const T* y, T* dx, i64 outer, i64 len, i64 inner, int log_softmax) {             \
         softmax_backward_body<G, T>(dy, y, dx, outer, len, inner, log_softmax);                       \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK) cross_entropy_g##G##_##S##_i32(          \
+        const T* x, const i32* target, const T* w, T* out, i64 rows, i64 classes, int has_ignore,     \
+        i64 ignore, double eps, u64* flag, i64 op) {                                                  \
+        cross_entropy_body<G, T, i32>(x, target, w, out, rows, classes, has_ignore, ignore, eps,      \
+                                      flag, op);                                                      \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK) cross_entropy_g##G##_##S##_i64(          \
+        const T* x, const i64* target, const T* w, T* out, i64 rows, i64 classes, int has_ignore,     \
+        i64 ignore, double eps, u64* flag, i64 op) {                                                  \
+        cross_entropy_body<G, T, i64>(x, target, w, out, rows, classes, has_ignore, ignore, eps,      \
+                                      flag, op);                                                      \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(NORM_BLOCK) layer_norm_g##G##_##S(                   \
         const T* x, const T* w, const T* b, T* y, i64 rows, i64 cols, double eps,                     \

@@ -4,9 +4,9 @@
 
 use crate::compute::{
     AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc,
-    CopyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc, Pool2dBackwardDesc,
-    Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc, SoftmaxDesc, StridedBuf, Transpose,
-    UnaryDesc, UnscaleDesc,
+    CopyDesc, CrossEntropyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc,
+    Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc, SoftmaxDesc,
+    StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -32,6 +32,33 @@ pub(crate) fn softmax(mem: &Memory, desc: &SoftmaxDesc) -> Result<Option<Vec<Sof
             output,
             outer,
             ..desc.clone()
+        },
+    )
+}
+
+/// `desc` by blocks of rows, when it is larger than a binding.
+pub(crate) fn cross_entropy(
+    mem: &Memory,
+    desc: &CrossEntropyDesc,
+) -> Result<Option<Vec<CrossEntropyDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let index = desc.index_dtype.size_in_bytes();
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.rows,
+        CrossEntropyDesc::accesses,
+        |start, len| {
+            let out_row = if desc.grad.is_some() { desc.classes } else { 1 };
+            Ok(CrossEntropyDesc {
+                logits: advance(desc.logits, start * desc.classes, size)?,
+                target: advance(desc.target, start, index)?,
+                grad: desc.grad.map(|g| advance(g, start, size)).transpose()?,
+                output: advance(desc.output, start * out_row, size)?,
+                rows: len,
+                ..desc.clone()
+            })
         },
     )
 }
