@@ -1025,9 +1025,10 @@ fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_ch
 }
 
 #[test]
-fn norm_gradients_past_a_binding_answer_feature_unavailable_and_saved_statistics_are_written() {
+fn norm_gradients_past_a_binding_run_by_rows_or_say_unavailable_and_statistics_are_written() {
     // Bindings of 64 KiB: a [64, 512] f32 tensor (128 KiB) is past one. The forwards cut it and
-    // save every row's and channel's statistics; the gradients have no cut and say so.
+    // save every row's and channel's statistics; layer norm's gradients run by pieces of rows,
+    // batch norm's have no cut and say so.
     let Some(b) = with_binding(webgpu::MIN_BINDING_SIZE) else {
         return;
     };
@@ -1055,13 +1056,30 @@ fn norm_gradients_past_a_binding_answer_feature_unavailable_and_saved_statistics
         .unwrap();
     check_close("batch_norm mean", &bn.mean, &want.mean);
     check_close("batch_norm invstd", &bn.invstd, &want.invstd);
-    let err = b
-        .layer_norm_backward(&x, &x, &[512], None, &saved.mean, &saved.invstd)
-        .unwrap_err();
-    assert!(
-        matches!(err, BackendError::FeatureUnavailable { .. }),
-        "{err:?}"
-    );
+    // Layer norm's gradients by pieces of rows, the weight and bias gradients of every piece
+    // added up.
+    let grad = b.from_slice(&wave(64 * 512, 1.7), &[64, 512]).unwrap();
+    let weight = b.from_slice(&wave(512, 0.9), &[512]).unwrap();
+    let got = b
+        .layer_norm_backward(&grad, &x, &[512], Some(&weight), &saved.mean, &saved.invstd)
+        .unwrap();
+    let x_ref = on_reference(&reference, &x);
+    let stats = x_ref
+        .layer_norm_with_stats(&[512], None, None, 1e-5)
+        .unwrap();
+    let want = reference
+        .layer_norm_backward(
+            &on_reference(&reference, &grad),
+            &x_ref,
+            &[512],
+            Some(&on_reference(&reference, &weight)),
+            &stats.mean,
+            &stats.invstd,
+        )
+        .unwrap();
+    check_close("layer_norm_backward input", &got.input, &want.input);
+    check_close("layer_norm_backward weight", &got.weight, &want.weight);
+    check_close("layer_norm_backward bias", &got.bias, &want.bias);
     let err = b
         .batch_norm_backward(&images, &images, None, &bn.mean, &bn.invstd, true)
         .unwrap_err();

@@ -7,8 +7,8 @@
 //! [`Launch::Stage`].
 
 use crate::compute::{
-    BatchNormBackwardDesc, BatchNormDesc, DevicePtr, LayerNormBackwardDesc, LayerNormDesc,
-    SoftmaxBackwardDesc, SoftmaxDesc,
+    BatchNormBackwardDesc, BatchNormDesc, BinaryDesc, BinaryOp, DevicePtr, LayerNormBackwardDesc,
+    LayerNormDesc, SoftmaxBackwardDesc, SoftmaxDesc, StridedBuf, Temporaries, Value,
 };
 use crate::dtype::DType;
 use crate::error::Result;
@@ -878,7 +878,50 @@ impl OpImpl<LayerNormBackwardDesc> for WebGpuBackend {
                 desc.cols,
             );
         }
-        self.run(desc, layer_norm_backward)
+        match self.plan(desc, desc.dtype, pieces::layer_norm_backward, None)? {
+            Plan::Pieces(parts) => self.layer_norm_backward_by_rows(desc, &parts),
+            // A row or the weight larger than a binding: the launch reports it.
+            Plan::Whole | Plan::TooLarge | Plan::PastBudget => self.run(desc, layer_norm_backward),
+        }
+    }
+}
+
+impl WebGpuBackend {
+    /// `desc`, larger than a binding, as `parts` (pieces of its rows): the first writes the weight
+    /// and bias gradients, each later one writes its own into scratch, added into them.
+    fn layer_norm_backward_by_rows(
+        &self,
+        desc: &LayerNormBackwardDesc,
+        parts: &[LayerNormBackwardDesc],
+    ) -> Result<()> {
+        let temps = Temporaries::new(self);
+        let bytes = desc.cols * desc.dtype.size_in_bytes();
+        let scratch = |p: Option<DevicePtr>| p.map(|_| temps.alloc(bytes)).transpose();
+        let (dw, db) = (scratch(desc.grad_weight)?, scratch(desc.grad_bias)?);
+        for (k, part) in parts.iter().enumerate() {
+            if k == 0 {
+                self.run(part, layer_norm_backward)?;
+                continue;
+            }
+            let piece = LayerNormBackwardDesc {
+                grad_weight: dw,
+                grad_bias: db,
+                ..part.clone()
+            };
+            self.run(&piece, layer_norm_backward)?;
+            for (total, this) in [(desc.grad_weight, dw), (desc.grad_bias, db)] {
+                if let (Some(total), Some(this)) = (total, this) {
+                    self.binary(&BinaryDesc {
+                        op: BinaryOp::Add,
+                        dtype: desc.dtype,
+                        lhs: StridedBuf::contiguous(total, &[desc.cols]),
+                        rhs: Value::Tensor(StridedBuf::contiguous(this, &[desc.cols])),
+                        output: total,
+                    })?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -4,9 +4,9 @@
 
 use crate::compute::{
     AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc,
-    CopyDesc, CrossEntropyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormDesc,
-    Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc, SoftmaxDesc,
-    StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
+    CopyDesc, CrossEntropyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc,
+    LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc,
+    SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -112,6 +112,37 @@ pub(crate) fn layer_norm(mem: &Memory, desc: &LayerNormDesc) -> Result<Option<Ve
                 saved_invstd: from(desc.saved_invstd),
                 ..desc.clone()
             }
+        },
+    )
+}
+
+/// `desc` by rows, each piece writing its rows' input gradient and its own rows' weight and bias
+/// gradients (which [`WebGpuBackend`](super::super::WebGpuBackend)'s op then adds up).
+pub(crate) fn layer_norm_backward(
+    mem: &Memory,
+    desc: &LayerNormBackwardDesc,
+) -> Result<Option<Vec<LayerNormBackwardDesc>>> {
+    let (size, cols) = (desc.dtype.size_in_bytes(), desc.cols);
+    let stat = crate::compute::stats_dtype(desc.dtype).size_in_bytes();
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.rows,
+        LayerNormBackwardDesc::accesses,
+        |start, len| {
+            Ok(LayerNormBackwardDesc {
+                grad_output: advance(desc.grad_output, start * cols, size)?,
+                input: advance(desc.input, start * cols, size)?,
+                mean: advance(desc.mean, start, stat)?,
+                invstd: advance(desc.invstd, start, stat)?,
+                grad_input: desc
+                    .grad_input
+                    .map(|p| advance(p, start * cols, size))
+                    .transpose()?,
+                rows: len,
+                ..desc.clone()
+            })
         },
     )
 }
