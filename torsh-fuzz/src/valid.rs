@@ -1014,16 +1014,17 @@ fn index(rng: &mut Rng) -> Case {
     );
     // Backends other than the reference add in their compute type and round every addition
     // (f16 and bf16 included): the error grows with the additions that land on one element, at
-    // most the index's length along the dim.
-    let slack = if which == "scatter_add" {
-        ishape_len.max(1) as f64
+    // most the index's length along the dim, and where they cancel it is absolute, a rounding of
+    // each term's size per addition.
+    let (slack, terms) = if which == "scatter_add" {
+        (ishape_len.max(1) as f64, (ishape_len + 1) as f64)
     } else {
-        1.0
+        (1.0, 0.0)
     };
     Case {
         device_error,
         slack,
-        ..built
+        ..with_terms(built, terms)
     }
 }
 
