@@ -4,12 +4,14 @@
 //! Every target is read and checked first (`IndexOutOfRange` before anything is written). Rows are
 //! threaded over; each is read a [`BLOCK`] at a time (widened to f32 for f16 and bf16): its maximum,
 //! `Σ exp(x − m)` (and `Σ x` for a smoothed forward) in lanes of the compute type within a block and
-//! f64 across blocks, then the loss in f64, or the gradient `w · (exp(x − lse) − ε/C)` in the
-//! compute type with the target's element `w · (p − ε/C − (1 − ε))`, rounded once.
+//! f64 across blocks, then the loss in f64, or the gradient `w · (p − ε/C)` in the compute type
+//! with `w · (1 − ε)` taken from the target's element: f32 and f64 keep `exp(x − m)` in the output
+//! from the sum pass and scale it by `w / s` (one exponential a logit); f16 and bf16 recompute
+//! `exp(x − lse)` a block at a time and round once.
 
 use super::elementwise::Lanes;
 use super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS};
-use super::norm::{max_of, sum_of, widened, Exp};
+use super::norm::{exp_store, max_of, sum_of, widened, Exp};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{index::load_indices, loss as reference, memory::HostMemory};
 use crate::compute::op::OpImpl;
@@ -136,11 +138,23 @@ fn row_grad<T: Lanes>(xs: &[T], ys: &mut [T], t: usize, w: T, eps: f64, buf: &mu
 where
     T::Acc: Exp,
 {
-    let (m, log_s, _) = row_stats(xs, false, buf);
     let w = w.widen();
-    let lse = <T::Acc as Real>::from_f64(m.to_f64() + log_s);
     let spread = <T::Acc as Real>::from_f64(eps / xs.len() as f64);
     let hot = <T::Acc as Real>::from_f64(1.0 - eps);
+    if let (Some(xa), Some(ya)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
+        // f32 and f64: the sum pass stores exp(x − m) in the output, which the next pass scales
+        // by w / s while it is in cache, one exponential a logit.
+        let m = max_of(xa);
+        let k = w * <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, ya));
+        let shift = w * spread;
+        for y in ya.iter_mut() {
+            *y = *y * k - shift;
+        }
+        ya[t] = ya[t] - w * hot;
+        return;
+    }
+    let (m, log_s, _) = row_stats(xs, false, buf);
+    let lse = <T::Acc as Real>::from_f64(m.to_f64() + log_s);
     for (b, (xb, yb)) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)).enumerate() {
         let len = xb.len();
         let at = t.checked_sub(b * BLOCK).filter(|&j| j < len);

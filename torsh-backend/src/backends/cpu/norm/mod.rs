@@ -10,7 +10,7 @@ mod backward;
 mod softmax;
 mod softmax_backward;
 
-pub(super) use softmax::{max_of, sum_of, widened, Exp};
+pub(super) use softmax::{exp_store, max_of, sum_of, widened, Exp};
 
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};

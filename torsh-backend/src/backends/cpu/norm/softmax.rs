@@ -144,7 +144,7 @@ pub(in crate::backends::cpu) fn sum_of<A: Real>(xs: &[A], f: impl Fn(A) -> A) ->
 
 /// `ys[i] = exp(xs[i] − m)`, returning the sum as [`sum_of`] does.
 #[inline(always)]
-fn exp_store<A: Exp>(xs: &[A], m: A, ys: &mut [A]) -> f64 {
+pub(in crate::backends::cpu) fn exp_store<A: Exp>(xs: &[A], m: A, ys: &mut [A]) -> f64 {
     let mut total = 0.0;
     for (xb, yb) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
         let mut acc = [A::ZERO; LANES];
