@@ -244,18 +244,144 @@ fn conv_errors(got: &[f64], want: &[f64]) -> (f64, f64) {
 /// `TORSH_REQUIRE=cudnn` makes that a failure, and also any call cuDNN declined.
 #[test]
 fn conv2d_through_cudnn_and_the_kernel_matches_the_reference() {
-    use torsh_backend::{ConvConfig, DType};
+    use torsh_backend::DType;
     let Some(_) = gpu() else { return };
     let reference = Backend::reference().unwrap();
     let with = Backend::cuda().enable_cudnn(true).build().unwrap();
     let without = Backend::cuda().enable_cudnn(false).build().unwrap();
+    let cases = conv_cases();
+    for (dtype, bound) in [(DType::F32, 1e-5), (DType::F16, 1e-2)] {
+        for (i, &(input, weight, config, has_bias)) in cases.iter().enumerate() {
+            let seed = 1000 * i as u64;
+            let xv = uniform(input.iter().product(), seed + 1);
+            let wv = uniform(weight.iter().product(), seed + 2);
+            let bv = uniform(weight[0], seed + 3);
+            let run = |b: &Backend| -> Vec<f64> {
+                let x = b.from_f64(&xv, &input, dtype).unwrap();
+                let w = b.from_f64(&wv, &weight, dtype).unwrap();
+                let bias = has_bias.then(|| b.from_f64(&bv, &[weight[0]], dtype).unwrap());
+                b.conv2d_with_bias(&x, &w, bias.as_ref(), config)
+                    .unwrap()
+                    .to_vec_f64()
+                    .unwrap()
+            };
+            let want = run(&reference);
+            for (path, b) in [("cuDNN", &with), ("kernel", &without)] {
+                let (rel, worst) = conv_errors(&run(b), &want);
+                assert!(
+                    rel <= bound && worst <= bound,
+                    "{path}, {dtype:?}, case {i} ({input:?} * {weight:?}, {config:?}, bias \
+                     {has_bias}): relative error {rel:e}, worst {worst:e} > {bound:e}"
+                );
+            }
+        }
+    }
+    check_conv_path(&with, &without, "conv2d");
+}
+
+/// The conv2d path `device_info` reports: the kernel without cuDNN; with it, printed, and under
+/// `TORSH_REQUIRE=cudnn` cuDNN 9 with no call declined.
+fn check_conv_path(with: &Backend, without: &Backend, what: &str) {
+    let conv_path = |b: &Backend| {
+        b.device_info()
+            .details
+            .into_iter()
+            .find(|(k, _)| k == "conv2d")
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        conv_path(without),
+        "implicit-GEMM kernel (enable_cudnn(false))"
+    );
+    let used = conv_path(with);
+    eprintln!("{what} with enable_cudnn(true): {used}");
+    if required("cudnn") {
+        assert!(
+            used.starts_with("cuDNN 9.") && used.contains("fell back 0"),
+            "TORSH_REQUIRE names cudnn: {used}"
+        );
+    }
+}
+
+/// conv2d's input and weight gradients and the transposed convolution (with a bias of its output
+/// channels and an output padding where the stride allows one) through cuDNN's backward-data and
+/// backward-filter and through the direct kernels, against the reference on the cases of
+/// [`conv_cases`], f32 (1e-5) and f16 (1e-2).
+#[test]
+fn conv2d_gradients_through_cudnn_and_the_kernels_match_the_reference() {
+    use torsh_backend::{ConvTransposeConfig, DType};
+    let Some(_) = gpu() else { return };
+    let reference = Backend::reference().unwrap();
+    let with = Backend::cuda().enable_cudnn(true).build().unwrap();
+    let without = Backend::cuda().enable_cudnn(false).build().unwrap();
+    for (dtype, bound) in [(DType::F32, 1e-5), (DType::F16, 1e-2)] {
+        for (i, &(input, weight, config, _)) in conv_cases().iter().enumerate() {
+            let seed = 1000 * i as u64 + 500;
+            let xv = uniform(input.iter().product(), seed + 1);
+            let wv = uniform(weight.iter().product(), seed + 2);
+            let out: [usize; 4] = {
+                let x = reference.from_f64(&xv, &input, DType::F32).unwrap();
+                let w = reference.from_f64(&wv, &weight, DType::F32).unwrap();
+                let y = reference.conv2d(&x, &w, config).unwrap();
+                y.shape().try_into().unwrap()
+            };
+            let gv = uniform(out.iter().product(), seed + 3);
+            // A transposed convolution maps `out` back to `input`'s size; its bias has C entries.
+            let bv = uniform(input[1], seed + 4);
+            // The output padding that brings the transposed convolution back to `input`'s size.
+            let reach = |d: usize| {
+                (out[d + 2] - 1) * config.stride[d] + config.dilation[d] * (weight[d + 2] - 1) + 1
+                    - 2 * config.padding[d]
+            };
+            let transpose = ConvTransposeConfig {
+                stride: config.stride,
+                padding: config.padding,
+                output_padding: [input[2] - reach(0), input[3] - reach(1)],
+                dilation: config.dilation,
+                groups: config.groups,
+            };
+            let run = |b: &Backend| -> [Vec<f64>; 3] {
+                let x = b.from_f64(&xv, &input, dtype).unwrap();
+                let w = b.from_f64(&wv, &weight, dtype).unwrap();
+                let g = b.from_f64(&gv, &out, dtype).unwrap();
+                let bias = b.from_f64(&bv, &[input[1]], dtype).unwrap();
+                let dx = b.conv2d_backward_input(&g, &w, &input, config).unwrap();
+                let dw = b.conv2d_backward_weight(&g, &x, &weight, config).unwrap();
+                let t = b.conv_transpose2d(&g, &w, Some(&bias), transpose).unwrap();
+                [dx, dw, t].map(|t| t.to_vec_f64().unwrap())
+            };
+            let want = run(&reference);
+            for (path, b) in [("cuDNN", &with), ("kernels", &without)] {
+                let got = run(b);
+                for (what, (g, w)) in ["input gradient", "weight gradient", "conv_transpose2d"]
+                    .iter()
+                    .zip(got.iter().zip(&want))
+                {
+                    let (rel, worst) = conv_errors(g, w);
+                    assert!(
+                        rel <= bound && worst <= bound,
+                        "{path}, {what}, {dtype:?}, case {i} ({input:?} * {weight:?}, \
+                         {config:?}): relative error {rel:e}, worst {worst:e} > {bound:e}"
+                    );
+                }
+            }
+        }
+    }
+    check_conv_path(&with, &without, "conv2d gradients");
+}
+
+/// The convolutions of the cuDNN tests: input, weight, window, bias. Odd sizes, stride 2, padding,
+/// dilation, groups (depthwise included), 1×1, a 5×5 window.
+fn conv_cases() -> [([usize; 4], [usize; 4], torsh_backend::ConvConfig, bool); 6] {
+    use torsh_backend::ConvConfig;
     let cfg = |stride, padding, dilation, groups| ConvConfig {
         stride,
         padding,
         dilation,
         groups,
     };
-    let cases = [
+    [
         (
             [2, 3, 17, 13],
             [5, 3, 3, 3],
@@ -292,53 +418,7 @@ fn conv2d_through_cudnn_and_the_kernel_matches_the_reference() {
             cfg([2, 2], [3, 3], [1, 1], 1),
             false,
         ),
-    ];
-    for (dtype, bound) in [(DType::F32, 1e-5), (DType::F16, 1e-2)] {
-        for (i, &(input, weight, config, has_bias)) in cases.iter().enumerate() {
-            let seed = 1000 * i as u64;
-            let xv = uniform(input.iter().product(), seed + 1);
-            let wv = uniform(weight.iter().product(), seed + 2);
-            let bv = uniform(weight[0], seed + 3);
-            let run = |b: &Backend| -> Vec<f64> {
-                let x = b.from_f64(&xv, &input, dtype).unwrap();
-                let w = b.from_f64(&wv, &weight, dtype).unwrap();
-                let bias = has_bias.then(|| b.from_f64(&bv, &[weight[0]], dtype).unwrap());
-                b.conv2d_with_bias(&x, &w, bias.as_ref(), config)
-                    .unwrap()
-                    .to_vec_f64()
-                    .unwrap()
-            };
-            let want = run(&reference);
-            for (path, b) in [("cuDNN", &with), ("kernel", &without)] {
-                let (rel, worst) = conv_errors(&run(b), &want);
-                assert!(
-                    rel <= bound && worst <= bound,
-                    "{path}, {dtype:?}, case {i} ({input:?} * {weight:?}, {config:?}, bias \
-                     {has_bias}): relative error {rel:e}, worst {worst:e} > {bound:e}"
-                );
-            }
-        }
-    }
-    let conv_path = |b: &Backend| {
-        b.device_info()
-            .details
-            .into_iter()
-            .find(|(k, _)| k == "conv2d")
-            .map(|(_, v)| v)
-            .unwrap_or_default()
-    };
-    assert_eq!(
-        conv_path(&without),
-        "implicit-GEMM kernel (enable_cudnn(false))"
-    );
-    let used = conv_path(&with);
-    eprintln!("conv2d with enable_cudnn(true): {used}");
-    if required("cudnn") {
-        assert!(
-            used.starts_with("cuDNN 9.") && used.contains("fell back 0"),
-            "TORSH_REQUIRE names cudnn: {used}"
-        );
-    }
+    ]
 }
 
 /// The cases of the tensor-core attention test: dtype, `[batch, heads, seq_q, head_dim]`, `seq_kv`,

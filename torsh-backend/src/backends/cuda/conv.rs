@@ -2,8 +2,8 @@
 //! own. Per group the GEMM has `N·P·Q` rows (output pixels), `K / groups` columns (output channels)
 //! and depth `C / groups · R · S`; each 256-thread block computes 64 × 64 output tiles. Its gradients
 //! are direct kernels: one thread per input element (input gradient, which the transposed
-//! convolution runs on) and one block per weight element (weight gradient). cuDNN's backward-data
-//! and backward-filter are not called yet.
+//! convolution runs on) and one block per weight element (weight gradient). Where cuDNN serves the
+//! backend (`cudnn.rs`), all three go to cuDNN first and these kernels run whenever it declines.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -406,7 +406,19 @@ impl OpImpl<Conv2dBackwardInputDesc> for CudaBackend {
     fn op(&self, desc: &Conv2dBackwardInputDesc) -> Result<()> {
         let acc = desc.accesses()?;
         Self::float_only("conv2d_backward_input", desc.dtype)?;
-        self.run(acc, |gpu| conv2d_backward_input(gpu, desc))
+        self.run_with_memory(acc, |gpu, mem| {
+            if desc.grad_input_shape.contains(&0) {
+                return Ok(());
+            }
+            // cuDNN's backward data when enabled and loadable; whenever it declines, the kernel.
+            match gpu
+                .cudnn()
+                .map(|dnn| dnn.conv2d_backward_input(gpu, mem, desc))
+            {
+                Some(Ok(())) => Ok(()),
+                Some(Err(cudnn::Declined(_))) | None => conv2d_backward_input(gpu, desc),
+            }
+        })
     }
 }
 
@@ -414,7 +426,19 @@ impl OpImpl<Conv2dBackwardWeightDesc> for CudaBackend {
     fn op(&self, desc: &Conv2dBackwardWeightDesc) -> Result<()> {
         let acc = desc.accesses()?;
         Self::float_only("conv2d_backward_weight", desc.dtype)?;
-        self.run(acc, |gpu| conv2d_backward_weight(gpu, desc))
+        self.run_with_memory(acc, |gpu, mem| {
+            if desc.weight_shape.contains(&0) {
+                return Ok(());
+            }
+            // cuDNN's backward filter when enabled and loadable; whenever it declines, the kernel.
+            match gpu
+                .cudnn()
+                .map(|dnn| dnn.conv2d_backward_weight(gpu, mem, desc))
+            {
+                Some(Ok(())) => Ok(()),
+                Some(Err(cudnn::Declined(_))) | None => conv2d_backward_weight(gpu, desc),
+            }
+        })
     }
 }
 

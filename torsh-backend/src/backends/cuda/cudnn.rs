@@ -1,14 +1,17 @@
-//! conv2d through cuDNN 9's legacy convolution API, for backends built with `enable_cudnn(true)` (the
-//! default) on machines where `libcudnn.so.9` can be loaded.
+//! conv2d and its two gradients through cuDNN 9's legacy convolution API, for backends built with
+//! `enable_cudnn(true)` (the default) on machines where `libcudnn.so.9` can be loaded.
 //!
 //! One call is: tensor descriptors (NCHW) for input and output, a filter descriptor `[K, C/groups, R, S]`,
 //! a convolution descriptor (padding, stride, dilation, `CUDNN_CROSS_CORRELATION`, group count, math
-//! type), an algorithm from `cudnnGetConvolutionForwardAlgorithm_v7`, a workspace from the backend's
-//! allocator, `cudnnConvolutionForward` with `beta = 0` (the output is not read), then the bias with
-//! `cudnnAddTensor` as a `1×K×1×1` tensor. cuDNN never decides an answer on its own: whenever it declines
-//! (unsupported configuration, no acceptable algorithm, any error status, no room for a workspace) the
-//! caller runs this backend's implicit-GEMM kernel (`conv.rs`) for that call, which writes every output
-//! element, so a partial cuDNN result is overwritten.
+//! type), an algorithm from cuDNN's heuristic (`cudnnGetConvolution{Forward,BackwardData,
+//! BackwardFilter}Algorithm_v7`), a workspace from the backend's allocator, the product
+//! (`cudnnConvolutionForward`, `cudnnConvolutionBackwardData` for the input gradient and the transposed
+//! convolution, `cudnnConvolutionBackwardFilter` for the weight gradient) with `beta = 0` (the written
+//! tensor is not read), then a bias with `cudnnAddTensor` as a `1×K×1×1` tensor (forward) or `1×C×1×1`
+//! (a transposed convolution's bias on the input gradient). cuDNN never decides an answer on its own:
+//! whenever it declines (unsupported configuration, no acceptable algorithm, any error status, no room
+//! for a workspace) the caller runs this backend's own kernel (`conv.rs`) for that call, which writes
+//! every element, so a partial cuDNN result is overwritten.
 //!
 //! Numerics:
 //! - Types as in cuDNN's supported configurations: f32 data with f32 compute, f64 with f64, and f16 and
@@ -21,8 +24,10 @@
 //!   bf16 operands to f16. Each algorithm's reported math type is set on the descriptor before it runs
 //!   (cuDNN picks algorithm and math type as a pair), and for f32 without tensor cores only
 //!   `CUDNN_FMA_MATH` results are accepted.
-//! - Algorithms: only the GEMM family (`IMPLICIT_GEMM`, `IMPLICIT_PRECOMP_GEMM`, `GEMM`) and `DIRECT`,
-//!   deterministic ones, in the heuristic's order. FFT and Winograd are never used: they lose precision
+//! - Algorithms: only the GEMM family (`IMPLICIT_GEMM`, `IMPLICIT_PRECOMP_GEMM`, `GEMM`) and `DIRECT`
+//!   forward, `ALGO_0` / `ALGO_1` for the input gradient and `ALGO_0` / `ALGO_1` / `ALGO_3` for the
+//!   weight gradient, deterministic ones only (so a gradient is bitwise the same from run to run, as
+//!   with PyTorch's `cudnn.deterministic`), in the heuristic's order. FFT and Winograd are never used: they lose precision
 //!   (f32 bound 1e-5 would not hold) and mix taps, so one infinite input or weight turns outputs the
 //!   reference computes as ±inf into NaN. The GEMM family computes each output as a sum of products of
 //!   the same taps as the reference, with f32 (or f64) accumulation.
@@ -47,7 +52,7 @@ use cudarc::cudnn::sys;
 
 use super::memory::DeviceMemory;
 use super::{loader, Gpu};
-use crate::compute::{Conv2dDesc, DevicePtr};
+use crate::compute::{Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, DevicePtr};
 use crate::dtype::DType;
 
 /// Why cuDNN declined a call; the caller then runs the implicit-GEMM kernel.
@@ -57,7 +62,7 @@ pub(crate) struct Declined(pub String);
 /// A step of the cuDNN path.
 type Step<T> = std::result::Result<T, Declined>;
 
-/// Results asked of `cudnnGetConvolutionForwardAlgorithm_v7`: every algorithm under both math types.
+/// Results asked of the `_v7` heuristics: every algorithm under both math types.
 const REQUESTED_ALGOS: usize = 16;
 
 /// Operand alignment cuDNN's vectorised kernels may assume; other pointers go to the kernel.
@@ -80,7 +85,7 @@ pub(crate) struct Cudnn {
 struct State {
     handle: sys::cudnnHandle_t,
     /// The algorithm choice per convolution.
-    plans: HashMap<PlanKey, Plan>,
+    plans: HashMap<Problem, Plan>,
     /// Calls cuDNN served.
     served: u64,
     /// Calls that fell back to the kernel.
@@ -140,8 +145,62 @@ impl Cudnn {
         d: &Conv2dDesc,
         only: Option<sys::cudnnConvolutionFwdAlgo_t>,
     ) -> Step<()> {
+        let operands = Operands {
+            x: d.input,
+            w: d.weight,
+            y: d.output,
+            bias: d.bias,
+        };
+        let only = only.map(Algo::Forward);
+        self.serve(gpu, mem, &Problem::forward(d), operands, only)
+    }
+
+    /// Enqueues the input gradient (or transposed convolution) `d` with
+    /// `cudnnConvolutionBackwardData`, then its bias of the input's channels; or declines, as
+    /// [`Cudnn::conv2d`].
+    pub(crate) fn conv2d_backward_input(
+        &self,
+        gpu: &Gpu,
+        mem: &mut DeviceMemory,
+        d: &Conv2dBackwardInputDesc,
+    ) -> Step<()> {
+        let operands = Operands {
+            x: d.grad_input,
+            w: d.weight,
+            y: d.grad_output,
+            bias: d.bias,
+        };
+        self.serve(gpu, mem, &Problem::data(d), operands, None)
+    }
+
+    /// Enqueues the weight gradient `d` with `cudnnConvolutionBackwardFilter`, or declines, as
+    /// [`Cudnn::conv2d`].
+    pub(crate) fn conv2d_backward_weight(
+        &self,
+        gpu: &Gpu,
+        mem: &mut DeviceMemory,
+        d: &Conv2dBackwardWeightDesc,
+    ) -> Step<()> {
+        let operands = Operands {
+            x: d.input,
+            w: d.grad_weight,
+            y: d.grad_output,
+            bias: None,
+        };
+        self.serve(gpu, mem, &Problem::filter(d), operands, None)
+    }
+
+    /// One call of direction `p.direction`, counted as served or declined.
+    fn serve(
+        &self,
+        gpu: &Gpu,
+        mem: &mut DeviceMemory,
+        p: &Problem,
+        operands: Operands,
+        only: Option<Algo>,
+    ) -> Step<()> {
         let mut state = self.lock();
-        let out = state.conv2d(self.tensor_cores, gpu, mem, d, only);
+        let out = state.call(self.tensor_cores, gpu, mem, p, operands, only);
         match &out {
             Ok(()) => state.served += 1,
             Err(Declined(reason)) => {
@@ -193,7 +252,7 @@ pub(crate) fn describe(
         Some(Ok(cudnn)) => cudnn.describe(),
         Some(Err(reason)) => format!("implicit-GEMM kernel ({reason})"),
         None => match loader::cudnn() {
-            Ok(version) => format!("cuDNN {version}; handle created by the first conv2d"),
+            Ok(version) => format!("cuDNN {version}; handle created by the first convolution"),
             Err(reason) => format!("implicit-GEMM kernel ({reason})"),
         },
     }
@@ -214,24 +273,69 @@ fn decline(what: &str, e: dnn::CudnnError) -> Declined {
     Declined(format!("{what}: {name} (status {})", e.0 as u32))
 }
 
-/// What identifies an algorithm choice.
+/// Which of a convolution's three products a call computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct PlanKey {
+enum Direction {
+    /// `y = conv(x, w)`.
+    Forward,
+    /// `dx` from `dy` and `w` (also the transposed convolution).
+    Data,
+    /// `dw` from `x` and `dy`.
+    Filter,
+}
+
+/// A convolution as cuDNN describes it, whichever product is computed: `x` `[N, C, H, W]`, `w`
+/// `[K, C/groups, R, S]`, `y` `[N, K, OH, OW]` (the forward's output, or the gradient given). Also
+/// what identifies an algorithm choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Problem {
+    direction: Direction,
     dtype: DType,
     input: [usize; 4],
     weight: [usize; 4],
+    output: [usize; 4],
     stride: [usize; 2],
     padding: [usize; 2],
     dilation: [usize; 2],
     groups: usize,
 }
 
-impl PlanKey {
-    fn of(d: &Conv2dDesc) -> PlanKey {
-        PlanKey {
+impl Problem {
+    fn forward(d: &Conv2dDesc) -> Problem {
+        Problem {
+            direction: Direction::Forward,
             dtype: d.dtype,
             input: d.input_shape,
             weight: d.weight_shape,
+            output: d.output_shape,
+            stride: d.stride,
+            padding: d.padding,
+            dilation: d.dilation,
+            groups: d.groups,
+        }
+    }
+
+    fn data(d: &Conv2dBackwardInputDesc) -> Problem {
+        Problem {
+            direction: Direction::Data,
+            dtype: d.dtype,
+            input: d.grad_input_shape,
+            weight: d.weight_shape,
+            output: d.grad_output_shape,
+            stride: d.stride,
+            padding: d.padding,
+            dilation: d.dilation,
+            groups: d.groups,
+        }
+    }
+
+    fn filter(d: &Conv2dBackwardWeightDesc) -> Problem {
+        Problem {
+            direction: Direction::Filter,
+            dtype: d.dtype,
+            input: d.input_shape,
+            weight: d.weight_shape,
+            output: d.grad_output_shape,
             stride: d.stride,
             padding: d.padding,
             dilation: d.dilation,
@@ -240,10 +344,76 @@ impl PlanKey {
     }
 }
 
+/// The device operands of one call, by their place in the forward: `x` the input (or its gradient,
+/// written by [`Direction::Data`]), `w` the weight (or its gradient, written by
+/// [`Direction::Filter`]), `y` the output (written by [`Direction::Forward`]) or its gradient, and a
+/// bias added to the written tensor afterwards (`[K]` forward, `[C]` for the input gradient).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Operands {
+    x: DevicePtr,
+    w: DevicePtr,
+    y: DevicePtr,
+    bias: Option<DevicePtr>,
+}
+
+/// One cuDNN algorithm of a direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Algo {
+    Forward(sys::cudnnConvolutionFwdAlgo_t),
+    Data(sys::cudnnConvolutionBwdDataAlgo_t),
+    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+/// The backward-data algorithms used: both sum the same products as the reference (FFT and Winograd
+/// are never used, see the module notes).
+const EXACT_DATA_ALGOS: [sys::cudnnConvolutionBwdDataAlgo_t; 2] = {
+    use sys::cudnnConvolutionBwdDataAlgo_t::*;
+    [
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+    ]
+};
+
+/// The backward-filter algorithms used, as [`EXACT_DATA_ALGOS`].
+const EXACT_FILTER_ALGOS: [sys::cudnnConvolutionBwdFilterAlgo_t; 3] = {
+    use sys::cudnnConvolutionBwdFilterAlgo_t::*;
+    [
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+    ]
+};
+
+impl Algo {
+    /// The algorithm numbered `raw` in `direction` if it is one this module uses.
+    fn exact(direction: Direction, raw: u32) -> Option<Algo> {
+        match direction {
+            Direction::Forward => exact_algo(raw).map(Algo::Forward),
+            Direction::Data => EXACT_DATA_ALGOS
+                .into_iter()
+                .find(|a| *a as u32 == raw)
+                .map(Algo::Data),
+            Direction::Filter => EXACT_FILTER_ALGOS
+                .into_iter()
+                .find(|a| *a as u32 == raw)
+                .map(Algo::Filter),
+        }
+    }
+
+    /// cuDNN's number for it.
+    fn raw(self) -> u32 {
+        match self {
+            Algo::Forward(a) => a as u32,
+            Algo::Data(a) => a as u32,
+            Algo::Filter(a) => a as u32,
+        }
+    }
+}
+
 /// An acceptable algorithm with the math type it runs under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Candidate {
-    algo: sys::cudnnConvolutionFwdAlgo_t,
+    algo: Algo,
     math: sys::cudnnMathType_t,
     /// Workspace bytes the heuristic reported.
     memory: usize,
@@ -259,11 +429,16 @@ struct Plan {
 }
 
 impl Plan {
-    fn from_offers(offers: &[RawPerf], dtype: DType, tensor_cores: bool) -> Plan {
+    fn from_offers(
+        offers: &[RawPerf],
+        direction: Direction,
+        dtype: DType,
+        tensor_cores: bool,
+    ) -> Plan {
         Plan {
             candidates: offers
                 .iter()
-                .filter_map(|p| candidate(p, dtype, tensor_cores))
+                .filter_map(|p| candidate(p, direction, dtype, tensor_cores))
                 .collect(),
             offered: offers
                 .iter()
@@ -279,8 +454,8 @@ impl Plan {
     }
 }
 
-/// `cudnnConvolutionFwdAlgoPerf_t` with its enums as plain integers: cuDNN writes these, and a value
-/// the bindings do not know must not become a Rust enum.
+/// `cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t` (one layout) with its enums as plain
+/// integers: cuDNN writes these, and a value the bindings do not know must not become a Rust enum.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct RawPerf {
@@ -297,6 +472,14 @@ const _: () = assert!(
     std::mem::size_of::<RawPerf>() == std::mem::size_of::<sys::cudnnConvolutionFwdAlgoPerf_t>()
         && std::mem::align_of::<RawPerf>()
             == std::mem::align_of::<sys::cudnnConvolutionFwdAlgoPerf_t>()
+        && std::mem::size_of::<RawPerf>()
+            == std::mem::size_of::<sys::cudnnConvolutionBwdDataAlgoPerf_t>()
+        && std::mem::align_of::<RawPerf>()
+            == std::mem::align_of::<sys::cudnnConvolutionBwdDataAlgoPerf_t>()
+        && std::mem::size_of::<RawPerf>()
+            == std::mem::size_of::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>()
+        && std::mem::align_of::<RawPerf>()
+            == std::mem::align_of::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>()
 );
 
 /// The algorithms used (the GEMM family and DIRECT; see the module notes), with the names of the
@@ -358,15 +541,20 @@ fn acceptable_math(raw: u32, dtype: DType, tensor_cores: bool) -> Option<sys::cu
     }
 }
 
-/// The usable candidate of one heuristic result, if any.
-fn candidate(p: &RawPerf, dtype: DType, tensor_cores: bool) -> Option<Candidate> {
+/// The usable candidate of one heuristic result of `direction`, if any.
+fn candidate(
+    p: &RawPerf,
+    direction: Direction,
+    dtype: DType,
+    tensor_cores: bool,
+) -> Option<Candidate> {
     let success = p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32;
     let deterministic = p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32;
     if !success || !deterministic {
         return None;
     }
     Some(Candidate {
-        algo: exact_algo(p.algo)?,
+        algo: Algo::exact(direction, p.algo)?,
         math: acceptable_math(p.math_type, dtype, tensor_cores)?,
         memory: p.memory,
     })
@@ -472,14 +660,14 @@ fn dims4(what: &str, shape: [usize; 4]) -> Step<[c_int; 4]> {
 }
 
 impl Dims {
-    fn of(d: &Conv2dDesc) -> Step<Dims> {
+    fn of(d: &Problem) -> Step<Dims> {
         let pair = |what: &str, v: [usize; 2]| -> Step<[c_int; 2]> {
             Ok([int(what, v[0])?, int(what, v[1])?])
         };
         Ok(Dims {
-            input: dims4("input", d.input_shape)?,
-            weight: dims4("weight", d.weight_shape)?,
-            output: dims4("output", d.output_shape)?,
+            input: dims4("input", d.input)?,
+            weight: dims4("weight", d.weight)?,
+            output: dims4("output", d.output)?,
             padding: pair("padding", d.padding)?,
             stride: pair("stride", d.stride)?,
             dilation: pair("dilation", d.dilation)?,
@@ -489,8 +677,8 @@ impl Dims {
 }
 
 /// Declines unless every operand is [`ALIGNMENT`]-aligned.
-fn check_alignment(d: &Conv2dDesc) -> Step<()> {
-    let ptrs = [Some(d.input), Some(d.weight), d.bias, Some(d.output)];
+fn check_alignment(d: &Operands) -> Step<()> {
+    let ptrs = [Some(d.x), Some(d.w), d.bias, Some(d.y)];
     if ptrs.iter().flatten().all(|p| p.0 % ALIGNMENT == 0) {
         Ok(())
     } else {
@@ -673,17 +861,18 @@ impl Drop for Workspace<'_> {
 
 impl State {
     /// The whole cuDNN path of one call.
-    fn conv2d(
+    fn call(
         &mut self,
         tensor_cores: bool,
         gpu: &Gpu,
         mem: &mut DeviceMemory,
-        d: &Conv2dDesc,
-        only: Option<sys::cudnnConvolutionFwdAlgo_t>,
+        p: &Problem,
+        operands: Operands,
+        only: Option<Algo>,
     ) -> Step<()> {
-        let dims = Dims::of(d)?;
-        check_alignment(d)?;
-        let types = Types::of(d.dtype, tensor_cores)?;
+        let dims = Dims::of(p)?;
+        check_alignment(&operands)?;
+        let types = Types::of(p.dtype, tensor_cores)?;
         // SAFETY: a live handle and the live current stream of the bound context.
         unsafe { dnn::set_stream(self.handle, gpu.stream().cu_stream() as sys::cudaStream_t) }
             .map_err(|e| decline("cudnnSetStream", e))?;
@@ -694,17 +883,22 @@ impl State {
             y: TensorDesc::nchw(types.data, dims.output)?,
         };
         descs.conv.check_output(&descs.x, &descs.w, dims.output)?;
-        let plan = self.plan(&descs, d, tensor_cores)?;
-        let scalars = Scalars::for_dtype(d.dtype);
+        let plan = self.plan(&descs, p, tensor_cores)?;
+        let scalars = Scalars::for_dtype(p.dtype);
         let mut reason = Declined(format!(
-            "no deterministic GEMM-family algorithm with an accepted math type for {:?} {:?} * {:?} \
+            "no deterministic exact {:?} algorithm with an accepted math type for {:?} {:?} * {:?} \
              among cuDNN's offers [{}]",
-            d.dtype, d.input_shape, d.weight_shape, plan.offered
+            p.direction, p.dtype, p.input, p.weight, plan.offered
         ));
         if let Some(algo) = only {
             reason = Declined(format!(
-                "cuDNN does not accept algorithm {} for {:?} {:?} * {:?} (offers [{}])",
-                algo as u32, d.dtype, d.input_shape, d.weight_shape, plan.offered
+                "cuDNN does not accept {:?} algorithm {} for {:?} {:?} * {:?} (offers [{}])",
+                p.direction,
+                algo.raw(),
+                p.dtype,
+                p.input,
+                p.weight,
+                plan.offered
             ));
         }
         let chosen = plan
@@ -712,112 +906,175 @@ impl State {
             .into_iter()
             .filter(|c| only.is_none_or(|algo| c.algo == algo));
         for c in chosen {
-            match self.forward(&descs, c, &scalars, gpu, mem, d) {
-                Ok(()) => return self.add_bias(&descs, &scalars, &types, &dims, d),
+            match self.product(&descs, c, &scalars, gpu, mem, &operands) {
+                Ok(()) => return self.add_bias(&descs, &scalars, &types, &dims, p, &operands),
                 Err(e) => reason = e,
             }
         }
         Err(reason)
     }
 
-    /// The algorithm choice for `d`, from the cache or the heuristic.
-    fn plan(&mut self, descs: &Descs, d: &Conv2dDesc, tensor_cores: bool) -> Step<Plan> {
-        let key = PlanKey::of(d);
-        if let Some(plan) = self.plans.get(&key) {
+    /// The algorithm choice for `p`, from the cache or the heuristic of its direction.
+    fn plan(&mut self, descs: &Descs, p: &Problem, tensor_cores: bool) -> Step<Plan> {
+        if let Some(plan) = self.plans.get(p) {
             return Ok(plan.clone());
         }
         let mut perf = [RawPerf::default(); REQUESTED_ALGOS];
         let mut returned: c_int = 0;
+        let requested = REQUESTED_ALGOS as c_int;
         // SAFETY: live handle and descriptors; `perf` has room for the requested count and the same
-        // layout as `cudnnConvolutionFwdAlgoPerf_t` (checked at compile time).
-        unsafe {
-            sys::cudnnGetConvolutionForwardAlgorithm_v7(
-                self.handle,
-                descs.x.0,
-                descs.w.0,
-                descs.conv.0,
-                descs.y.0,
-                REQUESTED_ALGOS as c_int,
-                &mut returned,
-                perf.as_mut_ptr().cast(),
-            )
-        }
-        .result()
-        .map_err(|e| decline("cudnnGetConvolutionForwardAlgorithm_v7", e))?;
+        // layout as each direction's `cudnnConvolution*AlgoPerf_t` (checked at compile time).
+        let (what, status) = unsafe {
+            match p.direction {
+                Direction::Forward => (
+                    "cudnnGetConvolutionForwardAlgorithm_v7",
+                    sys::cudnnGetConvolutionForwardAlgorithm_v7(
+                        self.handle,
+                        descs.x.0,
+                        descs.w.0,
+                        descs.conv.0,
+                        descs.y.0,
+                        requested,
+                        &mut returned,
+                        perf.as_mut_ptr().cast(),
+                    ),
+                ),
+                Direction::Data => (
+                    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                    sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                        self.handle,
+                        descs.w.0,
+                        descs.y.0,
+                        descs.conv.0,
+                        descs.x.0,
+                        requested,
+                        &mut returned,
+                        perf.as_mut_ptr().cast(),
+                    ),
+                ),
+                Direction::Filter => (
+                    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                    sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                        self.handle,
+                        descs.x.0,
+                        descs.y.0,
+                        descs.conv.0,
+                        descs.w.0,
+                        requested,
+                        &mut returned,
+                        perf.as_mut_ptr().cast(),
+                    ),
+                ),
+            }
+        };
+        status.result().map_err(|e| decline(what, e))?;
         let count = usize::try_from(returned).unwrap_or(0).min(REQUESTED_ALGOS);
-        let plan = Plan::from_offers(&perf[..count], d.dtype, tensor_cores);
+        let plan = Plan::from_offers(&perf[..count], p.direction, p.dtype, tensor_cores);
         if self.plans.len() >= MAX_PLANS {
             self.plans.clear();
         }
-        self.plans.insert(key, plan.clone());
+        self.plans.insert(*p, plan.clone());
         Ok(plan)
     }
 
-    /// `cudnnConvolutionForward` with candidate `c`: math type set, workspace sized and allocated,
-    /// `beta = 0`. Declines (nothing enqueued, or a partial output the kernel will overwrite) on any
-    /// failure.
-    fn forward(
+    /// The product of candidate `c` (forward, backward data or backward filter, by its algorithm):
+    /// math type set, workspace sized and allocated, `beta = 0`. Declines (nothing enqueued, or a
+    /// partial result the kernel will overwrite) on any failure.
+    fn product(
         &self,
         descs: &Descs,
         c: Candidate,
         scalars: &Scalars,
         gpu: &Gpu,
         mem: &mut DeviceMemory,
-        d: &Conv2dDesc,
+        o: &Operands,
     ) -> Step<()> {
         descs.conv.set_math(c.math)?;
-        // SAFETY: live handle and descriptors.
-        let bytes = unsafe {
-            dnn::get_convolution_forward_workspace_size(
-                self.handle,
-                descs.x.0,
-                descs.w.0,
-                descs.conv.0,
-                descs.y.0,
-                c.algo,
-            )
-        }
-        .map_err(|e| decline("cudnnGetConvolutionForwardWorkspaceSize", e))?
-        .max(c.memory);
+        let h = self.handle;
+        let (x, w, conv, y) = (descs.x.0, descs.w.0, descs.conv.0, descs.y.0);
+        let mut bytes = 0usize;
+        // SAFETY: live handle and descriptors; `bytes` is an out-parameter.
+        let (what, status) = unsafe {
+            match c.algo {
+                Algo::Forward(a) => (
+                    "cudnnGetConvolutionForwardWorkspaceSize",
+                    sys::cudnnGetConvolutionForwardWorkspaceSize(h, x, w, conv, y, a, &mut bytes),
+                ),
+                Algo::Data(a) => (
+                    "cudnnGetConvolutionBackwardDataWorkspaceSize",
+                    sys::cudnnGetConvolutionBackwardDataWorkspaceSize(
+                        h, w, y, conv, x, a, &mut bytes,
+                    ),
+                ),
+                Algo::Filter(a) => (
+                    "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+                    sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                        h, x, y, conv, w, a, &mut bytes,
+                    ),
+                ),
+            }
+        };
+        status.result().map_err(|e| decline(what, e))?;
+        let bytes = bytes.max(c.memory);
         let workspace = Workspace::alloc(gpu, mem, bytes)?;
-        // SAFETY: the regions were checked against live allocations by the caller and match the
-        // descriptors (packed NCHW / KCRS of the descriptor's shapes); the workspace holds `bytes`;
-        // the scalars are host values read during the call; beta = 0, so the output is not read.
-        unsafe {
-            dnn::convolution_forward(
-                self.handle,
-                scalars.one(),
-                descs.x.0,
-                d.input.0 as *const c_void,
-                descs.w.0,
-                d.weight.0 as *const c_void,
-                descs.conv.0,
-                c.algo,
-                workspace.as_ptr(),
-                bytes,
-                scalars.zero(),
-                descs.y.0,
-                d.output.0 as *mut c_void,
-            )
-        }
-        .map_err(|e| decline("cudnnConvolutionForward", e))
+        let ws = workspace.as_ptr();
+        let (one, zero) = (scalars.one(), scalars.zero());
+        let (xp, wp, yp) = (
+            o.x.0 as *mut c_void,
+            o.w.0 as *mut c_void,
+            o.y.0 as *mut c_void,
+        );
+        // SAFETY: the regions were checked against live allocations (and for aliasing) by the
+        // caller and match the descriptors (packed NCHW / KCRS of the descriptor's shapes); the
+        // workspace holds `bytes`; the scalars are host values read during the call; beta = 0, so
+        // the written tensor is not read.
+        let (what, status) = unsafe {
+            match c.algo {
+                Algo::Forward(a) => (
+                    "cudnnConvolutionForward",
+                    sys::cudnnConvolutionForward(
+                        h, one, x, xp, w, wp, conv, a, ws, bytes, zero, y, yp,
+                    ),
+                ),
+                Algo::Data(a) => (
+                    "cudnnConvolutionBackwardData",
+                    sys::cudnnConvolutionBackwardData(
+                        h, one, w, wp, y, yp, conv, a, ws, bytes, zero, x, xp,
+                    ),
+                ),
+                Algo::Filter(a) => (
+                    "cudnnConvolutionBackwardFilter",
+                    sys::cudnnConvolutionBackwardFilter(
+                        h, one, x, xp, y, yp, conv, a, ws, bytes, zero, w, wp,
+                    ),
+                ),
+            }
+        };
+        status.result().map_err(|e| decline(what, e))
     }
 
-    /// `output += bias` over a `1×K×1×1` bias tensor, when there is a bias.
+    /// `written += bias` over a `1×K×1×1` (forward) or `1×C×1×1` (input gradient) bias tensor,
+    /// when there is a bias.
     fn add_bias(
         &self,
         descs: &Descs,
         scalars: &Scalars,
         types: &Types,
         dims: &Dims,
-        d: &Conv2dDesc,
+        p: &Problem,
+        o: &Operands,
     ) -> Step<()> {
-        let Some(bias) = d.bias else {
+        let Some(bias) = o.bias else {
             return Ok(());
         };
-        let b = TensorDesc::nchw(types.data, [1, dims.weight[0], 1, 1])?;
-        // SAFETY: the bias region ([K] elements) and the output were checked by the caller; alpha =
-        // beta = 1 are host values read during the call.
+        let (channels, target, ptr) = match p.direction {
+            Direction::Forward => (dims.output[1], &descs.y, o.y),
+            Direction::Data => (dims.input[1], &descs.x, o.x),
+            Direction::Filter => return Err(Declined("a weight gradient has no bias".into())),
+        };
+        let b = TensorDesc::nchw(types.data, [1, channels, 1, 1])?;
+        // SAFETY: the bias region (one element per channel) and the written tensor were checked by
+        // the caller; alpha = beta = 1 are host values read during the call.
         unsafe {
             sys::cudnnAddTensor(
                 self.handle,
@@ -825,8 +1082,8 @@ impl State {
                 b.0,
                 bias.0 as *const c_void,
                 scalars.one(),
-                descs.y.0,
-                d.output.0 as *mut c_void,
+                target.0,
+                ptr.0 as *mut c_void,
             )
         }
         .result()
@@ -858,9 +1115,24 @@ mod tests {
         }
     }
 
+    /// A forward heuristic result's candidate.
+    fn forward_candidate(p: &RawPerf, dtype: DType, tensor_cores: bool) -> Option<Candidate> {
+        candidate(p, Direction::Forward, dtype, tensor_cores)
+    }
+
+    /// The operands of a forward descriptor.
+    fn operands(d: &Conv2dDesc) -> Operands {
+        Operands {
+            x: d.input,
+            w: d.weight,
+            y: d.output,
+            bias: d.bias,
+        }
+    }
+
     #[test]
     fn dims_carry_the_window_and_groups() {
-        let dims = Dims::of(&desc(true)).unwrap();
+        let dims = Dims::of(&Problem::forward(&desc(true))).unwrap();
         assert_eq!(
             dims,
             Dims {
@@ -904,24 +1176,24 @@ mod tests {
     fn shapes_cudnn_cannot_describe_are_declined() {
         let mut d = desc(false);
         d.input_shape = [1, 0, 9, 7];
-        assert!(Dims::of(&d).is_err());
+        assert!(Dims::of(&Problem::forward(&d)).is_err());
         let mut d = desc(false);
         d.input_shape = [1 << 16, 1 << 8, 1 << 4, 1 << 4];
-        assert!(Dims::of(&d).is_err(), "2^32 elements");
+        assert!(Dims::of(&Problem::forward(&d)).is_err(), "2^32 elements");
         let mut d = desc(false);
         d.padding = [1 << 31, 0];
-        assert!(Dims::of(&d).is_err());
+        assert!(Dims::of(&Problem::forward(&d)).is_err());
     }
 
     #[test]
     fn misaligned_operands_are_declined() {
-        assert!(check_alignment(&desc(true)).is_ok());
+        assert!(check_alignment(&operands(&desc(true))).is_ok());
         let mut d = desc(true);
         d.bias = Some(DevicePtr(0x3004));
-        assert!(check_alignment(&d).is_err());
+        assert!(check_alignment(&operands(&d)).is_err());
         let mut d = desc(false);
         d.output = DevicePtr(0x4008);
-        assert!(check_alignment(&d).is_err());
+        assert!(check_alignment(&operands(&d)).is_err());
     }
 
     #[test]
@@ -965,7 +1237,7 @@ mod tests {
             math_type: math as u32,
             reserved: [0; 3],
         };
-        let c = candidate(
+        let c = forward_candidate(
             &perf(
                 CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
                 CUDNN_FMA_MATH,
@@ -976,7 +1248,7 @@ mod tests {
         assert_eq!(
             c,
             Some(Candidate {
-                algo: CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                algo: Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
                 math: CUDNN_FMA_MATH,
                 memory: 4096,
             })
@@ -988,39 +1260,39 @@ mod tests {
             CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
         ] {
             assert_eq!(
-                candidate(&perf(algo, CUDNN_FMA_MATH), DType::F32, false),
+                forward_candidate(&perf(algo, CUDNN_FMA_MATH), DType::F32, false),
                 None
             );
         }
         // Strict f32 takes FMA math only; TF32 opens the others; conversion to f16 never.
         let gemm = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
         assert_eq!(
-            candidate(&perf(gemm, CUDNN_DEFAULT_MATH), DType::F32, false),
+            forward_candidate(&perf(gemm, CUDNN_DEFAULT_MATH), DType::F32, false),
             None
         );
         assert_eq!(
-            candidate(&perf(gemm, CUDNN_TENSOR_OP_MATH), DType::F32, false),
+            forward_candidate(&perf(gemm, CUDNN_TENSOR_OP_MATH), DType::F32, false),
             None
         );
-        assert!(candidate(&perf(gemm, CUDNN_TENSOR_OP_MATH), DType::F32, true).is_some());
-        assert!(candidate(&perf(gemm, CUDNN_TENSOR_OP_MATH), DType::F16, false).is_some());
+        assert!(forward_candidate(&perf(gemm, CUDNN_TENSOR_OP_MATH), DType::F32, true).is_some());
+        assert!(forward_candidate(&perf(gemm, CUDNN_TENSOR_OP_MATH), DType::F16, false).is_some());
         for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
             let p = perf(gemm, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
-            assert_eq!(candidate(&p, dtype, true), None);
+            assert_eq!(forward_candidate(&p, dtype, true), None);
         }
         // Failed, non-deterministic and unknown results are skipped.
         let mut p = perf(gemm, CUDNN_FMA_MATH);
         p.status = sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED as u32;
-        assert_eq!(candidate(&p, DType::F32, false), None);
+        assert_eq!(forward_candidate(&p, DType::F32, false), None);
         let mut p = perf(gemm, CUDNN_FMA_MATH);
         p.determinism = 0;
-        assert_eq!(candidate(&p, DType::F32, false), None);
+        assert_eq!(forward_candidate(&p, DType::F32, false), None);
         let mut p = perf(gemm, CUDNN_FMA_MATH);
         p.algo = 99;
-        assert_eq!(candidate(&p, DType::F32, false), None);
+        assert_eq!(forward_candidate(&p, DType::F32, false), None);
         let mut p = perf(gemm, CUDNN_FMA_MATH);
         p.math_type = 7;
-        assert_eq!(candidate(&p, DType::F32, false), None);
+        assert_eq!(forward_candidate(&p, DType::F32, false), None);
     }
 
     #[test]
@@ -1041,13 +1313,16 @@ mod tests {
             offer(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, 2),
             offer(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, 0),
         ];
-        let plan = Plan::from_offers(&offers, DType::F32, false);
+        let plan = Plan::from_offers(&offers, Direction::Forward, DType::F32, false);
         let algos: Vec<_> = plan.candidates.iter().map(|c| (c.algo, c.memory)).collect();
         assert_eq!(
             algos,
             [
-                (CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, 2),
-                (CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, 0)
+                (
+                    Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
+                    2
+                ),
+                (Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM), 0)
             ]
         );
         assert_eq!(
@@ -1055,9 +1330,114 @@ mod tests {
             "algo 7 math 3 status 0 deterministic 1, algo 1 math 3 status 0 deterministic 1, \
              algo 0 math 3 status 0 deterministic 1"
         );
-        assert!(Plan::from_offers(&[], DType::F32, false)
-            .candidates
-            .is_empty());
+        assert!(
+            Plan::from_offers(&[], Direction::Forward, DType::F32, false)
+                .candidates
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn gradients_take_only_their_exact_deterministic_algorithms() {
+        use sys::cudnnConvolutionBwdDataAlgo_t as D;
+        use sys::cudnnConvolutionBwdFilterAlgo_t as F;
+        let perf = |algo: u32, determinism: u32| RawPerf {
+            algo,
+            status: 0,
+            time: 0.0,
+            memory: 64,
+            determinism,
+            math_type: sys::cudnnMathType_t::CUDNN_FMA_MATH as u32,
+            reserved: [0; 3],
+        };
+        let take = |direction, algo, det| {
+            candidate(&perf(algo, det), direction, DType::F32, false).map(|c| c.algo)
+        };
+        for algo in EXACT_DATA_ALGOS {
+            assert_eq!(
+                take(Direction::Data, algo as u32, 1),
+                Some(Algo::Data(algo))
+            );
+            assert_eq!(take(Direction::Data, algo as u32, 0), None, "{algo:?}");
+        }
+        for algo in EXACT_FILTER_ALGOS {
+            assert_eq!(
+                take(Direction::Filter, algo as u32, 1),
+                Some(Algo::Filter(algo))
+            );
+        }
+        for algo in [
+            D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
+            D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+            D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
+            D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+        ] {
+            assert_eq!(take(Direction::Data, algo as u32, 1), None, "{algo:?}");
+        }
+        for algo in [
+            F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
+            F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+            F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
+            F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
+        ] {
+            assert_eq!(take(Direction::Filter, algo as u32, 1), None, "{algo:?}");
+        }
+        // The same number means a different algorithm per direction: forward 2 is GEMM (exact),
+        // backward-data 2 is FFT (not used).
+        assert!(take(Direction::Forward, 2, 1).is_some());
+        assert_eq!(take(Direction::Data, 2, 1), None);
+        assert_eq!(
+            Algo::Filter(F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3).raw(),
+            3
+        );
+    }
+
+    #[test]
+    fn each_gradient_describes_the_forward_convolution() {
+        let f = desc(true);
+        let data = Conv2dBackwardInputDesc {
+            dtype: f.dtype,
+            grad_output: f.output,
+            grad_output_shape: f.output_shape,
+            weight: f.weight,
+            weight_shape: f.weight_shape,
+            bias: Some(DevicePtr(0x5000)),
+            grad_input: f.input,
+            grad_input_shape: f.input_shape,
+            stride: f.stride,
+            padding: f.padding,
+            dilation: f.dilation,
+            groups: f.groups,
+        };
+        let filter = Conv2dBackwardWeightDesc {
+            dtype: f.dtype,
+            input: f.input,
+            input_shape: f.input_shape,
+            grad_output: f.output,
+            grad_output_shape: f.output_shape,
+            grad_weight: f.weight,
+            weight_shape: f.weight_shape,
+            stride: f.stride,
+            padding: f.padding,
+            dilation: f.dilation,
+            groups: f.groups,
+        };
+        let forward = Problem::forward(&f);
+        for (p, direction) in [
+            (Problem::data(&data), Direction::Data),
+            (Problem::filter(&filter), Direction::Filter),
+        ] {
+            assert_eq!(p.direction, direction);
+            assert_eq!(
+                Problem {
+                    direction: Direction::Forward,
+                    ..p
+                },
+                forward
+            );
+            assert_ne!(p, forward, "plans are cached per direction");
+            assert_eq!(Dims::of(&p), Dims::of(&forward));
+        }
     }
 
     #[test]

@@ -134,6 +134,12 @@ const CUDNN_SYMBOLS: &[&str] = &[
     "cudnnGetConvolutionForwardAlgorithm_v7",
     "cudnnGetConvolutionForwardWorkspaceSize",
     "cudnnConvolutionForward",
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+    "cudnnGetConvolutionBackwardDataWorkspaceSize",
+    "cudnnConvolutionBackwardData",
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+    "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+    "cudnnConvolutionBackwardFilter",
     "cudnnAddTensor",
 ];
 

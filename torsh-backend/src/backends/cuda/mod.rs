@@ -78,8 +78,8 @@ pub struct CudaBackend {
 /// Everything an initialised backend holds. Op files receive `&Gpu`.
 #[derive(Debug)]
 pub(crate) struct Gpu {
-    /// cuDNN for conv2d, created by the first conv2d when `options.cudnn` (`Err`: why it cannot
-    /// serve). Declared first so that it is destroyed before the streams it was bound to.
+    /// cuDNN for conv2d and its gradients, created by the first of them when `options.cudnn`
+    /// (`Err`: why it cannot serve). Declared first so that it is destroyed before the streams it was bound to.
     cudnn: OnceLock<std::result::Result<cudnn::Cudnn, String>>,
     /// cuBLAS, which holds no reference to the context: declared before `ctx`, `streams` and
     /// `kernels` (the context's owners here) so that it is destroyed while the context and the
