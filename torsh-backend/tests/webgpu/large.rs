@@ -1126,3 +1126,86 @@ fn attention_past_a_binding_saves_every_log_sum_exp_and_its_gradients_say_unavai
         "{err:?}"
     );
 }
+
+#[test]
+fn conv_gradients_past_a_binding_run_by_images_and_sum_the_weight_gradient() {
+    // On a 64 KiB binding each batch below (its input and output gradient) is past a binding while
+    // each image fits: the input gradient and the transposed convolution run by pieces of images,
+    // the weight gradient sums its pieces' gradients; dense with stride, padding and dilation, and
+    // grouped. An image larger than a binding has no cut: the typed error.
+    let Some(b) = with_binding(64 << 10) else {
+        return;
+    };
+    let reference = Backend::reference().unwrap();
+    let dense = torsh_backend::ConvConfig {
+        stride: [2, 1],
+        padding: [1, 2],
+        dilation: [1, 2],
+        groups: 1,
+    };
+    let grouped = torsh_backend::ConvConfig {
+        padding: [1, 1],
+        groups: 2,
+        ..Default::default()
+    };
+    let cases: [(&str, [usize; 4], [usize; 4], _); 2] = [
+        ("dense", [7, 5, 31, 37], [6, 5, 3, 3], dense),
+        ("grouped", [5, 4, 41, 43], [6, 2, 3, 3], grouped),
+    ];
+    for dtype in [DType::F32, DType::F16] {
+        for (name, input, weight, config) in cases {
+            let out: [usize; 4] = {
+                let x = reference.zeros(&input, DType::F32).unwrap();
+                let w = reference.zeros(&weight, DType::F32).unwrap();
+                reference
+                    .conv2d(&x, &w, config)
+                    .unwrap()
+                    .shape()
+                    .try_into()
+                    .unwrap()
+            };
+            let bytes = |s: [usize; 4]| s.iter().product::<usize>() * 4;
+            assert!(bytes(input) > 64 << 10 && bytes(out) > 64 << 10, "{name}");
+            let transpose = torsh_backend::ConvTransposeConfig {
+                stride: config.stride,
+                padding: config.padding,
+                output_padding: [0, 0],
+                dilation: config.dilation,
+                groups: config.groups,
+            };
+            let run = |be: &Backend| {
+                let x = dtype_tensor(be, &wave(input.iter().product(), 0.3), &input, dtype);
+                let w = dtype_tensor(be, &wave(weight.iter().product(), 1.9), &weight, dtype);
+                let g = dtype_tensor(be, &wave(out.iter().product(), 0.7), &out, dtype);
+                let bias = dtype_tensor(be, &wave(input[1], 2.6), &[input[1]], dtype);
+                [
+                    be.conv2d_backward_input(&g, &w, &input, config).unwrap(),
+                    be.conv2d_backward_weight(&g, &x, &weight, config).unwrap(),
+                    be.conv_transpose2d(&g, &w, Some(&bias), transpose).unwrap(),
+                ]
+            };
+            let (got, want) = (run(&b), run(&reference));
+            for (what, (g, w)) in ["input", "weight", "transpose"]
+                .iter()
+                .zip(got.iter().zip(&want))
+            {
+                check_dtype(&format!("{name} {what}"), dtype, g, w);
+            }
+        }
+    }
+    let plane = b.randn(&[1, 1, 200, 100], DType::F32).unwrap();
+    let w = b.randn(&[1, 1, 3, 3], DType::F32).unwrap();
+    let config = torsh_backend::ConvConfig::default();
+    let g = b.randn(&[1, 1, 198, 98], DType::F32).unwrap();
+    for err in [
+        b.conv2d_backward_input(&g, &w, &[1, 1, 200, 100], config)
+            .unwrap_err(),
+        b.conv2d_backward_weight(&g, &plane, &[1, 1, 3, 3], config)
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, BackendError::FeatureUnavailable { .. }),
+            "{err:?}"
+        );
+    }
+}

@@ -7,11 +7,14 @@
 //! The gradients run direct kernels: one invocation per input element (input gradient), one
 //! workgroup per weight element (weight gradient). Each launch keeps within the loop budget by
 //! taking a block of the group's output channels (input gradient) or of the images (weight
-//! gradient), later blocks adding into the result. Operands larger than one storage binding answer
-//! `FeatureUnavailable`.
+//! gradient), later blocks adding into the result. Operands larger than one storage binding run by
+//! pieces of images (the weight gradient's pieces summed through scratch); only an image whose own
+//! operands pass a binding answers `FeatureUnavailable`.
 
-use crate::compute::{Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, OpDesc};
-use crate::dtype::DType;
+use crate::compute::{
+    BinaryDesc, BinaryOp, ComputeBackend, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc,
+    Conv2dDesc, StridedBuf, Temporaries, Value,
+};
 use crate::error::{BackendError, Result};
 
 use super::context::Gpu;
@@ -374,35 +377,72 @@ pub(crate) fn conv2d_backward_weight(
     }
 }
 
-/// `FeatureUnavailable` when the operands of `desc` do not fit one storage binding each (the
-/// gradients have no cut into pieces).
-fn fits_bindings<D: OpDesc>(backend: &WebGpuBackend, desc: &D, dtype: DType) -> Result<()> {
-    let plan = backend.plan(desc, dtype, |_, _| Ok(None::<Vec<()>>), None)?;
-    match plan {
-        Plan::TooLarge => Err(BackendError::FeatureUnavailable {
-            feature: "WebGPU storage binding",
-            reason: format!(
-                "{}: an operand is larger than one storage binding, which the convolution \
-                 gradients do not cut",
-                D::NAME
-            ),
-        }),
-        _ => Ok(()),
+/// `FeatureUnavailable` for a gradient whose single image does not fit a storage binding.
+fn image_too_large(op: &'static str) -> BackendError {
+    BackendError::FeatureUnavailable {
+        feature: "WebGPU storage binding",
+        reason: format!(
+            "{op}: one image's operands are larger than one storage binding, below which the \
+             convolution gradients do not cut"
+        ),
     }
 }
 
 impl OpImpl<Conv2dBackwardInputDesc> for WebGpuBackend {
     fn op(&self, desc: &Conv2dBackwardInputDesc) -> Result<()> {
-        math_dtype("conv2d_backward_input", desc.dtype, desc)?;
-        fits_bindings(self, desc, desc.dtype)?;
-        self.run(desc, conv2d_backward_input)
+        const OP: &str = "conv2d_backward_input";
+        math_dtype(OP, desc.dtype, desc)?;
+        let run = |d: &Conv2dBackwardInputDesc| self.run(d, conv2d_backward_input);
+        // Each launch keeps within the loop budget by itself (blocks of output channels).
+        match self.plan(desc, desc.dtype, pieces::conv2d_backward_input, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            Plan::TooLarge => Err(image_too_large(OP)),
+        }
     }
 }
 
 impl OpImpl<Conv2dBackwardWeightDesc> for WebGpuBackend {
     fn op(&self, desc: &Conv2dBackwardWeightDesc) -> Result<()> {
-        math_dtype("conv2d_backward_weight", desc.dtype, desc)?;
-        fits_bindings(self, desc, desc.dtype)?;
-        self.run(desc, conv2d_backward_weight)
+        const OP: &str = "conv2d_backward_weight";
+        math_dtype(OP, desc.dtype, desc)?;
+        match self.plan(desc, desc.dtype, pieces::conv2d_backward_weight, None)? {
+            Plan::Whole | Plan::PastBudget => self.run(desc, conv2d_backward_weight),
+            Plan::Pieces(parts) => self.conv2d_backward_weight_by_images(desc, &parts),
+            Plan::TooLarge => Err(image_too_large(OP)),
+        }
+    }
+}
+
+impl WebGpuBackend {
+    /// `desc`, larger than a binding, as `parts` (pieces of its images): the first writes the
+    /// weight gradient, each later one writes its own into scratch, added into it in piece order.
+    fn conv2d_backward_weight_by_images(
+        &self,
+        desc: &Conv2dBackwardWeightDesc,
+        parts: &[Conv2dBackwardWeightDesc],
+    ) -> Result<()> {
+        let temps = Temporaries::new(self);
+        let weights: usize = desc.weight_shape.iter().product();
+        let scratch = temps.alloc(weights * desc.dtype.size_in_bytes())?;
+        for (k, part) in parts.iter().enumerate() {
+            if k == 0 {
+                self.run(part, conv2d_backward_weight)?;
+                continue;
+            }
+            let piece = Conv2dBackwardWeightDesc {
+                grad_weight: scratch,
+                ..part.clone()
+            };
+            self.run(&piece, conv2d_backward_weight)?;
+            self.binary(&BinaryDesc {
+                op: BinaryOp::Add,
+                dtype: desc.dtype,
+                lhs: StridedBuf::contiguous(desc.grad_weight, &[weights]),
+                rhs: Value::Tensor(StridedBuf::contiguous(scratch, &[weights])),
+                output: desc.grad_weight,
+            })?;
+        }
+        Ok(())
     }
 }

@@ -3,10 +3,11 @@
 //! dense.
 
 use crate::compute::{
-    AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dDesc,
-    CopyDesc, CrossEntropyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc,
-    LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc,
-    SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
+    AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc,
+    Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc, CrossEntropyDesc,
+    DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc,
+    Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc, SoftmaxDesc,
+    StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -501,6 +502,60 @@ pub(crate) fn conv2d(mem: &Memory, desc: &Conv2dDesc) -> Result<Option<Vec<Conv2
         })
     };
     split(mem, desc, desc.dtype, n, Conv2dDesc::accesses, piece)
+}
+
+/// `desc` by image (weight and bias shared): each piece is the input gradient of its images.
+pub(crate) fn conv2d_backward_input(
+    mem: &Memory,
+    desc: &Conv2dBackwardInputDesc,
+) -> Result<Option<Vec<Conv2dBackwardInputDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let [n, c, h, w] = desc.grad_input_shape;
+    let [_, k, oh, ow] = desc.grad_output_shape;
+    let piece = |start: usize, len: usize| {
+        Ok(Conv2dBackwardInputDesc {
+            grad_input: advance(desc.grad_input, start * c * h * w, size)?,
+            grad_input_shape: [len, c, h, w],
+            grad_output: advance(desc.grad_output, start * k * oh * ow, size)?,
+            grad_output_shape: [len, k, oh, ow],
+            ..desc.clone()
+        })
+    };
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        n,
+        Conv2dBackwardInputDesc::accesses,
+        piece,
+    )
+}
+
+/// `desc` by image: each piece is the weight gradient of its images alone, which the caller sums.
+pub(crate) fn conv2d_backward_weight(
+    mem: &Memory,
+    desc: &Conv2dBackwardWeightDesc,
+) -> Result<Option<Vec<Conv2dBackwardWeightDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let [n, c, h, w] = desc.input_shape;
+    let [_, k, oh, ow] = desc.grad_output_shape;
+    let piece = |start: usize, len: usize| {
+        Ok(Conv2dBackwardWeightDesc {
+            input: advance(desc.input, start * c * h * w, size)?,
+            input_shape: [len, c, h, w],
+            grad_output: advance(desc.grad_output, start * k * oh * ow, size)?,
+            grad_output_shape: [len, k, oh, ow],
+            ..desc.clone()
+        })
+    };
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        n,
+        Conv2dBackwardWeightDesc::accesses,
+        piece,
+    )
 }
 
 /// `desc` by (batch, head), as a batch of one-head problems.
