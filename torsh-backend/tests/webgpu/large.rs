@@ -1090,37 +1090,53 @@ fn norm_gradients_past_a_binding_run_by_rows_or_say_unavailable_and_statistics_a
 }
 
 #[test]
-fn attention_past_a_binding_saves_every_log_sum_exp_and_its_gradients_say_unavailable() {
+fn attention_past_a_binding_saves_every_log_sum_exp_and_runs_its_gradients_by_heads() {
     // Bindings of 64 KiB: Q, K and V of [4, 2, 64, 64] f32 (128 KiB each) are past one. The
-    // forward runs (batch, head) pieces, each writing its rows' log-sum-exps; the gradients have
-    // no cut and say so.
+    // forward runs (batch, head) pieces, each writing its rows' log-sum-exps; the gradients run by
+    // (batch, head) pieces too, causal with seq_q ≠ seq_kv. One head past a binding has no cut: the
+    // typed error.
     let Some(b) = with_binding(webgpu::MIN_BINDING_SIZE) else {
         return;
     };
     let reference = Backend::reference().unwrap();
-    let shape = [4, 2, 64, 64];
-    let [q, k, v] = [0.1, 0.2, 0.3].map(|phase| {
-        let host: Vec<f32> = wave(4 * 2 * 64 * 64, phase)
+    for (seq_q, seq_kv) in [(64, 64), (48, 80)] {
+        let tensor = |be: &Backend, seq: usize, phase: f32| {
+            let host: Vec<f32> = wave(4 * 2 * seq * 64, phase)
+                .iter()
+                .map(|x| x * 0.3)
+                .collect();
+            be.from_slice(&host, &[4, 2, seq, 64]).unwrap()
+        };
+        let run = |be: &Backend| {
+            let (q, k, v) = (
+                tensor(be, seq_q, 0.1),
+                tensor(be, seq_kv, 0.2),
+                tensor(be, seq_kv, 0.3),
+            );
+            let g = tensor(be, seq_q, 0.7);
+            let fwd = be.attention_with_lse(&q, &k, &v, true, 0.125).unwrap();
+            let grads = be
+                .attention_backward(&g, &q, &k, &v, &fwd.output, &fwd.lse, true, 0.125)
+                .unwrap();
+            [fwd.output, fwd.lse, grads.q, grads.k, grads.v]
+        };
+        let (got, want) = (run(&b), run(&reference));
+        for (what, (g, w)) in ["output", "lse", "dq", "dk", "dv"]
             .iter()
-            .map(|x| x * 0.3)
-            .collect();
-        b.from_slice(&host, &shape).unwrap()
-    });
-    let fwd = b.attention_with_lse(&q, &k, &v, true, 0.125).unwrap();
-    let want = reference
-        .attention_with_lse(
-            &on_reference(&reference, &q),
-            &on_reference(&reference, &k),
-            &on_reference(&reference, &v),
-            true,
-            0.125,
-        )
-        .unwrap();
-    check_close("attention output", &fwd.output, &want.output);
-    check_close("attention lse", &fwd.lse, &want.lse);
-    let err = b
-        .attention_backward(&q, &q, &k, &v, &fwd.output, &fwd.lse, true, 0.125)
-        .unwrap_err();
+            .zip(got.iter().zip(&want))
+        {
+            check_close(&format!("attention {what} ({seq_q}, {seq_kv})"), g, w);
+        }
+    }
+    let head = |seq: usize| b.randn(&[1, 1, seq, 64], DType::F32).unwrap();
+    let (q, k) = (head(300), head(300));
+    let fwd = b.attention_with_lse(&q, &k, &k, false, 0.125);
+    let err = match fwd {
+        Ok(f) => b
+            .attention_backward(&q, &q, &k, &k, &f.output, &f.lse, false, 0.125)
+            .unwrap_err(),
+        Err(e) => e,
+    };
     assert!(
         matches!(err, BackendError::FeatureUnavailable { .. }),
         "{err:?}"

@@ -333,7 +333,18 @@ impl OpImpl<AttentionBackwardDesc> for WebGpuBackend {
             }
             return Ok(());
         }
-        self.run(desc, attention_backward)
+        // Each launch keeps within the loop budget by itself (ranges of keys or queries).
+        let run = |d: &AttentionBackwardDesc| self.run(d, attention_backward);
+        match self.plan(desc, desc.dtype, pieces::attention_backward, None)? {
+            Plan::Whole | Plan::PastBudget => run(desc),
+            Plan::Pieces(parts) => parts.iter().try_for_each(run),
+            Plan::TooLarge => Err(BackendError::FeatureUnavailable {
+                feature: "WebGPU storage binding",
+                reason: "attention_backward: one head's operands are larger than one storage \
+                         binding, below which the attention gradients do not cut"
+                    .into(),
+            }),
+        }
     }
 }
 

@@ -3,11 +3,11 @@
 //! dense.
 
 use crate::compute::{
-    AdamDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc, CastDesc,
-    Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc, CrossEntropyDesc,
-    DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc, LayerNormDesc,
-    Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc, SoftmaxDesc,
-    StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
+    AdamDesc, AttentionBackwardDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc,
+    CastDesc, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc,
+    CrossEntropyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc,
+    LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc,
+    SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -579,6 +579,40 @@ pub(crate) fn attention(mem: &Memory, desc: &AttentionDesc) -> Result<Option<Vec
                     .lse
                     .map(|lse| advance(lse, start * desc.seq_q, 4))
                     .transpose()?,
+                batch: len,
+                heads: 1,
+                ..desc.clone()
+            })
+        },
+    )
+}
+
+/// `desc` by (batch, head), as a batch of one-head problems: each piece the gradients of its heads.
+pub(crate) fn attention_backward(
+    mem: &Memory,
+    desc: &AttentionBackwardDesc,
+) -> Result<Option<Vec<AttentionBackwardDesc>>> {
+    let size = desc.dtype.size_in_bytes();
+    let stat = crate::compute::stats_dtype(desc.dtype).size_in_bytes();
+    let (q_each, kv_each) = (desc.seq_q * desc.head_dim, desc.seq_kv * desc.head_dim);
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.batch * desc.heads,
+        AttentionBackwardDesc::accesses,
+        |start, len| {
+            let (q_at, kv_at) = (start * q_each, start * kv_each);
+            Ok(AttentionBackwardDesc {
+                grad_output: advance(desc.grad_output, q_at, size)?,
+                q: advance(desc.q, q_at, size)?,
+                k: advance(desc.k, kv_at, size)?,
+                v: advance(desc.v, kv_at, size)?,
+                o: advance(desc.o, q_at, size)?,
+                lse: advance(desc.lse, start * desc.seq_q, stat)?,
+                grad_q: advance(desc.grad_q, q_at, size)?,
+                grad_k: advance(desc.grad_k, kv_at, size)?,
+                grad_v: advance(desc.grad_v, kv_at, size)?,
                 batch: len,
                 heads: 1,
                 ..desc.clone()
