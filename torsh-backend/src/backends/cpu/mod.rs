@@ -26,6 +26,7 @@ mod scan;
 mod select;
 pub mod simd;
 mod sort;
+mod stream;
 mod vmath;
 
 use gemm::Parallelism;

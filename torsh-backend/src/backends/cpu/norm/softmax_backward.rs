@@ -18,6 +18,7 @@ use super::super::elementwise::Lanes;
 use super::super::host::{
     for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS,
 };
+use super::super::stream::{stream_copy, worth_streaming};
 use super::softmax::{lane_sum, scratch_row, sum_of, widened, Exp, LANES, TILE_BYTES};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
@@ -128,7 +129,8 @@ fn row_sum<T: Lanes>(g: &[T], y: &[T], log: bool, buf: &mut Scratch<T::Acc>) -> 
 }
 
 /// The output pass over at most [`BLOCK`] elements: `y · (g − s)` or `g − exp(y) · s`, with `s`
-/// given per element index by `sum`.
+/// given per element index by `sum`. With `stream`, an f32 or f64 block is computed into scratch
+/// and written with streaming stores ([`stream_copy`]).
 #[inline(always)]
 fn finish<T: Lanes>(
     g: &[T],
@@ -136,7 +138,7 @@ fn finish<T: Lanes>(
     dx: &mut [T],
     buf: &mut Scratch<T::Acc>,
     sum: impl Fn(usize) -> T::Acc,
-    log: bool,
+    (log, stream): (bool, bool),
 ) where
     T::Acc: Exp,
 {
@@ -148,6 +150,14 @@ fn finish<T: Lanes>(
         }
     };
     if let (Some(ga), Some(ya), Some(da)) = (T::as_acc(g), T::as_acc(y), T::as_acc_mut(dx)) {
+        if stream {
+            let block = &mut buf.g[..da.len()];
+            for (j, ((d, &g), &y)) in block.iter_mut().zip(ga).zip(ya).enumerate() {
+                *d = out(j, g, y);
+            }
+            stream_copy(block, da);
+            return;
+        }
         for (j, ((d, &g), &y)) in da.iter_mut().zip(ga).zip(ya).enumerate() {
             *d = out(j, g, y);
         }
@@ -169,6 +179,7 @@ where
     T::Acc: Exp,
 {
     let len = o.len;
+    let stream = worth_streaming(o.outer * len * std::mem::size_of::<T>());
     for_chunks(
         o.outer,
         ctx.threads,
@@ -196,7 +207,7 @@ where
                             .zip(y.chunks(BLOCK))
                             .zip(dx.chunks_mut(BLOCK))
                         {
-                            finish(gb, yb, db, &mut buf, |_| s, o.log);
+                            finish(gb, yb, db, &mut buf, |_| s, (o.log, stream));
                         }
                     }
                 },
@@ -251,7 +262,7 @@ where
                     .zip(y.chunks(BLOCK))
                     .zip(dx.chunks_mut(BLOCK))
                 {
-                    finish(gb, yb, db, &mut buf, |_| s, o.log);
+                    finish(gb, yb, db, &mut buf, |_| s, (o.log, false));
                 }
             },
         )
@@ -310,7 +321,7 @@ where
                         // SAFETY: this task owns columns `i0..i0 + w` of outer index `outer` of the
                         // output, which overlaps no input.
                         let dx = unsafe { o.dx.slice_mut(at(a)..at(a) + w) };
-                        finish(g, y, dx, &mut buf, |j| k[j], o.log);
+                        finish(g, y, dx, &mut buf, |j| k[j], (o.log, false));
                     }
                 }
             },
@@ -395,6 +406,20 @@ mod tests {
                         check(shape, dtype, log, i as u64, ctx);
                     }
                 }
+            }
+        });
+    }
+
+    #[test]
+    fn outputs_past_the_streaming_size_are_written_with_streaming_stores() {
+        // 1031 rows of 4099 (odd, so rows start off the 16-byte alignment): past STREAM_BYTES in
+        // f32 and f64.
+        let shape = (1031, 4099, 1);
+        assert!(super::worth_streaming(shape.0 * shape.1 * 4));
+        for_threads(|ctx| {
+            for dtype in [DType::F32, DType::F64] {
+                check(shape, dtype, false, 7, ctx);
+                check(shape, dtype, true, 8, ctx);
             }
         });
     }
