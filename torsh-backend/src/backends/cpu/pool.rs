@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use super::host::{for_chunks, with_float, with_simd, Ctx, Element, Real, Span};
 use super::reduce::{as_acc_mut, Source};
+use super::stream::{stream_copy, worth_streaming};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, pool as reference};
 use crate::compute::op::OpImpl;
@@ -132,6 +133,7 @@ fn backward<T: Element>(mem: &mut HostMemory, d: &Pool2dBackwardDesc, ctx: Ctx) 
     let g = Span::<T>::of(mem, OP, d.grad, n * c * plane_out)?;
     let dx = Span::<T>::of(mem, OP, d.output, n * c * plane_in)?;
     let geometry = Geometry::of(d);
+    let stream = worth_streaming(n * c * plane_in * std::mem::size_of::<T>());
     let min_planes = (super::host::SERIAL_ELEMENTS / (plane_in + plane_out).max(1)).max(1);
     for_chunks(n * c, ctx.threads, min_planes, |planes| {
         with_simd(
@@ -153,10 +155,11 @@ fn backward<T: Element>(mem: &mut HostMemory, d: &Pool2dBackwardDesc, ctx: Ctx) 
                             // SAFETY: as above; every index was checked to lie inside its window.
                             let ip =
                                 unsafe { index.slice(plane * plane_out..(plane + 1) * plane_out) };
-                            max_plane(gp, ip, out, &mut scratch);
+                            max_plane(gp, ip, out, &mut scratch, stream);
                         }
                         (PoolKind::Avg { count_include_pad }, _) => {
-                            avg_plane(gp, out, &geometry, count_include_pad, &mut scratch)
+                            let how = (count_include_pad, stream);
+                            avg_plane(gp, out, &geometry, how, &mut scratch)
                         }
                         (PoolKind::Max, None) => {}
                     }
@@ -207,9 +210,16 @@ struct Scratch<A> {
 }
 
 /// The input gradient of one plane of a max pool: zeroed, then each window's gradient added at its
-/// position, in row-major window order.
+/// position, in row-major window order. With `stream`, an f32 or f64 plane is built in scratch and
+/// written with streaming stores.
 #[inline(always)]
-fn max_plane<T: Element>(gp: &[T], ip: &[i64], out: &mut [T], scratch: &mut Scratch<T::Acc>) {
+fn max_plane<T: Element>(
+    gp: &[T],
+    ip: &[i64],
+    out: &mut [T],
+    scratch: &mut Scratch<T::Acc>,
+    stream: bool,
+) {
     let zero = <T::Acc as Real>::ZERO;
     #[inline(always)]
     fn scatter<T: Element>(acc: &mut [T::Acc], ip: &[i64], gp: &[T]) {
@@ -217,27 +227,34 @@ fn max_plane<T: Element>(gp: &[T], ip: &[i64], out: &mut [T], scratch: &mut Scra
             acc[i as usize] += v.widen();
         }
     }
-    if let Some(acc) = as_acc_mut(out) {
-        acc.fill(zero);
-        scatter(acc, ip, gp);
-        return;
+    if !stream {
+        if let Some(acc) = as_acc_mut(out) {
+            acc.fill(zero);
+            scatter(acc, ip, gp);
+            return;
+        }
     }
     scratch.acc.clear();
     scratch.acc.resize(out.len(), zero);
     scatter(&mut scratch.acc, ip, gp);
-    super::host::narrow_into(&scratch.acc, out);
+    if let Some(acc) = as_acc_mut(out) {
+        stream_copy(&scratch.acc, acc);
+    } else {
+        super::host::narrow_into(&scratch.acc, out);
+    }
 }
 
 /// The input gradient of one plane of an average pool, row by row. Each window's gradient is
 /// divided by its divisor once; an input row then sums, over the windows holding it in row-major
 /// order, their quotients: with a column stride `s` the row is kept as its `s` phases (every
 /// `s`-th element), where each tap of the window adds a contiguous run, and interleaved at the end.
+/// With `stream`, f32 and f64 rows are interleaved in scratch and written with streaming stores.
 #[inline(always)]
 fn avg_plane<T: Element>(
     gp: &[T],
     out: &mut [T],
     g: &Geometry,
-    count_include_pad: bool,
+    (count_include_pad, stream): (bool, bool),
     scratch: &mut Scratch<T::Acc>,
 ) {
     let (rows, cols) = (g.rows, g.cols);
@@ -298,7 +315,11 @@ fn avg_plane<T: Element>(
         }
         let dst = &mut out[iy * w..(iy + 1) * w];
         match as_acc_mut(dst) {
-            Some(row) => interleave(&scratch.phases, phase_len, sw, row),
+            Some(row) if !stream => interleave(&scratch.phases, phase_len, sw, row),
+            Some(row) => {
+                interleave(&scratch.phases, phase_len, sw, &mut scratch.acc);
+                stream_copy(&scratch.acc, row);
+            }
             None => {
                 interleave(&scratch.phases, phase_len, sw, &mut scratch.acc);
                 super::host::narrow_into(&scratch.acc, dst);
@@ -936,6 +957,15 @@ mod tests {
     fn large_planes_split_across_threads() {
         check_pool([2, 4, 64, 65], [3, 3], [2, 2], [1, 1], false);
         check_pool([1, 3, 130, 129], [2, 2], [1, 1], [1, 0], false);
+    }
+
+    #[test]
+    fn gradients_past_the_streaming_size_are_written_with_streaming_stores() {
+        // A 16.8 MB f32 input gradient (f64 too; the 16-bit ones stay below the size), with
+        // 257 columns so rows start off the 16-byte alignment.
+        let shape = [1, 64, 256, 257];
+        assert!(super::worth_streaming(shape.iter().product::<usize>() * 4));
+        check_indices_and_gradients(shape, [2, 2], [2, 2], [0, 0], false);
     }
 
     #[test]
