@@ -1025,10 +1025,10 @@ fn normalisations_whose_single_slice_exceeds_a_binding_are_composed_or_cut_by_ch
 }
 
 #[test]
-fn norm_gradients_past_a_binding_run_by_rows_or_say_unavailable_and_statistics_are_written() {
+fn norm_gradients_past_a_binding_run_by_rows_or_images_and_statistics_are_written() {
     // Bindings of 64 KiB: a [64, 512] f32 tensor (128 KiB) is past one. The forwards cut it and
     // save every row's and channel's statistics; layer norm's gradients run by pieces of rows,
-    // batch norm's have no cut and say so.
+    // batch norm's by pieces of images.
     let Some(b) = with_binding(webgpu::MIN_BINDING_SIZE) else {
         return;
     };
@@ -1080,8 +1080,43 @@ fn norm_gradients_past_a_binding_run_by_rows_or_say_unavailable_and_statistics_a
     check_close("layer_norm_backward input", &got.input, &want.input);
     check_close("layer_norm_backward weight", &got.weight, &want.weight);
     check_close("layer_norm_backward bias", &got.bias, &want.bias);
+    // Batch norm's by pieces of images: each piece's per-channel sums added into the batch's
+    // totals, then each piece's input gradient from them; training (the batch's statistics) and
+    // fixed statistics, with and without a weight, in f32, native f16 and staged bf16.
+    let dy_host = wave(64 * 512, 1.3);
+    let w_host = wave(4, 0.4);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (training, with_weight) in [(true, true), (true, false), (false, true)] {
+            let run = |be: &Backend| {
+                let x = dtype_tensor(be, &host, &[64, 4, 128], dtype);
+                let dy = dtype_tensor(be, &dy_host, &[64, 4, 128], dtype);
+                let w = with_weight.then(|| dtype_tensor(be, &w_host, &[4], dtype));
+                let stats = x
+                    .batch_norm_with_stats(torsh_backend::BatchNormConfig {
+                        training: true,
+                        ..Default::default()
+                    })
+                    .unwrap();
+                let g = be
+                    .batch_norm_backward(&dy, &x, w.as_ref(), &stats.mean, &stats.invstd, training)
+                    .unwrap();
+                [g.input, g.weight, g.bias]
+            };
+            let (got, want) = (run(&b), run(&reference));
+            for (what, (g, w)) in ["input", "weight", "bias"]
+                .iter()
+                .zip(got.iter().zip(&want))
+            {
+                let name = format!("batch_norm_backward {what}, training {training}");
+                check_dtype(&name, dtype, g, w);
+            }
+        }
+    }
+    // One image past a binding has no cut: the typed error.
+    let big = b.from_slice(&wave(20_000, 0.2), &[1, 1, 20_000]).unwrap();
+    let mean = b.from_slice(&[0.1f32], &[1]).unwrap();
     let err = b
-        .batch_norm_backward(&images, &images, None, &bn.mean, &bn.invstd, true)
+        .batch_norm_backward(&big, &big, None, &mean, &mean, true)
         .unwrap_err();
     assert!(
         matches!(err, BackendError::FeatureUnavailable { .. }),

@@ -11,7 +11,7 @@ use crate::compute::{
     LayerNormDesc, SoftmaxBackwardDesc, SoftmaxDesc, StridedBuf, Temporaries, Value,
 };
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{BackendError, Result};
 
 use super::context::Gpu;
 use super::elementwise::Launch;
@@ -723,13 +723,72 @@ pub(crate) fn layer_norm_backward(
     )
 }
 
-/// The gradients of batch norm in three launches over chunks of each channel (as the forward's
-/// training): per-chunk sums, per-channel totals, then the input gradient.
+/// What one call of [`batch_norm_backward_part`] launches, and where the per-channel totals live.
+#[derive(Clone, Copy)]
+struct Role<'a> {
+    /// A sums buffer shared by the pieces of a batch (`None`: a scratch of this call's own).
+    shared: Option<&'a wgpu::Buffer>,
+    /// Word offset of the totals in the sums buffer (`None`: right after this call's partials).
+    totals_at: Option<usize>,
+    /// The whole batch's values per channel, `M`.
+    count: usize,
+    /// Launch the chunk sums and add them into the totals (after the first piece: `add`).
+    sums: bool,
+    /// Add into the totals rather than overwrite them.
+    add: bool,
+    /// Round the totals into the asked weight and bias gradients.
+    store: bool,
+    /// Launch the input gradient from the totals.
+    input: bool,
+}
+
+/// The chunk length and chunks per channel the batch-norm gradient kernels use over
+/// `per_channel` values of a channel.
+fn backward_chunks(gpu: &Gpu, per_channel: usize) -> (usize, usize) {
+    let limit = gpu.limits.max_compute_workgroups_per_dimension.max(1) as usize;
+    let threads = gpu.row_threads;
+    let chunk = loops::longest(per_channel, gpu.loop_limit, |l| {
+        loops::batch_norm_backward_sums(threads, l)
+    })
+    .unwrap_or(1)
+    .min(chunk_len(
+        per_channel,
+        threads as usize,
+        limit,
+        gpu.loop_limit,
+        false,
+    ));
+    (chunk, per_channel.div_ceil(chunk))
+}
+
+/// The gradients of batch norm in f32, or f16 (f32 math) where the device has `SHADER_F16`: the
+/// per-channel sums by chunks, their totals, the input gradient, then the weight and bias
+/// gradients rounded from the totals.
 pub(crate) fn batch_norm_backward(
     gpu: &Gpu,
     kernels: &Kernels,
     mem: &Memory,
     d: &BatchNormBackwardDesc,
+) -> Result<Launch> {
+    let role = Role {
+        shared: None,
+        totals_at: None,
+        count: d.batch * d.spatial,
+        sums: d.training || d.grad_weight.is_some() || d.grad_bias.is_some(),
+        add: false,
+        store: true,
+        input: d.grad_input.is_some(),
+    };
+    batch_norm_backward_part(gpu, kernels, mem, d, role)
+}
+
+/// The launches of `role` for `d` (the whole batch, or a piece of its images).
+fn batch_norm_backward_part(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    mem: &Memory,
+    d: &BatchNormBackwardDesc,
+    role: Role<'_>,
 ) -> Result<Launch> {
     let Some((module, size)) = grad_module(gpu, d.dtype) else {
         return Ok(Launch::Stage);
@@ -751,30 +810,26 @@ pub(crate) fn batch_norm_backward(
         return Ok(Launch::Stage);
     };
     let limit = gpu.limits.max_compute_workgroups_per_dimension.max(1) as usize;
-    let per_channel = n * s;
     let threads = gpu.row_threads;
-    let chunk = loops::longest(per_channel, gpu.loop_limit, |l| {
-        loops::batch_norm_backward_sums(threads, l)
-    })
-    .unwrap_or(1)
-    .min(chunk_len(
-        per_channel,
-        threads as usize,
-        limit,
-        gpu.loop_limit,
-        false,
-    ));
-    let chunks = per_channel.div_ceil(chunk);
+    let (chunk, chunks) = backward_chunks(gpu, n * s);
     let Some((cy, cz, _)) = grid_rows(c, limit as u32) else {
         return Ok(Launch::Stage);
     };
-    let sums_words = 2 * c * chunks + 2 * c;
+    let totals = role.totals_at.unwrap_or(2 * c * chunks);
+    let sums_words = totals + 2 * c;
     if 4 * sums_words as u64 > mem.binding_limit().bytes {
         return Ok(Launch::Stage);
     }
-    let sums = sums_scratch(gpu, sums_words);
+    let own;
+    let sums = match role.shared {
+        Some(shared) => shared,
+        None => {
+            own = sums_scratch(gpu, sums_words);
+            &own
+        }
+    };
     let offset = |o: Option<(Binding<'_>, u32)>| o.map_or(0, |o| o.1 as usize);
-    let dx = match d.grad_input {
+    let dx = match d.grad_input.filter(|_| role.input) {
         None => None,
         Some(p) => match mem.elements_u32(p, len, size)? {
             None => return Ok(Launch::Stage),
@@ -795,15 +850,17 @@ pub(crate) fn batch_norm_backward(
         chunk,
         chunks,
         usize::from(d.training),
+        totals,
+        usize::from(role.add),
+        role.count,
     ]) else {
         return Ok(Launch::Stage);
     };
     let wg = [("WG", u64::from(threads))];
     let chunked = (chunks as u32, cy, cz);
     let out = dx.map_or(ops.dy.0, |o| o.0);
-    let need_sums = d.training || d.grad_weight.is_some() || d.grad_bias.is_some();
     let mut launches: Vec<(&str, (u32, u32, u32), u64)> = Vec::new();
-    if need_sums {
+    if role.sums {
         launches.push((
             "batch_norm_backward_sums",
             chunked,
@@ -829,17 +886,19 @@ pub(crate) fn batch_norm_backward(
                 module,
                 entry,
                 constants: &wg,
-                buffers: &ops.buffers(out, Binding::whole(&sums)),
+                buffers: &ops.buffers(out, Binding::whole(sums)),
                 params: &p,
                 groups,
                 loops,
             },
         )?;
     }
-    let totals = 2 * c * chunks;
+    if !role.store {
+        return Ok(Launch::Done);
+    }
     let targets = [(d.grad_weight, totals), (d.grad_bias, totals + 1)];
     Ok(
-        match store_sums(gpu, kernels, mem, (module, size), &ops, (&sums, c), targets)? {
+        match store_sums(gpu, kernels, mem, (module, size), &ops, (sums, c), targets)? {
             Some(()) => Launch::Done,
             None => Launch::Stage,
         },
@@ -933,7 +992,82 @@ impl OpImpl<BatchNormBackwardDesc> for WebGpuBackend {
             let grads = [desc.grad_weight, desc.grad_bias];
             return self.zero_param_grads(desc.dtype, grads, desc.channels);
         }
-        self.run(desc, batch_norm_backward)
+        // Each launch keeps within the loop budget by itself (chunks of each channel).
+        match self.plan(desc, desc.dtype, pieces::batch_norm_backward, None)? {
+            Plan::Whole | Plan::PastBudget => self.run(desc, batch_norm_backward),
+            Plan::Pieces(parts) => self.batch_norm_backward_by_images(desc, &parts),
+            Plan::TooLarge => Err(BackendError::FeatureUnavailable {
+                feature: "WebGPU storage binding",
+                reason: "batch_norm_backward: one image's operands are larger than one storage \
+                         binding, below which the batch-norm gradients do not cut"
+                    .into(),
+            }),
+        }
+    }
+}
+
+impl WebGpuBackend {
+    /// `desc`, larger than a binding, as `parts` (pieces of its images) sharing one sums buffer:
+    /// every piece adds its per-channel sums into the totals, the last rounds them into the weight
+    /// and bias gradients, then every piece writes its input gradient from the batch's totals.
+    fn batch_norm_backward_by_images(
+        &self,
+        desc: &BatchNormBackwardDesc,
+        parts: &[BatchNormBackwardDesc],
+    ) -> Result<()> {
+        let gpu = &self.state()?.device.gpu;
+        let c = desc.channels;
+        // The totals after the largest piece's partials.
+        let totals = parts
+            .iter()
+            .map(|p| 2 * c * backward_chunks(gpu, p.batch * p.spatial).1)
+            .max()
+            .unwrap_or(0);
+        let shared = sums_scratch(gpu, totals + 2 * c);
+        let base = Role {
+            shared: Some(&shared),
+            totals_at: Some(totals),
+            count: desc.batch * desc.spatial,
+            sums: false,
+            add: false,
+            store: false,
+            input: false,
+        };
+        let run = |d: &BatchNormBackwardDesc, role: Role<'_>| {
+            self.run(d, |gpu, kernels, mem, d| {
+                batch_norm_backward_part(gpu, kernels, mem, d, role)
+            })
+        };
+        if desc.training || desc.grad_weight.is_some() || desc.grad_bias.is_some() {
+            let last = parts.len() - 1;
+            for (k, part) in parts.iter().enumerate() {
+                let role = Role {
+                    sums: true,
+                    add: k > 0,
+                    store: k == last,
+                    ..base
+                };
+                run(part, role)?;
+            }
+        }
+        if desc.grad_input.is_some() {
+            for part in parts {
+                // Only the input gradient is written here (staging writes back what it is given).
+                let piece = BatchNormBackwardDesc {
+                    grad_weight: None,
+                    grad_bias: None,
+                    ..part.clone()
+                };
+                run(
+                    &piece,
+                    Role {
+                        input: true,
+                        ..base
+                    },
+                )?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -3,11 +3,11 @@
 //! dense.
 
 use crate::compute::{
-    AdamDesc, AttentionBackwardDesc, AttentionDesc, BatchNormDesc, BatchedGemmDesc, BinaryDesc,
-    CastDesc, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc, Conv2dDesc, CopyDesc,
-    CrossEntropyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc, LayerNormBackwardDesc,
-    LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc, SoftmaxBackwardDesc,
-    SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
+    AdamDesc, AttentionBackwardDesc, AttentionDesc, BatchNormBackwardDesc, BatchNormDesc,
+    BatchedGemmDesc, BinaryDesc, CastDesc, Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc,
+    Conv2dDesc, CopyDesc, CrossEntropyDesc, DevicePtr, FillDesc, GemmDesc, GemvDesc,
+    LayerNormBackwardDesc, LayerNormDesc, Pool2dBackwardDesc, Pool2dDesc, RandomDesc, ReduceDesc,
+    SoftmaxBackwardDesc, SoftmaxDesc, StridedBuf, Transpose, UnaryDesc, UnscaleDesc,
 };
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -199,6 +199,34 @@ pub(crate) fn batch_norm(mem: &Memory, desc: &BatchNormDesc) -> Result<Option<Ve
         desc.batch,
         BatchNormDesc::accesses,
         images,
+    )
+}
+
+/// `desc` by images: each piece reads and writes the tensors of its images, and shares the weight,
+/// the statistics and the weight and bias gradients (the caller sums the pieces into those).
+pub(crate) fn batch_norm_backward(
+    mem: &Memory,
+    desc: &BatchNormBackwardDesc,
+) -> Result<Option<Vec<BatchNormBackwardDesc>>> {
+    let (size, image) = (desc.dtype.size_in_bytes(), desc.channels * desc.spatial);
+    split(
+        mem,
+        desc,
+        desc.dtype,
+        desc.batch,
+        BatchNormBackwardDesc::accesses,
+        |start, len| {
+            Ok(BatchNormBackwardDesc {
+                grad_output: advance(desc.grad_output, start * image, size)?,
+                input: advance(desc.input, start * image, size)?,
+                grad_input: desc
+                    .grad_input
+                    .map(|p| advance(p, start * image, size))
+                    .transpose()?,
+                batch: len,
+                ..desc.clone()
+            })
+        },
     )
 }
 

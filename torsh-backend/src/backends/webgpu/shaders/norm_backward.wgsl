@@ -19,12 +19,15 @@
 // - `batch_norm_backward_sums`: a workgroup per (chunk, channel) writes the chunk's Σ dy and
 //   Σ dy · (x - mean) to `sums` at 2 * (ch * chunks + k);
 // - `batch_norm_backward_params`: an invocation per channel adds its chunks in order into the
-//   channel's Σ dy · xhat (at 2 * channels * chunks + 2 * ch) and Σ dy (the next word);
+//   channel's Σ dy · xhat (at p[13] + 2 * ch) and Σ dy (the next word), adding to what is there
+//   when p[14] is 1 (a batch cut into pieces of images, summed piece by piece);
 // - `batch_norm_backward_input`: a workgroup per (chunk, channel) writes dx = weight · invstd ·
-//   (dy - Σ dy / M - xhat · Σ dy · xhat / M) in training, weight · invstd · dy otherwise.
+//   (dy - Σ dy / M - xhat · Σ dy · xhat / M) in training (M = p[15], the whole batch's values of a
+//   channel), weight · invstd · dy otherwise.
 // Parameter words: [0] batch, [1] channels, [2] spatial, [3] dy offset, [4] x offset, [5] weight
 // present, [6] weight offset, [7] mean offset, [8] invstd offset, [9] out offset, [10] chunk
-// length, [11] chunks a channel, [12] training.
+// length, [11] chunks a channel, [12] training, [13] totals offset (in `sums`), [14] add to the
+// totals, [15] M.
 //
 // `norm_backward_store`: out[p[3] + i] = sums[p[1] + 2 * i] for i < p[0].
 
@@ -172,9 +175,13 @@ fn batch_norm_backward_params(@builtin(workgroup_id) wid: vec3<u32>,
         sd += sums[2u * (ch * p[11] + k)];
         sdx += sums[2u * (ch * p[11] + k) + 1u];
     }
-    let totals = 2u * c * p[11];
-    sums[totals + 2u * ch] = sdx * invstd_of[p[8] + ch];
-    sums[totals + 2u * ch + 1u] = sd;
+    let at = p[13] + 2u * ch;
+    var before = vec2<f32>(0.0, 0.0);
+    if (p[14] != 0u) {
+        before = vec2<f32>(sums[at], sums[at + 1u]);
+    }
+    sums[at] = before.x + sdx * invstd_of[p[8] + ch];
+    sums[at + 1u] = before.y + sd;
 }
 
 @compute @workgroup_size(WG)
@@ -198,10 +205,9 @@ fn batch_norm_backward_input(@builtin(workgroup_id) wid: vec3<u32>,
     var b = 0.0;
     var k = 0.0;
     if (p[12] != 0u) {
-        let count = f32(p[0] * s);
-        let totals = 2u * c * p[11];
-        b = inv * sums[totals + 2u * ch] / count;
-        k = sums[totals + 2u * ch + 1u] / count;
+        let count = f32(p[15]);
+        b = inv * sums[p[13] + 2u * ch] / count;
+        k = sums[p[13] + 2u * ch + 1u] / count;
     }
     let step = vec2<u32>(WG / s, WG % s);
     let end = chunk.y + chunk.z;
