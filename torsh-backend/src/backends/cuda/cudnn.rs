@@ -24,13 +24,14 @@
 //!   bf16 operands to f16. Each algorithm's reported math type is set on the descriptor before it runs
 //!   (cuDNN picks algorithm and math type as a pair), and for f32 without tensor cores only
 //!   `CUDNN_FMA_MATH` results are accepted.
-//! - Algorithms: only the GEMM family (`IMPLICIT_GEMM`, `IMPLICIT_PRECOMP_GEMM`, `GEMM`) and `DIRECT`
-//!   forward, `ALGO_0` / `ALGO_1` for the input gradient and `ALGO_0` / `ALGO_1` / `ALGO_3` for the
-//!   weight gradient, deterministic ones only (so a gradient is bitwise the same from run to run, as
-//!   with PyTorch's `cudnn.deterministic`), in the heuristic's order. FFT and Winograd are never used: they lose precision
-//!   (f32 bound 1e-5 would not hold) and mix taps, so one infinite input or weight turns outputs the
-//!   reference computes as ±inf into NaN. The GEMM family computes each output as a sum of products of
-//!   the same taps as the reference, with f32 (or f64) accumulation.
+//! - Algorithms: only the GEMM family (`IMPLICIT_GEMM`, `IMPLICIT_PRECOMP_GEMM`, `GEMM`) and
+//!   `DIRECT` forward, `ALGO_0` / `ALGO_1` for the input gradient and `ALGO_0` / `ALGO_1` /
+//!   `ALGO_3` for the weight gradient, deterministic ones only (so a gradient is bitwise the same
+//!   from run to run, as with PyTorch's `cudnn.deterministic`), in the heuristic's order. FFT and
+//!   Winograd are never used: they lose precision (f32 bound 1e-5 would not hold) and mix taps, so
+//!   one infinite input or weight turns outputs the reference computes as ±inf into NaN. The GEMM
+//!   family computes each output as a sum of products of the same taps as the reference, with f32
+//!   (or f64) accumulation.
 //! - Padding and non-finite weights: cuDNN multiplies padded taps as zeros, so a ±inf or NaN weight gives
 //!   NaN where its tap falls in the padding, while the reference (and the implicit-GEMM kernel) skips
 //!   padded taps. This is accepted: it only differs for weights that are already non-finite (a broken
