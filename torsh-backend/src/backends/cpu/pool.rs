@@ -113,6 +113,10 @@ pub(crate) fn pool2d_backward(
     )
 }
 
+/// The largest max-pool input-gradient plane built in scratch to be streamed out (a core's L2
+/// share); larger planes are written in place.
+const STREAM_PLANE_BYTES: usize = 1 << 20;
+
 /// [`pool2d_backward`] for element type `T`.
 fn backward<T: Element>(mem: &mut HostMemory, d: &Pool2dBackwardDesc, ctx: Ctx) -> Result<()> {
     const OP: &str = "pool2d_backward";
@@ -133,7 +137,11 @@ fn backward<T: Element>(mem: &mut HostMemory, d: &Pool2dBackwardDesc, ctx: Ctx) 
     let g = Span::<T>::of(mem, OP, d.grad, n * c * plane_out)?;
     let dx = Span::<T>::of(mem, OP, d.output, n * c * plane_in)?;
     let geometry = Geometry::of(d);
-    let stream = worth_streaming(n * c * plane_in * std::mem::size_of::<T>());
+    // A max-pool plane is built in scratch to be streamed out: only planes that stay in cache,
+    // so that the scratch costs no more than a cache's worth of memory per thread.
+    let plane_bytes = plane_in * std::mem::size_of::<T>();
+    let stream = worth_streaming(n * c * plane_bytes)
+        && (d.kind != PoolKind::Max || plane_bytes <= STREAM_PLANE_BYTES);
     let min_planes = (super::host::SERIAL_ELEMENTS / (plane_in + plane_out).max(1)).max(1);
     for_chunks(n * c, ctx.threads, min_planes, |planes| {
         with_simd(
@@ -965,6 +973,8 @@ mod tests {
         // 257 columns so rows start off the 16-byte alignment.
         let shape = [1, 64, 256, 257];
         assert!(super::worth_streaming(shape.iter().product::<usize>() * 4));
+        // Max-pool planes of this size are streamed too.
+        const { assert!(256 * 257 * 4 <= super::STREAM_PLANE_BYTES) };
         check_indices_and_gradients(shape, [2, 2], [2, 2], [0, 0], false);
     }
 
