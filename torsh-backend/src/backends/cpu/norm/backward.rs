@@ -1,9 +1,10 @@
 //! The gradients of layer norm and batch norm on the CPU, from the statistics the forward saved.
 //!
-//! Layer norm takes a row per step: one pass over the row for its two sums (`Σ g`, `Σ g · xhat`
-//! with `g = grad · weight`) and the weight and bias gradients' per-column terms, one more over
-//! the same row (still in cache) for the input gradient; threads take blocks of rows, each
-//! accumulating its own weight and bias partials, merged in row order. Batch norm takes the
+//! Layer norm takes a row per step: one fused pass over the row for its two sums (`Σ g`,
+//! `Σ g · xhat` with `g = grad · weight`) and the weight and bias gradients' per-column terms, one
+//! more over the same row (still in cache, `g` and `xhat` recomputed rather than stored) for the
+//! input gradient, written with streaming stores when it is large ([`worth_streaming`]); threads
+//! take blocks of rows, each accumulating its own weight and bias partials, merged in row order. Batch norm takes the
 //! per-channel sums `Σ grad` and `Σ grad · (x − mean)` in one pass (by `(sample, channel)` runs,
 //! or by samples where the runs are short), then the input gradient in a second. Sums run in the
 //! compute type over blocks and in f64 across them, so results do not depend on the thread count.
@@ -15,7 +16,8 @@ use super::{optional, store, SHORT_RUN};
 use crate::backends::cpu::host::{
     for_chunks, with_float, with_simd, Ctx, Element, Real, Span, BLOCK, SERIAL_ELEMENTS,
 };
-use crate::backends::cpu::reduce::{acc_of, Source};
+use crate::backends::cpu::reduce::{acc_of, as_acc_mut, Source};
+use crate::backends::cpu::stream::{stream_copy, worth_streaming};
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::{BatchNormBackwardDesc, DevicePtr, LayerNormBackwardDesc};
 use crate::error::Result;
@@ -24,7 +26,7 @@ use crate::error::Result;
 type Parts<S> = Mutex<Vec<(usize, Vec<S>)>>;
 
 /// Independent accumulators of the sums, to let them vectorise.
-const LANES: usize = 8;
+const LANES: usize = 16;
 
 /// Rows whose weight and bias terms add up in the compute type before they join the f64 sums.
 const ROWS: usize = 64;
@@ -122,12 +124,13 @@ where
     // Each task's (first row, weight and bias partial sums).
     let partials: Parts<f64> = Mutex::new(Vec::new());
     let min_rows = (SERIAL_ELEMENTS / cols).max(1);
+    let stream = worth_streaming(n * std::mem::size_of::<T>());
     for_chunks(rows, ctx.threads, min_rows, |range| {
         let start = range.start;
         let part = with_simd(
             ctx.simd,
             #[inline(always)]
-            || layer_norm_rows(&op, range),
+            || layer_norm_rows(&op, range, stream),
         );
         if let Some(part) = part {
             let mut all = partials.lock().unwrap_or_else(PoisonError::into_inner);
@@ -156,9 +159,14 @@ where
 }
 
 /// The gradients of rows `rows`; returns their weight and bias terms (`[2 · cols]`, f64) when
-/// those are wanted.
+/// those are wanted. With `stream`, an f32 or f64 input gradient is written a block at a time with
+/// streaming stores ([`stream_copy`]).
 #[inline(always)]
-fn layer_norm_rows<T: Element>(op: &LayerNormGrad<T>, rows: Range<usize>) -> Option<Vec<f64>>
+fn layer_norm_rows<T: Element>(
+    op: &LayerNormGrad<T>,
+    rows: Range<usize>,
+    stream: bool,
+) -> Option<Vec<f64>>
 where
     T::Acc: Element,
 {
@@ -167,10 +175,16 @@ where
     let mut wbuf = Vec::new();
     // SAFETY: the weight is an input; nothing writes it.
     let w = op.w.as_ref().map(|w| unsafe { w.slice(0..cols) });
-    let w = w.map(|w| acc_of(w, &mut wbuf));
+    // No weight scales like a weight of ones.
+    let w = match w {
+        Some(w) => acc_of(w, &mut wbuf),
+        None => {
+            wbuf.resize(cols, <T::Acc as Real>::ONE);
+            &wbuf[..]
+        }
+    };
     let (mut s_dy, mut s_x) = (vec![zero; BLOCK], vec![zero; BLOCK]);
-    // The row's g = dy · w and xhat, kept from pass 1 for pass 2.
-    let (mut g, mut xhat, mut out) = (vec![zero; cols], vec![zero; cols], vec![zero; BLOCK]);
+    let mut out = vec![zero; BLOCK];
     // Weight and bias terms: in the compute type for up to ROWS rows, then into f64.
     let (mut acc, mut total) = if op.params {
         (vec![zero; 2 * cols], vec![0.0f64; 2 * cols])
@@ -200,32 +214,19 @@ where
                     op.x.load(base + c0, len, &mut s_x),
                 )
             };
-            for (h, &x) in xhat[cs.clone()].iter_mut().zip(xs) {
-                *h = (x - mean) * inv;
-            }
-            match w {
-                Some(w) => {
-                    for ((gv, &dy), &wv) in g[cs.clone()].iter_mut().zip(dys).zip(&w[cs.clone()]) {
-                        *gv = dy * wv;
-                    }
-                }
-                None => g[cs.clone()].copy_from_slice(dys),
-            }
-            let (gx, gs) = dot_and_sum(&g[cs.clone()], &xhat[cs.clone()]);
+            let rows = Pass1 {
+                dy: dys,
+                x: xs,
+                w: &w[cs.clone()],
+            };
+            let (gs, gx) = if op.params {
+                let (dw, db) = acc.split_at_mut(cols);
+                rows.run(mean, inv, Some((&mut dw[cs.clone()], &mut db[cs])))
+            } else {
+                rows.run(mean, inv, None)
+            };
             sum_g += gs.to_f64();
             sum_gx += gx.to_f64();
-            if op.params {
-                let (dw, db) = acc.split_at_mut(cols);
-                for (((dw, db), &dy), &h) in dw[cs.clone()]
-                    .iter_mut()
-                    .zip(&mut db[cs.clone()])
-                    .zip(dys)
-                    .zip(&xhat[cs])
-                {
-                    *dw = dy.mul_add(h, *dw);
-                    *db += dy;
-                }
-            }
             c0 += len;
         }
         if op.params && (k + 1) % ROWS == 0 {
@@ -234,25 +235,36 @@ where
         let Some(dx) = op.dx else {
             continue;
         };
-        // Pass 2: dx = inv · (g − mean(g) − xhat · mean(g · xhat)).
+        // Pass 2, over the row again (in cache): dx = inv · (g − mean(g) − xhat · mean(g · xhat)),
+        // g and xhat recomputed, which costs less than keeping them.
         let mean_g = <T::Acc as Real>::from_f64(sum_g / cols as f64);
         let mean_gx = <T::Acc as Real>::from_f64(sum_gx / cols as f64);
         let mut c0 = 0;
         while c0 < cols {
             let len = (cols - c0).min(BLOCK);
-            let (gs, hs) = (&g[c0..c0 + len], &xhat[c0..c0 + len]);
+            // SAFETY: inputs, only read.
+            let (dys, xs) = unsafe {
+                (
+                    op.dy.load(base + c0, len, &mut s_dy),
+                    op.x.load(base + c0, len, &mut s_x),
+                )
+            };
+            let ws = &w[c0..c0 + len];
+            let terms = (mean, inv, mean_g, mean_gx);
             // SAFETY: this task owns rows `rows` of the input gradient.
             let ys = unsafe { dx.slice_mut(base + c0..base + c0 + len) };
-            store(
-                ys,
-                &mut out,
-                #[inline(always)]
-                |ys| {
-                    for ((y, &gv), &h) in ys.iter_mut().zip(gs).zip(hs) {
-                        *y = inv * ((gv - mean_g) - h * mean_gx);
-                    }
-                },
-            );
+            match as_acc_mut(ys) {
+                Some(ys) if stream => {
+                    input_grad(&mut out[..len], (dys, xs, ws), terms);
+                    stream_copy(&out[..len], ys);
+                }
+                _ => store(
+                    ys,
+                    &mut out,
+                    #[inline(always)]
+                    |ys| input_grad(ys, (dys, xs, ws), terms),
+                ),
+            }
             c0 += len;
         }
     }
@@ -260,6 +272,88 @@ where
         flush(&mut acc, &mut total);
         total
     })
+}
+
+/// A block of layer norm's input gradient from its `dy`, `x` and weight and the row's `(mean,
+/// invstd, mean(g), mean(g · xhat))`: `invstd · (g − mean(g) − xhat · mean(g · xhat))`.
+#[inline(always)]
+fn input_grad<A: Real>(
+    ys: &mut [A],
+    (dy, x, w): (&[A], &[A], &[A]),
+    (mean, inv, mg, mgx): (A, A, A, A),
+) {
+    for (((y, &dy), &x), &w) in ys.iter_mut().zip(dy).zip(x).zip(w) {
+        let h = (x - mean) * inv;
+        *y = inv * ((dy * w - mg) - h * mgx);
+    }
+}
+
+/// `xs[i .. i + LANES]` as an array.
+#[inline(always)]
+fn lanes<A: Copy>(xs: &[A], i: usize) -> [A; LANES] {
+    let xs = &xs[i..i + LANES];
+    std::array::from_fn(|l| xs[l])
+}
+
+/// Stores `v` at `xs[i .. i + LANES]`.
+#[inline(always)]
+fn put<A: Copy>(xs: &mut [A], i: usize, v: &[A; LANES]) {
+    xs[i..i + LANES].copy_from_slice(v);
+}
+
+/// One block of a layer-norm row in pass 1: its `dy`, `x` and weight, from which it sums
+/// `g = dy · w` and `g · xhat` with `xhat = (x − mean) · invstd`.
+struct Pass1<'a, A> {
+    dy: &'a [A],
+    x: &'a [A],
+    w: &'a [A],
+}
+
+impl<A: Real> Pass1<'_, A> {
+    /// Adds `dy · xhat` and `dy` into the weight and bias terms `params` when given, and returns `(Σ g, Σ g · xhat)`; one fused loop in [`LANES`] accumulators.
+    #[inline(always)]
+    fn run(self, mean: A, inv: A, mut params: Option<(&mut [A], &mut [A])>) -> (A, A) {
+        let (mut sg, mut sgx) = ([A::ZERO; LANES], [A::ZERO; LANES]);
+        let n = self.dy.len();
+        let whole = n - n % LANES;
+        // Whole lanes through local arrays (values, so they vectorise), then the tail one element
+        // at a time in lane 0.
+        for i in (0..whole).step_by(LANES) {
+            let dy = lanes(self.dy, i);
+            let (mut h, mut gv) = (lanes(self.x, i), lanes(self.w, i));
+            for l in 0..LANES {
+                h[l] = (h[l] - mean) * inv;
+                gv[l] = dy[l] * gv[l];
+                sg[l] += gv[l];
+                sgx[l] = gv[l].mul_add(h[l], sgx[l]);
+            }
+            if let Some((dw, db)) = params.as_mut() {
+                let (mut w, mut b) = (lanes(dw, i), lanes(db, i));
+                for l in 0..LANES {
+                    w[l] = dy[l].mul_add(h[l], w[l]);
+                    b[l] += dy[l];
+                }
+                put(dw, i, &w);
+                put(db, i, &b);
+            }
+        }
+        for i in whole..n {
+            let (dy, h) = (self.dy[i], (self.x[i] - mean) * inv);
+            let gv = dy * self.w[i];
+            sg[0] += gv;
+            sgx[0] = gv.mul_add(h, sgx[0]);
+            if let Some((dw, db)) = params.as_mut() {
+                dw[i] = dy.mul_add(h, dw[i]);
+                db[i] += dy;
+            }
+        }
+        let (mut a, mut b) = (A::ZERO, A::ZERO);
+        for l in 0..LANES {
+            a += sg[l];
+            b += sgx[l];
+        }
+        (a, b)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -618,7 +712,11 @@ mod tests {
     }
 
     fn check_layer_norm(rows: usize, cols: usize, seed: u64) {
-        for dtype in DType::FLOATS {
+        check_layer_norm_in(&DType::FLOATS, rows, cols, seed);
+    }
+
+    fn check_layer_norm_in(dtypes: &[DType], rows: usize, cols: usize, seed: u64) {
+        for &dtype in dtypes {
             let mut mem = HostMemory::default();
             let dy = upload(&mut mem, dtype, &random(rows * cols, seed));
             let x = upload(&mut mem, dtype, &random(rows * cols, seed + 1));
@@ -672,6 +770,15 @@ mod tests {
         check_layer_norm(67, 129, 3);
         check_layer_norm(2, 2049 + 3, 4);
         check_layer_norm(300, 200, 5);
+    }
+
+    #[test]
+    fn layer_norm_backward_streams_a_large_input_gradient() {
+        // 1031 rows of 4099 (odd, so rows start off the 16-byte alignment): past STREAM_BYTES in
+        // f32 and f64.
+        let (rows, cols) = (1031, 4099);
+        assert!(worth_streaming(rows * cols * 4));
+        check_layer_norm_in(&[DType::F32, DType::F64], rows, cols, 6);
     }
 
     fn check_batch_norm(n: usize, c: usize, s: usize, seed: u64) {
