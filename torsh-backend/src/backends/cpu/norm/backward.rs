@@ -4,10 +4,11 @@
 //! `Σ g · xhat` with `g = grad · weight`) and the weight and bias gradients' per-column terms, one
 //! more over the same row (still in cache, `g` and `xhat` recomputed rather than stored) for the
 //! input gradient, written with streaming stores when it is large ([`worth_streaming`]); threads
-//! take blocks of rows, each accumulating its own weight and bias partials, merged in row order. Batch norm takes the
-//! per-channel sums `Σ grad` and `Σ grad · (x − mean)` in one pass (by `(sample, channel)` runs,
-//! or by samples where the runs are short), then the input gradient in a second. Sums run in the
-//! compute type over blocks and in f64 across them, so results do not depend on the thread count.
+//! take blocks of rows, each accumulating its own weight and bias partials, merged in row order.
+//! Batch norm takes the per-channel sums `Σ grad` and `Σ grad · (x − mean)` in one pass (by
+//! `(sample, channel)` runs, or by samples where the runs are short), then the input gradient in a
+//! second. Sums run in the compute type over blocks and in f64 across them, so results do not
+//! depend on the thread count.
 
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
@@ -295,12 +296,6 @@ fn lanes<A: Copy>(xs: &[A], i: usize) -> [A; LANES] {
     std::array::from_fn(|l| xs[l])
 }
 
-/// Stores `v` at `xs[i .. i + LANES]`.
-#[inline(always)]
-fn put<A: Copy>(xs: &mut [A], i: usize, v: &[A; LANES]) {
-    xs[i..i + LANES].copy_from_slice(v);
-}
-
 /// One block of a layer-norm row in pass 1: its `dy`, `x` and weight, from which it sums
 /// `g = dy · w` and `g · xhat` with `xhat = (x − mean) · invstd`.
 struct Pass1<'a, A> {
@@ -310,7 +305,8 @@ struct Pass1<'a, A> {
 }
 
 impl<A: Real> Pass1<'_, A> {
-    /// Adds `dy · xhat` and `dy` into the weight and bias terms `params` when given, and returns `(Σ g, Σ g · xhat)`; one fused loop in [`LANES`] accumulators.
+    /// Adds `dy · xhat` and `dy` into the weight and bias terms `params` when given, and returns
+    /// `(Σ g, Σ g · xhat)`; one fused loop in [`LANES`] accumulators.
     #[inline(always)]
     fn run(self, mean: A, inv: A, mut params: Option<(&mut [A], &mut [A])>) -> (A, A) {
         let (mut sg, mut sgx) = ([A::ZERO; LANES], [A::ZERO; LANES]);
@@ -333,8 +329,8 @@ impl<A: Real> Pass1<'_, A> {
                     w[l] = dy[l].mul_add(h[l], w[l]);
                     b[l] += dy[l];
                 }
-                put(dw, i, &w);
-                put(db, i, &b);
+                dw[i..i + LANES].copy_from_slice(&w);
+                db[i..i + LANES].copy_from_slice(&b);
             }
         }
         for i in whole..n {
