@@ -16,6 +16,9 @@ per call). It prints ours, PyTorch and ours / PyTorch per shape and thread count
 faster). With --forward it also times PyTorch's forward of each case, for the backward ÷ forward
 ratio the issue's targets use.
 
+The same models as the examples, trained in PyTorch, are in torch_models.py; benches/train.py
+runs them beside ours.
+
 PyTorch is not a dependency of the project and CI never runs this. The PyPI `torch` wheel needs
 its `nvidia-*` / `cuda-toolkit` dependencies installed to import, even on a machine without a GPU
 (about 3 GB): `pip install torch`. Exit status: 0 when every case ran; 1 when PyTorch or the
