@@ -5,7 +5,9 @@
 //! image form one range, so the inner loop runs branch-free along the output width (contiguous loads
 //! for stride 1). Padding never enters a max; a NaN in a window makes its max NaN; averages divide by
 //! the full window or by the number of real elements, as the descriptor says. A max that also writes
-//! its positions walks each window tap by tap.
+//! its positions searches [`LANES`] windows side by side, flattened over every plane, when no
+//! window needs clipping (small planes cost no more per window than large ones), and otherwise
+//! walks each window tap by tap.
 //!
 //! The gradients split by planes: each task zeroes a plane of the input gradient and adds every
 //! window's gradient into it (max: at the position its index names) in row-major window order, the
@@ -61,6 +63,35 @@ fn max_with_indices<T: Element>(
     let at = Span::<i64>::of(mem, OP, indices, n * c * oh * ow)?;
     let ([kh, kw], [sh, sw], [ph, pw]) = (d.kernel, d.stride, d.padding);
     let min_rows = (super::host::SERIAL_ELEMENTS / (ow * kh * kw).max(1)).max(1);
+    // Without padding, and with every window inside its plane (true unless the descriptor's output
+    // is smaller than its input allows), the windows need no clipping.
+    if ph == 0 && pw == 0 && (oh - 1) * sh + kh <= h && (ow - 1) * sw + kw <= w {
+        let taps: Vec<usize> = (0..kh)
+            .flat_map(|r| (0..kw).map(move |s| r * w + s))
+            .collect();
+        let geometry = Unpadded {
+            plane: (h * w, w, oh, ow),
+            stride: (sh, sw),
+            taps: &taps,
+        };
+        for_chunks(n * c * oh, ctx.threads, min_rows, |out_rows| {
+            let outs = out_rows.start * ow..out_rows.end * ow;
+            // SAFETY: the input is only read; this task owns output rows `out_rows` of both outputs.
+            let (xs, ys, is) = unsafe {
+                (
+                    x.slice(0..x.len()),
+                    y.slice_mut(outs.clone()),
+                    at.slice_mut(outs.clone()),
+                )
+            };
+            with_simd(
+                ctx.simd,
+                #[inline(always)]
+                || geometry.max_with_indices(xs, outs.start, ys, is),
+            );
+        });
+        return Ok(());
+    }
     for_chunks(n * c * oh, ctx.threads, min_rows, |out_rows| {
         for k in out_rows {
             let (plane, oy) = (k / oh, k % oh);
@@ -95,6 +126,88 @@ fn max_with_indices<T: Element>(
         }
     });
     Ok(())
+}
+
+/// Outputs of a max pool searched side by side.
+const LANES: usize = 16;
+
+/// The geometry of a max pool without padding, whose windows all lie inside their planes: built
+/// only when `(oh − 1)·sh + kh ≤ h` and `(ow − 1)·sw + kw ≤ w`, so that every tap of every output
+/// of `n·c` planes reads inside an input of `n·c·h·w` elements.
+struct Unpadded<'a> {
+    /// Input elements per plane and per row, output rows and columns per plane.
+    plane: (usize, usize, usize, usize),
+    /// Window strides (rows, columns).
+    stride: (usize, usize),
+    /// Each tap's offset from its window's first element, in window order.
+    taps: &'a [usize],
+}
+
+impl Unpadded<'_> {
+    /// Outputs `first ..` (counted over every plane, `ys.len()` of them) of the max pool of `xs`
+    /// and their positions: [`LANES`] windows at a time, each lane's search independent of the
+    /// others (a search of one window is a chain of dependent compares), keeping the first largest
+    /// tap or the last NaN, as the reference does.
+    #[inline(always)]
+    fn max_with_indices<T: Element>(&self, xs: &[T], first: usize, ys: &mut [T], is: &mut [i64]) {
+        let ((hw, w, oh, ow), (sh, sw)) = (self.plane, self.stride);
+        if ys.is_empty() {
+            return;
+        }
+        // Every output's plane lies inside the input.
+        let planes = (first + ys.len()).div_ceil(oh * ow);
+        assert!(
+            planes * hw <= xs.len() && is.len() == ys.len(),
+            "max pool past its input"
+        );
+        // The output (plane, row, column) of the next output, advanced one output at a time.
+        let (mut k, mut ox) = (first / ow, first % ow);
+        let mut done = 0;
+        while done < ys.len() {
+            let len = LANES.min(ys.len() - done);
+            // Each lane's plane start and window start within its plane.
+            let mut plane = [0usize; LANES];
+            let mut start = [0usize; LANES];
+            for l in 0..LANES {
+                plane[l] = (k / oh) * hw;
+                start[l] = (k % oh) * sh * w + ox * sw;
+                if l + 1 < len {
+                    ox += 1;
+                    if ox == ow {
+                        ox = 0;
+                        k += 1;
+                    }
+                }
+            }
+            ox += 1;
+            if ox == ow {
+                ox = 0;
+                k += 1;
+            }
+            let mut best = [<T::Acc as Real>::NEG_INFINITY; LANES];
+            let mut at = [0usize; LANES];
+            for l in 0..LANES {
+                best[l] = xs[plane[l] + start[l]].widen();
+                at[l] = start[l];
+            }
+            for &t in self.taps {
+                for l in 0..LANES {
+                    let i = start[l] + t;
+                    // SAFETY: lane l is an output of a plane below `planes` (checked above), and
+                    // its window lies inside that plane ([`Unpadded`]'s construction).
+                    let v = unsafe { xs.get_unchecked(plane[l] + i) }.widen();
+                    let take = v > best[l] || v.is_nan();
+                    best[l] = if take { v } else { best[l] };
+                    at[l] = if take { i } else { at[l] };
+                }
+            }
+            for l in 0..len {
+                ys[done + l] = xs[plane[l] + at[l]];
+                is[done + l] = at[l] as i64;
+            }
+            done += len;
+        }
+    }
 }
 
 /// The input gradient of each `[N, C]` plane.
@@ -890,6 +1003,8 @@ mod tests {
     fn positions_and_gradients_match_the_reference() {
         for (shape, kernel, stride, padding) in [
             ([2, 3, 9, 8], [2, 2], [2, 2], [0, 0]),
+            ([2, 5, 7, 11], [3, 2], [1, 2], [0, 0]),
+            ([3, 7, 8, 8], [2, 2], [2, 2], [0, 0]),
             ([2, 3, 9, 8], [3, 3], [2, 2], [1, 1]),
             ([2, 3, 9, 8], [3, 3], [1, 1], [1, 1]),
             ([1, 2, 17, 31], [4, 5], [3, 2], [2, 2]),

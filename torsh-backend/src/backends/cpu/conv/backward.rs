@@ -16,8 +16,8 @@
 use gemm::Parallelism;
 
 use super::{
-    out_of_memory, parallel_items, reference, widened, zeroed, Geometry, Product, Raw, Wide,
-    COL_BYTES, MIN_COLS, SERIAL_FLOPS,
+    out_of_memory, parallel_items, reference, widened, zeroed, Geometry, Product, Raw, TapTable,
+    Wide, COL_BYTES, MIN_COLS, SERIAL_FLOPS,
 };
 use crate::backends::cpu::host::{with_float, with_simd, Ctx, Real};
 use crate::backends::cpu::CpuBackend;
@@ -200,6 +200,7 @@ fn input_typed<T: Wide>(
     };
     let split = Split::new(&g, g.n * g.groups, g.cg, 1, ctx.threads);
     let direct = g.pointwise();
+    let table = g.tap_table()?;
     let rows_max = split.per_item * taps;
     let cols = Split::columns(rows_max, std::mem::size_of::<T::Acc>(), p);
     let items = g.n * g.groups * split.blocks;
@@ -272,7 +273,8 @@ fn input_typed<T: Wide>(
                     .run(split.inner);
                 }
                 if !direct {
-                    col2im(&g, &s.col[..rows * pb], planes, (c0, cb), p0, pb);
+                    let col = &s.col[..rows * pb];
+                    col2im(&g, col, planes, (c0, cb), (p0, pb), table.as_ref());
                 }
                 p0 += pb;
             }
@@ -288,21 +290,29 @@ fn input_typed<T: Wide>(
 
 /// Adds the patch-gradient block `col` (rows: the taps of channels `c0 .. c0 + cb` of a group,
 /// columns: output positions `p0 .. p0 + pb`) into those channels' input `planes`, each value to the
-/// input element its tap reads.
+/// input element its tap reads (through `table` when given: it must be `g`'s).
 #[inline(always)]
 fn col2im<A: Real>(
     g: &Geometry,
     col: &[A],
     planes: &mut [A],
     (_c0, cb): (usize, usize),
-    p0: usize,
-    pb: usize,
+    (p0, pb): (usize, usize),
+    table: Option<&TapTable>,
 ) {
     let (taps, hw, sw) = (g.r * g.s, g.h * g.w, g.stride[1]);
     for (kk, row) in col.chunks_exact(pb).enumerate().take(cb * taps) {
         let (ci, tap) = (kk / taps, kk % taps);
         let (ri, si) = (tap / g.s, tap % g.s);
         let plane = &mut planes[ci * hw..][..hw];
+        if let Some(table) = table {
+            for (&v, &o) in row.iter().zip(table.row(tap, p0, pb)) {
+                if let Some(d) = plane.get_mut(o as usize) {
+                    *d += v;
+                }
+            }
+            continue;
+        }
         let mut pos = p0;
         while pos < p0 + pb {
             let (oy, ox0) = (pos / g.ow, pos % g.ow);
@@ -377,6 +387,7 @@ fn weight_typed<T: Wide>(
         }
     }
     let direct = T::NATIVE && g.pointwise();
+    let table = g.tap_table()?;
     let cols = Split::columns(split.per_item, std::mem::size_of::<T::Acc>(), p);
     let items = g.groups * split.blocks;
     let scratch = || -> Result<WeightScratch<T::Acc>> {
@@ -430,7 +441,15 @@ fn weight_typed<T: Wide>(
                         (1, hw),
                     )
                 } else {
-                    g.im2col(planes, k0, k0 + rb, p0, pb, &mut s.col[..rb * pb]);
+                    g.im2col(
+                        planes,
+                        k0,
+                        k0 + rb,
+                        p0,
+                        pb,
+                        &mut s.col[..rb * pb],
+                        table.as_ref(),
+                    );
                     (s.col.as_ptr(), (1, pb))
                 };
                 // SAFETY: lhs is the [K/G, pb] output-gradient block; rhs the transposed

@@ -5,11 +5,13 @@
 //!   `H·W`): one GEMM on the operands in place for f32 and f64; f16 and bf16 inputs are widened a
 //!   block of columns at a time.
 //! - **depthwise** (one input channel per group, any channel multiplier): a direct kernel that
-//!   accumulates each output row in place, vectorised along the output width.
+//!   accumulates each output row in place, vectorised along the output width. A single group of
+//!   one input channel on small planes (a first layer on small images) takes the GEMM path instead.
 //! - **everything else**: im2col of a block of output positions (at most [`COL_BYTES`] of patches,
 //!   so it stays in the L2 cache and no full patch matrix is ever built) followed by one GEMM per
 //!   group. When the patch matrix has so many rows that even [`MIN_COLS`] columns exceed the budget,
-//!   its rows are split too and the GEMMs accumulate.
+//!   its rows are split too and the GEMMs accumulate. Output rows shorter than [`TABLE_ROW`] gather
+//!   their patches through a [`TapTable`] (the gradients' col2im scatters through it).
 //!
 //! Bias is fused: each output block starts as the bias and the GEMMs accumulate into it. Products run
 //! on the `gemm` crate's kernels in f32 (for f32, f16 and bf16: half types are widened, accumulate in
@@ -57,6 +59,30 @@ const COL_ALIGN: usize = 64;
 /// which it repacks the left operand of its column-major form: [`Product::run_split`] cuts products
 /// into blocks this wide so that they read their operands in place.
 pub(super) const NO_REPACK_COLS: usize = 48;
+
+/// Output rows shorter than this gather their patches through a [`TapTable`]: copying row segments
+/// costs a call and two zero fills per segment, which short rows do not repay.
+const TABLE_ROW: usize = 32;
+
+/// The most entries (taps × output positions) a [`TapTable`] holds.
+const TABLE_LEN: usize = 1 << 16;
+
+/// For each tap and output position of one plane, the input offset (within its plane) the tap
+/// reads, `u32::MAX` where it falls in the padding: im2col becomes a gather and col2im a scatter,
+/// with no per-segment work.
+pub(super) struct TapTable {
+    offsets: Vec<u32>,
+    /// Output positions per plane.
+    p: usize,
+}
+
+impl TapTable {
+    /// The offsets of `tap` for output positions `p0 .. p0 + pb`.
+    #[inline(always)]
+    pub(super) fn row(&self, tap: usize, p0: usize, pb: usize) -> &[u32] {
+        &self.offsets[tap * self.p + p0..][..pb]
+    }
+}
 
 /// Below this many flops a convolution runs on the calling thread.
 const SERIAL_FLOPS: usize = 1 << 21;
@@ -488,9 +514,38 @@ impl Geometry {
 }
 
 impl Geometry {
+    /// The [`TapTable`] of this convolution where im2col and col2im are cheaper through it (output
+    /// rows shorter than [`TABLE_ROW`], at most [`TABLE_LEN`] entries); `None` otherwise.
+    fn tap_table(&self) -> Result<Option<TapTable>> {
+        let (taps, p) = (self.r * self.s, self.p());
+        if self.pointwise() || self.ow >= TABLE_ROW || taps.saturating_mul(p) > TABLE_LEN {
+            return Ok(None);
+        }
+        let mut offsets = Vec::new();
+        offsets
+            .try_reserve_exact(taps * p)
+            .map_err(|_| out_of_memory::<u32>(taps * p))?;
+        for tap in 0..taps {
+            let (ri, si) = (tap / self.s, tap % self.s);
+            for oy in 0..self.oh {
+                let iy = self.input_row(oy, ri);
+                let (lo, hi, ix) = self.valid_columns(si, 0, self.ow);
+                offsets.extend((0..self.ow).map(|ox| match iy {
+                    Some(iy) if (lo..hi).contains(&ox) => {
+                        (iy * self.w + ix + (ox - lo) * self.stride[1]) as u32
+                    }
+                    _ => u32::MAX,
+                }));
+            }
+        }
+        Ok(Some(TapTable { offsets, p }))
+    }
+
     /// Rows `k0..k1` of the patch matrix of one image and group (`x`: its `C/G` input planes), for
-    /// output positions `p0 .. p0 + pb`, into `col` (row stride `pb`).
+    /// output positions `p0 .. p0 + pb`, into `col` (row stride `pb`), through `table` when given
+    /// (it must be this geometry's).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn im2col<T: Wide>(
         &self,
         x: &[T],
@@ -499,12 +554,23 @@ impl Geometry {
         p0: usize,
         pb: usize,
         col: &mut [T::Acc],
+        table: Option<&TapTable>,
     ) {
         let g = self;
         let (taps, hw) = (g.r * g.s, g.h * g.w);
         for (kk, row) in (k0..k1).zip(col.chunks_exact_mut(pb)) {
             let (ci, tap) = (kk / taps, kk % taps);
             let plane = &x[ci * hw..][..hw];
+            if let Some(table) = table {
+                // A clamped load and a select (no branch), which vectorises as a gather.
+                let last = hw - 1;
+                for (d, &o) in row.iter_mut().zip(table.row(tap, p0, pb)) {
+                    let o = o as usize;
+                    let v = plane[o.min(last)].widen();
+                    *d = if o <= last { v } else { T::Acc::ZERO };
+                }
+                continue;
+            }
             if g.pointwise() {
                 T::widen_slice(&plane[p0..p0 + pb], row);
                 continue;
@@ -564,6 +630,8 @@ struct Job<'a, T: Wide> {
     weight: &'a [T::Acc],
     bias: Option<&'a [T::Acc]>,
     output: Raw<T>,
+    /// The gather table of the patches, where they take one.
+    table: Option<&'a TapTable>,
 }
 
 /// NCHW convolution with stride, padding, dilation, groups and bias.
@@ -591,14 +659,18 @@ fn typed<T: Wide>(mem: &mut HostMemory, d: &Conv2dDesc, g: Geometry, ctx: Ctx) -
         Some(b) => Some(widened(unsafe { b.get(0, b.len) })?),
         None => None,
     };
+    let table = g.tap_table()?;
     let job = Job {
         g,
         input,
         weight: &weight,
         bias: bias.as_deref(),
         output,
+        table: table.as_ref(),
     };
-    if g.cg == 1 {
+    // One input channel per group takes the depthwise kernel, but for a single group of small
+    // planes (a first layer on small images): one GEMM per image beats a pass per output plane.
+    if g.cg == 1 && !(g.groups == 1 && table.is_some()) {
         job.depthwise(ctx)
     } else {
         job.im2col_gemm(ctx)
@@ -789,7 +861,15 @@ impl<T: Wide> Job<'_, T> {
             } else {
                 // SAFETY: the group's input planes are inside the input, which nothing writes.
                 let x = unsafe { self.input.get(in0, g.cg * hw) };
-                g.im2col(x, k0, k1, p0, pb, &mut scratch.col[..(k1 - k0) * pb]);
+                g.im2col(
+                    x,
+                    k0,
+                    k1,
+                    p0,
+                    pb,
+                    &mut scratch.col[..(k1 - k0) * pb],
+                    self.table,
+                );
                 (scratch.col.as_ptr(), pb)
             };
             // A product threaded by the gemm crate stays whole (one fork-join).

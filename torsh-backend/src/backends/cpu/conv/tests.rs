@@ -298,10 +298,17 @@ fn check_all(case: Case) {
 
 #[test]
 fn padded_3x3_matches_the_reference() {
-    check_all(Case {
-        padding: [1, 1],
-        ..Case::new([2, 5, 9, 11], 7, [3, 3])
-    });
+    // Short output rows gather their patches through a table; rows of 32 or more copy segments.
+    for input in [[2, 5, 9, 11], [1, 3, 5, 37]] {
+        check_all(Case {
+            padding: [1, 1],
+            ..Case::new(input, 7, [3, 3])
+        });
+        check_backward_all(&[Case {
+            padding: [1, 1],
+            ..Case::new(input, 7, [3, 3])
+        }]);
+    }
 }
 
 #[test]
