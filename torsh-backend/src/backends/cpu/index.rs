@@ -391,6 +391,11 @@ impl OpImpl<GatherDesc> for CpuBackend {
             // Misaligned operands (the raw trait allows any byte address): the reference kernel.
             return self.scalar.gather(desc);
         }
-        self.kernel(acc, |mem, ctx| gather(mem, desc, ctx))
+        // The work is the rows gathered, not the source they come from: a batch gathered from a
+        // large data set is a small op (regions: source, index, output).
+        let touched = acc.regions[1].bytes + 2 * acc.regions[2].bytes;
+        self.kernel_on(acc, touched >= super::INLINE_BYTES, |mem, ctx| {
+            gather(mem, desc, ctx)
+        })
     }
 }
