@@ -393,7 +393,9 @@ impl OpImpl<GatherDesc> for CpuBackend {
         }
         // The work is the rows gathered, not the source they come from: a batch gathered from a
         // large data set is a small op (regions: source, index, output).
-        let touched = acc.regions[1].bytes + 2 * acc.regions[2].bytes;
+        let touched = acc.regions[1]
+            .bytes
+            .saturating_add(acc.regions[2].bytes.saturating_mul(2));
         self.kernel_on(acc, touched >= super::INLINE_BYTES, |mem, ctx| {
             gather(mem, desc, ctx)
         })

@@ -518,7 +518,13 @@ impl Geometry {
     /// rows shorter than [`TABLE_ROW`], at most [`TABLE_LEN`] entries); `None` otherwise.
     fn tap_table(&self) -> Result<Option<TapTable>> {
         let (taps, p) = (self.r * self.s, self.p());
-        if self.pointwise() || self.ow >= TABLE_ROW || taps.saturating_mul(p) > TABLE_LEN {
+        // Offsets are u32 with u32::MAX for the padding: planes must stay below it.
+        let small_plane = self.h.saturating_mul(self.w) < u32::MAX as usize;
+        if self.pointwise()
+            || self.ow >= TABLE_ROW
+            || taps.saturating_mul(p) > TABLE_LEN
+            || !small_plane
+        {
             return Ok(None);
         }
         let mut offsets = Vec::new();
@@ -562,12 +568,9 @@ impl Geometry {
             let (ci, tap) = (kk / taps, kk % taps);
             let plane = &x[ci * hw..][..hw];
             if let Some(table) = table {
-                // A clamped load and a select (no branch), which vectorises as a gather.
-                let last = hw - 1;
+                // Padding's offset lies past the plane (an empty plane is all padding).
                 for (d, &o) in row.iter_mut().zip(table.row(tap, p0, pb)) {
-                    let o = o as usize;
-                    let v = plane[o.min(last)].widen();
-                    *d = if o <= last { v } else { T::Acc::ZERO };
+                    *d = plane.get(o as usize).map_or(T::Acc::ZERO, |v| v.widen());
                 }
                 continue;
             }

@@ -312,6 +312,22 @@ fn padded_3x3_matches_the_reference() {
 }
 
 #[test]
+fn empty_input_planes_with_padding_match_the_reference() {
+    // Every tap falls in the padding: the output is the bias (or zeros), the input gradient empty.
+    for (input, kernel, padding) in [
+        ([1, 1, 0, 3], [1, 1], [1, 1]),
+        ([2, 3, 0, 0], [3, 3], [2, 2]),
+    ] {
+        let case = Case {
+            padding,
+            ..Case::new(input, 4, kernel)
+        };
+        check_all(case);
+        check_backward_all(&[case]);
+    }
+}
+
+#[test]
 fn stride_padding_and_dilation_match_the_reference() {
     check_all(Case {
         stride: [2, 3],
