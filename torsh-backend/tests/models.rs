@@ -32,8 +32,9 @@ fn digits_on(b: &Backend) -> Result<[Set; 2]> {
     Ok([upload(&train)?, upload(&test)?])
 }
 
-/// Trains a fresh network on `b` for `steps` batches of 32 in the example's first shuffled order
-/// (gathered on the device, as the example does); returns each step's loss and the network.
+/// Trains a fresh network on `b` for `steps` batches of 32 in the example's shuffled orders (a new
+/// one each epoch, the last batch of an epoch short; gathered on the device, as the example does);
+/// returns each step's loss and the network.
 fn train(b: &Backend, steps: usize) -> Result<(Vec<f64>, LeNet, [Set; 2])> {
     let data = digits_on(b)?;
     let (images, labels) = &data[0];
@@ -41,16 +42,12 @@ fn train(b: &Backend, steps: usize) -> Result<(Vec<f64>, LeNet, [Set; 2])> {
     let mut model = LeNet::new(b, DType::F32, 0, 0.01)?;
     let mut shuffle = SplitMix64(1);
     let mut losses = Vec::with_capacity(steps);
-    let mut order = Vec::new();
-    for step in 0..steps {
-        let first = (step * 32) % n;
-        if first == 0 {
-            let perm: Vec<i64> = shuffle
-                .permutation(n)
-                .into_iter()
-                .map(|i| i as i64)
-                .collect();
-            order = perm;
+    let (mut order, mut first) = (Vec::new(), n);
+    for _ in 0..steps {
+        if first == n {
+            let perm = shuffle.permutation(n).into_iter().map(|i| i as i64);
+            order = perm.collect();
+            first = 0;
         }
         let len = 32.min(n - first);
         let rows = b.from_slice(&order[first..first + len], &[len])?;
@@ -58,6 +55,7 @@ fn train(b: &Backend, steps: usize) -> Result<(Vec<f64>, LeNet, [Set; 2])> {
             images.index_select(0, &rows)?,
             labels.index_select(0, &rows)?,
         );
+        first += len;
         let forward = model.forward(&x, &y)?;
         let grads = model.backward(&forward, &x, &y)?;
         model.update(&grads)?;
