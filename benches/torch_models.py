@@ -1,6 +1,7 @@
 """The example models of torsh-backend written in PyTorch eager, as the peers of `benches/train.py`.
 
     python3 benches/torch_models.py lenet_digits [--threads N] [--epochs N]
+    python3 benches/torch_models.py char_transformer [--threads N] [--steps N] [--precision bf16]
 
 `lenet_digits` mirrors `torsh-backend/examples/lenet_digits`: the same data file, the same 80/20
 split and per-epoch shuffles (the same SplitMix64 stream from the same seed), the same network
@@ -8,6 +9,16 @@ split and per-epoch shuffles (the same SplitMix64 stream from the same seed), th
 cross-entropy, batch 32 and Adam (lr 0.01, PyTorch's default implementation for the CPU). Only the
 initial weights differ (PyTorch's own generator, the same distribution). An epoch's time counts its
 training steps and its evaluation on the test set, as the example's does.
+
+`char_transformer` mirrors `torsh-backend/examples/char_transformer`: the same text and 90/10
+split, the same batches (windows at offsets from the crate's counter-based generator, ported
+below), the same network (token and position embeddings, 2 pre-norm blocks of d_model 64 with 4
+causal heads through `scaled_dot_product_attention` and a GELU MLP of 256, a final layer norm, a
+linear layer to the vocabulary), its initialisation (matrices N(0, 0.02), biases zero), cross-entropy,
+batch 32 x 64 characters and Adam (lr 0.003). `--precision bf16` runs the forward under
+`torch.autocast("cpu", torch.bfloat16)` with a `GradScaler`, as the example's mixed precision. A
+report every `--every` steps gives the mean training loss since the last, the loss on 8 fixed
+validation batches and the time per step (the validation excluded), as the example's do.
 """
 
 from __future__ import annotations
@@ -105,7 +116,121 @@ def train_lenet(epochs: int, threads: int, seed: int = 0, batch: int = 32,
     return out
 
 
-MODELS = {"lenet_digits": train_lenet}
+TEXT = Path(__file__).resolve().parent.parent / "torsh-backend/examples/data/macbeth.txt"
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def mix64(z: int) -> int:
+    """The SplitMix64 finaliser, as the crate's `rng::mix64`."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def random_bits(seed: int, index: int) -> int:
+    """The crate's `rng::bits(seed, index)`: element `index` of the counter-based stream `seed`."""
+    key = mix64((seed ^ GOLDEN) & MASK)
+    return mix64((key + index * GOLDEN) & MASK)
+
+
+def windows(text: torch.Tensor, batch: int, context: int, seed: int, draw: int):
+    """The example's `data::batch`: `batch` windows and their targets one token later."""
+    starts = len(text) - context
+    offsets = [random_bits(seed, draw * batch + j) % starts for j in range(batch)]
+    x = torch.stack([text[o:o + context] for o in offsets])
+    y = torch.stack([text[o + 1:o + context + 1] for o in offsets])
+    return x, y
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.fc = torch.nn.Linear(d, 4 * d)
+        self.out = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        qkv = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self, vocab: int, context: int, d: int = 64, heads: int = 4,
+                 layers: int = 2) -> None:
+        super().__init__()
+        self.tokens = torch.nn.Embedding(vocab, d)
+        self.positions = torch.nn.Parameter(torch.zeros(context, d))
+        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.lnf = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, 0.0, 0.02)
+            elif not name.endswith("weight"):
+                torch.nn.init.zeros_(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(x) + self.positions[: x.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.lnf(h))
+
+
+def train_char_transformer(steps: int, threads: int, seed: int = 0, batch: int = 32,
+                           context: int = 64, lr: float = 0.003, every: int = 50,
+                           precision: str = "f32", log=None) -> list[dict]:
+    """Trains a fresh transformer; returns each report's losses and time per step in ms."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    chars = sorted(set(TEXT.read_text()))
+    ids = torch.tensor([chars.index(c) for c in TEXT.read_text()], dtype=torch.int64)
+    cut = len(ids) * 9 // 10
+    train, validation = ids[:cut], ids[cut:]
+    model = Transformer(len(chars), context)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    low = precision == "bf16"
+    scaler = torch.amp.GradScaler("cpu", init_scale=65536.0, enabled=low)
+
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+            logits = model(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    out, losses = [], []
+    start, first = time.perf_counter(), 0
+    for step in range(steps):
+        x, y = windows(train, batch, context, seed, step)
+        loss = loss_of(x, y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.detach())
+        if (step + 1) % every == 0 or step + 1 == steps:
+            per_step = (time.perf_counter() - start) * 1e3 / (step + 1 - first)
+            with torch.no_grad():
+                val = sum(float(loss_of(*windows(validation, batch, context, seed + 1, d)))
+                          for d in range(8)) / 8
+            row = {"step": step + 1, "train_loss": float(torch.stack(losses).mean()),
+                   "validation_loss": val, "ms_per_step": per_step}
+            out.append(row)
+            if log:
+                log(f"step {step + 1:>5}/{steps}  train loss {row['train_loss']:.4f}  "
+                    f"validation loss {val:.4f}  {per_step:7.2f} ms/step")
+            losses = []
+            start, first = time.perf_counter(), step + 1
+    return out
+
+
+MODELS = {"lenet_digits": train_lenet, "char_transformer": train_char_transformer}
 
 
 def epoch_ms(epochs: list[dict]) -> float:
@@ -114,17 +239,33 @@ def epoch_ms(epochs: list[dict]) -> float:
     return statistics.median(e["train_ms"] + e["eval_ms"] for e in rest)
 
 
+def step_ms(reports: list[dict]) -> float:
+    """The median of the reports' times per step, the first report (warm-up) left out."""
+    rest = reports[1:] or reports
+    return statistics.median(r["ms_per_step"] for r in rest)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", choices=sorted(MODELS))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=30, help="lenet_digits")
+    parser.add_argument("--steps", type=int, default=600, help="char_transformer")
+    parser.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                        help="char_transformer")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    epochs = MODELS[args.model](args.epochs, args.threads, args.seed, log=print)
-    print(f"PyTorch {torch.__version__}, {args.threads} thread(s): "
-          f"{epoch_ms(epochs):.1f} ms per epoch (median), "
-          f"test accuracy {100 * epochs[-1]['accuracy']:.1f} %")
+    if args.model == "lenet_digits":
+        epochs = train_lenet(args.epochs, args.threads, args.seed, log=print)
+        print(f"PyTorch {torch.__version__}, {args.threads} thread(s): "
+              f"{epoch_ms(epochs):.1f} ms per epoch (median), "
+              f"test accuracy {100 * epochs[-1]['accuracy']:.1f} %")
+    else:
+        reports = train_char_transformer(args.steps, args.threads, args.seed,
+                                         precision=args.precision, log=print)
+        print(f"PyTorch {torch.__version__}, {args.threads} thread(s), {args.precision}: "
+              f"{step_ms(reports):.2f} ms per step (median), "
+              f"validation loss {reports[-1]['validation_loss']:.4f}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@
 //! network, its gradients and Adam) runs on device tensors; the host reads one loss per step and one
 //! count of correct answers per epoch, after the epoch's timing.
 
+#[path = "../common/cli.rs"]
+mod cli;
 mod data;
 mod model;
 mod options;
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use torsh_backend::prelude::*;
 
+use cli::{describe, median, ms};
 use data::{Digits, SplitMix64, SIDE};
 use model::LeNet;
 use options::Options;
@@ -41,21 +44,11 @@ struct Epoch {
 }
 
 fn main() {
-    let options = match Options::parse(std::env::args().skip(1)) {
-        Ok(o) => o,
-        Err(message) => {
-            eprintln!("lenet_digits: {message}\n\n{}", options::USAGE);
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&options) {
-        eprintln!("lenet_digits: {e}");
-        std::process::exit(1);
-    }
+    cli::main("lenet_digits", options::USAGE, Options::parse, run);
 }
 
 fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
-    let b = o.backend()?;
+    let b = cli::backend(o.backend, o.threads)?;
     let info = b.device_info();
     println!("backend: {} ({})", b.backend_type(), describe(&info));
 
@@ -176,27 +169,11 @@ fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
             .collect();
         println!("time per step by phase: {}", split.join(", "));
     }
-    let memory = b.memory_stats();
-    if memory.peak_allocated_bytes > 0 {
-        println!(
-            "device memory: {:.1} MiB in use, {:.1} MiB at the peak",
-            memory.allocated_bytes as f64 / 1048576.0,
-            memory.peak_allocated_bytes as f64 / 1048576.0
-        );
-    }
+    cli::print_memory(&b);
     if let Some(path) = &o.json {
         std::fs::write(path, json(o, &b, &epochs, steps, test.len()))?;
     }
     Ok(())
-}
-
-/// The device's name, then its threads and SIMD level (CPU) or the API serving it (GPUs).
-fn describe(info: &DeviceInfo) -> String {
-    let detail = |key: &str| info.details.iter().find(|(k, _)| k == key).map(|(_, v)| v);
-    match (detail("threads used"), detail("simd")) {
-        (Some(threads), Some(simd)) => format!("{}, {threads} thread(s), {simd}", info.name),
-        _ => format!("{}, {}", info.name, info.api),
-    }
 }
 
 /// The run as JSON: the options, and each epoch's loss, accuracy and times in milliseconds.
@@ -223,17 +200,6 @@ fn json(o: &Options, b: &Backend, epochs: &[Epoch], steps: usize, test: usize) -
     )
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 fn percent(part: usize, whole: usize) -> f64 {
     100.0 * part as f64 / whole.max(1) as f64
-}
-
-/// The median of some durations (the upper one of an even count).
-fn median(values: impl Iterator<Item = Duration>) -> Duration {
-    let mut v: Vec<Duration> = values.collect();
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
 }

@@ -1,6 +1,8 @@
 //! The command line of the example.
 
-use torsh_backend::{Backend, BackendType};
+use torsh_backend::BackendType;
+
+use crate::cli::number;
 
 /// What `--help` and a bad option print.
 pub const USAGE: &str = "usage: lenet_digits [--backend reference|cpu|cuda|webgpu|auto] \
@@ -59,22 +61,4 @@ impl Options {
         }
         Ok(o)
     }
-
-    /// The backend asked for; `--threads` sizes the CPU backend's pool (also when `auto` picks the
-    /// CPU). Errors: the backend's own, e.g. `Unavailable` with the reason.
-    pub fn backend(&self) -> torsh_backend::Result<Backend> {
-        let kind = match self.backend {
-            BackendType::Auto => Backend::auto()?.backend_type(),
-            kind => kind,
-        };
-        match (kind, self.threads) {
-            (BackendType::Cpu, Some(n)) => Backend::cpu().num_threads(n).build(),
-            (kind, _) => Backend::new(kind),
-        }
-    }
-}
-
-fn number<T: std::str::FromStr>(option: &str, text: &str) -> Result<T, String> {
-    text.parse()
-        .map_err(|_| format!("{option}: `{text}` is not a valid number"))
 }
