@@ -333,10 +333,15 @@ impl Transformer {
                 true,
                 scale,
             )?;
-            // [3, B, H, T, HEAD_DIM] → [B·T, 3·D], the layout the qkv layer produced.
-            let dqkv = b
-                .stack(&[&dqkv.q, &dqkv.k, &dqkv.v], 0)?
-                .permute(&[1, 3, 0, 2, 4])?;
+            // Three [B, H, T, HEAD_DIM] → [B·T, 3·D], the layout the qkv layer produced: each
+            // seen as [B, T, H, HEAD_DIM] and stacked on dim 2, one copy.
+            let heads_last = |g: &Tensor| g.permute(&[0, 2, 1, 3]);
+            let (dq, dk, dv) = (
+                heads_last(&dqkv.q)?,
+                heads_last(&dqkv.k)?,
+                heads_last(&dqkv.v)?,
+            );
+            let dqkv = b.stack(&[&dq, &dk, &dv], 2)?;
             let dqkv = dense_as(&dqkv, dtype)?.reshape(&[batch * len, 3 * D_MODEL])?;
             let [dln1, dw, db] = linear_backward(&dqkv, &s.ln1.output, &w[QKV_W])?;
             put(base + QKV_W, dw);

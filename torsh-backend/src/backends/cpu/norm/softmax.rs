@@ -134,8 +134,14 @@ pub(in crate::backends::cpu) fn sum_of<A: Real>(xs: &[A], f: impl Fn(A) -> A) ->
                 *s += f(v);
             }
         }
-        for (s, &v) in acc.iter_mut().zip(tail) {
-            *s += f(v);
+        if let Some(&first) = tail.first() {
+            // A whole block of lanes, the unused ones masked: a scalar tail loop would cost
+            // more than the vectors for short rows (a row of 62 is all tail).
+            let p = padded(tail, first);
+            for (i, (s, &v)) in acc.iter_mut().zip(&p).enumerate() {
+                let y = f(v);
+                *s += if i < tail.len() { y } else { A::ZERO };
+            }
         }
         total += lane_sum(&acc);
     }
@@ -156,9 +162,15 @@ pub(in crate::backends::cpu) fn exp_store<A: Exp>(xs: &[A], m: A, ys: &mut [A]) 
             }
         }
         let done = xb.len() - xb.len() % LANES;
-        for ((s, y), &v) in acc.iter_mut().zip(&mut yb[done..]).zip(&xb[done..]) {
-            *y = (v - m).vexp();
-            *s += *y;
+        let tail = &xb[done..];
+        if !tail.is_empty() {
+            let p = padded(tail, m);
+            let mut e = [A::ZERO; LANES];
+            for (i, ((s, y), &v)) in acc.iter_mut().zip(e.iter_mut()).zip(&p).enumerate() {
+                *y = (v - m).vexp();
+                *s += if i < tail.len() { *y } else { A::ZERO };
+            }
+            yb[done..].copy_from_slice(&e[..tail.len()]);
         }
         total += lane_sum(&acc);
     }
@@ -178,13 +190,27 @@ fn exp_in_place<A: Exp>(xs: &mut [A], m: A) -> f64 {
                 *s += *v;
             }
         }
-        for (s, v) in acc.iter_mut().zip(chunks.into_remainder()) {
-            *v = (*v - m).vexp();
-            *s += *v;
+        let tail = chunks.into_remainder();
+        if !tail.is_empty() {
+            let mut p = padded(tail, m);
+            for (i, (s, v)) in acc.iter_mut().zip(p.iter_mut()).enumerate() {
+                *v = (*v - m).vexp();
+                *s += if i < tail.len() { *v } else { A::ZERO };
+            }
+            let len = tail.len();
+            tail.copy_from_slice(&p[..len]);
         }
         total += lane_sum(&acc);
     }
     total
+}
+
+/// `tail` (at most [`LANES`] long) in a whole block of lanes, the rest filled with `fill`.
+#[inline(always)]
+fn padded<A: Real>(tail: &[A], fill: A) -> [A; LANES] {
+    let mut p = [fill; LANES];
+    p[..tail.len()].copy_from_slice(tail);
+    p
 }
 
 /// Pairwise sum of the accumulators, in f64.
