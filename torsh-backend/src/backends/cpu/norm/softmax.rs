@@ -117,8 +117,18 @@ pub(in crate::backends::cpu) fn max_of<A: Real>(xs: &[A]) -> A {
     for (m, &v) in acc.iter_mut().zip(tail) {
         *m = if v > *m { v } else { *m };
     }
-    acc.iter()
-        .fold(A::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+    // Pairwise, a vector of lanes at a time: a fold over the lanes would be a chain of `LANES`
+    // dependent compares, which costs more than the row itself for short rows. The lanes hold
+    // no NaN (a NaN never replaces a lane), so the order does not change the result.
+    let mut n = LANES;
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            let v = acc[i + n];
+            acc[i] = if v > acc[i] { v } else { acc[i] };
+        }
+    }
+    acc[0]
 }
 
 /// `Σ f(x)` over `xs`: in `LANES` accumulators of `A` within each [`BLOCK`], in f64 across blocks.
