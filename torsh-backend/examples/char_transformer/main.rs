@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use torsh_backend::prelude::*;
 use torsh_backend::{LossScaler, MixedPrecisionConfig};
 
-use cli::{describe, median, ms};
+use cli::{describe, json_number, median, ms};
 use data::Corpus;
 use model::Transformer;
 use options::Options;
@@ -180,21 +180,14 @@ fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
 /// The run as JSON: the options, and each report's losses and milliseconds per step (`null` for a
 /// loss that is not finite).
 fn json(o: &Options, b: &Backend, reports: &[Report]) -> String {
-    let number = |x: f64| {
-        if x.is_finite() {
-            x.to_string()
-        } else {
-            "null".into()
-        }
-    };
     let rows: Vec<String> = reports
         .iter()
         .map(|r| {
             format!(
                 "{{\"step\": {}, \"train_loss\": {}, \"validation_loss\": {}, \"ms_per_step\": {}}}",
                 r.step,
-                number(r.train_loss),
-                number(r.validation_loss),
+                json_number(r.train_loss),
+                json_number(r.validation_loss),
                 ms(r.per_step)
             )
         })

@@ -59,6 +59,15 @@ pub fn describe(info: &DeviceInfo) -> String {
     }
 }
 
+/// `x` as a JSON number, or `null` when it is not finite (JSON has no NaN or infinity).
+pub fn json_number(x: f64) -> String {
+    if x.is_finite() {
+        x.to_string()
+    } else {
+        "null".into()
+    }
+}
+
 /// `d` in milliseconds.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

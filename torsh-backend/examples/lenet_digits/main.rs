@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use torsh_backend::prelude::*;
 
-use cli::{describe, median, ms};
+use cli::{describe, json_number, median, ms};
 use data::{Digits, SplitMix64, SIDE};
 use model::LeNet;
 use options::Options;
@@ -176,14 +176,15 @@ fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The run as JSON: the options, and each epoch's loss, accuracy and times in milliseconds.
+/// The run as JSON: the options, and each epoch's loss (`null` when not finite), accuracy and
+/// times in milliseconds.
 fn json(o: &Options, b: &Backend, epochs: &[Epoch], steps: usize, test: usize) -> String {
     let rows: Vec<String> = epochs
         .iter()
         .map(|e| {
             format!(
                 "{{\"loss\": {}, \"accuracy\": {}, \"train_ms\": {}, \"eval_ms\": {}}}",
-                e.loss,
+                json_number(e.loss),
                 e.correct as f64 / test as f64,
                 ms(e.train),
                 ms(e.eval)
