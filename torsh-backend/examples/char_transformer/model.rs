@@ -407,8 +407,14 @@ impl Transformer {
     }
 
     /// `prompt` followed by `count` tokens, each the most likely next one given the last
-    /// `context` tokens before it (greedy decoding).
+    /// `context` tokens before it (greedy decoding). `InvalidArgument` for an empty prompt.
     pub fn generate(&self, b: &Backend, prompt: &[i64], count: usize) -> Result<Vec<i64>> {
+        if prompt.is_empty() {
+            return Err(BackendError::invalid(
+                "char_transformer",
+                "generation needs a prompt of at least one token",
+            ));
+        }
         let mut ids = prompt.to_vec();
         for _ in 0..count {
             let window = &ids[ids.len().saturating_sub(self.context)..];
