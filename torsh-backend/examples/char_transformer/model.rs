@@ -191,10 +191,22 @@ impl Transformer {
 
     /// The forward pass over `tokens` `[B, T]` (`I64`, `T ≤ context`), keeping what
     /// [`Transformer::backward`] needs; with `targets` (`[B, T]`, the next token at each position)
-    /// also the loss. `InvalidArgument` for a sequence longer than the context.
+    /// also the loss. `ShapeMismatch` for tokens not of rank 2 (or targets of another shape),
+    /// `InvalidArgument` for a sequence longer than the context.
     pub fn forward(&self, tokens: &Tensor, targets: Option<&Tensor>) -> Result<Forward> {
         let b = tokens.backend();
-        let (batch, len) = (tokens.shape()[0], tokens.shape()[1]);
+        let &[batch, len] = tokens.shape() else {
+            return Err(BackendError::shape(
+                "char_transformer",
+                format!("tokens must be [batch, len], not {:?}", tokens.shape()),
+            ));
+        };
+        if let Some(t) = targets.filter(|t| t.shape() != [batch, len]) {
+            return Err(BackendError::shape(
+                "char_transformer",
+                format!("targets {:?} must match tokens [{batch}, {len}]", t.shape()),
+            ));
+        }
         if len > self.context {
             return Err(BackendError::invalid(
                 "char_transformer",
