@@ -7,7 +7,7 @@
 use super::binary::Zip;
 use super::*;
 use crate::compute::UnaryBackwardDesc;
-use std::f32::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
+use std::f32::consts::FRAC_2_SQRT_PI;
 
 /// `output[i] = grad[i] · op'(saved[i])`.
 pub(crate) fn unary_backward(mem: &mut HostMemory, d: &UnaryBackwardDesc, ctx: Ctx) -> Result<()> {
@@ -101,8 +101,7 @@ fn backward_t<T: Lanes>(mem: &mut HostMemory, d: &UnaryBackwardDesc, ctx: Ctx) -
             #[inline(always)]
             |v, g| {
                 // Φ(v) + v·φ(v), φ(v) = e^(−v²/2) / √(2π).
-                let cdf = 0.5 * (1.0 + vmath::erf_f32(v * FRAC_1_SQRT_2));
-                let pdf = vmath::exp_f32(-0.5 * v * v) * (0.5 * FRAC_2_SQRT_PI * FRAC_1_SQRT_2);
+                let (cdf, pdf) = vmath::normal_cdf_pdf_f32(v);
                 g * (cdf + v * pdf)
             },
         ),
