@@ -12,7 +12,7 @@
 //! strips (an A block that stays in L2), B strips in L1 across that block. Threads take disjoint
 //! groups of B strips, so each writes its own columns of the accumulator. x86-64 only.
 
-use rayon::prelude::*;
+use super::team::{par_chunks_mut, par_for};
 
 use super::blas::strides;
 use crate::backends::reference::memory::HostMemory;
@@ -106,14 +106,8 @@ pub(crate) fn gemm(
     let a_strip = |(s, out): (usize, &mut [u16])| unsafe { pack_a(a, s * MR, m, k, out) };
     let b_strip = |(s, out): (usize, &mut [u32])| unsafe { pack_b(b, s * NR, n, k, out) };
     if threads > 1 {
-        packed_a
-            .par_chunks_mut(pairs * 2 * MR)
-            .enumerate()
-            .for_each(a_strip);
-        packed_b
-            .par_chunks_mut(pairs * NR)
-            .enumerate()
-            .for_each(b_strip);
+        par_chunks_mut(&mut packed_a, pairs * 2 * MR, |s, out| a_strip((s, out)));
+        par_chunks_mut(&mut packed_b, pairs * NR, |s, out| b_strip((s, out)));
     } else {
         packed_a
             .chunks_mut(pairs * 2 * MR)
@@ -147,9 +141,7 @@ pub(crate) fn gemm(
         }
     };
     if threads > 1 {
-        (0..b_strips.div_ceil(per_group))
-            .into_par_iter()
-            .for_each(group);
+        par_for(b_strips.div_ceil(per_group), group);
     } else {
         (0..b_strips.div_ceil(per_group)).for_each(group);
     }

@@ -1,5 +1,5 @@
 //! GEMM and GEMV on the `gemm` crate's microkernels (runtime-dispatched AVX-512 / AVX2+FMA / NEON),
-//! threaded on the backend's own rayon pool.
+//! threaded on the backend's own team (module `team`).
 //!
 //! The descriptors are column-major with leading dimensions; the `gemm` crate takes any row and column
 //! strides, so every transpose combination and leading dimension maps onto it without a copy. f32, f64
@@ -37,6 +37,7 @@ pub(crate) fn aligned(dtype: DType, ptrs: &[u64]) -> bool {
 }
 
 /// One GEMM in the `gemm` crate's form: `dst = beta·dst + alpha·lhs·rhs`, all strides in elements.
+#[derive(Clone, Copy)]
 struct Call<T> {
     m: usize,
     n: usize,
@@ -52,14 +53,55 @@ struct Call<T> {
     read_dst: bool,
 }
 
-impl<T: 'static> Call<T> {
-    /// Runs the call.
+// SAFETY: the pointers are only read (lhs, rhs) or written in disjoint blocks (dst, see
+// `Call::run`) by the tasks that share a call.
+unsafe impl<T> Sync for Call<T> {}
+
+impl<T: Copy + 'static> Call<T> {
+    /// Runs the call in the blocks [`for_blocks`] makes of it for `parallelism` (on the calling
+    /// thread for `Parallelism::None`), each block one single-threaded call of the crate.
     ///
     /// # Safety
     /// Every pointer with its strides and sizes must address memory valid for the access (reads for
     /// lhs/rhs, reads and writes for dst), dst must not overlap lhs or rhs, and `T` must be f32, f64
     /// or `half::f16`.
     unsafe fn run(self, parallelism: Parallelism) {
+        let call = &self;
+        for_blocks(call.m, call.n, parallelism, |by_rows, start, len| {
+            let part = if by_rows {
+                Call {
+                    m: len,
+                    dst: call
+                        .dst
+                        .wrapping_offset(start as isize * call.dst_strides.0),
+                    lhs: call
+                        .lhs
+                        .wrapping_offset(start as isize * call.lhs_strides.0),
+                    ..*call
+                }
+            } else {
+                Call {
+                    n: len,
+                    dst: call
+                        .dst
+                        .wrapping_offset(start as isize * call.dst_strides.1),
+                    rhs: call
+                        .rhs
+                        .wrapping_offset(start as isize * call.rhs_strides.1),
+                    ..*call
+                }
+            };
+            // SAFETY: the block is a sub-product of this call's, writing only its own rows
+            // (columns) of dst.
+            unsafe { part.run_here() }
+        });
+    }
+
+    /// Runs the call on the calling thread.
+    ///
+    /// # Safety
+    /// As [`Call::run`].
+    unsafe fn run_here(self) {
         gemm::gemm(
             self.m,
             self.n,
@@ -79,9 +121,36 @@ impl<T: 'static> Call<T> {
             false,
             false,
             false,
-            parallelism,
+            Parallelism::None,
         )
     }
+}
+
+/// Runs `part(by_rows, start, len)` for each block of an `m × n` product, shared over the
+/// backend's team (module `team`): for `Parallelism::Rayon(threads)`, one block per thread of dst
+/// rows `start .. start + len` when `m ≥ n` (a multiple of 64 rows, the widest microkernel's), else
+/// of columns (a multiple of 12); otherwise, or when the product is too narrow to split, the whole
+/// product as `(true, 0, m)` on the calling thread.
+pub(crate) fn for_blocks(
+    m: usize,
+    n: usize,
+    parallelism: Parallelism,
+    part: impl Fn(bool, usize, usize) + Sync,
+) {
+    let threads = match parallelism {
+        Parallelism::Rayon(threads) => threads.max(1),
+        Parallelism::None => 1,
+    };
+    let by_rows = m >= n;
+    let (len, unit) = if by_rows { (m, 64) } else { (n, 12) };
+    let block = len.div_ceil(threads).next_multiple_of(unit);
+    if threads == 1 || block >= len {
+        return part(true, 0, m);
+    }
+    super::team::par_for(len.div_ceil(block), |b| {
+        let start = b * block;
+        part(by_rows, start, block.min(len - start))
+    });
 }
 
 /// `C = alpha·op(A)·op(B) + beta·C`. The caller checked the regions and for aliasing, element
@@ -345,7 +414,7 @@ impl OpImpl<GemmDesc> for CpuBackend {
 }
 
 impl OpImpl<BatchedGemmDesc> for CpuBackend {
-    /// Checks every batch's regions under one lock, then runs the batches, each on the pool or the
+    /// Checks every batch's regions under one lock, then runs the batches, each on the team or the
     /// calling thread as a single GEMM of its size would; nothing is written unless every batch can
     /// be.
     fn op(&self, desc: &BatchedGemmDesc) -> Result<()> {
@@ -361,7 +430,7 @@ impl OpImpl<BatchedGemmDesc> for CpuBackend {
                 let regions = crate::backends::reference::gemm_regions(&gemm)?;
                 // Per-batch pointers keep the element alignment of the bases (offsets are whole
                 // elements).
-                self.on_pool(parallel, |threads| {
+                self.on_team(parallel, |threads| {
                     self.gemm_kernel(mem, &gemm, regions, threads)
                 })?;
             }
@@ -390,9 +459,46 @@ impl OpImpl<GemvDesc> for CpuBackend {
         ];
         let macs = desc.m.saturating_mul(desc.n);
         self.scalar.run(acc, |mem| {
-            self.on_pool(macs >= INLINE_MACS, |threads| {
+            self.on_team(macs >= INLINE_MACS, |threads| {
                 gemv(mem, desc, regions, parallelism(threads))
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_the_product_once() {
+        for (m, n, threads) in [
+            (1, 1, 2),
+            (2048, 192, 2),
+            (64, 192, 2),
+            (100, 7, 3),
+            (7, 1000, 4),
+            (300, 300, 1),
+        ] {
+            let seen = std::sync::Mutex::new(Vec::new());
+            super::super::team::on_threads(threads, |_| {
+                for_blocks(m, n, Parallelism::Rayon(threads), |rows, start, len| {
+                    seen.lock().unwrap().push((rows, start, len))
+                })
+            });
+            let mut blocks = seen.into_inner().unwrap();
+            blocks.sort_unstable();
+            let by_rows = blocks[0].0;
+            let mut at = 0;
+            for &(rows, start, len) in &blocks {
+                assert!(
+                    rows == by_rows && start == at && len > 0,
+                    "{m}×{n}: {blocks:?}"
+                );
+                at += len;
+            }
+            assert_eq!(at, if by_rows { m } else { n }, "{m}×{n}: {blocks:?}");
+            assert!(blocks.len() <= threads, "{m}×{n}: {blocks:?}");
+        }
     }
 }

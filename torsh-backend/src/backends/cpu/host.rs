@@ -1,6 +1,6 @@
-//! What every CPU kernel stands on: typed operand pointers that rayon tasks may share, the element
-//! types and the arithmetic they compute in, strided gathers, work splitting over the backend's pool,
-//! and running a loop compiled for the SIMD level detected at run time.
+//! What every CPU kernel stands on: typed operand pointers that the tasks of a team may share, the
+//! element types and the arithmetic they compute in, strided gathers, work splitting over the
+//! backend's team, and running a loop compiled for the SIMD level detected at run time.
 //!
 //! A kernel gets its operands from [`HostMemory`] after the op's regions were checked (bounds against
 //! live allocations, aliasing between outputs and inputs), so it only has to stay inside the element
@@ -20,7 +20,7 @@ use crate::error::{BackendError, Result};
 /// Elements a kernel processes per block: widened copies of this many elements stay in L1.
 pub(crate) const BLOCK: usize = 2048;
 
-/// Below this many elements an op runs on the calling thread: a rayon fork costs more than the work.
+/// Below this many elements an op runs on the calling thread: sharing tasks costs more than the work.
 pub(crate) const SERIAL_ELEMENTS: usize = 1 << 15;
 
 /// The arithmetic type a kernel computes in: f32 (for f32, f16 and bf16) or f64.
@@ -195,8 +195,8 @@ pub(crate) fn narrow_into<T: Element>(src: &[T::Acc], dst: &mut [T]) {
     }
 }
 
-/// `len` elements of `T` in host memory, as a raw pointer that rayon tasks may share. Kernels hand
-/// disjoint ranges of an output to different tasks; the memory lock keeps the buffer alive meanwhile.
+/// `len` elements of `T` in host memory, as a raw pointer that the tasks of a team may share. Kernels
+/// hand disjoint ranges of an output to different tasks; the memory lock keeps the buffer alive meanwhile.
 #[derive(Debug)]
 pub(crate) struct Span<T> {
     ptr: *mut T,
@@ -398,8 +398,8 @@ impl<T: Element> View<T> {
 }
 
 /// Splits `0..n` into chunks of at least `min_chunk` elements (a multiple of [`BLOCK`] where the
-/// range allows) and runs `f` on each, in parallel on the current rayon pool when there is enough work
-/// for more than one chunk and `threads > 1`, else inline.
+/// range allows) and runs `f` on each, shared over the current team (module `team`) when there is
+/// enough work for more than one chunk and `threads > 1`, else inline.
 pub(crate) fn for_chunks(
     n: usize,
     threads: usize,
@@ -420,10 +420,10 @@ pub(crate) fn for_chunks(
         return;
     }
     let chunk = n.div_ceil(tasks).next_multiple_of(BLOCK.min(min_chunk));
-    use rayon::prelude::*;
-    (0..n.div_ceil(chunk))
-        .into_par_iter()
-        .for_each(|t| f(t * chunk..((t + 1) * chunk).min(n)));
+    super::team::par_for(
+        n.div_ceil(chunk),
+        |t| f(t * chunk..((t + 1) * chunk).min(n)),
+    );
 }
 
 /// Runs `f` in a function compiled with the target features of `level`, so that loops inlined into
@@ -514,13 +514,10 @@ mod tests {
 
     #[test]
     fn chunks_cover_the_range_once() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let team = super::super::team::Team::new(3).unwrap();
         for n in [0, 1, 7, BLOCK + 1, 100_003] {
             let seen = std::sync::Mutex::new(vec![0u8; n]);
-            pool.install(|| {
+            team.enter(|| {
                 for_chunks(n, 3, 1000, |r| {
                     let mut s = seen.lock().unwrap();
                     for i in r {

@@ -1,10 +1,10 @@
-//! The CPU backend: runtime-dispatched SIMD and a rayon pool of its own.
+//! The CPU backend: runtime-dispatched SIMD and a thread team of its own.
 //!
 //! Every op has kernels here, one module per family, compiled for the SIMD level detected at run
 //! time (AVX-512, AVX2+FMA, NEON; never `target-cpu`) through `host::with_simd` and threaded on
-//! this backend's pool of `num_threads` threads. GEMM, batched GEMM and GEMV run on the `gemm`
-//! crate's microkernels; bf16 GEMM on AVX512_BF16 dot products where the CPU has them
-//! (module `bf16_gemm`). Integer dtypes, misaligned operands and `enable_simd(false)` take the scalar
+//! this backend's team of `num_threads` threads (module `team`: the calling thread and its
+//! workers). GEMM, batched GEMM and GEMV run on the `gemm` crate's microkernels; bf16 GEMM on
+//! AVX512_BF16 dot products where the CPU has them (module `bf16_gemm`). Integer dtypes, misaligned operands and `enable_simd(false)` take the scalar
 //! reference kernels on the same 64-byte aligned host memory, and so does every invalid descriptor,
 //! so that bad input gets the reference's typed errors.
 
@@ -27,6 +27,7 @@ mod select;
 pub mod simd;
 mod sort;
 mod stream;
+mod team;
 mod vmath;
 
 use gemm::Parallelism;
@@ -46,7 +47,7 @@ pub use simd::SimdLevel;
 pub struct CpuBackend {
     /// Memory, checks and the ops that have no SIMD kernel yet.
     scalar: ReferenceBackend,
-    pool: rayon::ThreadPool,
+    team: team::Team,
     threads: usize,
     simd: SimdLevel,
     /// bf16 GEMM on the AVX512_BF16 dot-product instruction.
@@ -56,7 +57,7 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// A backend with `threads` worker threads (all cores when `None`) that uses SIMD kernels when
     /// `simd` is true and the CPU has them. `InvalidArgument` for 0 threads; `Driver`-free
-    /// `FeatureUnavailable` when the thread pool cannot be created.
+    /// `FeatureUnavailable` when its worker threads cannot be started.
     pub fn new(threads: Option<usize>, simd: bool) -> Result<CpuBackend> {
         let threads = threads.unwrap_or_else(host_core_count);
         if threads == 0 {
@@ -65,14 +66,7 @@ impl CpuBackend {
                 "the thread count must be at least 1",
             ));
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("torsh-cpu-{i}"))
-            .build()
-            .map_err(|e| BackendError::FeatureUnavailable {
-                feature: "CPU thread pool",
-                reason: e.to_string(),
-            })?;
+        let team = team::Team::new(threads)?;
         let poison =
             cfg!(debug_assertions) || std::env::var("TORSH_POISON").is_ok_and(|v| v == "1");
         let memory = HostMemory::recycling(
@@ -81,7 +75,7 @@ impl CpuBackend {
         );
         Ok(CpuBackend {
             scalar: ReferenceBackend::with_memory(BackendType::Cpu, memory),
-            pool,
+            team,
             threads,
             simd: if simd {
                 SimdLevel::detect()
@@ -112,10 +106,10 @@ impl CpuBackend {
         ours.then_some(acc)
     }
 
-    /// Checks `acc` and runs `kernel` under the memory lock: on this backend's pool when it has more
-    /// than one thread and the op touches at least [`INLINE_BYTES`], else on the calling thread with
-    /// `Ctx::threads == 1` (entering a pool costs a cross-thread hand-off, several microseconds, which
-    /// small ops cannot repay).
+    /// Checks `acc` and runs `kernel` under the memory lock: on this backend's team when it has more
+    /// than one thread and the op touches at least [`INLINE_BYTES`], else on the calling thread alone
+    /// with `Ctx::threads == 1` (sharing tasks costs a hand-off to the workers, which small ops
+    /// cannot repay).
     fn kernel(
         &self,
         acc: Accesses,
@@ -125,8 +119,9 @@ impl CpuBackend {
         self.kernel_on(acc, parallel, kernel)
     }
 
-    /// [`CpuBackend::kernel`] on the pool when `parallel`, else on the calling thread. The calling
-    /// thread takes the memory lock before it hands the kernel to the pool (see [`Self::on_pool`]).
+    /// [`CpuBackend::kernel`] on the team when `parallel`, else on the calling thread alone. The
+    /// calling thread takes the memory lock before it shares the kernel's tasks (see
+    /// [`Self::on_team`]).
     fn kernel_on(
         &self,
         acc: Accesses,
@@ -134,7 +129,7 @@ impl CpuBackend {
         kernel: impl FnOnce(&mut HostMemory, Ctx) -> Result<()> + Send,
     ) -> Result<()> {
         self.scalar.run(acc, |mem| {
-            self.on_pool(parallel, |threads| {
+            self.on_team(parallel, |threads| {
                 let ctx = Ctx {
                     threads,
                     simd: self.simd,
@@ -144,22 +139,15 @@ impl CpuBackend {
         })
     }
 
-    /// Runs `f(threads)` on this backend's pool with its thread count when `parallel` and the pool has
-    /// more than one thread, else inline with 1. Kernels given 1 thread never enter rayon, so an inline
-    /// op cannot spill onto rayon's global pool.
+    /// Runs `f(threads)` with this backend's team as the current one, so its kernels share their
+    /// tasks with the workers, when `parallel` and the team has more than one thread; else with 1.
     ///
-    /// Lock discipline: callers take the memory lock first, on their own thread, and only then enter
-    /// the pool; no pool job ever takes a lock. A thread outside every rayon pool waits for the pool
-    /// without running other work, so it cannot, while holding the lock, pick up a second op that
-    /// wants the same lock (taking the lock inside a pool job did exactly that: a worker holding it and
-    /// waiting in a join stole another caller's job, which blocked on the lock forever). A worker of
-    /// another rayon pool would run that pool's jobs while it waits, any of which may call this backend,
-    /// so such a caller runs the op on its own thread with 1 thread instead.
-    fn on_pool<R: Send>(&self, parallel: bool, f: impl FnOnce(usize) -> R + Send) -> R {
-        let foreign_worker =
-            rayon::current_thread_index().is_some() && self.pool.current_thread_index().is_none();
-        if parallel && self.threads > 1 && !foreign_worker {
-            self.pool.install(|| f(self.threads))
+    /// Lock discipline: callers take the memory lock first and then run `f` on their own thread; a
+    /// task never takes a lock and the team's workers run nothing else, so no op can wait on
+    /// another from inside the team (see the `team` module).
+    fn on_team<R>(&self, parallel: bool, f: impl FnOnce(usize) -> R) -> R {
+        if parallel && self.threads > 1 {
+            self.team.enter(|| f(self.threads))
         } else {
             f(1)
         }
@@ -176,7 +164,7 @@ impl CpuBackend {
             && blas::aligned(d.dtype, &[d.a.0, d.b.0, d.c.0])
     }
 
-    /// GEMM on the pool (`Some(true)`), on the calling thread (`Some(false)`), or as the size
+    /// GEMM on the team (`Some(true)`), on the calling thread alone (`Some(false)`), or as the size
     /// suggests (`None`: [`gemm_is_parallel`]).
     fn gemm_threaded(&self, desc: &GemmDesc, parallel: Option<bool>) -> Result<()> {
         if !self.simd_gemm(desc) {
@@ -193,13 +181,13 @@ impl CpuBackend {
         ];
         let parallel = parallel.unwrap_or_else(|| gemm_is_parallel(desc));
         self.scalar.run(acc, |mem| {
-            self.on_pool(parallel, |threads| {
+            self.on_team(parallel, |threads| {
                 self.gemm_kernel(mem, desc, regions, threads)
             })
         })
     }
 
-    /// One SIMD GEMM on `threads` threads (the caller entered the pool), on memory the caller
+    /// One SIMD GEMM on `threads` threads (the caller entered the team), on memory the caller
     /// checked: bf16 on the AVX512_BF16 kernel where the CPU has it, else the `gemm` crate.
     fn gemm_kernel(
         &self,
@@ -216,7 +204,7 @@ impl CpuBackend {
     }
 }
 
-/// Whether a kernel over `acc` runs on the pool by default: when it touches at least
+/// Whether a kernel over `acc` runs on the team by default: when it touches at least
 /// [`INLINE_BYTES`].
 fn kernel_is_parallel(acc: &Accesses) -> bool {
     // Saturating: `run` rejects regions whose sizes overflow, with a typed error.
@@ -227,11 +215,11 @@ fn kernel_is_parallel(acc: &Accesses) -> bool {
     bytes >= INLINE_BYTES
 }
 
-/// The autotuner's names for a GEMM or a convolution on the thread pool and on the calling thread.
+/// The autotuner's names for a GEMM or a convolution on the team and on the calling thread alone.
 const GEMM_POOL: &str = "threads:pool";
 const GEMM_INLINE: &str = "threads:1";
 
-/// Whether a GEMM runs on the pool by default: products of at least [`INLINE_MACS`].
+/// Whether a GEMM runs on the team by default: products of at least [`INLINE_MACS`].
 fn gemm_is_parallel(d: &GemmDesc) -> bool {
     d.m.saturating_mul(d.n).saturating_mul(d.k) >= INLINE_MACS
 }
@@ -285,7 +273,7 @@ impl ComputeBackend for CpuBackend {
         info.api = if self.simd == SimdLevel::Scalar {
             "CPU: scalar reference kernels (SIMD off)".into()
         } else {
-            "CPU: SIMD kernels for every op (runtime dispatch; GEMM on the gemm crate) on a rayon pool"
+            "CPU: SIMD kernels for every op (runtime dispatch; GEMM on the gemm crate) on a thread team"
                 .into()
         };
         info.details = vec![

@@ -20,8 +20,8 @@
 //! f32, f16 and bf16 compute in f32 (16-bit blocks are widened as they are used, results rounded
 //! once), f64 in f64; `lse` is read in that compute type (the statistics dtype).
 
+use super::super::team::par_for;
 use gemm::Parallelism;
-use rayon::prelude::*;
 
 use super::super::conv::{out_of_memory, parallel_items, zeroed, Product, Raw, Wide};
 use super::super::host::{with_float, with_simd, Ctx, Element, Real};
@@ -414,10 +414,10 @@ where
             store(acc, unsafe { self.dq.get_mut(r * dim, dim) });
         };
         if ctx.threads > 1 {
-            (0..rows)
-                .into_par_iter()
-                .with_min_len(64)
-                .for_each_init(Vec::new, |acc, r| sum_row(r, acc));
+            par_for(rows.div_ceil(64), |block| {
+                let mut acc = Vec::new();
+                (block * 64..((block + 1) * 64).min(rows)).for_each(|r| sum_row(r, &mut acc));
+            });
         } else {
             let mut acc = Vec::new();
             (0..rows).for_each(|r| sum_row(r, &mut acc));

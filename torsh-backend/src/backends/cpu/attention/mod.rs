@@ -22,11 +22,10 @@
 //! on store; `exp` is a vectorisable polynomial, see [`Exp`]); f64 computes in f64. Row sums are kept per key block and then
 //! folded into the running sum, so no serial sum runs over more than [`BLOCK_K`] terms.
 //!
-//! Threads: items run in parallel on the backend's pool (rayon, each with its own scratch); the
+//! Threads: items run in parallel on the backend's team (each job with its own scratch); the
 //! query block shrinks (down to [`MIN_BLOCK_Q`]) while there are fewer than two items per thread.
 
 use gemm::Parallelism;
-use rayon::prelude::*;
 
 mod backward;
 
@@ -528,7 +527,6 @@ impl OpImpl<AttentionBackwardDesc> for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::cpu::simd::SimdLevel;
     use crate::compute::DevicePtr;
     use crate::dtype::DType;
     use crate::rng::HostRng;
@@ -565,17 +563,9 @@ mod tests {
         ptr
     }
 
-    /// Runs `f` with a context of `threads` threads, inside a pool of that size.
-    pub(super) fn on_threads<R: Send>(threads: usize, f: impl FnOnce(Ctx) -> R + Send) -> R {
-        let ctx = Ctx {
-            threads,
-            simd: SimdLevel::detect(),
-        };
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(|| f(ctx))
+    /// Runs `f` with a context of `threads` threads, inside a team of that size.
+    pub(super) fn on_threads<R>(threads: usize, f: impl FnOnce(Ctx) -> R) -> R {
+        crate::backends::cpu::team::on_threads(threads, f)
     }
 
     /// Compares the kernel with the reference for `case` in `dtype` on `threads` threads.

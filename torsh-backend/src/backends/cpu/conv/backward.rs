@@ -116,7 +116,6 @@ impl Split {
         scratch: impl Fn() -> Result<S> + Sync + Send,
         item: impl Fn(usize, &mut S) + Sync + Send,
     ) -> Result<()> {
-        use rayon::prelude::*;
         if self.parallel {
             parallel_items(items, ctx.threads).try_for_each_init(&scratch, |s, i| {
                 // A failed allocation reports its own error (the first item of its job to see it).

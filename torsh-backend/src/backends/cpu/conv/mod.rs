@@ -28,9 +28,10 @@ use std::borrow::Cow;
 
 use gemm::Parallelism;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
-use rayon::prelude::*;
 
+use super::blas;
 use super::host::{with_float, with_simd, Ctx, Element, Real};
+use super::team::Items;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{conv as reference, memory::HostMemory};
 use crate::compute::op::OpImpl;
@@ -249,15 +250,10 @@ impl<T: Element> Raw<T> {
     }
 }
 
-/// Items `0..items` as a parallel iterator split into at most four jobs per thread, so that the
-/// per-job scratch buffers of `try_for_each_init` are allocated a few times, not once per item.
-pub(super) fn parallel_items(
-    items: usize,
-    threads: usize,
-) -> rayon::iter::MinLen<rayon::range::Iter<usize>> {
-    (0..items)
-        .into_par_iter()
-        .with_min_len(items.div_ceil(4 * threads.max(1)).max(1))
+/// Items `0..items` in at most four jobs per thread, so that the per-job scratch buffers of
+/// `try_for_each_init` are allocated a few times, not once per item.
+pub(super) fn parallel_items(items: usize, threads: usize) -> Items {
+    Items::new(items, threads)
 }
 
 /// A vector of `n` zeros, or `OutOfMemory` instead of an allocation failure.
@@ -350,7 +346,8 @@ impl<A: Real> Product<A> {
         }
     }
 
-    /// Runs the product.
+    /// Runs the product in the blocks [`blas::for_blocks`] makes of it for `parallelism` (on the
+    /// calling thread for `Parallelism::None`).
     ///
     /// # Safety
     /// Every operand with its sizes and strides addresses valid memory (dst writable and not
@@ -358,6 +355,35 @@ impl<A: Real> Product<A> {
     /// `A` is f32 or f64.
     #[inline]
     pub(super) unsafe fn run(self, parallelism: Parallelism) {
+        let product = &self;
+        blas::for_blocks(product.m, product.n, parallelism, |by_rows, start, len| {
+            let part = if by_rows {
+                Product {
+                    m: len,
+                    dst: product.dst.wrapping_add(start * product.dst_strides.0),
+                    lhs: product.lhs.wrapping_add(start * product.lhs_strides.0),
+                    ..*product
+                }
+            } else {
+                Product {
+                    n: len,
+                    dst: product.dst.wrapping_add(start * product.dst_strides.1),
+                    rhs: product.rhs.wrapping_add(start * product.rhs_strides.1),
+                    ..*product
+                }
+            };
+            // SAFETY: the block is a sub-product of this one, writing only its own rows (columns)
+            // of dst.
+            unsafe { part.run_here() }
+        });
+    }
+
+    /// Runs the product on the calling thread.
+    ///
+    /// # Safety
+    /// As [`Product::run`].
+    #[inline]
+    unsafe fn run_here(self) {
         let s = |v: usize| v as isize;
         gemm::gemm(
             self.m,
@@ -378,10 +404,14 @@ impl<A: Real> Product<A> {
             false,
             false,
             false,
-            parallelism,
+            Parallelism::None,
         )
     }
 }
+
+// SAFETY: the operands are only read (lhs, rhs) or written in disjoint blocks (dst, see
+// `Product::run`) by the tasks that share a product.
+unsafe impl<A: Sync> Sync for Product<A> {}
 
 /// The sizes and window parameters of a convolution.
 #[derive(Clone, Copy, Debug)]

@@ -1,7 +1,6 @@
 //! Tests of the CPU conv2d against the reference.
 
 use super::*;
-use crate::backends::cpu::simd::SimdLevel;
 use crate::compute::{Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc};
 use crate::dtype::DType;
 use crate::rng::HostRng;
@@ -54,17 +53,9 @@ fn random(mem: &mut HostMemory, rng: &mut HostRng, dtype: DType, n: usize) -> De
     ptr
 }
 
-/// Runs `f` with a context of `threads` threads, inside a pool of that size.
-fn on_threads<R: Send>(threads: usize, f: impl FnOnce(Ctx) -> R + Send) -> R {
-    let ctx = Ctx {
-        threads,
-        simd: SimdLevel::detect(),
-    };
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap()
-        .install(|| f(ctx))
+/// Runs `f` with a context of `threads` threads, inside a team of that size.
+fn on_threads<R>(threads: usize, f: impl FnOnce(Ctx) -> R) -> R {
+    crate::backends::cpu::team::on_threads(threads, f)
 }
 
 /// Compares the kernel with the reference for `case` in `dtype` on `threads` threads.

@@ -16,15 +16,13 @@ use crate::shape::Layout;
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
-/// Runs `f` with one thread, then with two inside a two-thread pool.
-fn for_threads(f: impl Fn(Ctx) + Send + Sync) {
-    let simd = SimdLevel::detect();
-    f(Ctx { threads: 1, simd });
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
-    pool.install(|| f(Ctx { threads: 2, simd }));
+/// Runs `f` with one thread, then with two inside a two-thread team.
+fn for_threads(f: impl Fn(Ctx)) {
+    f(Ctx {
+        threads: 1,
+        simd: SimdLevel::detect(),
+    });
+    crate::backends::cpu::team::on_threads(2, f);
 }
 
 /// `n` random values in `[lo, hi)`.

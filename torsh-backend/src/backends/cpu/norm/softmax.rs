@@ -13,7 +13,7 @@
 //! `exp`; sums run in lanes of the compute type within a [`BLOCK`] and in f64 across blocks, so long
 //! rows lose no accuracy. f16 and bf16 are widened to f32 per row (or tile row) and rounded once.
 
-use rayon::prelude::*;
+use super::super::team::{par_for, par_map};
 
 use super::super::elementwise::Lanes;
 use super::super::host::{
@@ -323,7 +323,7 @@ where
     T::store(b, ys);
 }
 
-/// Row `r` of `[outer, len]` (a long one), each pass split across the pool: partial maxima and sums
+/// Row `r` of `[outer, len]` (a long one), each pass split across the team: partial maxima and sums
 /// per chunk, combined in chunk order (deterministic for a given thread count).
 fn wide_row<T: Lanes>(x: Span<T>, y: Span<T>, r: usize, sh: Shape, ctx: Ctx)
 where
@@ -334,43 +334,35 @@ where
     let chunk = len.div_ceil(chunks).next_multiple_of(BLOCK);
     let part = |c: usize| r * len + c * chunk..r * len + ((c + 1) * chunk).min(len);
     let count = len.div_ceil(chunk);
-    let maxima: Vec<T::Acc> = (0..count)
-        .into_par_iter()
-        .map(|c| {
-            with_simd(
-                ctx.simd,
-                #[inline(always)]
-                || {
-                    // SAFETY: input and output do not overlap (the checks forbid it); nothing writes
-                    // the input.
-                    let xs = unsafe { x.slice(part(c)) };
-                    let mut buf =
-                        vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
-                    max_of(widened(xs, &mut buf))
-                },
-            )
-        })
-        .collect();
+    let maxima: Vec<T::Acc> = par_map(count, |c| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                // SAFETY: input and output do not overlap (the checks forbid it); nothing writes
+                // the input.
+                let xs = unsafe { x.slice(part(c)) };
+                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
+                max_of(widened(xs, &mut buf))
+            },
+        )
+    });
     let m = max_of(&maxima);
-    let sums: Vec<f64> = (0..count)
-        .into_par_iter()
-        .map(|c| {
-            with_simd(
-                ctx.simd,
-                #[inline(always)]
-                || {
-                    // SAFETY: as above.
-                    let xs = unsafe { x.slice(part(c)) };
-                    let mut buf =
-                        vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
-                    sum_of(widened(xs, &mut buf), |v| (v - m).vexp())
-                },
-            )
-        })
-        .collect();
+    let sums: Vec<f64> = par_map(count, |c| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                // SAFETY: as above.
+                let xs = unsafe { x.slice(part(c)) };
+                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
+                sum_of(widened(xs, &mut buf), |v| (v - m).vexp())
+            },
+        )
+    });
     let s: f64 = sums.iter().sum();
     let k = <T::Acc as Real>::from_f64(if sh.log { s.ln() } else { 1.0 / s });
-    (0..count).into_par_iter().for_each(|c| {
+    par_for(count, |c| {
         with_simd(
             ctx.simd,
             #[inline(always)]
@@ -505,15 +497,13 @@ pub(super) mod tests {
 
     const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
-    /// Runs `f` with one thread, then with two inside a two-thread pool.
-    pub(in crate::backends::cpu::norm) fn for_threads(f: impl Fn(Ctx) + Send + Sync) {
-        let simd = SimdLevel::detect();
-        f(Ctx { threads: 1, simd });
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        pool.install(|| f(Ctx { threads: 2, simd }));
+    /// Runs `f` with one thread, then with two inside a two-thread team.
+    pub(in crate::backends::cpu::norm) fn for_threads(f: impl Fn(Ctx)) {
+        f(Ctx {
+            threads: 1,
+            simd: SimdLevel::detect(),
+        });
+        crate::backends::cpu::team::on_threads(2, f);
     }
 
     /// `[outer, len, inner]` shapes that reach every path: rows of one, across blocks, many rows,

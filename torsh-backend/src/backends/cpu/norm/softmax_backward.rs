@@ -12,7 +12,7 @@
 //! across blocks (per column in f64 on the column path); f16 and bf16 are widened to f32 a block
 //! at a time and rounded once.
 
-use rayon::prelude::*;
+use super::super::team::{par_for, par_map};
 
 use super::super::elementwise::Lanes;
 use super::super::host::{
@@ -216,7 +216,7 @@ where
     );
 }
 
-/// Row `r` of `[outer, len]` (a long one), each pass split across the pool: partial sums per
+/// Row `r` of `[outer, len]` (a long one), each pass split across the team: partial sums per
 /// chunk, combined in chunk order.
 fn wide_row<T: Lanes>(o: Operands<T>, r: usize, ctx: Ctx)
 where
@@ -227,22 +227,19 @@ where
     let chunk = len.div_ceil(chunks).next_multiple_of(BLOCK);
     let part = |c: usize| r * len + c * chunk..r * len + ((c + 1) * chunk).min(len);
     let count = len.div_ceil(chunk);
-    let sums: Vec<f64> = (0..count)
-        .into_par_iter()
-        .map(|c| {
-            with_simd(
-                ctx.simd,
-                #[inline(always)]
-                || {
-                    // SAFETY: nothing writes the inputs.
-                    let (g, y) = unsafe { (o.g.slice(part(c)), o.y.slice(part(c))) };
-                    row_sum(g, y, o.log, &mut Scratch::new::<T>())
-                },
-            )
-        })
-        .collect();
+    let sums: Vec<f64> = par_map(count, |c| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                // SAFETY: nothing writes the inputs.
+                let (g, y) = unsafe { (o.g.slice(part(c)), o.y.slice(part(c))) };
+                row_sum(g, y, o.log, &mut Scratch::new::<T>())
+            },
+        )
+    });
     let s = <T::Acc as Real>::from_f64(sums.iter().sum());
-    (0..count).into_par_iter().for_each(|c| {
+    par_for(count, |c| {
         with_simd(
             ctx.simd,
             #[inline(always)]

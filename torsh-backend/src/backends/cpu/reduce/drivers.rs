@@ -176,20 +176,17 @@ pub(in crate::backends::cpu) fn lanes<A: Real, S: State<A>, Src: Source<A>>(
     if ctx.threads > 1 && chunks > 1 && count < 2 * ctx.threads {
         for j in 0..count {
             let base = grid.offset(j);
-            let parts: Vec<S> = (0..chunks)
-                .into_par_iter()
-                .map(|k| {
-                    let range = k * LANE_CHUNK..((k + 1) * LANE_CHUNK).min(len);
-                    with_simd(
-                        ctx.simd,
-                        #[inline(always)]
-                        || {
-                            let mut scratch = [A::ZERO; BLOCK];
-                            chunk_state::<A, S, Src>(src, base, range, &mut scratch)
-                        },
-                    )
-                })
-                .collect();
+            let parts: Vec<S> = par_map(chunks, |k| {
+                let range = k * LANE_CHUNK..((k + 1) * LANE_CHUNK).min(len);
+                with_simd(
+                    ctx.simd,
+                    #[inline(always)]
+                    || {
+                        let mut scratch = [A::ZERO; BLOCK];
+                        chunk_state::<A, S, Src>(src, base, range, &mut scratch)
+                    },
+                )
+            });
             emit(j, &[fold::<A, S>(parts)]);
         }
         return;
@@ -334,30 +331,27 @@ pub(in crate::backends::cpu) fn columns<A: Real, S: State<A>, Src: Source<A>>(
     if ctx.threads > 1 && chunks > 1 && units < 2 * ctx.threads {
         for u in 0..units {
             let (base, at, width) = unit(u);
-            let parts: Vec<Vec<S>> = (0..chunks)
-                .into_par_iter()
-                .map(|k| {
-                    let mut states = vec![S::default(); width];
-                    let mut cols = S::Cols::new(width);
-                    let mut scratch = vec![A::ZERO; width];
-                    with_simd(
-                        ctx.simd,
-                        #[inline(always)]
-                        || {
-                            let at = (base, m.stride);
-                            tile_state::<A, S, Src>(
-                                src,
-                                at,
-                                rows_of(k),
-                                &mut states,
-                                &mut cols,
-                                &mut scratch,
-                            )
-                        },
-                    );
-                    states
-                })
-                .collect();
+            let parts: Vec<Vec<S>> = par_map(chunks, |k| {
+                let mut states = vec![S::default(); width];
+                let mut cols = S::Cols::new(width);
+                let mut scratch = vec![A::ZERO; width];
+                with_simd(
+                    ctx.simd,
+                    #[inline(always)]
+                    || {
+                        let at = (base, m.stride);
+                        tile_state::<A, S, Src>(
+                            src,
+                            at,
+                            rows_of(k),
+                            &mut states,
+                            &mut cols,
+                            &mut scratch,
+                        )
+                    },
+                );
+                states
+            });
             let mut parts = parts.into_iter();
             let mut acc = parts.next().unwrap_or_default();
             for p in parts {

@@ -17,7 +17,7 @@
 use std::any::TypeId;
 use std::ops::Range;
 
-use rayon::prelude::*;
+use super::team::{par_chunks_mut, par_map};
 
 use super::host::{
     for_chunks, widen_into, with_float, with_simd, Ctx, Element, Real, Span, View, BLOCK,
@@ -452,12 +452,11 @@ fn gather<T: Element>(view: &View<T>, ctx: Ctx) -> Result<Vec<T::Acc>> {
         })?;
     dense.resize(n, <T::Acc as Real>::ZERO);
     let chunk = n.div_ceil(ctx.threads * 4).max(SERIAL_ELEMENTS);
-    dense
-        .par_chunks_mut(chunk)
-        .enumerate()
-        // SAFETY: reduce's output never overlaps its input (in-place is forbidden), so nothing writes
-        // the view meanwhile.
-        .for_each(|(k, c)| unsafe { view.gather(k * chunk, c) });
+    // SAFETY: reduce's output never overlaps its input (in-place is forbidden), so nothing writes
+    // the view meanwhile.
+    par_chunks_mut(&mut dense, chunk, |k, c| unsafe {
+        view.gather(k * chunk, c)
+    });
     Ok(dense)
 }
 

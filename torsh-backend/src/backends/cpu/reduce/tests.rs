@@ -1,7 +1,6 @@
 //! Tests of the CPU reductions against the reference, and helpers other CPU op tests share.
 
 use super::*;
-use crate::backends::cpu::simd::SimdLevel;
 use crate::compute::{DevicePtr, StridedBuf};
 use crate::dtype::DType;
 use crate::shape::Layout;
@@ -29,17 +28,9 @@ pub(crate) fn upload(mem: &mut HostMemory, dtype: DType, vals: &[f64]) -> Device
     p
 }
 
-/// Runs `f` inside a pool of `threads` threads with the matching context.
-pub(crate) fn on_threads<R: Send>(threads: usize, f: impl FnOnce(Ctx) -> R + Send) -> R {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap();
-    let ctx = Ctx {
-        threads,
-        simd: SimdLevel::detect(),
-    };
-    pool.install(|| f(ctx))
+/// Runs `f` inside a team of `threads` threads with the matching context.
+pub(crate) fn on_threads<R>(threads: usize, f: impl FnOnce(Ctx) -> R) -> R {
+    crate::backends::cpu::team::on_threads(threads, f)
 }
 
 /// Asserts `got` is within `dtype`'s parity bound of `want` (exactly equal for integers).
