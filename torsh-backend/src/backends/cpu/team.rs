@@ -18,7 +18,7 @@ use std::any::Any;
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::error::{BackendError, Result};
@@ -130,9 +130,15 @@ impl Team {
     /// Runs `f(0) … f(tasks − 1)` on the caller and the workers; in turn on the caller when another
     /// job is running. A panic of a task is resumed here once every worker has left the job.
     fn run(&self, tasks: usize, f: Task<'_>) {
-        let Ok(_busy) = self.busy.try_lock() else {
-            (0..tasks).for_each(f);
-            return;
+        let _busy = match self.busy.try_lock() {
+            Ok(guard) => guard,
+            // A panicking task unwound through an earlier job's guard; the team itself is intact
+            // (every worker left that job before the panic was resumed).
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                (0..tasks).for_each(f);
+                return;
+            }
         };
         let s = &*self.shared;
         let job: *const Task<'_> = &f;
@@ -435,9 +441,20 @@ mod tests {
             team.enter(|| par_for(16, |i| assert!(i != 9, "task 9")))
         }));
         assert!(r.is_err());
-        let n = AtomicUsize::new(0);
-        team.enter(|| par_for(16, |_| _ = n.fetch_add(1, SeqCst)));
-        assert_eq!(n.load(SeqCst), 16);
+        // The workers still take tasks (the job is not run on the caller alone).
+        let caller = std::thread::current().id();
+        let (n, elsewhere) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        team.enter(|| {
+            par_for(64, |_| {
+                std::thread::sleep(Duration::from_millis(1));
+                n.fetch_add(1, SeqCst);
+                if std::thread::current().id() != caller {
+                    elsewhere.fetch_add(1, SeqCst);
+                }
+            })
+        });
+        assert_eq!(n.load(SeqCst), 64);
+        assert!(elsewhere.load(SeqCst) > 0);
     }
 
     #[test]
