@@ -8,6 +8,7 @@
 //! reference kernels on the same 64-byte aligned host memory, and so does every invalid descriptor,
 //! so that bad input gets the reference's typed errors.
 
+mod accumulators;
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod bf16_gemm;

@@ -17,6 +17,7 @@
 use std::any::TypeId;
 use std::ops::Range;
 
+use super::accumulators::pairwise;
 use super::team::{par_chunks_mut, par_map};
 
 use super::host::{
@@ -140,9 +141,10 @@ fn fold_lanes<A: Real>(xs: &[A], init: A, f: impl Fn(A, A) -> A) -> ([A; LANES],
     let (chunks, rest) = xs.as_chunks::<LANES>();
     let mut acc = [init; LANES];
     for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c.iter()) {
-            *a = f(*a, x);
-        }
+        acc = std::array::from_fn(
+            #[inline(always)]
+            |i| f(acc[i], c[i]),
+        );
     }
     (acc, rest)
 }
@@ -193,16 +195,12 @@ fn squares_block<A: Real>(xs: &[A], shift: A, mean: A) -> A {
 
 /// The sum of the accumulators, pairwise.
 #[inline(always)]
-fn tree<A: Real>(mut acc: [A; LANES]) -> A {
-    let mut width = LANES / 2;
-    while width > 0 {
-        let (lo, hi) = acc.split_at_mut(width);
-        for (a, &b) in lo.iter_mut().zip(hi.iter()) {
-            *a += b;
-        }
-        width /= 2;
-    }
-    acc[0]
+fn tree<A: Real>(acc: [A; LANES]) -> A {
+    pairwise(
+        acc,
+        #[inline(always)]
+        |a, b| a + b,
+    )
 }
 
 /// `x` when it is finite, else 0: a pivot that cannot turn finite data into NaN.
@@ -253,10 +251,21 @@ fn extreme_block<A: Real, const MAX: bool>(xs: &[A]) -> A {
     let mut acc = [first; LANES];
     let mut poison = [A::ZERO; LANES];
     for c in chunks {
-        for ((m, p), &x) in acc.iter_mut().zip(poison.iter_mut()).zip(c.iter()) {
-            *m = if better::<A, MAX>(x, *m) { x } else { *m };
-            *p += x * A::ZERO;
-        }
+        acc = std::array::from_fn(
+            #[inline(always)]
+            |i| {
+                let (m, x) = (acc[i], c[i]);
+                if better::<A, MAX>(x, m) {
+                    x
+                } else {
+                    m
+                }
+            },
+        );
+        poison = std::array::from_fn(
+            #[inline(always)]
+            |i| poison[i] + c[i] * A::ZERO,
+        );
     }
     if poison.iter().any(|p| p.is_nan()) {
         return exact(xs);

