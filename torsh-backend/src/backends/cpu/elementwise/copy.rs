@@ -58,7 +58,13 @@ fn copy_t<E: bytemuck::Pod + Send + Sync>(
         t.run(src, dst, ctx);
         return Ok(());
     }
-    let (_, [ss, ds]) = dims.inner();
+    let (inner, [ss, ds]) = dims.inner();
+    if ss == 1 && ds == 1 && inner * std::mem::size_of::<E>() <= SHORT_RUN_BYTES {
+        if let Some(rows) = dims.rows() {
+            copy_short_runs(src, dst, &rows, inner, ctx);
+            return Ok(());
+        }
+    }
     for_chunks(dims.numel(), ctx.threads, SERIAL_ELEMENTS, |range| {
         dims.runs(range, |_, [ps, pd], len| {
             // SAFETY: the destination is injective (checked) and disjoint from the source, and this
@@ -77,6 +83,71 @@ fn copy_t<E: bytemuck::Pod + Send + Sync>(
         })
     });
     Ok(())
+}
+
+/// Dense runs up to this many bytes are copied row by row by [`copy_short_runs`].
+const SHORT_RUN_BYTES: usize = 256;
+
+/// Copies `rows` (a walk over both operands' outer dims) of `len` elements each, dense in both: the
+/// row loop runs inline, and the common run sizes (the heads of an attention layer split or merged,
+/// 16 to 256 bytes) are copied as arrays of a size known at compile time, so each is a few vector
+/// moves rather than a `memcpy` call (which cost about as much as the walk itself on runs of 64
+/// bytes).
+fn copy_short_runs<E: bytemuck::Pod + Send + Sync>(
+    src: Span<E>,
+    dst: Span<E>,
+    rows: &Dims<2>,
+    len: usize,
+    ctx: Ctx,
+) {
+    match len * std::mem::size_of::<E>() {
+        16 => copy_rows::<E, 16>(src, dst, rows, len, ctx),
+        32 => copy_rows::<E, 32>(src, dst, rows, len, ctx),
+        64 => copy_rows::<E, 64>(src, dst, rows, len, ctx),
+        128 => copy_rows::<E, 128>(src, dst, rows, len, ctx),
+        256 => copy_rows::<E, 256>(src, dst, rows, len, ctx),
+        _ => copy_rows::<E, 0>(src, dst, rows, len, ctx),
+    }
+}
+
+/// [`copy_short_runs`] for rows of `B` bytes (`B == 0`: any length, by `copy_from_slice`).
+fn copy_rows<E: bytemuck::Pod + Send + Sync, const B: usize>(
+    src: Span<E>,
+    dst: Span<E>,
+    rows: &Dims<2>,
+    len: usize,
+    ctx: Ctx,
+) {
+    let (_, [rs, rd]) = rows.inner();
+    let min_rows = (SERIAL_ELEMENTS / len).max(1);
+    for_chunks(rows.numel(), ctx.threads, min_rows, |range| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                rows.runs(
+                    range,
+                    #[inline(always)]
+                    |_, [ps, pd], n| {
+                        for k in 0..n {
+                            let (ps, pd) = (ps + k * rs, pd + k * rd);
+                            // SAFETY: as in `copy_t`: the destination is injective and disjoint
+                            // from the source, and this task writes only its own rows.
+                            let (d, s) =
+                                unsafe { (dst.slice_mut(pd..pd + len), src.slice(ps..ps + len)) };
+                            let (d, s): (&mut [u8], &[u8]) =
+                                (bytemuck::cast_slice_mut(d), bytemuck::cast_slice(s));
+                            if B == 0 {
+                                d.copy_from_slice(s);
+                            } else {
+                                d[..B].copy_from_slice(&s[..B]);
+                            }
+                        }
+                    },
+                )
+            },
+        )
+    });
 }
 
 /// Rows and columns of the tiles a [`Transpose`] moves at a time. Small on purpose: with

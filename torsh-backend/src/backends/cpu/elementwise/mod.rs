@@ -189,6 +189,15 @@ impl<const K: usize> Dims<K> {
         self.shape.iter().product()
     }
 
+    /// The walk over every dim but the innermost (its *rows*), or `None` when there is only one.
+    pub(super) fn rows(&self) -> Option<Dims<K>> {
+        let last = self.shape.len() - 1;
+        (last > 0).then(|| Dims {
+            shape: self.shape[..last].to_vec(),
+            strides: self.strides[..last].to_vec(),
+        })
+    }
+
     /// Length of the innermost dim and each operand's stride along it.
     pub(super) fn inner(&self) -> (usize, [usize; K]) {
         let last = self.shape.len() - 1;

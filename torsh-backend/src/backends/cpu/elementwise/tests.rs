@@ -670,7 +670,7 @@ fn copy_strided_matches_the_reference() {
         let mut mem = HostMemory::default();
         let (a, b, c) = (5, 7, 2 * SERIAL_ELEMENTS / 35 + 3);
         let n = a * b * c;
-        let cases = [
+        let mut cases = vec![
             // Permuted source into a dense destination.
             (
                 Layout::new(vec![c, a, b], vec![1, b * c, c], 0).unwrap(),
@@ -697,6 +697,22 @@ fn copy_strided_matches_the_reference() {
                 Layout::contiguous(&[3, 20, 30]),
             ),
         ];
+        // Short dense runs (attention heads split and merged): `[b, t, h, d]` read from
+        // `[b, h, t, d]`, written into a dense tensor and into one slot of a stack of three,
+        // for run lengths that hit each fixed-size copy for some dtype, and some that do not.
+        let (bs, t, h) = (3, 67, 5);
+        for d in [1, 3, 4, 8, 16, 17, 32, 64] {
+            let heads = Layout::new(vec![bs, t, h, d], vec![h * t * d, d, t * d, 1], 0).unwrap();
+            let slot = Layout::new(
+                vec![bs, t, h, d],
+                vec![t * 3 * h * d, 3 * h * d, d, 1],
+                h * d,
+            )
+            .unwrap();
+            cases.push((heads.clone(), Layout::contiguous(&[bs, t, h, d])));
+            cases.push((heads, slot.clone()));
+            cases.push((Layout::contiguous(&[bs, t, h, d]), slot));
+        }
         for dtype in FLOATS {
             let src = upload(&mut mem, dtype, &values(n, 13, -5.0, 5.0));
             for (ls, ld) in cases.iter() {
