@@ -11,7 +11,7 @@
 //! does, whatever the thread count; additions accumulate in the dtype's compute type (f32 for f16 and
 //! bf16, rounded at each addition).
 
-use super::host::{for_chunks, Ctx, Element, Real, Span, SERIAL_ELEMENTS};
+use super::host::{for_chunks, with_simd, Ctx, Element, Real, Span, SERIAL_ELEMENTS};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::index::step;
 use crate::backends::reference::memory::HostMemory;
@@ -197,6 +197,9 @@ trait Combine<W>: Copy + Send + Sync {
     /// # Safety
     /// `t` and `s` are inside their spans and no other task touches `out[t]` meanwhile.
     unsafe fn apply(self, out: Span<W>, t: usize, src: Span<W>, s: usize);
+
+    /// Combines each element of `src` into the same element of `out` (equal lengths).
+    fn apply_run(self, out: &mut [W], src: &[W]);
 }
 
 /// `out[t] = src[s]`, bits moved.
@@ -208,6 +211,11 @@ impl<W: bytemuck::Pod + Send + Sync> Combine<W> for Assign {
     unsafe fn apply(self, out: Span<W>, t: usize, src: Span<W>, s: usize) {
         // SAFETY: as the trait method's contract.
         unsafe { out.write(t, src.read(s)) }
+    }
+
+    #[inline(always)]
+    fn apply_run(self, out: &mut [W], src: &[W]) {
+        out.copy_from_slice(src);
     }
 }
 
@@ -231,6 +239,13 @@ impl<T: Element> Combine<T> for AddScaled<T> {
         unsafe {
             let v = out.read(t).widen() + self.alpha * src.read(s).widen();
             out.write(t, T::narrow(v));
+        }
+    }
+
+    #[inline(always)]
+    fn apply_run(self, out: &mut [T], src: &[T]) {
+        for (o, &x) in out.iter_mut().zip(src) {
+            *o = T::narrow(o.widen() + self.alpha * x.widen());
         }
     }
 }
@@ -308,6 +323,35 @@ fn scatter_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     check_all(op, &index, &d.index, size, ctx)?;
     let cols = Columns::of(d, &index.strides, &src.strides);
     let min = SERIAL_ELEMENTS.div_ceil(cols.len.max(1)).max(1);
+    if cols.outer.len() == 1 && cols.strides.iter().map(|s| s[0]).eq([0, 1, 1]) {
+        // Whole rows (`index_add` or `index_copy` along dim 0 of a matrix): one index per step
+        // along `dim`, rows dense in the source and the output, so each step combines a run of
+        // neighbouring columns in a vectorised loop.
+        for_chunks(cols.count(), ctx.threads, min, |range| {
+            with_simd(
+                ctx.simd,
+                #[inline(always)]
+                || {
+                    for j in 0..cols.len {
+                        // SAFETY: as below; the index is read at step `j` of column 0, which
+                        // every column shares.
+                        let row = unsafe { index.span.read(j * cols.steps[0]).get() as usize };
+                        let (t, s) = (row * cols.steps[2], j * cols.steps[1]);
+                        // SAFETY: as below: this task owns these columns of every row, and the
+                        // output overlaps no input.
+                        let (o, x) = unsafe {
+                            (
+                                out.slice_mut(t + range.start..t + range.end),
+                                src.span.slice(s + range.start..s + range.end),
+                            )
+                        };
+                        combine.apply_run(o, x);
+                    }
+                },
+            )
+        });
+        return Ok(());
+    }
     for_chunks(cols.count(), ctx.threads, min, |range| {
         // Blocks of neighbouring columns advance along `dim` together, so each step reads and
         // writes runs of neighbouring elements; each column still walks `dim` in order.
