@@ -1,6 +1,7 @@
-//! Mixed precision (`runtime/amp.rs`) on every available backend: matmul, conv2d and attention on f32
-//! tensors run in f16/bf16 within the 16-bit error bound of the reference and return f32, and the loss
-//! scaler follows `torch.amp.GradScaler`'s documented behaviour step by step.
+//! Mixed precision (`runtime/amp.rs`) on every available backend: matmul, gemm, conv2d and
+//! attention on f32 tensors run in f16/bf16 within the 16-bit error bound of the reference and
+//! return f32, and the loss scaler follows `torch.amp.GradScaler`'s documented behaviour step by
+//! step.
 
 use torsh_backend::prelude::*;
 use torsh_backend::validation::{self, compare};
@@ -34,7 +35,7 @@ fn seed_mixed_precision_snippet() -> Result<()> {
 }
 
 #[test]
-fn matmul_conv_and_attention_run_in_16_bits_and_return_f32() {
+fn products_conv_and_attention_run_in_16_bits_and_return_f32() {
     let reference = Backend::reference().unwrap();
     for b in backends() {
         let kind = b.backend_type();
@@ -52,6 +53,15 @@ fn matmul_conv_and_attention_run_in_16_bits_and_return_f32() {
                         let a = be.from_slice(&data(37 * 29, 1), &[37, 29]).unwrap();
                         let w = be.from_slice(&data(29 * 11, 2), &[29, 11]).unwrap();
                         a.matmul(&w).unwrap()
+                    }),
+                ),
+                (
+                    "gemm",
+                    Box::new(|be: &Backend| {
+                        let a = be.from_slice(&data(37 * 29, 8), &[37, 29]).unwrap();
+                        let w = be.from_slice(&data(11 * 29, 9), &[11, 29]).unwrap();
+                        let bias = be.from_slice(&data(11, 10), &[11]).unwrap();
+                        a.gemm(&w.t().unwrap(), 0.5, &bias, 2.0).unwrap()
                     }),
                 ),
                 (

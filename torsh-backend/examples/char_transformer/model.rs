@@ -92,9 +92,10 @@ fn parameters(vocab: usize, context: usize) -> Vec<(Vec<usize>, Init)> {
     p
 }
 
-/// `x · wᵀ + bias`, PyTorch's `linear`, for `x` `[rows, in]` and `w` `[out, in]`.
+/// `x · wᵀ + bias`, PyTorch's `linear`, for `x` `[rows, in]` and `w` `[out, in]`: one GEMM that
+/// starts from the broadcast bias (`addmm`).
 fn linear(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    x.matmul(&w.t()?)?.add(bias)
+    x.gemm(&w.t()?, 1.0, bias, 1.0)
 }
 
 /// The gradients of [`linear`] from `dy`, the output's: `(dx, dw, dbias)`.

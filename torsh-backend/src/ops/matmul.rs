@@ -195,8 +195,23 @@ impl Backend {
 
     /// `alpha · a @ b + beta · c` for 2-D `a` (`m × k`), `b` (`k × n`) and `c` broadcastable to
     /// `m × n`, into a new tensor (`c` is not modified), like `torch.addmm`. When `beta == 0`, `c` is not
-    /// read. `ShapeMismatch` on incompatible shapes.
+    /// read. `ShapeMismatch` on incompatible shapes. With mixed precision on
+    /// ([`Backend::enable_mixed_precision`]) and all three f32, the product and `c` run in its
+    /// compute dtype and the result comes back as f32, as `torch.addmm` does under autocast.
     pub fn gemm(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        alpha: f32,
+        c: &Tensor,
+        beta: f32,
+    ) -> Result<Tensor> {
+        crate::runtime::amp::autocast(self, &[a, b, c], |t| {
+            self.gemm_as_is(&t[0], &t[1], alpha, &t[2], beta)
+        })
+    }
+
+    fn gemm_as_is(
         &self,
         a: &Tensor,
         b: &Tensor,
