@@ -33,3 +33,24 @@ pub(super) fn pairwise<A: Copy>(acc: [A; 64], f: impl Fn(A, A) -> A + Copy) -> A
     let [a, b] = halve::<A, 4, 2>(a, f);
     f(a, b)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairwise_combines_lane_i_with_lane_i_plus_half() {
+        // A combine that is not commutative (exact in f64 at these sizes) shows the order: the
+        // result must be the halving loop's, lane i with lane i + n/2 at each level.
+        let f = |a: f64, b: f64| 3.0 * a + b;
+        let lanes: [f64; 64] = std::array::from_fn(|i| i as f64 + 1.0);
+        let mut want = lanes.to_vec();
+        while want.len() > 1 {
+            let h = want.len() / 2;
+            want = (0..h).map(|i| f(want[i], want[i + h])).collect();
+        }
+        assert_eq!(pairwise(lanes, f), want[0]);
+        let half: [f64; 32] = halve(lanes, f);
+        assert_eq!((half[0], half[31]), (f(1.0, 33.0), f(32.0, 64.0)));
+    }
+}
