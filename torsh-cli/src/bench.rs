@@ -466,7 +466,13 @@ fn run_pass(
         }
         if results.len() > first {
             ctx.bar.suspend(|| {
-                report::print_section(section, pass.threads, &results[first..], &ceilings)
+                report::print_section(
+                    section,
+                    pass.threads,
+                    &results[first..],
+                    &ceilings,
+                    ctx.options.quick,
+                )
             });
         }
     }

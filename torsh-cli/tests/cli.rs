@@ -232,6 +232,23 @@ fn bench_selects_ops_and_rejects_bad_arguments() {
         !text.contains("softmax") && !text.contains("Attention"),
         "{text}"
     );
+    // At --quick sizes the ratios to peers are marked as indicative, never printed bare.
+    let ratios: Vec<&str> = text
+        .split_whitespace()
+        .filter(|w| {
+            w.ends_with('x')
+                && w.trim_start_matches('~')
+                    .trim_end_matches('x')
+                    .parse::<f64>()
+                    .is_ok()
+        })
+        .collect();
+    assert!(!ratios.is_empty(), "{text}");
+    assert!(
+        ratios.iter().all(|w| w.starts_with('~')),
+        "{ratios:?}\n{text}"
+    );
+    assert!(text.contains("indicative only"), "{text}");
     for bad in [
         &["bench", "--op", "nonsense", "--quick"][..],
         &["bench", "--backend", "nonsense", "--quick"],

@@ -238,12 +238,15 @@ pub fn peer_keys<'a>(results: impl IntoIterator<Item = &'a Measured>) -> Vec<&'s
     keys
 }
 
-/// Prints one section's table (of one thread count on the CPU).
+/// Prints one section's table (of one thread count on the CPU). Under `quick` the sizes are too
+/// small for a ratio to peers to mean much (call overhead and timer resolution decide it): the
+/// ratios are printed with a `~` and a line under the table says they are indicative.
 pub fn print_section(
     section: Section,
     threads: Option<usize>,
     results: &[Measured],
     ceilings: &Ceilings,
+    quick: bool,
 ) {
     let unit = if section.in_bytes() {
         "GB/s"
@@ -305,7 +308,7 @@ pub fn print_section(
         }
         line += &format!(
             " {:>9} {:>8}",
-            best_ratio(r).map_or(DASH.into(), |x| format!("{x:.2}x")),
+            best_ratio(r).map_or(DASH.into(), |x| ratio_cell(x, quick)),
             ceiling_fraction(r, Some(ceilings))
                 .map_or(DASH.into(), |(_, x)| format!("{:.0}%", x * 100.0)),
         );
@@ -316,6 +319,14 @@ pub fn print_section(
             }
         }
     }
+    if quick && results.iter().any(|r| best_ratio(r).is_some()) {
+        println!("~ --quick: sizes too small for a ratio to peers to mean much; indicative only");
+    }
+}
+
+/// A ratio's table cell: `0.95x`, or `~0.95x` when it is only indicative.
+fn ratio_cell(ratio: f64, indicative: bool) -> String {
+    format!("{}{ratio:.2}x", if indicative { "~" } else { "" })
 }
 
 /// Prints the count of cases measured and failed.
