@@ -75,7 +75,7 @@ impl Backend {
     ) -> Result<Tensor> {
         crate::runtime::amp::autocast(self, &[q, k, v], |t| {
             Ok(self
-                .attention_as_is(&t[0], &t[1], &t[2], causal, scale, false)?
+                .attention_as_is(t[0], t[1], t[2], causal, scale, false)?
                 .0)
         })
     }

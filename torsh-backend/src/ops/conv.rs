@@ -176,7 +176,7 @@ impl Backend {
         let mut operands = vec![input, weight];
         operands.extend(bias);
         crate::runtime::amp::autocast(self, &operands, |t| {
-            self.conv2d_as_is(&t[0], &t[1], t.get(2), config)
+            self.conv2d_as_is(t[0], t[1], t.get(2).copied(), config)
         })
     }
 
@@ -374,7 +374,7 @@ impl Backend {
         operands.extend(bias);
         crate::runtime::amp::autocast(self, &operands, |t| {
             let op = "conv_transpose2d";
-            let (input, weight) = (&t[0], &t[1]);
+            let (input, weight) = (t[0], t[1]);
             self.check_operands(op, &[input, weight])?;
             expect_rank(op, "input", input, 4)?;
             expect_rank(op, "weight", weight, 4)?;
@@ -385,7 +385,7 @@ impl Backend {
                 dilation: config.dilation,
                 groups: config.groups,
             };
-            self.backward_input(op, input, weight, t.get(2), out_shape, window)
+            self.backward_input(op, input, weight, t.get(2).copied(), out_shape, window)
         })
     }
 }

@@ -5,6 +5,8 @@
 //! passed as it is, with the matching transpose flag and leading dimension; any other view is copied
 //! to a dense one first. Batch dims that collapse to one stride use one batched GEMM.
 
+use std::borrow::Cow;
+
 use crate::backend::Backend;
 use crate::compute::{BatchedGemmDesc, CopyDesc, GemmDesc, GemvDesc, Transpose, TunableOp};
 use crate::error::{BackendError, Result};
@@ -59,21 +61,27 @@ fn collapse_batch(shape: &[usize], strides: &[usize]) -> Option<usize> {
     }
 }
 
-/// A matrix operand ready for the backend: the view (possibly a dense copy), its transpose flag, leading
-/// dimension and batch stride.
-struct Operand {
-    view: Tensor,
+/// A matrix operand ready for the backend: the view (the operand itself when it needs no
+/// broadcast, else a broadcast view or a dense copy), its transpose flag, leading dimension and
+/// batch stride.
+struct Operand<'a> {
+    view: Cow<'a, Tensor>,
     trans: Transpose,
     ld: usize,
     batch_stride: usize,
 }
 
-fn prepare(t: &Tensor, batch: &[usize]) -> Result<Operand> {
+fn prepare<'a>(t: &'a Tensor, batch: &[usize]) -> Result<Operand<'a>> {
     let rank = t.rank();
     let (rows, cols) = (t.shape()[rank - 2], t.shape()[rank - 1]);
     let mut full = batch.to_vec();
     full.extend([rows, cols]);
-    let view = t.broadcast_to(&full)?;
+    // Already of the full shape (every 2-D operand, and batches that match): no view to build.
+    let view = if t.shape() == full.as_slice() {
+        Cow::Borrowed(t)
+    } else {
+        Cow::Owned(t.broadcast_to(&full)?)
+    };
     let st = view.strides();
     let nb = batch.len();
     if let (Some((trans, ld)), Some(bs)) = (
@@ -95,7 +103,7 @@ fn prepare(t: &Tensor, batch: &[usize]) -> Result<Operand> {
         dst: dense.strided_buf(),
     })?;
     Ok(Operand {
-        view: dense,
+        view: Cow::Owned(dense),
         trans: Transpose::No,
         ld: cols.max(1),
         batch_stride: rows * cols,
@@ -109,7 +117,7 @@ impl Backend {
     /// With mixed precision on ([`Backend::enable_mixed_precision`]), f32 operands run in its compute
     /// dtype and the result comes back as f32.
     pub fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        crate::runtime::amp::autocast(self, &[a, b], |t| self.matmul_as_is(&t[0], &t[1]))
+        crate::runtime::amp::autocast(self, &[a, b], |t| self.matmul_as_is(t[0], t[1]))
     }
 
     fn matmul_as_is(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -119,14 +127,14 @@ impl Backend {
             return Err(BackendError::shape(op, "matmul needs operands of rank ≥ 1"));
         }
         let a2 = if a.rank() == 1 {
-            a.unsqueeze(0)?
+            Cow::Owned(a.unsqueeze(0)?)
         } else {
-            a.clone()
+            Cow::Borrowed(a)
         };
         let b2 = if b.rank() == 1 {
-            b.unsqueeze(1)?
+            Cow::Owned(b.unsqueeze(1)?)
         } else {
-            b.clone()
+            Cow::Borrowed(b)
         };
         let (m, k) = (a2.shape()[a2.rank() - 2], a2.shape()[a2.rank() - 1]);
         let (kb, n) = (b2.shape()[b2.rank() - 2], b2.shape()[b2.rank() - 1]);
@@ -207,7 +215,7 @@ impl Backend {
         beta: f32,
     ) -> Result<Tensor> {
         crate::runtime::amp::autocast(self, &[a, b, c], |t| {
-            self.gemm_as_is(&t[0], &t[1], alpha, &t[2], beta)
+            self.gemm_as_is(t[0], t[1], alpha, t[2], beta)
         })
     }
 

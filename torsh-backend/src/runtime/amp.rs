@@ -61,7 +61,7 @@ impl MixedPrecisionConfig {
 pub(crate) fn autocast(
     backend: &Backend,
     operands: &[&Tensor],
-    op: impl FnOnce(&[Tensor]) -> Result<Tensor>,
+    op: impl FnOnce(&[&Tensor]) -> Result<Tensor>,
 ) -> Result<Tensor> {
     match backend.mixed_precision() {
         Some(config) if operands.iter().all(|t| t.dtype() == DType::F32) => {
@@ -69,9 +69,10 @@ pub(crate) fn autocast(
                 .iter()
                 .map(|t| t.cast(config.compute_dtype))
                 .collect::<Result<_>>()?;
-            op(&low)?.cast(DType::F32)
+            op(&low.iter().collect::<Vec<_>>())?.cast(DType::F32)
         }
-        _ => op(&operands.iter().map(|&t| t.clone()).collect::<Vec<_>>()),
+        // The operands as they are: no clone, no allocation on the common path.
+        _ => op(operands),
     }
 }
 
