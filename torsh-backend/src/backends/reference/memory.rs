@@ -2,8 +2,9 @@
 //! checked by an [`AllocationTable`], an optional cache that recycles freed buffers, and conversion of
 //! elements to and from f64 (`crate::dtype::{decode, encode}`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
+use crate::compute::allocations::AddressMap;
 use crate::compute::{AllocationTable, DevicePtr, StridedBuf};
 use crate::dtype::{decode, encode, DType};
 use crate::error::{BackendError, Result};
@@ -102,7 +103,7 @@ impl Recycler {
 pub struct HostMemory {
     /// Live allocations, for every pointer check.
     pub table: AllocationTable,
-    buffers: HashMap<u64, Buffer>,
+    buffers: AddressMap<Buffer>,
     /// Freed buffers kept for reuse; `None` (the reference backend) frees at once.
     recycler: Option<Recycler>,
 }
