@@ -176,7 +176,7 @@ impl std::hash::Hasher for AddressHasher {
     /// Any other key type, byte by byte (not used by [`AddressMap`]).
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.write_u64(self.0 ^ u64::from(b));
+            self.write_u64(u64::from(b));
         }
     }
 
@@ -206,6 +206,8 @@ mod tests {
             map.insert(i * 64, i);
         }
         assert!((0..1000u64).all(|i| map.get(&(i * 64)) == Some(&i)));
+        // Keys hashed as bytes depend on every byte, not only the last.
+        assert_ne!(build.hash_one([1u8, 2]), build.hash_one([3u8, 2]));
     }
 
     #[test]
