@@ -4,9 +4,12 @@
 //!   where `X_g` is the group's input channels as they lie in memory (`[C/G, H·W]`, row stride
 //!   `H·W`): one GEMM on the operands in place for f32 and f64; f16 and bf16 inputs are widened a
 //!   block of columns at a time.
-//! - **depthwise** (one input channel per group, any channel multiplier): a direct kernel that
-//!   accumulates each output row in place, vectorised along the output width. A single group of
-//!   one input channel on small planes (a first layer on small images) takes the GEMM path instead.
+//! - **depthwise** (one input channel per group, any channel multiplier): a direct kernel,
+//!   vectorised along the output width, that sums each tile of an output row over the taps in
+//!   registers: at stride 1 tiles of up to 64 columns with the taps of a row unrolled for rows of 3, 5
+//!   and 7 taps (dilation 1), at other strides runs of [`RUN`] columns in interleaved partial sums.
+//!   A single group of one input channel on small planes (a first layer on small images) takes the
+//!   GEMM path instead.
 //! - **everything else**: im2col of a block of output positions (at most [`COL_BYTES`] of patches,
 //!   so it stays in the L2 cache and no full patch matrix is ever built) followed by one GEMM per
 //!   group. When the patch matrix has so many rows that even [`MIN_COLS`] columns exceed the budget,
@@ -490,13 +493,14 @@ impl Geometry {
 
     /// Length of a zero-padded input row that every tap of every output column reads inside:
     /// the left padding, the row, and whatever the last window reaches beyond it.
-    /// For strides 1 and 2 it also covers the lanes of a last partial run of [`RUN`] columns.
+    /// For stride 2 it also covers the lanes of a last partial run of [`RUN`] columns, for stride 1
+    /// those of a last partial depthwise tile (which reaches less than [`RUN`] past the row).
     fn padded_width(&self) -> usize {
         let sw = self.stride[1];
-        let lanes = if sw <= 2 {
-            self.ow.next_multiple_of(RUN)
-        } else {
-            self.ow
+        let lanes = match sw {
+            1 => self.ow + RUN,
+            2 => self.ow.next_multiple_of(RUN),
+            _ => self.ow,
         };
         let reach = (lanes - 1) * sw + (self.s - 1) * self.dilation[1] + 1;
         reach.max(self.padding[1] + self.w)
@@ -1003,10 +1007,10 @@ impl<T: Wide> Job<'_, T> {
             taps: &self.weight[ch * g.r * g.s..][..g.r * g.s],
             bias: self.bias.map_or(T::Acc::ZERO, |b| b[ch]),
         };
-        // Columns computed RUN at a time (the padded rows are long enough for a last partial run
-        // when the stride is 1 or 2), then one at a time.
+        // Columns computed a tile at a time (the padded rows are long enough for a last partial
+        // tile when the stride is 1 or 2), then one at a time.
         let sw = g.stride[1];
-        let vector_end = if sw <= 2 { g.ow } else { g.ow - g.ow % RUN };
+        let mut vector_end = if sw <= 2 { g.ow } else { g.ow - g.ow % RUN };
         for oy in rows {
             // SAFETY: output row oy of this plane is written by this item only.
             let out = unsafe { self.output.get_mut((plane * g.oh + oy) * g.ow, g.ow) };
@@ -1016,12 +1020,28 @@ impl<T: Wide> Job<'_, T> {
             };
             let mut c0 = 0;
             while c0 < vector_end {
-                c0 += match (vector_end - c0).div_ceil(RUN) {
-                    1 => view.block::<1, 4>(g, oy, c0, acc_row),
-                    2 => view.block::<2, 2>(g, oy, c0, acc_row),
-                    3 => view.block::<3, 1>(g, oy, c0, acc_row),
-                    _ => view.block::<4, 1>(g, oy, c0, acc_row),
+                let step = if sw == 1 {
+                    match (g.s, g.dilation[1]) {
+                        (3, 1) => view.unit_tile::<3>(g, oy, c0, acc_row),
+                        (5, 1) => view.unit_tile::<5>(g, oy, c0, acc_row),
+                        (7, 1) => view.unit_tile::<7>(g, oy, c0, acc_row),
+                        _ => view.unit_tile::<0>(g, oy, c0, acc_row),
+                    }
+                } else {
+                    match (vector_end - c0).div_ceil(RUN) {
+                        1 => view.block::<1, 4>(g, oy, c0, acc_row),
+                        2 => view.block::<2, 2>(g, oy, c0, acc_row),
+                        3 => view.block::<3, 1>(g, oy, c0, acc_row),
+                        _ => view.block::<4, 1>(g, oy, c0, acc_row),
+                    }
                 };
+                if step == 0 {
+                    // A tile that would read past the padded row (not expected: the padded width
+                    // covers every tile); the rest of the row is computed column by column.
+                    vector_end = c0;
+                    break;
+                }
+                c0 += step;
             }
             for (ox, out) in acc_row.iter_mut().enumerate().skip(vector_end) {
                 let mut acc = view.bias;
@@ -1170,6 +1190,88 @@ impl<A: Real> BandView<'_, A> {
             store_run(&sum, out, c0 + n * RUN);
         }
         N * RUN
+    }
+}
+
+impl<A: Real> BandView<'_, A> {
+    /// Stride 1: output columns `c0 ..` of output row `oy` into `out` in one tile of
+    /// [`unit_tile_width`] columns (the lanes below `OW`), by [`Self::unit_block`]. Returns the
+    /// columns advanced, or 0 (nothing written) when the tile would read past the padded row.
+    #[inline(always)]
+    fn unit_tile<const S: usize>(
+        &self,
+        g: &Geometry,
+        oy: usize,
+        c0: usize,
+        out: &mut [A],
+    ) -> usize {
+        match unit_tile_width(g.ow - c0) {
+            64 => self.unit_block::<64, S>(g, oy, c0, out),
+            32 => self.unit_block::<32, S>(g, oy, c0, out),
+            16 => self.unit_block::<16, S>(g, oy, c0, out),
+            _ => self.unit_block::<8, S>(g, oy, c0, out),
+        }
+    }
+
+    /// `W` output columns from `c0` of output row `oy` at stride 1, summed over the taps row by row
+    /// in order into `W` accumulators that start at the bias. `S` is the taps per row when known at
+    /// compile time (3, 5 or 7, with dilation 1: the taps of a row are unrolled over one slice of the
+    /// input row), or 0 for any taps and dilation. The accumulators are a value array rebuilt per
+    /// tap (`from_fn`), which keeps them in vector registers. Returns `W`, or 0 (nothing written)
+    /// when a tap would read past the padded row.
+    #[inline(always)]
+    fn unit_block<const W: usize, const S: usize>(
+        &self,
+        g: &Geometry,
+        oy: usize,
+        c0: usize,
+        out: &mut [A],
+    ) -> usize {
+        let (s, dw) = if S == 0 { (g.s, g.dilation[1]) } else { (S, 1) };
+        let span = c0..c0 + (s - 1) * dw + W;
+        if span.end > self.wp {
+            return 0;
+        }
+        let mut acc = [self.bias; W];
+        for ri in 0..g.r {
+            let Some(row) = self.row(g, oy, ri) else {
+                continue;
+            };
+            // Every row is `wp` long, checked above.
+            let src = &row[span.clone()];
+            for (si, &w) in self.taps[ri * s..][..s].iter().enumerate() {
+                let x = &src[si * dw..][..W];
+                acc = std::array::from_fn(
+                    #[inline(always)]
+                    |i| x[i].mul_add(w, acc[i]),
+                );
+            }
+        }
+        store_tile(&acc, out, c0);
+        W
+    }
+}
+
+/// The width of the next stride-1 depthwise tile with `left` output columns to go: the widest of
+/// 64, 32, 16 and 8 that is at most a third wider than `left` (so a row of 56 is one tile of 64,
+/// a row of 28 one of 32), 8 below that. A tile of 64 f32 is eight AVX2 or four AVX-512 registers;
+/// narrower tiles pay the per-tap overhead on fewer multiply-adds, so wide rows take wide tiles.
+#[inline(always)]
+fn unit_tile_width(left: usize) -> usize {
+    [64, 32, 16]
+        .into_iter()
+        .find(|&w| 4 * left > 3 * w)
+        .unwrap_or(8)
+}
+
+/// `out[start + l] = tile[l]` for the lanes inside `out`.
+#[inline(always)]
+fn store_tile<A: Real, const W: usize>(tile: &[A; W], out: &mut [A], start: usize) {
+    if let Some(dst) = out.get_mut(start..start + W) {
+        dst.copy_from_slice(tile);
+    } else if let Some(dst) = out.get_mut(start..) {
+        let n = dst.len();
+        dst.copy_from_slice(&tile[..n]);
     }
 }
 

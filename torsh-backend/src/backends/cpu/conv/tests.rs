@@ -372,6 +372,29 @@ fn depthwise_matches_the_reference() {
 }
 
 #[test]
+fn unit_stride_depthwise_tiles_match_the_reference() {
+    // Stride 1 runs in tiles of 64, 32, 16 or 8 columns, partial ones at the row's end: widths that
+    // take each tile (and 1, 9, 33, 49 and 70, just past a width), with rows of 3, 5 and 7 taps (the
+    // unrolled kernels), 2 and 3 with dilation 2 (the general one), and a channel multiplier of 2.
+    for width in [1, 8, 9, 17, 28, 33, 49, 56, 70] {
+        for (kernel, padding, dilation) in [
+            ([3, 3], [1, 1], [1, 1]),
+            ([5, 5], [2, 2], [1, 1]),
+            ([1, 7], [0, 3], [1, 1]),
+            ([2, 3], [1, 2], [2, 2]),
+        ] {
+            check_all(Case {
+                groups: 3,
+                padding,
+                dilation,
+                bias: width % 2 == 0,
+                ..Case::new([1, 3, 4, width], 3 * (1 + width % 2), kernel)
+            });
+        }
+    }
+}
+
+#[test]
 fn pointwise_matches_the_reference() {
     check_all(Case::new([2, 6, 5, 7], 5, [1, 1]));
     check_all(Case {
