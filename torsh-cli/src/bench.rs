@@ -653,16 +653,29 @@ mod tests {
         let mut calls = 0usize;
         let mut run: Runner<'_> = Box::new(|| {
             calls += 1;
-            std::thread::sleep(std::time::Duration::from_micros(200));
             Ok(())
         });
-        let t = measure(&mut run, &wall_clock(&|| Ok(())), 3, 0.002).unwrap();
+        // A simulated clock, so the test does not depend on the machine's load: every call takes
+        // 200 µs, each batch 1 % longer per call than the one before.
+        let batches = std::cell::Cell::new(0u32);
+        let timer = |run: &mut Runner<'_>, k: usize| {
+            for _ in 0..k {
+                run()?;
+            }
+            batches.set(batches.get() + 1);
+            Ok(k as f64 * 200e-6 * (1.0 + 0.01 * batches.get() as f64))
+        };
+        let t = measure(&mut run, &timer, 3, 0.002).unwrap();
         drop(run);
         assert_eq!(t.repeats, 3);
         assert!(t.k >= 2, "{t:?}");
-        assert!(t.min <= t.median && t.median <= t.max);
-        assert!(t.median >= 200e-6 && t.median < 0.01, "{t:?}");
-        assert!(calls > 3 * t.k);
+        assert!(
+            t.k as f64 * t.min >= 0.002,
+            "a repeat lasts the target: {t:?}"
+        );
+        assert!(t.min < t.median && t.median < t.max, "{t:?}");
+        assert!(t.median > 200e-6 && t.median < 210e-6, "{t:?}");
+        assert_eq!(calls, 2 + 3 * t.k, "warm-up, calibration, then the repeats");
     }
 
     #[test]

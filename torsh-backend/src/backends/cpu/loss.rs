@@ -107,7 +107,7 @@ where
     let (mut s, mut sx) = (0.0, 0.0);
     for block in xs.chunks(BLOCK) {
         let xa = widened(block, buf);
-        s += sum_of(xa, |v| (v - m).vexp());
+        s += sum_of(xa, |v| (v - m).vexp_shifted());
         if total {
             sx += sum_of(xa, |v| v);
         }

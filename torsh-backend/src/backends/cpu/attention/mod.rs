@@ -33,6 +33,7 @@ use backward::attention_backward;
 
 use super::conv::{out_of_memory, parallel_items, zeroed, Product, Raw, Wide, NO_REPACK_COLS};
 use super::host::{with_float, with_simd, Ctx, Element, Real};
+use super::vmath;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{attention as reference, memory::HostMemory};
 use crate::compute::op::OpImpl;
@@ -69,22 +70,10 @@ trait Exp: Real {
 /// nothing; above `hi` it is `above`. NaN propagates.
 #[inline(always)]
 fn exp_f32(x: f32, hi: f32, above: Option<f32>) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    /// 1.5 · 2²³: after adding it, the low mantissa bits hold the rounded integer.
-    const ROUND_MAGIC: f32 = 12_582_912.0;
+    use vmath::ROUND_MAGIC;
     let clamped = x.clamp(-87.0, hi);
-    let t = clamped.mul_add(LOG2E, ROUND_MAGIC);
-    let n = t - ROUND_MAGIC;
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, clamped));
-    let mut p = 1.987_569_2e-4_f32;
-    p = p.mul_add(r, 1.398_2e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5e-1);
-    let e = (p * r).mul_add(r, r) + 1.0;
+    let t = clamped.mul_add(std::f32::consts::LOG2_E, ROUND_MAGIC);
+    let e = vmath::exp_reduced(vmath::reduce_ln2(clamped, t - ROUND_MAGIC));
     // t's bits are 0x4B40_0000 + n for −126 ≤ n ≤ 127: 2ⁿ has exponent field n + 127.
     let scale = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
     let mut y = if x < -87.0 { 0.0 } else { e * scale };
@@ -99,11 +88,12 @@ fn exp_f32(x: f32, hi: f32, above: Option<f32>) -> f32 {
 }
 
 impl Exp for f32 {
-    /// [`exp_f32`] over `[-87, 0]`; positive arguments (only from NaN-free rows whose max was +∞
-    /// or NaN, where the reference gives NaN too) are clamped to 0.
+    /// [`vmath::exp_nonpositive_f32`]: results under 2⁻¹²⁶ flush towards 0 (0 below about −87.7,
+    /// so masked keys contribute exactly nothing); positive arguments (only from
+    /// NaN-free rows whose max was +∞ or NaN, where the reference gives NaN too) are clamped to 0.
     #[inline(always)]
     fn exp_fast(self) -> f32 {
-        exp_f32(self, 0.0, None)
+        vmath::exp_nonpositive_f32(self)
     }
 
     #[inline(always)]

@@ -9,9 +9,11 @@
 //! sums it, one that scales (log-softmax: sum only, then one pass writing `x − m − ln s`), threaded
 //! over rows; a few very long rows are instead split across threads pass by pass. With `inner > 1`
 //! the kernel vectorises across `inner`: a tile of columns is reduced down the axis in three passes
-//! (max, sum, output) that stay in cache. f32 uses `vmath::exp_f32`, f64 the standard library's
-//! `exp`; sums run in lanes of the compute type within a [`BLOCK`] and in f64 across blocks, so long
-//! rows lose no accuracy. f16 and bf16 are widened to f32 per row (or tile row) and rounded once.
+//! (max, sum, output) that stay in cache. f32 uses `vmath::exp_nonpositive_f32` (the arguments
+//! `x − m` are never positive; terms below 2⁻¹²⁶ of the row's largest flush to 0), f64 the
+//! standard library's `exp`; sums run in lanes of the compute type within a [`BLOCK`] and in f64
+//! across blocks, so long rows lose no accuracy. f16 and bf16 are widened to f32 per row (or tile
+//! row) and rounded once.
 
 use super::super::team::{par_for, par_map};
 
@@ -36,6 +38,11 @@ pub(super) const TILE_BYTES: usize = 128 * 1024;
 pub(in crate::backends::cpu) trait Exp: Real {
     /// eˢᵉˡᶠ.
     fn vexp(self) -> Self;
+
+    /// eˢᵉˡᶠ for a softmax's shifted argument `x − max ≤ 0` (or NaN): in f32 a cheaper kernel whose
+    /// results below 2⁻¹²⁶ flush towards 0 and which takes positive arguments as 0
+    /// ([`vmath::exp_nonpositive_f32`]); in f64 the same as [`Exp::vexp`].
+    fn vexp_shifted(self) -> Self;
 }
 
 impl Exp for f32 {
@@ -43,11 +50,21 @@ impl Exp for f32 {
     fn vexp(self) -> f32 {
         vmath::exp_f32(self)
     }
+
+    #[inline(always)]
+    fn vexp_shifted(self) -> f32 {
+        vmath::exp_nonpositive_f32(self)
+    }
 }
 
 impl Exp for f64 {
     #[inline(always)]
     fn vexp(self) -> f64 {
+        self.exp()
+    }
+
+    #[inline(always)]
+    fn vexp_shifted(self) -> f64 {
         self.exp()
     }
 }
@@ -167,7 +184,7 @@ pub(in crate::backends::cpu) fn exp_store<A: Exp>(xs: &[A], m: A, ys: &mut [A]) 
         let chunks = xb.chunks_exact(LANES).zip(yb.chunks_exact_mut(LANES));
         for (xc, yc) in chunks {
             for ((s, y), &v) in acc.iter_mut().zip(yc.iter_mut()).zip(xc) {
-                *y = (v - m).vexp();
+                *y = (v - m).vexp_shifted();
                 *s += *y;
             }
         }
@@ -177,7 +194,7 @@ pub(in crate::backends::cpu) fn exp_store<A: Exp>(xs: &[A], m: A, ys: &mut [A]) 
             let p = padded(tail, m);
             let mut e = [A::ZERO; LANES];
             for (i, ((s, y), &v)) in acc.iter_mut().zip(e.iter_mut()).zip(&p).enumerate() {
-                *y = (v - m).vexp();
+                *y = (v - m).vexp_shifted();
                 *s += if i < tail.len() { *y } else { A::ZERO };
             }
             yb[done..].copy_from_slice(&e[..tail.len()]);
@@ -196,7 +213,7 @@ fn exp_in_place<A: Exp>(xs: &mut [A], m: A) -> f64 {
         let mut chunks = block.chunks_exact_mut(LANES);
         for c in &mut chunks {
             for (s, v) in acc.iter_mut().zip(c.iter_mut()) {
-                *v = (*v - m).vexp();
+                *v = (*v - m).vexp_shifted();
                 *s += *v;
             }
         }
@@ -204,7 +221,7 @@ fn exp_in_place<A: Exp>(xs: &mut [A], m: A) -> f64 {
         if !tail.is_empty() {
             let mut p = padded(tail, m);
             for (i, (s, v)) in acc.iter_mut().zip(p.iter_mut()).enumerate() {
-                *v = (*v - m).vexp();
+                *v = (*v - m).vexp_shifted();
                 *s += if i < tail.len() { *v } else { A::ZERO };
             }
             let len = tail.len();
@@ -294,7 +311,7 @@ where
     if let (Some(xa), Some(ya)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
         let m = max_of(xa);
         if log {
-            let c = <T::Acc as Real>::from_f64(sum_of(xa, |v| (v - m).vexp()).ln());
+            let c = <T::Acc as Real>::from_f64(sum_of(xa, |v| (v - m).vexp_shifted()).ln());
             for (y, &v) in ya.iter_mut().zip(xa) {
                 *y = v - m - c;
             }
@@ -310,7 +327,7 @@ where
     T::load(xs, b);
     let m = max_of(b);
     if log {
-        let c = <T::Acc as Real>::from_f64(sum_of(b, |v| (v - m).vexp()).ln());
+        let c = <T::Acc as Real>::from_f64(sum_of(b, |v| (v - m).vexp_shifted()).ln());
         for v in b.iter_mut() {
             *v = *v - m - c;
         }
@@ -356,7 +373,7 @@ where
                 // SAFETY: as above.
                 let xs = unsafe { x.slice(part(c)) };
                 let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
-                sum_of(widened(xs, &mut buf), |v| (v - m).vexp())
+                sum_of(widened(xs, &mut buf), |v| (v - m).vexp_shifted())
             },
         )
     });
@@ -401,7 +418,7 @@ fn finish<T: Lanes>(
         if log {
             v - m - k
         } else {
-            (v - m).vexp() * k
+            (v - m).vexp_shifted() * k
         }
     };
     if let (Some(xa), Some(ya)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
@@ -461,7 +478,7 @@ where
                     for a in 0..sh.len {
                         let xs = widened(row(a), &mut buf);
                         for ((sj, &mj), &v) in s.iter_mut().zip(m.iter()).zip(xs) {
-                            *sj += (v - mj).vexp().to_f64();
+                            *sj += (v - mj).vexp_shifted().to_f64();
                         }
                     }
                     for (kj, &sj) in k.iter_mut().zip(s.iter()) {
