@@ -1,7 +1,8 @@
 //! Vectorisable f32 math: branch-free polynomial kernels that LLVM turns into SIMD code when they are
 //! inlined into a loop compiled by [`super::host::with_simd`]. Each is accurate to a few ulp over its
 //! whole domain (tests below measure the worst case against f64), propagates NaN, and gives the IEEE
-//! answers at ±∞.
+//! answers at ±∞ — except [`exp_nonpositive_f32`], the softmax's exponential, whose documented
+//! domain is `x ≤ 0` and which flushes results below 2⁻¹²⁶ towards 0.
 
 /// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude below 2²² to the nearest integer.
 pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
