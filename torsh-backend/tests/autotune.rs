@@ -740,8 +740,9 @@ fn cpu_conv_threading_is_tuned_checked_hit_and_cached() {
 }
 
 /// Every conv variant every available backend offers computes the reference's convolution into
-/// poisoned outputs, grouped, strided, dilated and depthwise layers included: the CPU's two (calling
-/// thread, pool), and on CUDA cuDNN's algorithms each alone and the implicit-GEMM kernel. Only a
+/// poisoned outputs, grouped, strided, dilated and depthwise layers included: the CPU's (calling
+/// thread, pool, and for 3×3 stride-1 ungrouped layers the kernel family its default does not
+/// take, im2col or Winograd), and on CUDA cuDNN's algorithms each alone and the implicit-GEMM kernel. Only a
 /// `cudnn_*` variant may decline a layer (`FeatureUnavailable`: cuDNN does not accept that
 /// algorithm for it), which the autotuner passes over.
 #[test]
@@ -765,6 +766,10 @@ fn every_conv_variant_on(b: &Backend, reference: &Backend) {
         (1, 8, 13, 8, 3, [1, 1], [1, 1], [1, 1], 8),
         (1, 5, 7, 7, 1, [1, 1], [0, 0], [1, 1], 1),
         (3, 4, 33, 10, 5, [1, 1], [2, 2], [1, 1], 1),
+        // 3×3 at stride 1, one group: Winograd by default with these channels, im2col offered;
+        // with fewer channels the other way round.
+        (2, 16, 10, 17, 3, [1, 1], [1, 1], [1, 1], 1),
+        (1, 5, 9, 6, 3, [1, 1], [0, 0], [1, 1], 1),
     ];
     for (n, c, hw, k, r, stride, padding, dilation, groups) in layers {
         let make = |be: &Backend| {
@@ -803,7 +808,18 @@ fn every_conv_variant_on(b: &Backend, reference: &Backend) {
         let op = TunableOp::Conv2d(desc(&probe));
         let variants = b.compute().variants(&op);
         if b.backend_type() == BackendType::Cpu {
-            assert_eq!(variants.len(), 2, "{variants:?}");
+            let winograd = r == 3 && stride == [1, 1] && dilation == [1, 1] && groups == 1;
+            let other = if c >= 16 && k >= 16 {
+                "im2col"
+            } else {
+                "winograd"
+            };
+            assert_eq!(variants.len(), 2 + usize::from(winograd), "{variants:?}");
+            assert_eq!(
+                variants.iter().any(|v| v.starts_with(other)),
+                winograd,
+                "{variants:?}"
+            );
         }
         for &variant in variants {
             let out = b.full(want.shape(), f64::NAN, DType::F32).unwrap();

@@ -220,6 +220,13 @@ fn kernel_is_parallel(acc: &Accesses) -> bool {
 const GEMM_POOL: &str = "threads:pool";
 const GEMM_INLINE: &str = "threads:1";
 
+/// The autotuner's names for a convolution by a kernel family other than its default's (see
+/// `conv::Algorithm`), on the team and on the calling thread alone.
+const CONV_IM2COL_POOL: &str = "im2col+threads:pool";
+const CONV_IM2COL_INLINE: &str = "im2col+threads:1";
+const CONV_WINOGRAD_POOL: &str = "winograd+threads:pool";
+const CONV_WINOGRAD_INLINE: &str = "winograd+threads:1";
+
 /// Whether a GEMM runs on the team by default: products of at least [`INLINE_MACS`].
 fn gemm_is_parallel(d: &GemmDesc) -> bool {
     d.m.saturating_mul(d.n).saturating_mul(d.k) >= INLINE_MACS
@@ -350,11 +357,31 @@ impl ComputeBackend for CpuBackend {
                     &[GEMM_INLINE, GEMM_POOL]
                 }
             }
-            TunableOp::Conv2d(d) if self.threads > 1 => match self.takes(d.dtype, d.accesses()) {
-                Some(acc) if kernel_is_parallel(&acc) => &[GEMM_POOL, GEMM_INLINE],
-                Some(_) => &[GEMM_INLINE, GEMM_POOL],
-                None => &[],
-            },
+            TunableOp::Conv2d(d) => {
+                let Some(acc) = self.takes(d.dtype, d.accesses()) else {
+                    return &[];
+                };
+                // The kernel family the default does not take, where another applies.
+                let other = if conv::winograd_preferred(d) {
+                    Some(conv::Algorithm::Im2col)
+                } else if conv::winograd_applies(d) {
+                    Some(conv::Algorithm::Winograd)
+                } else {
+                    None
+                };
+                use conv::Algorithm::Im2col;
+                match (self.threads > 1, kernel_is_parallel(&acc), other) {
+                    (false, _, None) => &[],
+                    (false, _, Some(Im2col)) => &[GEMM_INLINE, CONV_IM2COL_INLINE],
+                    (false, _, Some(_)) => &[GEMM_INLINE, CONV_WINOGRAD_INLINE],
+                    (true, true, None) => &[GEMM_POOL, GEMM_INLINE],
+                    (true, false, None) => &[GEMM_INLINE, GEMM_POOL],
+                    (true, true, Some(Im2col)) => &[GEMM_POOL, GEMM_INLINE, CONV_IM2COL_POOL],
+                    (true, false, Some(Im2col)) => &[GEMM_INLINE, GEMM_POOL, CONV_IM2COL_INLINE],
+                    (true, true, Some(_)) => &[GEMM_POOL, GEMM_INLINE, CONV_WINOGRAD_POOL],
+                    (true, false, Some(_)) => &[GEMM_INLINE, GEMM_POOL, CONV_WINOGRAD_INLINE],
+                }
+            }
             _ => &[],
         }
     }
@@ -367,14 +394,18 @@ impl ComputeBackend for CpuBackend {
             (TunableOp::Gemm(d), GEMM_INLINE) if self.variants(op).contains(&GEMM_INLINE) => {
                 self.gemm_threaded(d, Some(false))
             }
-            (TunableOp::Conv2d(d), GEMM_POOL | GEMM_INLINE)
-                if self.variants(op).contains(&variant) =>
-            {
+            (TunableOp::Conv2d(d), _) if self.variants(op).contains(&variant) => {
                 let acc = self.takes(d.dtype, d.accesses()).ok_or_else(|| {
                     BackendError::invalid("conv2d", "internal: a tuned conv left the SIMD path")
                 })?;
-                self.kernel_on(acc, variant == GEMM_POOL, |mem, ctx| {
-                    conv::conv2d(mem, d, ctx)
+                let algorithm = match variant {
+                    CONV_IM2COL_POOL | CONV_IM2COL_INLINE => conv::Algorithm::Im2col,
+                    CONV_WINOGRAD_POOL | CONV_WINOGRAD_INLINE => conv::Algorithm::Winograd,
+                    _ => conv::Algorithm::Auto,
+                };
+                let pool = matches!(variant, GEMM_POOL | CONV_IM2COL_POOL | CONV_WINOGRAD_POOL);
+                self.kernel_on(acc, pool, |mem, ctx| {
+                    conv::conv2d_by(mem, d, ctx, algorithm)
                 })
             }
             _ => Err(BackendError::invalid(

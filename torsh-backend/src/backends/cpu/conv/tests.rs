@@ -58,7 +58,9 @@ fn on_threads<R>(threads: usize, f: impl FnOnce(Ctx) -> R) -> R {
     crate::backends::cpu::team::on_threads(threads, f)
 }
 
-/// Compares the kernel with the reference for `case` in `dtype` on `threads` threads.
+/// Compares every kernel that can compute `case` (the default, im2col and, where it applies,
+/// Winograd) with the reference in `dtype` on `threads` threads, each output poisoned with NaN
+/// first.
 fn check(case: Case, dtype: DType, threads: usize) {
     let mut mem = HostMemory::default();
     let mut rng = HostRng::new(case.input.iter().sum::<usize>() as u64 + case.k as u64);
@@ -78,8 +80,8 @@ fn check(case: Case, dtype: DType, threads: usize) {
     let weight = random(&mut mem, &mut rng, dtype, weight_shape.iter().product());
     let bias = case.bias.then(|| random(&mut mem, &mut rng, dtype, case.k));
     let size = dtype.size_in_bytes();
-    let out = mem.alloc(outputs * size).unwrap();
-    let expected = mem.alloc(outputs * size).unwrap();
+    let out = mem.alloc((outputs * size).max(1)).unwrap();
+    let expected = mem.alloc((outputs * size).max(1)).unwrap();
     let desc = Conv2dDesc {
         dtype,
         input,
@@ -95,14 +97,21 @@ fn check(case: Case, dtype: DType, threads: usize) {
         groups: case.groups,
     };
     desc.accesses().unwrap();
-    on_threads(threads, |ctx| conv2d(&mut mem, &desc, ctx)).unwrap();
     let oracle = Conv2dDesc {
         output: expected,
         ..desc
     };
     reference::conv2d(&mut mem, &oracle).unwrap();
-    let what = format!("{case:?} {dtype:?} on {threads} threads ({n} images)");
-    assert_close(&mut mem, dtype, (out, expected), outputs, &what);
+    let mut algorithms = vec![Algorithm::Auto, Algorithm::Im2col];
+    if winograd_applies(&desc) {
+        algorithms.push(Algorithm::Winograd);
+    }
+    for algorithm in algorithms {
+        mem.store(dtype, out, &vec![f64::NAN; outputs]).unwrap();
+        on_threads(threads, |ctx| conv2d_by(&mut mem, &desc, ctx, algorithm)).unwrap();
+        let what = format!("{algorithm:?} {case:?} {dtype:?} on {threads} threads ({n} images)");
+        assert_close(&mut mem, dtype, (out, expected), outputs, &what);
+    }
 }
 
 /// Asserts that the `len` elements of `dtype` at `got` are those at `want` within the dtype's
@@ -299,6 +308,129 @@ fn padded_3x3_matches_the_reference() {
             padding: [1, 1],
             ..Case::new(input, 7, [3, 3])
         }]);
+    }
+}
+
+#[test]
+fn winograd_matches_the_reference() {
+    // Odd and even output sizes (half tiles on the right and bottom), one output pixel, every
+    // padding up to 2 and asymmetric, prime channel counts, deep channels, several images, and
+    // planes cut into several blocks of tile rows.
+    let cases = [
+        (Case::new([1, 16, 3, 3], 16, [3, 3]), [0, 0]),
+        (Case::new([2, 17, 7, 9], 19, [3, 3]), [1, 1]),
+        (Case::new([1, 16, 5, 4], 23, [3, 3]), [0, 2]),
+        (Case::new([1, 20, 13, 31], 16, [3, 3]), [2, 1]),
+        (Case::new([3, 16, 12, 12], 16, [3, 3]), [1, 0]),
+        (Case::new([1, 300, 6, 5], 24, [3, 3]), [1, 1]),
+        (Case::new([1, 24, 61, 67], 32, [3, 3]), [1, 1]),
+        (Case::new([1, 3, 1, 2], 5, [3, 3]), [1, 1]),
+    ];
+    for (case, padding) in cases {
+        let case = Case {
+            padding,
+            bias: padding != [1, 0],
+            ..case
+        };
+        for dtype in DTYPES {
+            for threads in [1, 2, 3] {
+                check(case, dtype, threads);
+            }
+        }
+    }
+}
+
+#[test]
+fn winograd_is_the_default_for_channel_rich_3x3() {
+    let desc = |c: usize, k: usize, kernel: usize, stride: usize, groups: usize| Conv2dDesc {
+        dtype: DType::F32,
+        input: DevicePtr(0),
+        input_shape: [1, c, 14, 14],
+        weight: DevicePtr(0),
+        weight_shape: [k, c / groups, kernel, kernel],
+        bias: None,
+        output: DevicePtr(0),
+        output_shape: [1, k, 14 / stride, 14 / stride],
+        stride: [stride, stride],
+        padding: [kernel / 2, kernel / 2],
+        dilation: [1, 1],
+        groups,
+    };
+    assert!(winograd_preferred(&desc(64, 64, 3, 1, 1)));
+    assert!(winograd_applies(&desc(3, 64, 3, 1, 1)) && !winograd_preferred(&desc(3, 64, 3, 1, 1)));
+    for other in [
+        desc(64, 64, 5, 1, 1),
+        desc(64, 64, 3, 2, 1),
+        desc(64, 64, 3, 1, 2),
+    ] {
+        assert!(!winograd_applies(&other), "{other:?}");
+    }
+}
+
+#[test]
+fn winograd_blocks_with_non_finite_values_match_the_direct_sum() {
+    // An infinity or NaN in the input, a transform that overflows, or an infinite weight must
+    // not turn outputs whose window does not read it into NaN (the transforms mix a 4×4 tile):
+    // those blocks, and convolutions with such weights, take the im2col path.
+    let (c, k, h, w) = (16, 16, 9, 10);
+    let mut rng = HostRng::new(11);
+    for (at, value, weight_at) in [
+        (Some(3 * h * w + 4 * w + 5), f64::INFINITY, None),
+        (Some(h * w - 1), f64::NAN, None),
+        (Some(8), 3e38, None),
+        (None, 0.0, Some(5)),
+    ] {
+        let mut mem = HostMemory::default();
+        let input = random(&mut mem, &mut rng, DType::F32, 2 * c * h * w);
+        let weight = random(&mut mem, &mut rng, DType::F32, k * c * 9);
+        if let Some(at) = at {
+            mem.store(DType::F32, input.offset(4 * at).unwrap(), &[value, value])
+                .unwrap();
+        }
+        if let Some(at) = weight_at {
+            mem.store(DType::F32, weight.offset(4 * at).unwrap(), &[f64::INFINITY])
+                .unwrap();
+        }
+        let outputs = 2 * k * h * w;
+        let [out, expected] = [0, 1].map(|_| mem.alloc(outputs * 4).unwrap());
+        let desc = Conv2dDesc {
+            dtype: DType::F32,
+            input,
+            input_shape: [2, c, h, w],
+            weight,
+            weight_shape: [k, c, 3, 3],
+            bias: None,
+            output: out,
+            output_shape: [2, k, h, w],
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        mem.store(DType::F32, out, &vec![f64::NAN; outputs])
+            .unwrap();
+        on_threads(2, |ctx| {
+            conv2d_by(&mut mem, &desc, ctx, Algorithm::Winograd)
+        })
+        .unwrap();
+        let oracle = Conv2dDesc {
+            output: expected,
+            ..desc
+        };
+        on_threads(1, |ctx| {
+            conv2d_by(&mut mem, &oracle, ctx, Algorithm::Im2col)
+        })
+        .unwrap();
+        let got = mem.load_dense(DType::F32, out, outputs).unwrap();
+        let want = mem.load_dense(DType::F32, expected, outputs).unwrap();
+        assert!(want.iter().any(|v| v.is_finite()));
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            let close = a == b || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+            assert!(
+                a.is_nan() == b.is_nan() && (b.is_nan() || close),
+                "{value} at {at:?}, weight {weight_at:?}: element {i}: {a} vs {b}"
+            );
+        }
     }
 }
 
