@@ -304,7 +304,17 @@ fn conv2d(i: &mut Inputs) -> Result<Vec<Tensor>> {
         &i.normal(&[1, 1, 1, 1])?,
         ConvConfig::default(),
     )?;
-    Ok(vec![plain, grouped, depthwise, with_bias, one])
+    // Channel-rich 3×3 at stride 1, odd sizes: the CPU's Winograd kernel.
+    let deep = b.conv2d_with_bias(
+        &i.normal(&[1, 16, 7, 6])?,
+        &i.normal(&[17, 16, 3, 3])?,
+        Some(&i.normal(&[17])?),
+        ConvConfig {
+            padding: [1, 1],
+            ..Default::default()
+        },
+    )?;
+    Ok(vec![plain, grouped, depthwise, with_bias, one, deep])
 }
 
 fn cnn_training_step(i: &mut Inputs) -> Result<Vec<Tensor>> {

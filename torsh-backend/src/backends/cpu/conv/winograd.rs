@@ -8,8 +8,10 @@
 //! so the rounding error stays within a small factor of the direct sum's, well inside the f32 bound.
 //!
 //! Work items are (image, block of tile rows), sized so that one block's transformed input (`V`)
-//! and products (`M`) stay in the L2 cache; each thread leases one set of buffers per call. The
-//! filter transform runs first, on the team when the convolution is threaded.
+//! and products (`M`) stay in the L2 cache; a plane of at most [`WHOLE_PLANE`] tiles is one block
+//! (split, its products would be too narrow), and with fewer blocks than threads the team shares
+//! out each block's 16 products. Each thread leases one set of buffers per call. The filter
+//! transform runs first, on the team when the convolution is threaded.
 //!
 //! Non-finite values: a block with an input that is not finite, or larger than a quarter of the
 //! type's largest finite value (so that a transform might overflow), is computed again by the
@@ -29,6 +31,7 @@ use super::{
     COL_BYTES, NO_REPACK_COLS, SERIAL_FLOPS,
 };
 use crate::backends::cpu::host::{with_simd, Ctx, Element, Real};
+use crate::backends::cpu::simd::SimdLevel;
 use crate::error::Result;
 
 /// Positions of a 4×4 transform.
@@ -36,6 +39,10 @@ const XI: usize = 16;
 
 /// Tiles the transforms compute at a time, along a tile row.
 const LANES: usize = 8;
+
+/// Planes of at most this many tiles are one block each (their products would be too narrow
+/// split), the team sharing out each block's 16 products when there are fewer blocks than threads.
+const WHOLE_PLANE: usize = 256;
 
 /// The fewest input and output channels the Winograd path is chosen for by default: below, the
 /// 16 GEMMs are too thin for their transforms to pay.
@@ -90,7 +97,10 @@ impl Tiling {
         let per_row = XI * (g.c + g.k) * tw * elem;
         let mut rows = (2 * COL_BYTES / per_row.max(1)).clamp(1, th);
         let threaded = threads > 1 && g.flops() >= SERIAL_FLOPS;
-        if threaded {
+        if th * tw <= WHOLE_PLANE && per_row.saturating_mul(th) <= 8 * COL_BYTES {
+            // A small plane stays whole: its products are narrow enough already.
+            rows = th;
+        } else if threaded {
             // Enough items for every thread, twice over, while there are tile rows to split.
             let want = (2 * threads).div_ceil(g.n);
             rows = rows.min(th.div_ceil(want)).max(1);
@@ -304,7 +314,7 @@ impl<T: Wide> Job<'_, T> {
                     with_simd(
                         ctx.simd,
                         #[inline(always)]
-                        || self.winograd_item(&u, item, &tiling, buffers),
+                        || self.winograd_item(&u, item, &tiling, buffers, ctx.simd),
                     )
                 },
             )
@@ -314,7 +324,7 @@ impl<T: Wide> Job<'_, T> {
                 with_simd(
                     ctx.simd,
                     #[inline(always)]
-                    || self.winograd_item(&u, item, &tiling, &mut buffers),
+                    || self.winograd_item(&u, item, &tiling, &mut buffers, ctx.simd),
                 )?;
             }
             Ok(())
@@ -329,6 +339,7 @@ impl<T: Wide> Job<'_, T> {
         item: usize,
         t: &Tiling,
         b: &mut Buffers<T::Acc>,
+        simd: SimdLevel,
     ) -> Result<()> {
         let g = &self.g;
         let (img, block) = (item / t.blocks, item % t.blocks);
@@ -339,31 +350,56 @@ impl<T: Wide> Job<'_, T> {
         if !self.transform_input(img, th0, nt, t, b) {
             return self.fallback(img, th0, nt, b);
         }
-        for xi in 0..XI {
+        let (v, m) = (
+            Raw {
+                ptr: b.v.as_mut_ptr(),
+                len: b.v.len(),
+            },
+            Raw {
+                ptr: b.m.as_mut_ptr(),
+                len: b.m.len(),
+            },
+        );
+        let product = |xi: usize| {
+            // The buffers whole (Sync), not their raw pointer fields.
+            let (v, m) = (v, m);
             // SAFETY: lhs is U_ξ, [K, C]; rhs the block's V_ξ, [C, tiles]; dst its M_ξ,
-            // [K, tiles], a buffer of this task's own.
+            // [K, tiles], in a buffer of this task's own and written by this product only.
             unsafe {
                 Product {
                     m: g.k,
                     n: tiles,
                     k: g.c,
-                    dst: b.m.as_mut_ptr().add(xi * m_stride),
+                    dst: m.ptr.add(xi * m_stride),
                     dst_strides: (tiles, 1),
                     lhs: u.as_ptr().add(xi * g.k * g.c),
                     lhs_strides: (g.c, 1),
-                    rhs: b.v.as_ptr().add(xi * v_stride),
+                    rhs: v.ptr.add(xi * v_stride).cast_const(),
                     rhs_strides: (tiles, 1),
                     alpha: T::Acc::ONE,
                     accumulate: false,
                 }
-                .run_split(
-                    match t.inner {
-                        Parallelism::None => NO_REPACK_COLS,
-                        _ => usize::MAX,
-                    },
-                    t.inner,
-                );
+                .run_split(NO_REPACK_COLS, Parallelism::None);
             }
+        };
+        match t.inner {
+            // One item at a time: the team shares out its 16 products.
+            Parallelism::Rayon(threads) if threads > 1 => {
+                parallel_items(XI, threads)
+                    .try_for_each_init(
+                        || (),
+                        |_, xi| {
+                            with_simd(
+                                simd,
+                                #[inline(always)]
+                                || product(xi),
+                            );
+                            Ok::<(), ()>(())
+                        },
+                    )
+                    .ok();
+            }
+            _ => (0..XI).for_each(product),
         }
         self.transform_output(img, th0, nt, t, b);
         Ok(())
@@ -608,4 +644,45 @@ fn sub<A: Real>(mut a: [A; LANES], b: [A; LANES]) -> [A; LANES] {
         a[l] = a[l] - b[l];
     }
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(n: usize, c: usize, hw: usize, k: usize) -> Geometry {
+        Geometry {
+            n,
+            c,
+            h: hw,
+            w: hw,
+            k,
+            cg: c,
+            r: 3,
+            s: 3,
+            oh: hw,
+            ow: hw,
+            groups: 1,
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+        }
+    }
+
+    #[test]
+    fn small_planes_stay_whole_and_large_ones_split_within_the_budget() {
+        // 14²: 49 tiles, one block; on one image the team shares out its products.
+        let t = Tiling::new(&geometry(1, 256, 14, 256), 2, 4);
+        assert!(t.rows == t.th && t.blocks == 1 && !t.parallel);
+        assert!(matches!(t.inner, Parallelism::Rayon(2)));
+        let t = Tiling::new(&geometry(8, 256, 14, 256), 2, 4);
+        assert!(t.blocks == 1 && t.parallel && matches!(t.inner, Parallelism::None));
+        // 56²: 784 tiles in blocks within the budget, at least two per thread.
+        let t = Tiling::new(&geometry(1, 64, 56, 64), 2, 4);
+        assert!(t.parallel && t.blocks >= 4 && t.blocks * t.rows >= t.th);
+        assert!(XI * 128 * t.rows * t.tw * 4 <= 2 * COL_BYTES);
+        let t = Tiling::new(&geometry(1, 64, 56, 64), 1, 4);
+        assert!(!t.parallel && matches!(t.inner, Parallelism::None));
+        assert!(t.blocks > 1 && XI * 128 * t.rows * t.tw * 4 <= 2 * COL_BYTES);
+    }
 }
