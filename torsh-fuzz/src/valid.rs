@@ -505,8 +505,24 @@ fn gemm(rng: &mut Rng) -> Case {
 }
 
 /// A random convolution: input and weight shapes and a window that fits them (grouped, depthwise,
-/// strided, dilated and padded by chance; sometimes no image).
+/// strided, dilated and padded by chance; sometimes no image; sometimes a channel-rich 3×3 layer at
+/// stride 1, which the CPU computes by Winograd).
 fn conv_geometry(rng: &mut Rng) -> ([usize; 4], [usize; 4], ConvConfig) {
+    if rng.chance(0.15) {
+        let (cin, cout) = (rng.range(16, 24), rng.range(16, 24));
+        let padding = [rng.range(0, 3), rng.range(0, 3)];
+        // At least one output row and column: 3 input rows unpadded, 1 padded.
+        let least = |pad: usize| if pad == 0 { 3 } else { 1 };
+        let (h, w) = (
+            rng.range(least(padding[0]), 12),
+            rng.range(least(padding[1]), 12),
+        );
+        let config = ConvConfig {
+            padding,
+            ..ConvConfig::default()
+        };
+        return ([rng.range(0, 3), cin, h, w], [cout, cin, 3, 3], config);
+    }
     let depthwise = rng.chance(0.2);
     let groups = if depthwise {
         rng.range(1, 8)

@@ -368,6 +368,42 @@ fn winograd_is_the_default_for_channel_rich_3x3() {
 }
 
 #[test]
+fn winograd_on_a_shape_it_does_not_take_is_an_invalid_argument() {
+    // A 5×5 window: the descriptor is valid, the kernel family is not, and nothing is written.
+    let mut mem = HostMemory::default();
+    let mut rng = HostRng::new(3);
+    let input = random(&mut mem, &mut rng, DType::F32, 16 * 9 * 9);
+    let weight = random(&mut mem, &mut rng, DType::F32, 16 * 16 * 25);
+    let out = mem.alloc(16 * 9 * 9 * 4).unwrap();
+    mem.store(DType::F32, out, &vec![f64::NAN; 16 * 81])
+        .unwrap();
+    let desc = Conv2dDesc {
+        dtype: DType::F32,
+        input,
+        input_shape: [1, 16, 9, 9],
+        weight,
+        weight_shape: [16, 16, 5, 5],
+        bias: None,
+        output: out,
+        output_shape: [1, 16, 9, 9],
+        stride: [1, 1],
+        padding: [2, 2],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    desc.accesses().unwrap();
+    let err = on_threads(1, |ctx| {
+        conv2d_by(&mut mem, &desc, ctx, Algorithm::Winograd)
+    });
+    assert!(
+        matches!(err, Err(BackendError::InvalidArgument { .. })),
+        "{err:?}"
+    );
+    let untouched = mem.load_dense(DType::F32, out, 16 * 81).unwrap();
+    assert!(untouched.iter().all(|v| v.is_nan()));
+}
+
+#[test]
 fn winograd_blocks_with_non_finite_values_match_the_direct_sum() {
     // An infinity or NaN in the input, a transform that overflows, or an infinite weight must
     // not turn outputs whose window does not read it into NaN (the transforms mix a 4×4 tile):
