@@ -10,7 +10,7 @@
 use gemm::Parallelism;
 use half::{bf16, f16};
 
-use super::{gemm_is_parallel, parallelism, SimdLevel, INLINE_MACS};
+use super::{gemm_work, parallelism, touched, SimdLevel, Work};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::memory::HostMemory;
 use crate::compute::op::OpImpl;
@@ -164,6 +164,42 @@ pub(crate) fn gemm(
     if d.dtype == DType::BF16 || (d.dtype == DType::F16 && f16_needs_widening(d.m, d.n, d.k)) {
         return widened_gemm(mem, d, regions, parallelism);
     }
+    let call = native(mem, d, regions)?;
+    // SAFETY: as `native` states.
+    unsafe { call.run(parallelism) };
+    Ok(())
+}
+
+/// A GEMM the `gemm` crate runs in the element type itself: f32, f64, and f16 where
+/// [`f16_needs_widening`] is false.
+enum Native {
+    F32(Call<f32>),
+    F64(Call<f64>),
+    F16(Call<f16>),
+}
+
+impl Native {
+    /// Runs the product as [`Call::run`].
+    ///
+    /// # Safety
+    /// The memory it addresses must still be live and not reached by anything else that writes it
+    /// (as under the memory lock that [`native`] was called with).
+    unsafe fn run(&self, parallelism: Parallelism) {
+        // SAFETY: as `native` built the call, and the caller states.
+        unsafe {
+            match *self {
+                Native::F32(c) => c.run(parallelism),
+                Native::F64(c) => c.run(parallelism),
+                Native::F16(c) => c.run(parallelism),
+            }
+        }
+    }
+}
+
+/// `d` as a call of the `gemm` crate, for a dtype [`Native`] takes (`Unsupported` for another). The
+/// caller checked the regions and for aliasing, element alignment, `m, n, k > 0`, and holds the
+/// memory lock through `mem` until the call has run.
+fn native(mem: &mut HostMemory, d: &GemmDesc, regions: [usize; 3]) -> Result<Native> {
     let a = mem.host_address(d.a, regions[0])?;
     let b = mem.host_address(d.b, regions[1])?;
     let c = mem.host_address(d.c, regions[2])?;
@@ -190,23 +226,56 @@ pub(crate) fn gemm(
             }
         }};
     }
-    // SAFETY: the regions cover every element the strides reach (checked by `GemmDesc::accesses`
-    // against live allocations), the output does not overlap the inputs (aliasing check), the caller
-    // checked element alignment, and the buffers stay alive under the memory lock.
-    unsafe {
-        match d.dtype {
-            DType::F32 => call!(f32, |x: f64| x as f32).run(parallelism),
-            DType::F64 => call!(f64, |x: f64| x).run(parallelism),
-            DType::F16 => call!(f16, crate::dtype::f16_from_f64).run(parallelism),
-            other => {
-                return Err(BackendError::Unsupported {
-                    op: "gemm",
-                    backend: crate::device::BackendType::Cpu,
-                    dtype: other,
-                })
-            }
+    // The regions cover every element the strides reach (checked by `GemmDesc::accesses` against
+    // live allocations), the output does not overlap the inputs (aliasing check), and the caller
+    // checked element alignment.
+    match d.dtype {
+        DType::F32 => Ok(Native::F32(call!(f32, |x: f64| x as f32))),
+        DType::F64 => Ok(Native::F64(call!(f64, |x: f64| x))),
+        DType::F16 if !f16_needs_widening(d.m, d.n, d.k) => {
+            Ok(Native::F16(call!(f16, crate::dtype::f16_from_f64)))
         }
+        other => Err(BackendError::Unsupported {
+            op: "gemm",
+            backend: crate::device::BackendType::Cpu,
+            dtype: other,
+        }),
     }
+}
+
+/// Runs the products of `desc` side by side on the current team, several whole products to a task
+/// and each on one thread: for batches whose products are each too small to split (the threading
+/// cost model, module `cost`). Every batch's GEMM must take [`Native`] (f32, f64, or f16 whose
+/// product [`f16_needs_widening`] leaves native); the caller checked `desc`'s accesses and that the
+/// products are not empty, and holds the memory lock through `mem`.
+pub(crate) fn gemm_batches_across(
+    mem: &mut HostMemory,
+    desc: &BatchedGemmDesc,
+    threads: usize,
+) -> Result<()> {
+    let mut calls = Vec::new();
+    calls
+        .try_reserve_exact(desc.batch_count)
+        .map_err(|_| BackendError::OutOfMemory {
+            requested: desc
+                .batch_count
+                .saturating_mul(std::mem::size_of::<Native>()),
+            available: 0,
+        })?;
+    for gemm in desc.batches() {
+        let gemm = gemm?;
+        let regions = crate::backends::reference::gemm_regions(&gemm)?;
+        calls.push(native(mem, &gemm, regions)?);
+    }
+    let per_task = gemm_work(&desc.gemm).per_task();
+    super::host::for_chunks(calls.len(), threads, per_task, |range| {
+        for call in &calls[range] {
+            // SAFETY: the batches' C matrices do not overlap one another (checked by
+            // `BatchedGemmDesc::accesses`) nor any input (aliasing check), so each task writes
+            // only its own products' outputs, under the memory lock the caller holds.
+            unsafe { call.run(Parallelism::None) };
+        }
+    });
     Ok(())
 }
 
@@ -414,16 +483,28 @@ impl OpImpl<GemmDesc> for CpuBackend {
 }
 
 impl OpImpl<BatchedGemmDesc> for CpuBackend {
-    /// Checks every batch's regions under one lock, then runs the batches, each on the team or the
-    /// calling thread as a single GEMM of its size would; nothing is written unless every batch can
-    /// be.
+    /// Checks every batch's regions under one lock, then runs the batches: each on the team when a
+    /// single product of its size is worth sharing; several products to a task, side by side on
+    /// the team, when only the whole batch is (f32, f64 and f16; see [`gemm_batches_across`]); else
+    /// in turn on the calling thread. Nothing is written unless every batch can be.
     fn op(&self, desc: &BatchedGemmDesc) -> Result<()> {
         let g = &desc.gemm;
         let acc = match desc.accesses() {
             Ok(acc) if self.simd_gemm(g) => acc,
             _ => return self.scalar.batched_gemm(desc),
         };
-        let parallel = gemm_is_parallel(g);
+        let parallel = gemm_work(g).shares();
+        let native = match g.dtype {
+            DType::F32 | DType::F64 => true,
+            DType::F16 => !f16_needs_widening(g.m, g.n, g.k),
+            _ => false,
+        };
+        let whole = gemm_work(g).times(desc.batch_count).shares();
+        if !parallel && native && whole && self.threads > 1 && desc.batch_count > 1 {
+            return self.scalar.run(acc, |mem| {
+                self.on_team(true, |threads| gemm_batches_across(mem, desc, threads))
+            });
+        }
         self.scalar.run(acc, |mem| {
             for gemm in desc.batches() {
                 let gemm = gemm?;
@@ -457,9 +538,10 @@ impl OpImpl<GemvDesc> for CpuBackend {
             acc.regions[1].bytes,
             acc.regions[2].bytes,
         ];
-        let macs = desc.m.saturating_mul(desc.n);
+        let flops = desc.m.saturating_mul(desc.n).saturating_mul(2);
+        let parallel = touched(&acc).plus(Work::flops(flops)).shares();
         self.scalar.run(acc, |mem| {
-            self.on_team(macs >= INLINE_MACS, |threads| {
+            self.on_team(parallel, |threads| {
                 gemv(mem, desc, regions, parallelism(threads))
             })
         })
@@ -469,6 +551,146 @@ impl OpImpl<GemvDesc> for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backends::cpu::reduce::tests::{check, random};
+    use crate::compute::ComputeBackend;
+
+    /// `values` as the little-endian bytes of `dtype` (f32, f64 or f16).
+    fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|&v| match dtype {
+                DType::F64 => v.to_le_bytes().to_vec(),
+                DType::F16 => crate::dtype::f16_from_f64(v).to_le_bytes().to_vec(),
+                _ => (v as f32).to_le_bytes().to_vec(),
+            })
+            .collect()
+    }
+
+    /// `bytes` of `dtype` (f32, f64 or f16) as f64.
+    fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+        bytes
+            .chunks_exact(dtype.size_in_bytes())
+            .map(|b| match dtype {
+                DType::F64 => f64::from_le_bytes(b.try_into().unwrap()),
+                DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
+                _ => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+            })
+            .collect()
+    }
+
+    /// Batches of products each too small to share but worth the team together run side by side
+    /// (`gemm_batches_across`): every batch against an f64 sum of the stored operands, with
+    /// transposes, padded leading dimensions and batch strides, `beta` 0 (C poisoned with NaN,
+    /// never read) and not, in f32, f64 and f16.
+    #[test]
+    fn small_batches_side_by_side_match_an_f64_sum() {
+        let mut b = CpuBackend::new(Some(2), true).unwrap();
+        b.init().unwrap();
+        if b.simd() == SimdLevel::Scalar {
+            return; // No SIMD: the reference kernels run every batch.
+        }
+        let (m, n, k, count) = (24, 20, 29, 160);
+        use Transpose::{No, Yes};
+        for dtype in [DType::F32, DType::F64, DType::F16] {
+            for (ta, tb, beta) in [
+                (No, No, 0.0),
+                (Yes, No, 0.5),
+                (No, Yes, 0.0),
+                (Yes, Yes, 1.0),
+            ] {
+                // Stored (rows, cols) of A and B, column-major, each leading dimension padded.
+                let (ar, ac) = if ta == No { (m, k) } else { (k, m) };
+                let (br, bc) = if tb == No { (k, n) } else { (n, k) };
+                let (lda, ldb, ldc) = (ar + 3, br + 1, m + 2);
+                let (sa, sb, sc) = (lda * ac + 5, ldb * bc, ldc * n + 7);
+                let a = random(sa * count, 1);
+                let bv = random(sb * count, 2);
+                let c0: Vec<f64> = if beta == 0.0 {
+                    vec![f64::NAN; sc * count]
+                } else {
+                    random(sc * count, 3)
+                };
+                // The values as stored, so that the f64 sum sees what the kernel reads.
+                let round = |v: &[f64]| decode(dtype, &encode(dtype, v));
+                let (a, bv, c0) = (round(&a), round(&bv), round(&c0));
+                let upload = |v: &[f64]| {
+                    let ptr = b.alloc(v.len() * dtype.size_in_bytes()).unwrap();
+                    b.copy_htod(ptr, &encode(dtype, v)).unwrap();
+                    ptr
+                };
+                let (pa, pb, pc) = (upload(&a), upload(&bv), upload(&c0));
+                let desc = BatchedGemmDesc {
+                    gemm: GemmDesc {
+                        dtype,
+                        trans_a: ta,
+                        trans_b: tb,
+                        m,
+                        n,
+                        k,
+                        alpha: 0.75,
+                        a: pa,
+                        lda,
+                        b: pb,
+                        ldb,
+                        beta,
+                        c: pc,
+                        ldc,
+                    },
+                    stride_a: sa,
+                    stride_b: sb,
+                    stride_c: sc,
+                    batch_count: count,
+                };
+                let jobs = b.team.jobs();
+                b.batched_gemm(&desc).unwrap();
+                assert!(
+                    b.team.jobs() > jobs,
+                    "{dtype:?}: the batches went side by side"
+                );
+                let mut out = vec![0u8; c0.len() * dtype.size_in_bytes()];
+                b.copy_dtoh(&mut out, pc).unwrap();
+                let out = decode(dtype, &out);
+                for batch in 0..count {
+                    let (a, bv) = (&a[batch * sa..], &bv[batch * sb..]);
+                    let (mut got, mut want) = (Vec::new(), Vec::new());
+                    for j in 0..n {
+                        for i in 0..m {
+                            let mut sum = 0.0;
+                            for p in 0..k {
+                                let x = if ta == No {
+                                    a[i + p * lda]
+                                } else {
+                                    a[p + i * lda]
+                                };
+                                let y = if tb == No {
+                                    bv[p + j * ldb]
+                                } else {
+                                    bv[j + p * ldb]
+                                };
+                                sum += x * y;
+                            }
+                            let at = batch * sc + i + j * ldc;
+                            let old = if beta == 0.0 { 0.0 } else { beta * c0[at] };
+                            got.push(out[at]);
+                            want.push(0.75 * sum + old);
+                        }
+                    }
+                    let what = format!("{dtype:?} {ta:?}{tb:?} batch {batch}");
+                    check(dtype, &got, &want, &what);
+                }
+                // The padding between columns and batches is left as it was.
+                for (at, (&o, &c)) in out.iter().zip(&c0).enumerate() {
+                    let (batch_at, i) = (at % sc, at % sc % ldc);
+                    if i >= m || batch_at >= ldc * n {
+                        assert!(o.to_bits() == c.to_bits() || (o.is_nan() && c.is_nan()));
+                    }
+                }
+                for p in [pa, pb, pc] {
+                    b.free(p).unwrap();
+                }
+            }
+        }
+    }
 
     #[test]
     fn blocks_cover_the_product_once() {

@@ -20,9 +20,6 @@ use crate::error::{BackendError, Result};
 /// Elements a kernel processes per block: widened copies of this many elements stay in L1.
 pub(crate) const BLOCK: usize = 2048;
 
-/// Below this many elements an op runs on the calling thread: sharing tasks costs more than the work.
-pub(crate) const SERIAL_ELEMENTS: usize = 1 << 15;
-
 /// The arithmetic type a kernel computes in: f32 (for f32, f16 and bf16) or f64.
 pub(crate) trait Real:
     Copy

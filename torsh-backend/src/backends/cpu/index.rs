@@ -11,7 +11,8 @@
 //! does, whatever the thread count; additions accumulate in the dtype's compute type (f32 for f16 and
 //! bf16, rounded at each addition).
 
-use super::host::{for_chunks, with_simd, Ctx, Element, Real, Span, SERIAL_ELEMENTS};
+use super::host::{for_chunks, with_simd, Ctx, Element, Real, Span};
+use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::index::step;
 use crate::backends::reference::memory::HostMemory;
@@ -72,7 +73,7 @@ fn check_all<I: IndexValue>(
     let raw = unsafe { index.span.slice(0..index.span.len()) };
     let bad = std::sync::atomic::AtomicBool::new(false);
     let limit = size as u64;
-    for_chunks(raw.len(), ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(raw.len(), ctx.threads, TASK_ELEMENTS, |range| {
         // As unsigned, a negative index is past every size.
         if raw[range].iter().any(|i| i.get() as u64 >= limit) {
             bad.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -119,7 +120,7 @@ fn gather_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     let (dim, dim_stride) = (d.dim, input.strides[d.dim]);
     let (in_last, ix_last) = (input.strides[last], index.strides[last]);
     let row_run = dim != last && ix_last == 0 && in_last == 1;
-    let min_rows = SERIAL_ELEMENTS.div_ceil(len).max(1);
+    let min_rows = items_per_task(len);
     for_chunks(rows, ctx.threads, min_rows, |range| {
         // The multi-index of the first row, then row by row.
         let mut coord = vec![0usize; rank];
@@ -322,7 +323,7 @@ fn scatter_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     let size = d.output_shape[d.dim];
     check_all(op, &index, &d.index, size, ctx)?;
     let cols = Columns::of(d, &index.strides, &src.strides);
-    let min = SERIAL_ELEMENTS.div_ceil(cols.len.max(1)).max(1);
+    let min = items_per_task(cols.len);
     if cols.outer.len() == 1 && cols.strides.iter().map(|s| s[0]).eq([0, 1, 1]) {
         // Whole rows (`index_add` or `index_copy` along dim 0 of a matrix): one index per step
         // along `dim`, rows dense in the source and the output, so each step combines a run of
@@ -440,7 +441,7 @@ impl OpImpl<GatherDesc> for CpuBackend {
         let touched = acc.regions[1]
             .bytes
             .saturating_add(acc.regions[2].bytes.saturating_mul(2));
-        self.kernel_on(acc, touched >= super::INLINE_BYTES, |mem, ctx| {
+        self.kernel_on(acc, super::Work::bytes(touched).shares(), |mem, ctx| {
             gather(mem, desc, ctx)
         })
     }

@@ -10,8 +10,9 @@
 //! `exp(x − lse)` a block at a time and round once.
 
 use super::elementwise::Lanes;
-use super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS};
+use super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK};
 use super::norm::{exp_store, max_of, sum_of, widened, Exp};
+use crate::backends::cpu::cost::items_per_task;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{index::load_indices, loss as reference, memory::HostMemory};
 use crate::compute::op::OpImpl;
@@ -50,46 +51,41 @@ where
         .transpose()?;
     let out = Span::<T>::of(mem, op, d.output, if grad.is_some() { n } else { d.rows })?;
     let (c, eps) = (d.classes, d.label_smoothing);
-    for_chunks(
-        d.rows,
-        ctx.threads,
-        (SERIAL_ELEMENTS / c.max(1)).max(1),
-        |rows| {
-            with_simd(
-                ctx.simd,
-                #[inline(always)]
-                || {
-                    let mut buf = [<T::Acc as Real>::ZERO; BLOCK];
-                    for r in rows {
-                        // SAFETY: the logits are only read; the output overlaps no operand.
-                        let xs = unsafe { x.slice(r * c..(r + 1) * c) };
-                        match grad {
-                            None => {
-                                // A `match`, not `map_or`: a closure here is not inlined into
-                                // the SIMD-compiled function, and its `mul_add`s become calls.
-                                let loss = match classes[r] {
-                                    Some(t) => row_loss(xs, t, eps, &mut buf),
-                                    None => 0.0,
-                                };
-                                // SAFETY: this task owns row `r` of the output.
-                                unsafe { out.write(r, T::from_f64(loss)) };
-                            }
-                            Some(g) => {
-                                // SAFETY: this task owns row `r` of the output; `grad` is only read.
-                                let (ys, w) = unsafe {
-                                    (out.slice_mut(r * c..(r + 1) * c), g.slice(r..r + 1)[0])
-                                };
-                                match classes[r] {
-                                    Some(t) => row_grad(xs, ys, t, w, eps, &mut buf),
-                                    None => ys.fill(T::from_f64(0.0)),
-                                }
+    for_chunks(d.rows, ctx.threads, items_per_task(c), |rows| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                let mut buf = [<T::Acc as Real>::ZERO; BLOCK];
+                for r in rows {
+                    // SAFETY: the logits are only read; the output overlaps no operand.
+                    let xs = unsafe { x.slice(r * c..(r + 1) * c) };
+                    match grad {
+                        None => {
+                            // A `match`, not `map_or`: a closure here is not inlined into
+                            // the SIMD-compiled function, and its `mul_add`s become calls.
+                            let loss = match classes[r] {
+                                Some(t) => row_loss(xs, t, eps, &mut buf),
+                                None => 0.0,
+                            };
+                            // SAFETY: this task owns row `r` of the output.
+                            unsafe { out.write(r, T::from_f64(loss)) };
+                        }
+                        Some(g) => {
+                            // SAFETY: this task owns row `r` of the output; `grad` is only read.
+                            let (ys, w) = unsafe {
+                                (out.slice_mut(r * c..(r + 1) * c), g.slice(r..r + 1)[0])
+                            };
+                            match classes[r] {
+                                Some(t) => row_grad(xs, ys, t, w, eps, &mut buf),
+                                None => ys.fill(T::from_f64(0.0)),
                             }
                         }
                     }
-                },
-            )
-        },
-    );
+                }
+            },
+        )
+    });
     Ok(())
 }
 

@@ -15,6 +15,7 @@ mod bf16_gemm;
 mod blas;
 mod conv;
 mod copy;
+mod cost;
 mod elementwise;
 mod host;
 mod index;
@@ -40,6 +41,7 @@ use crate::compute::*;
 use crate::device::{host_core_count, host_memory_bytes, BackendType, DeviceInfo};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
+use cost::Work;
 use host::Ctx;
 pub use simd::SimdLevel;
 
@@ -108,15 +110,26 @@ impl CpuBackend {
     }
 
     /// Checks `acc` and runs `kernel` under the memory lock: on this backend's team when it has more
-    /// than one thread and the op touches at least [`INLINE_BYTES`], else on the calling thread alone
-    /// with `Ctx::threads == 1` (sharing tasks costs a hand-off to the workers, which small ops
-    /// cannot repay).
+    /// than one thread and the bytes the op touches repay the hand-off (module `cost`), else on
+    /// the calling thread alone with `Ctx::threads == 1`.
     fn kernel(
         &self,
         acc: Accesses,
         kernel: impl FnOnce(&mut HostMemory, Ctx) -> Result<()> + Send,
     ) -> Result<()> {
-        let parallel = kernel_is_parallel(&acc);
+        let parallel = touched(&acc).shares();
+        self.kernel_on(acc, parallel, kernel)
+    }
+
+    /// [`CpuBackend::kernel`] for an op whose arithmetic is `work` besides the bytes it touches: on
+    /// the team when the two together repay the hand-off (module `cost`).
+    fn kernel_computing(
+        &self,
+        acc: Accesses,
+        work: Work,
+        kernel: impl FnOnce(&mut HostMemory, Ctx) -> Result<()> + Send,
+    ) -> Result<()> {
+        let parallel = touched(&acc).plus(work).shares();
         self.kernel_on(acc, parallel, kernel)
     }
 
@@ -165,8 +178,8 @@ impl CpuBackend {
             && blas::aligned(d.dtype, &[d.a.0, d.b.0, d.c.0])
     }
 
-    /// GEMM on the team (`Some(true)`), on the calling thread alone (`Some(false)`), or as the size
-    /// suggests (`None`: [`gemm_is_parallel`]).
+    /// GEMM on the team (`Some(true)`), on the calling thread alone (`Some(false)`), or as its work
+    /// suggests (`None`: [`gemm_work`]).
     fn gemm_threaded(&self, desc: &GemmDesc, parallel: Option<bool>) -> Result<()> {
         if !self.simd_gemm(desc) {
             return self.scalar.gemm(desc);
@@ -180,7 +193,7 @@ impl CpuBackend {
             acc.regions[1].bytes,
             acc.regions[2].bytes,
         ];
-        let parallel = parallel.unwrap_or_else(|| gemm_is_parallel(desc));
+        let parallel = parallel.unwrap_or_else(|| gemm_work(desc).shares());
         self.scalar.run(acc, |mem| {
             self.on_team(parallel, |threads| {
                 self.gemm_kernel(mem, desc, regions, threads)
@@ -205,15 +218,14 @@ impl CpuBackend {
     }
 }
 
-/// Whether a kernel over `acc` runs on the team by default: when it touches at least
-/// [`INLINE_BYTES`].
-fn kernel_is_parallel(acc: &Accesses) -> bool {
+/// The work of moving every byte of `acc`'s regions once.
+fn touched(acc: &Accesses) -> Work {
     // Saturating: `run` rejects regions whose sizes overflow, with a typed error.
     let bytes = acc
         .regions
         .iter()
         .fold(0usize, |sum, r| sum.saturating_add(r.bytes));
-    bytes >= INLINE_BYTES
+    Work::bytes(bytes)
 }
 
 /// The autotuner's names for a GEMM or a convolution on the team and on the calling thread alone.
@@ -227,16 +239,17 @@ const CONV_IM2COL_INLINE: &str = "im2col+threads:1";
 const CONV_WINOGRAD_POOL: &str = "winograd+threads:pool";
 const CONV_WINOGRAD_INLINE: &str = "winograd+threads:1";
 
-/// Whether a GEMM runs on the team by default: products of at least [`INLINE_MACS`].
-fn gemm_is_parallel(d: &GemmDesc) -> bool {
-    d.m.saturating_mul(d.n).saturating_mul(d.k) >= INLINE_MACS
+/// The work of a GEMM: its multiply-adds, and reading its operands and writing its result once.
+fn gemm_work(d: &GemmDesc) -> Work {
+    let elements =
+        d.m.saturating_mul(d.k)
+            .saturating_add(d.k.saturating_mul(d.n))
+            .saturating_add(d.m.saturating_mul(d.n));
+    let macs = d.m.saturating_mul(d.n).saturating_mul(d.k);
+    Work::flops(macs.saturating_mul(2)).plus(Work::bytes(
+        elements.saturating_mul(d.dtype.size_in_bytes()),
+    ))
 }
-
-/// Ops touching fewer bytes than this run on the calling thread.
-const INLINE_BYTES: usize = 1 << 18;
-
-/// Products with fewer multiply-adds than this run on the calling thread.
-const INLINE_MACS: usize = 1 << 20;
 
 /// The `gemm` crate's parallelism for `threads` threads.
 fn parallelism(threads: usize) -> Parallelism {
@@ -351,7 +364,7 @@ impl ComputeBackend for CpuBackend {
     fn variants(&self, op: &TunableOp) -> &'static [&'static str] {
         match op {
             TunableOp::Gemm(d) if self.threads > 1 && self.simd_gemm(d) => {
-                if gemm_is_parallel(d) {
+                if gemm_work(d).shares() {
                     &[GEMM_POOL, GEMM_INLINE]
                 } else {
                     &[GEMM_INLINE, GEMM_POOL]
@@ -370,7 +383,8 @@ impl ComputeBackend for CpuBackend {
                     None
                 };
                 use conv::Algorithm::Im2col;
-                match (self.threads > 1, kernel_is_parallel(&acc), other) {
+                let shares = touched(&acc).plus(conv::work(d)).shares();
+                match (self.threads > 1, shares, other) {
                     (false, _, None) => &[],
                     (false, _, Some(Im2col)) => &[GEMM_INLINE, CONV_IM2COL_INLINE],
                     (false, _, Some(_)) => &[GEMM_INLINE, CONV_WINOGRAD_INLINE],

@@ -8,9 +8,9 @@
 
 use super::host::{
     for_chunks, narrow_into, widen_into, with_float, with_simd, Ctx, Element, Real, Span, BLOCK,
-    SERIAL_ELEMENTS,
 };
 use super::reduce::{as_acc, as_acc_mut};
+use crate::backends::cpu::cost::TASK_ELEMENTS;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, optim as reference};
 use crate::compute::op::OpImpl;
@@ -97,7 +97,7 @@ fn typed<T: Element>(mem: &mut HostMemory, d: &AdamDesc, ctx: Ctx) -> Result<()>
     } else {
         Decay::None
     };
-    for_chunks(d.len, ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(d.len, ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]

@@ -18,6 +18,7 @@ use std::ops::Range;
 use super::host::{for_chunks, with_float, with_simd, Ctx, Element, Real, Span};
 use super::reduce::{as_acc_mut, Source};
 use super::stream::{stream_copy, worth_streaming};
+use crate::backends::cpu::cost::items_per_task;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, pool as reference};
 use crate::compute::op::OpImpl;
@@ -62,7 +63,7 @@ fn max_with_indices<T: Element>(
     let y = Span::<T>::of(mem, OP, d.output, n * c * oh * ow)?;
     let at = Span::<i64>::of(mem, OP, indices, n * c * oh * ow)?;
     let ([kh, kw], [sh, sw], [ph, pw]) = (d.kernel, d.stride, d.padding);
-    let min_rows = (super::host::SERIAL_ELEMENTS / (ow * kh * kw).max(1)).max(1);
+    let min_rows = items_per_task(ow * kh * kw);
     // Without padding, and with every window inside its plane (true unless the descriptor's output
     // is smaller than its input allows), the windows need no clipping.
     if ph == 0 && pw == 0 && (oh - 1) * sh + kh <= h && (ow - 1) * sw + kw <= w {
@@ -255,7 +256,7 @@ fn backward<T: Element>(mem: &mut HostMemory, d: &Pool2dBackwardDesc, ctx: Ctx) 
     let plane_bytes = plane_in * std::mem::size_of::<T>();
     let stream = worth_streaming(n * c * plane_bytes)
         && (d.kind != PoolKind::Max || plane_bytes <= STREAM_PLANE_BYTES);
-    let min_planes = (super::host::SERIAL_ELEMENTS / (plane_in + plane_out).max(1)).max(1);
+    let min_planes = items_per_task(plane_in + plane_out);
     for_chunks(n * c, ctx.threads, min_planes, |planes| {
         with_simd(
             ctx.simd,
@@ -499,7 +500,7 @@ fn indices_in_windows(d: &Pool2dBackwardDesc, index: Span<i64>, ctx: Ctx) -> boo
     let exact = plane < (1 << 24);
     let inv_w = 1.0 / w.max(1) as f64;
     let bad = std::sync::atomic::AtomicBool::new(false);
-    let min_rows = (super::host::SERIAL_ELEMENTS / ow.max(1)).max(1);
+    let min_rows = items_per_task(ow);
     /// Whether every index of one output row lies in its window, with `row_of` giving the input row
     /// of an index clamped into the plane.
     #[inline(always)]
@@ -621,7 +622,7 @@ fn typed<T: Element>(mem: &mut HostMemory, d: &Pool2dDesc, ctx: Ctx) -> Result<(
         .map(|o| <T::Acc as Real>::from_f64(cols.count(o) as f64))
         .collect();
     let work = (ow * rows.kernel * cols.kernel).max(1);
-    let min_rows = (super::host::SERIAL_ELEMENTS / work).max(1);
+    let min_rows = items_per_task(work);
     for_chunks(n * c * oh, ctx.threads, min_rows, |out_rows| {
         with_simd(
             ctx.simd,

@@ -10,7 +10,8 @@
 use bytemuck::Pod;
 use half::{bf16, f16};
 
-use super::host::{for_chunks, with_simd, Ctx, Element, Span, BLOCK, SERIAL_ELEMENTS};
+use super::host::{for_chunks, with_simd, Ctx, Element, Span, BLOCK};
+use crate::backends::cpu::cost::items_per_task;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::memory::HostMemory;
 use crate::compute::op::OpImpl;
@@ -112,7 +113,7 @@ fn walk<T: Scanned>(
     f: impl Fn(T::Acc, T::Acc) -> T::Acc + Copy + Send + Sync,
 ) {
     if inner == 1 {
-        let rows_per_task = (SERIAL_ELEMENTS / len.max(1)).max(1);
+        let rows_per_task = items_per_task(len);
         for_chunks(outer, ctx.threads, rows_per_task, |rows| {
             with_simd(
                 ctx.simd,
@@ -136,7 +137,7 @@ fn walk<T: Scanned>(
         return;
     }
     let blocks = inner.div_ceil(BLOCK);
-    let per_task = (SERIAL_ELEMENTS / (len * BLOCK.min(inner)).max(1)).max(1);
+    let per_task = items_per_task(len * BLOCK.min(inner));
     for_chunks(outer * blocks, ctx.threads, per_task, |tasks| {
         with_simd(
             ctx.simd,

@@ -11,8 +11,9 @@ use bytemuck::Pod;
 use half::{bf16, f16};
 
 use super::elementwise::Dims;
-use super::host::{for_chunks, with_simd, Ctx, Span, SERIAL_ELEMENTS};
+use super::host::{for_chunks, with_simd, Ctx, Span};
 use super::vmath;
+use crate::backends::cpu::cost::TASK_ELEMENTS;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::memory::HostMemory;
 use crate::backends::reference::select::scalar_bytes;
@@ -180,7 +181,7 @@ fn compare_walk<T: Key>(
     f: impl Fn(T::K, T::K) -> bool + Copy + Send + Sync,
 ) {
     let (_, [sa, sb]) = dims.inner();
-    for_chunks(dims.numel(), ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(dims.numel(), ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]
@@ -238,7 +239,7 @@ fn where_t<W: Pod + Send + Sync>(mem: &mut HostMemory, d: &WhereDesc, ctx: Ctx) 
     let out = Span::<W>::of(mem, OP, d.output, n)?;
     let dims = Dims::new(shape, [&sc[..], &st[..], &sf[..]]);
     let (_, [ic, it, iff]) = dims.inner();
-    for_chunks(dims.numel(), ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(dims.numel(), ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]

@@ -8,8 +8,9 @@
 
 use half::{bf16, f16};
 
-use super::host::{for_chunks, Ctx, Span, SERIAL_ELEMENTS};
+use super::host::{for_chunks, Ctx, Span};
 use super::select::Key;
+use crate::backends::cpu::cost::items_per_task;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::memory::HostMemory;
 use crate::backends::reference::sort::total_order;
@@ -52,38 +53,33 @@ fn sort_t<T: Key>(mem: &mut HostMemory, d: &SortDesc, ctx: Ctx) -> Result<()> {
         };
         by_key.then(a.1.cmp(&b.1))
     };
-    for_chunks(
-        outer * inner,
-        ctx.threads,
-        (SERIAL_ELEMENTS / len).max(1),
-        |lines| {
-            let mut order: Vec<(T::K, usize)> = Vec::with_capacity(len);
-            for line in lines {
-                let (o, j) = (line / inner, line % inner);
-                let at = |i: usize| (o * len + i) * inner + j;
-                let to = |i: usize| (o * k + i) * inner + j;
-                order.clear();
-                // SAFETY: every position is inside the input, which nothing writes during the op.
-                order.extend((0..len).map(|i| (unsafe { x.read(at(i)) }.key(), i)));
-                if k < len {
-                    order.select_nth_unstable_by(k - 1, cmp);
-                }
-                order[..k].sort_unstable_by(cmp);
-                for (i, &(_, from)) in order[..k].iter().enumerate() {
-                    // SAFETY: this task owns its lines of both outputs, which overlap no input and
-                    // not each other.
-                    unsafe {
-                        if let Some(v) = values {
-                            v.write(to(i), x.read(at(from)));
-                        }
-                        if let Some(ix) = indices {
-                            ix.write(to(i), from as i64);
-                        }
+    for_chunks(outer * inner, ctx.threads, items_per_task(len), |lines| {
+        let mut order: Vec<(T::K, usize)> = Vec::with_capacity(len);
+        for line in lines {
+            let (o, j) = (line / inner, line % inner);
+            let at = |i: usize| (o * len + i) * inner + j;
+            let to = |i: usize| (o * k + i) * inner + j;
+            order.clear();
+            // SAFETY: every position is inside the input, which nothing writes during the op.
+            order.extend((0..len).map(|i| (unsafe { x.read(at(i)) }.key(), i)));
+            if k < len {
+                order.select_nth_unstable_by(k - 1, cmp);
+            }
+            order[..k].sort_unstable_by(cmp);
+            for (i, &(_, from)) in order[..k].iter().enumerate() {
+                // SAFETY: this task owns its lines of both outputs, which overlap no input and
+                // not each other.
+                unsafe {
+                    if let Some(v) = values {
+                        v.write(to(i), x.read(at(from)));
+                    }
+                    if let Some(ix) = indices {
+                        ix.write(to(i), from as i64);
                     }
                 }
             }
-        },
-    );
+        }
+    });
     Ok(())
 }
 

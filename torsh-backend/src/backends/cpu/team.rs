@@ -114,6 +114,12 @@ impl Team {
         Ok(team)
     }
 
+    /// How many jobs have been shared with the workers so far (for tests of the threading policy).
+    #[cfg(test)]
+    pub(crate) fn jobs(&self) -> u64 {
+        self.shared.epoch.load(SeqCst)
+    }
+
     /// Runs `f` with this team as the calling thread's current one, so the kernels it runs share
     /// their tasks with the workers.
     pub(crate) fn enter<R>(&self, f: impl FnOnce() -> R) -> R {

@@ -32,6 +32,7 @@ mod backward;
 use backward::attention_backward;
 
 use super::conv::{out_of_memory, parallel_items, zeroed, Product, Raw, Wide, NO_REPACK_COLS};
+use super::cost::Work;
 use super::host::{with_float, with_simd, Ctx, Element, Real};
 use super::vmath;
 use crate::backends::cpu::CpuBackend;
@@ -496,12 +497,26 @@ fn scale_into<A: Real>(acc: &[A], scale: A, out: &mut [A]) {
     }
 }
 
+/// The work of `products` products of `seq_q × seq_kv × head_dim` multiply-adds per head, half of
+/// them under a causal mask, for the threading cost model (module `cost`): the forward computes two
+/// (scores and output), the backward five.
+fn work(shape: [usize; 5], causal: bool, products: usize) -> Work {
+    let flops = shape.iter().fold(2 * products, |a, &b| a.saturating_mul(b));
+    Work::flops(if causal { flops / 2 } else { flops })
+}
+
 impl OpImpl<AttentionDesc> for CpuBackend {
     fn op(&self, desc: &AttentionDesc) -> Result<()> {
         let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.attention(desc);
         };
-        self.kernel(acc, |mem, ctx| attention(mem, desc, ctx))
+        let d = desc;
+        let work = work(
+            [d.batch, d.heads, d.seq_q, d.seq_kv, d.head_dim],
+            d.causal,
+            2,
+        );
+        self.kernel_computing(acc, work, |mem, ctx| attention(mem, desc, ctx))
     }
 }
 
@@ -510,7 +525,13 @@ impl OpImpl<AttentionBackwardDesc> for CpuBackend {
         let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.attention_backward(desc);
         };
-        self.kernel(acc, |mem, ctx| attention_backward(mem, desc, ctx))
+        let d = desc;
+        let work = work(
+            [d.batch, d.heads, d.seq_q, d.seq_kv, d.head_dim],
+            d.causal,
+            5,
+        );
+        self.kernel_computing(acc, work, |mem, ctx| attention_backward(mem, desc, ctx))
     }
 }
 

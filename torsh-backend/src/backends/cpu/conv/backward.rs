@@ -17,8 +17,9 @@ use gemm::Parallelism;
 
 use super::{
     out_of_memory, parallel_items, reference, widened, zeroed, Geometry, Product, Raw, TapTable,
-    Wide, COL_BYTES, MIN_COLS, SERIAL_FLOPS,
+    Wide, COL_BYTES, MIN_COLS,
 };
+use crate::backends::cpu::cost::Work;
 use crate::backends::cpu::host::{with_float, with_simd, Ctx, Real};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::memory::HostMemory;
@@ -75,8 +76,8 @@ struct Split {
 impl Split {
     /// Splits `len` channels or rows of each of `outer` (image, group) pairs into enough items for
     /// `threads` (twice over, for balance), no block narrower than `min` unless `len` is.
-    fn new(g: &Geometry, outer: usize, len: usize, min: usize, threads: usize) -> Split {
-        let threaded = threads > 1 && g.flops() >= SERIAL_FLOPS;
+    fn new(outer: usize, len: usize, min: usize, threads: usize) -> Split {
+        let threaded = threads > 1;
         let mut blocks = 1;
         if threaded {
             let want = (2 * threads).div_ceil(outer.max(1));
@@ -143,6 +144,16 @@ impl Split {
     }
 }
 
+/// The arithmetic of either gradient of the convolution of `[input, weight, output]` shapes for the
+/// threading cost model (module `cost`): each gradient does the forward's multiply-adds, two flops
+/// each.
+fn work(
+    [input, weight, output]: [[usize; 4]; 3],
+    window: ([usize; 2], [usize; 2], [usize; 2], usize),
+) -> Work {
+    Work::flops(geometry(input, weight, output, window).map_or(0, |g| g.flops()))
+}
+
 /// The input gradient (and transposed convolution) `d`.
 pub(crate) fn backward_input(
     mem: &mut HostMemory,
@@ -197,7 +208,7 @@ fn input_typed<T: Wide>(
         Some(b) => Some(widened(unsafe { b.get(0, g.c) })?),
         None => None,
     };
-    let split = Split::new(&g, g.n * g.groups, g.cg, 1, ctx.threads);
+    let split = Split::new(g.n * g.groups, g.cg, 1, ctx.threads);
     let direct = g.pointwise();
     let table = g.tap_table()?;
     let rows_max = split.per_item * taps;
@@ -375,12 +386,11 @@ fn weight_typed<T: Wide>(
     // Items of at most WEIGHT_ROWS patch rows, so that each product's destination block stays in
     // the cache while the block of positions (its depth) is wide; at least 16 rows, narrower
     // blocks making products too thin to pay.
-    let mut split = Split::new(&g, g.groups, crs, 16, ctx.threads);
+    let mut split = Split::new(g.groups, crs, 16, ctx.threads);
     if split.per_item > WEIGHT_ROWS {
         split.per_item = WEIGHT_ROWS;
         split.blocks = crs.div_ceil(WEIGHT_ROWS);
-        let threaded = ctx.threads > 1 && g.flops() >= SERIAL_FLOPS;
-        split.parallel = threaded && g.groups * split.blocks >= ctx.threads;
+        split.parallel = ctx.threads > 1 && g.groups * split.blocks >= ctx.threads;
         if split.parallel {
             split.inner = Parallelism::None;
         }
@@ -489,7 +499,15 @@ impl OpImpl<Conv2dBackwardInputDesc> for CpuBackend {
         let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.conv2d_backward_input(desc);
         };
-        self.kernel(acc, |mem, ctx| backward_input(mem, desc, ctx))
+        let window = (desc.stride, desc.padding, desc.dilation, desc.groups);
+        let shapes = [
+            desc.grad_input_shape,
+            desc.weight_shape,
+            desc.grad_output_shape,
+        ];
+        self.kernel_computing(acc, work(shapes, window), |mem, ctx| {
+            backward_input(mem, desc, ctx)
+        })
     }
 }
 
@@ -498,6 +516,10 @@ impl OpImpl<Conv2dBackwardWeightDesc> for CpuBackend {
         let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.conv2d_backward_weight(desc);
         };
-        self.kernel(acc, |mem, ctx| backward_weight(mem, desc, ctx))
+        let window = (desc.stride, desc.padding, desc.dilation, desc.groups);
+        let shapes = [desc.input_shape, desc.weight_shape, desc.grad_output_shape];
+        self.kernel_computing(acc, work(shapes, window), |mem, ctx| {
+            backward_weight(mem, desc, ctx)
+        })
     }
 }

@@ -28,8 +28,9 @@
 //! threads they run in parallel on the backend's pool, each GEMM single-threaded: that keeps every
 //! thread on its own cache-sized block and balances N > 1 and large images without a fork-join per
 //! product. A single image too small to split into blocks of [`MIN_PAR_COLS`] positions per thread
-//! runs its items in turn, each GEMM threaded by the `gemm` crate (`Parallelism::Rayon`). Tiny
-//! convolutions (under [`SERIAL_FLOPS`]) stay on the calling thread.
+//! runs its items in turn, each GEMM threaded by the `gemm` crate (`Parallelism::Rayon`). Whether a
+//! convolution is threaded at all is the caller's choice (`Ctx::threads`): the threading cost model
+//! ([`work`], module `cost`) keeps small ones on the calling thread.
 
 use std::borrow::Cow;
 
@@ -37,6 +38,7 @@ use gemm::Parallelism;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 use super::blas;
+use super::cost::Work;
 use super::host::{with_float, with_simd, Ctx, Element, Real};
 use super::team::Items;
 use crate::backends::cpu::CpuBackend;
@@ -92,9 +94,6 @@ impl TapTable {
         &self.offsets[tap * self.p + p0..][..pb]
     }
 }
-
-/// Below this many flops a convolution runs on the calling thread.
-const SERIAL_FLOPS: usize = 1 << 21;
 
 /// Slice conversions between an element type and the type it computes in, in bulk (F16C for f16
 /// where the CPU has it), and zero-copy views when the two are the same type.
@@ -717,6 +716,12 @@ pub(crate) fn conv2d_by(
     with_float!(d.dtype, T => typed::<T>(mem, d, g, ctx, algorithm), _ => reference::conv2d(mem, d))
 }
 
+/// The arithmetic of `d` (a validated descriptor) for the threading cost model: two flops per
+/// multiply-add of the direct sum, whichever kernel computes it.
+pub(crate) fn work(d: &Conv2dDesc) -> Work {
+    Work::flops(Geometry::of(d).map_or(0, |g| g.flops()))
+}
+
 /// Whether [`Algorithm::Winograd`] can compute `d` (a validated descriptor).
 pub(crate) fn winograd_applies(d: &Conv2dDesc) -> bool {
     let elem = if d.dtype == DType::F64 { 8 } else { 4 };
@@ -803,7 +808,7 @@ impl Plan {
             cols -= cols % COL_ALIGN;
         }
         let mut blocks = p.div_ceil(cols.min(p));
-        let threaded = threads > 1 && g.flops() >= SERIAL_FLOPS;
+        let threaded = threads > 1;
         if threaded {
             // Enough items for every thread (twice over, for balance) while blocks stay wide.
             let want = (2 * threads).div_ceil(g.n);
@@ -1022,7 +1027,7 @@ impl<T: Wide> Job<'_, T> {
         // within the budget.
         let per_row = g.padded_width().saturating_mul(g.stride[0].clamp(1, g.h));
         let mut band_rows = (DW_BAND_ELEMENTS / per_row.max(1)).clamp(1, g.oh);
-        let threaded = ctx.threads > 1 && g.flops() >= SERIAL_FLOPS;
+        let threaded = ctx.threads > 1;
         if threaded {
             // Enough items for every thread (four each) when there are few planes.
             let want = (4 * ctx.threads).div_ceil(planes);
@@ -1454,7 +1459,7 @@ impl OpImpl<Conv2dDesc> for CpuBackend {
         let Some(acc) = self.takes(desc.dtype, desc.accesses()) else {
             return self.scalar.conv2d_forward(desc);
         };
-        self.kernel(acc, |mem, ctx| conv2d(mem, desc, ctx))
+        self.kernel_computing(acc, work(desc), |mem, ctx| conv2d(mem, desc, ctx))
     }
 }
 

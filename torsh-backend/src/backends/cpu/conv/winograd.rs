@@ -28,7 +28,7 @@ use gemm::Parallelism;
 
 use super::{
     out_of_memory, parallel_items, zeroed, Geometry, Job, Plan, Product, Raw, Scratch, Wide,
-    COL_BYTES, NO_REPACK_COLS, SERIAL_FLOPS,
+    COL_BYTES, NO_REPACK_COLS,
 };
 use crate::backends::cpu::host::{with_simd, Ctx, Element, Real};
 use crate::backends::cpu::simd::SimdLevel;
@@ -96,7 +96,7 @@ impl Tiling {
         let (th, tw) = (g.oh.div_ceil(2), g.ow.div_ceil(2));
         let per_row = XI * (g.c + g.k) * tw * elem;
         let mut rows = (2 * COL_BYTES / per_row.max(1)).clamp(1, th);
-        let threaded = threads > 1 && g.flops() >= SERIAL_FLOPS;
+        let threaded = threads > 1;
         if th * tw <= WHOLE_PLANE && per_row.saturating_mul(th) <= 8 * COL_BYTES {
             // A small plane stays whole: its products are narrow enough already.
             rows = th;

@@ -1,6 +1,7 @@
 //! Binary ops on the CPU, broadcasting: dense, scalar and strided runs of each operand.
 
 use super::*;
+use crate::backends::cpu::cost::TASK_ELEMENTS;
 
 /// `aᵇ` in the compute type.
 trait Pow: Real {
@@ -153,7 +154,7 @@ fn zip<T: Lanes>(
     f: impl Fn(T::Acc, T::Acc) -> T::Acc + Copy + Send + Sync,
 ) {
     let (_, [sa, sb]) = dims.inner();
-    for_chunks(dims.numel(), ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(dims.numel(), ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]

@@ -1,6 +1,7 @@
 //! Casts between every dtype on the CPU, blocks widened through the compute type.
 
 use super::*;
+use crate::backends::cpu::cost::TASK_ELEMENTS;
 
 /// A cast destination: stores values of the compute type `A` as `Self`, with the reference's
 /// conversion semantics (floats round to nearest even; integers truncate toward zero and saturate,
@@ -110,7 +111,7 @@ fn convert<S: Lanes, D: Put<S::Acc>>(mem: &mut HostMemory, d: &CastDesc, ctx: Ct
         return Ok(());
     }
     let x = &x;
-    for_chunks(out.len(), ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(out.len(), ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]

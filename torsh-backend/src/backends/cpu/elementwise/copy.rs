@@ -1,6 +1,7 @@
 //! Fills and strided copies on the CPU (transposing copies in tiles).
 
 use super::*;
+use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
 
 /// Sets every element to `value` (rounded once, as the reference rounds it).
 pub(crate) fn fill(mem: &mut HostMemory, d: &FillDesc, ctx: Ctx) -> Result<()> {
@@ -11,7 +12,7 @@ pub(crate) fn fill(mem: &mut HostMemory, d: &FillDesc, ctx: Ctx) -> Result<()> {
 fn fill_t<T: Lanes>(mem: &mut HostMemory, d: &FillDesc, ctx: Ctx) -> Result<()> {
     let out = Span::<T>::of(mem, "fill", d.ptr, d.len)?;
     let v = T::from_f64(d.value);
-    for_chunks(d.len, ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(d.len, ctx.threads, TASK_ELEMENTS, |range| {
         // SAFETY: this task owns `range` of the output.
         with_simd(
             ctx.simd,
@@ -65,7 +66,7 @@ fn copy_t<E: bytemuck::Pod + Send + Sync>(
             return Ok(());
         }
     }
-    for_chunks(dims.numel(), ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(dims.numel(), ctx.threads, TASK_ELEMENTS, |range| {
         dims.runs(range, |_, [ps, pd], len| {
             // SAFETY: the destination is injective (checked) and disjoint from the source, and this
             // task writes only the destination elements of its own walk range.
@@ -119,7 +120,7 @@ fn copy_rows<E: bytemuck::Pod + Send + Sync, const B: usize>(
     ctx: Ctx,
 ) {
     let (_, [rs, rd]) = rows.inner();
-    let min_rows = (SERIAL_ELEMENTS / len).max(1);
+    let min_rows = items_per_task(len);
     for_chunks(rows.numel(), ctx.threads, min_rows, |range| {
         with_simd(
             ctx.simd,
@@ -216,9 +217,7 @@ impl Transpose {
         let planes: usize = self.planes.iter().map(|p| p.0).product();
         let rows = self.rows.0;
         let bands = rows.div_ceil(TRANSPOSE_BLOCK);
-        let min_items = SERIAL_ELEMENTS
-            .div_ceil(TRANSPOSE_BLOCK * self.cols.0)
-            .max(1);
+        let min_items = items_per_task(TRANSPOSE_BLOCK * self.cols.0);
         for_chunks(planes * bands, ctx.threads, min_items, |items| {
             for item in items {
                 let at = self.plane_at(item / bands);

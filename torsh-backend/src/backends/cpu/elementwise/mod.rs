@@ -1,7 +1,7 @@
 //! Unary, binary (with broadcasting), cast, fill, strided copy and random fill on the CPU.
 //!
-//! Every kernel splits its output into [`for_chunks`] ranges (at least [`SERIAL_ELEMENTS`] each, so
-//! small tensors stay on the calling thread) and runs each range inside [`with_simd`]. f32 and f64
+//! Every kernel splits its output into [`for_chunks`] ranges (at least `cost::TASK_ELEMENTS` each,
+//! the threading cost model's task) and runs each range inside [`with_simd`]. f32 and f64
 //! compute straight from the operands; f16 and bf16 are widened to f32 a [`BLOCK`] at a time with the
 //! branch-free conversions of [`vmath`] and rounded once on store. f32-family transcendentals use the
 //! vectorisable [`vmath`] functions (sin and cos excepted); f64 uses the standard library and `libm`
@@ -16,9 +16,7 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
-use super::host::{
-    for_chunks, with_float, with_simd, Ctx, Element, Real, Span, View, BLOCK, SERIAL_ELEMENTS,
-};
+use super::host::{for_chunks, with_float, with_simd, Ctx, Element, Real, Span, View, BLOCK};
 use super::vmath;
 use super::{blas, SimdLevel};
 use crate::backends::cpu::CpuBackend;

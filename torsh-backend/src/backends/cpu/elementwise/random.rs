@@ -1,6 +1,7 @@
 //! Random fills on the CPU: the crate's counter-based streams, the same values as the reference.
 
 use super::*;
+use crate::backends::cpu::cost::TASK_ELEMENTS;
 
 /// Fills with the crate's counter-based streams, bit-identical to the reference: each value in f64,
 /// rounded once.
@@ -13,10 +14,10 @@ fn random_t<T: Lanes>(mem: &mut HostMemory, d: &RandomDesc, ctx: Ctx) -> Result<
     let out = Span::<T>::of(mem, "random", d.ptr, d.len)?;
     let seed = d.seed;
     match d.distribution {
-        Distribution::Uniform { low, high } => generate(out, ctx, SERIAL_ELEMENTS / 4, move |i| {
+        Distribution::Uniform { low, high } => generate(out, ctx, TASK_ELEMENTS / 4, move |i| {
             low + (high - low) * rng::uniform(seed, i)
         }),
-        Distribution::Normal { mean, std } => generate(out, ctx, SERIAL_ELEMENTS / 16, move |i| {
+        Distribution::Normal { mean, std } => generate(out, ctx, TASK_ELEMENTS / 16, move |i| {
             mean + std * rng::normal(seed, i)
         }),
     }
@@ -34,7 +35,7 @@ fn dropout_t<T: Lanes>(mem: &mut HostMemory, d: &DropoutDesc, ctx: Ctx) -> Resul
     let x = Span::<T>::of(mem, "dropout", d.input, d.len)?;
     let out = Span::<T>::of(mem, "dropout", d.output, d.len)?;
     let (key, t, scale) = (rng::stream_key(d.seed), d.threshold(), d.scale());
-    for_chunks(d.len, ctx.threads, SERIAL_ELEMENTS / 4, |range| {
+    for_chunks(d.len, ctx.threads, TASK_ELEMENTS / 4, |range| {
         for i in range {
             // SAFETY: this task owns element `i` of the output, which is either the input's
             // element `i` (read first) or overlaps no input.

@@ -9,6 +9,7 @@ use super::{
     random::random,
     unary::unary,
 };
+use crate::backends::cpu::cost::TASK_ELEMENTS;
 use crate::backends::cpu::simd::SimdLevel;
 use crate::compute::UnaryBackwardDesc;
 use crate::rng::HostRng;
@@ -191,7 +192,7 @@ fn unary_backward_matches_the_reference_for_every_op_and_dtype() {
 fn unary_splits_large_inputs_across_threads() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
-        let n = 2 * SERIAL_ELEMENTS + BLOCK + 17;
+        let n = 2 * TASK_ELEMENTS + BLOCK + 17;
         for op in [UnaryOp::Exp, UnaryOp::Gelu, UnaryOp::Neg, UnaryOp::Log] {
             let (lo, hi) = domain(op);
             for dtype in FLOATS {
@@ -242,7 +243,7 @@ fn unary_agrees_on_special_values() {
 fn unary_works_in_place() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
-        let n = 2 * SERIAL_ELEMENTS + 5;
+        let n = 2 * TASK_ELEMENTS + 5;
         for op in [UnaryOp::Tanh, UnaryOp::Relu, UnaryOp::Sqrt, UnaryOp::Sin] {
             let (lo, hi) = domain(op);
             for dtype in FLOATS {
@@ -414,7 +415,7 @@ fn binary_matches_the_reference_for_every_op_dtype_and_broadcast() {
 fn binary_handles_nan_and_large_threaded_inputs() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
-        let n = 2 * SERIAL_ELEMENTS + 3;
+        let n = 2 * TASK_ELEMENTS + 3;
         for &op in BinaryOp::ALL {
             for dtype in FLOATS {
                 let mut va = values(n, 5, 0.5, 2.0);
@@ -440,7 +441,7 @@ fn binary_handles_nan_and_large_threaded_inputs() {
 fn binary_works_in_place() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
-        let (r, c) = (3, SERIAL_ELEMENTS + 1);
+        let (r, c) = (3, TASK_ELEMENTS + 1);
         let n = r * c;
         for op in [BinaryOp::Add, BinaryOp::Div, BinaryOp::Maximum] {
             for dtype in FLOATS {
@@ -482,7 +483,7 @@ fn binary_works_in_place() {
 fn scalar_operands_match_a_stored_broadcast_scalar() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
-        let (r, c) = (5, SERIAL_ELEMENTS / 4 + 3);
+        let (r, c) = (5, TASK_ELEMENTS / 4 + 3);
         let n = r * c;
         for &op in BinaryOp::ALL {
             // Not representable in any dtype, so each path must round it the same way.
@@ -611,7 +612,7 @@ fn cast_matches_the_reference_exactly_for_every_pair() {
 fn cast_works_in_place_and_on_large_inputs() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
-        let n = 2 * SERIAL_ELEMENTS + 9;
+        let n = 2 * TASK_ELEMENTS + 9;
         let vals = values(n, 12, -1000.0, 1000.0);
         for (src, dst) in [
             (DType::F32, DType::I32),
@@ -646,7 +647,7 @@ fn fill_matches_the_reference() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
         for dtype in FLOATS {
-            for len in [1, 5, BLOCK + 1, 2 * SERIAL_ELEMENTS + 7] {
+            for len in [1, 5, BLOCK + 1, 2 * TASK_ELEMENTS + 7] {
                 for value in [-0.375, 1.0 / 3.0, 1e10, f64::NAN] {
                     let (mine, theirs) = (fresh(&mut mem, dtype, len), fresh(&mut mem, dtype, len));
                     let desc = |ptr| FillDesc {
@@ -668,7 +669,7 @@ fn fill_matches_the_reference() {
 fn copy_strided_matches_the_reference() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
-        let (a, b, c) = (5, 7, 2 * SERIAL_ELEMENTS / 35 + 3);
+        let (a, b, c) = (5, 7, 2 * TASK_ELEMENTS / 35 + 3);
         let n = a * b * c;
         let mut cases = vec![
             // Permuted source into a dense destination.
@@ -757,7 +758,7 @@ fn random_is_bit_identical_to_the_reference() {
     for_threads(|ctx| {
         let mut mem = HostMemory::default();
         for dtype in FLOATS {
-            for len in [1, 101, 2 * SERIAL_ELEMENTS + 3] {
+            for len in [1, 101, 2 * TASK_ELEMENTS + 3] {
                 for distribution in [
                     Distribution::Uniform {
                         low: -1.0,

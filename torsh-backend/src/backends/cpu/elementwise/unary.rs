@@ -1,6 +1,7 @@
 //! Unary ops on the CPU: f32-family ops through `vmath`, f64 ops as the reference defines them.
 
 use super::*;
+use crate::backends::cpu::cost::TASK_ELEMENTS;
 
 /// `match $op { $pattern => map($x, $out, $ctx, |v| ...), ... }`, each closure marked
 /// `#[inline(always)]`. The closures are not redundant: passed as fn items, the ops are called
@@ -131,7 +132,7 @@ fn map<T: Lanes>(
     f: impl Fn(T::Acc) -> T::Acc + Copy + Send + Sync,
 ) {
     let in_place = out.same_as(&x.span());
-    for_chunks(out.len(), ctx.threads, SERIAL_ELEMENTS, |range| {
+    for_chunks(out.len(), ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]

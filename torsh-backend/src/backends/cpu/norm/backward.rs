@@ -14,8 +14,9 @@ use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
 
 use super::{optional, store, SHORT_RUN};
+use crate::backends::cpu::cost::items_per_task;
 use crate::backends::cpu::host::{
-    for_chunks, with_float, with_simd, Ctx, Element, Real, Span, BLOCK, SERIAL_ELEMENTS,
+    for_chunks, with_float, with_simd, Ctx, Element, Real, Span, BLOCK,
 };
 use crate::backends::cpu::reduce::{acc_of, as_acc_mut, Source};
 use crate::backends::cpu::stream::{stream_copy, worth_streaming};
@@ -124,7 +125,7 @@ where
     };
     // Each task's (first row, weight and bias partial sums).
     let partials: Parts<f64> = Mutex::new(Vec::new());
-    let min_rows = (SERIAL_ELEMENTS / cols).max(1);
+    let min_rows = items_per_task(cols);
     let stream = worth_streaming(n * std::mem::size_of::<T>());
     for_chunks(rows, ctx.threads, min_rows, |range| {
         let start = range.start;
@@ -486,7 +487,7 @@ where
     };
     let long = s >= SHORT_RUN;
     let (items, per_item) = if long { (n * c, s) } else { (n, c * s) };
-    let min_items = (SERIAL_ELEMENTS / per_item).max(1);
+    let min_items = items_per_task(per_item);
     for_chunks(items, ctx.threads, min_items, |range| {
         let start = range.start;
         let part = with_simd(
@@ -576,7 +577,7 @@ where
     T::Acc: Element,
 {
     let (c, s) = (op.c, op.s);
-    let min_runs = (SERIAL_ELEMENTS / s).max(1);
+    let min_runs = items_per_task(s);
     for_chunks(op.n * c, ctx.threads, min_runs, |runs| {
         with_simd(
             ctx.simd,
@@ -634,7 +635,7 @@ where
         expand(|f| f.k),
         expand(|f| f.mean),
     );
-    let min_rows = (SERIAL_ELEMENTS / width).max(1);
+    let min_rows = items_per_task(width);
     for_chunks(op.n, ctx.threads, min_rows, |rows| {
         with_simd(
             ctx.simd,

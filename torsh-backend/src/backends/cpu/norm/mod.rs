@@ -17,11 +17,11 @@ use std::sync::{Mutex, PoisonError};
 
 use super::host::{
     for_chunks, narrow_into, with_float, with_simd, Ctx, Element, Real, Span, BLOCK,
-    SERIAL_ELEMENTS,
 };
 use super::reduce::{
     acc_of, as_acc_mut, columns, lane_state, lanes, Grid, Matrices, Moments, Source,
 };
+use crate::backends::cpu::cost::items_per_task;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
@@ -155,7 +155,7 @@ where
         eps: d.eps,
         saved: Saved::of(mem, OP, d.saved_mean, d.saved_invstd, d.rows)?,
     };
-    let min_rows = (SERIAL_ELEMENTS / d.cols).max(1);
+    let min_rows = items_per_task(d.cols);
     for_chunks(d.rows, ctx.threads, min_rows, |rows| {
         with_simd(
             ctx.simd,
@@ -405,7 +405,7 @@ fn normalise_runs<T: Element>(
     ctx: Ctx,
 ) {
     let c = affine.len();
-    let min_runs = (SERIAL_ELEMENTS / s).max(1);
+    let min_runs = items_per_task(s);
     for_chunks(n * c, ctx.threads, min_runs, |runs| {
         with_simd(
             ctx.simd,
@@ -460,7 +460,7 @@ fn normalise_rows<T: Element>(
     };
     let (hi, lo) = (expand(|a| a.centre.hi), expand(|a| a.centre.lo));
     let (scale, shift) = (expand(|a| a.scale), expand(|a| a.shift));
-    let min_rows = (SERIAL_ELEMENTS / width).max(1);
+    let min_rows = items_per_task(width);
     for_chunks(n, ctx.threads, min_rows, |rows| {
         with_simd(
             ctx.simd,

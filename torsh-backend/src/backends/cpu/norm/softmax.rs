@@ -18,10 +18,9 @@
 use super::super::team::{par_for, par_map};
 
 use super::super::elementwise::Lanes;
-use super::super::host::{
-    for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS,
-};
+use super::super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK};
 use super::super::vmath;
+use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
@@ -95,7 +94,7 @@ where
     };
     if d.inner > 1 {
         columns(x, y, shape, ctx);
-    } else if d.outer < 2 * ctx.threads && d.axis_len >= 4 * SERIAL_ELEMENTS && ctx.threads > 1 {
+    } else if d.outer < 2 * ctx.threads && d.axis_len >= 4 * TASK_ELEMENTS && ctx.threads > 1 {
         for r in 0..d.outer {
             wide_row(x, y, r, shape, ctx);
         }
@@ -278,27 +277,22 @@ where
     T::Acc: Exp,
 {
     let len = sh.len;
-    for_chunks(
-        sh.outer,
-        ctx.threads,
-        (SERIAL_ELEMENTS / len).max(1),
-        |rows| {
-            with_simd(
-                ctx.simd,
-                #[inline(always)]
-                || {
-                    let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { len }];
-                    for r in rows {
-                        let range = r * len..(r + 1) * len;
-                        // SAFETY: input and output do not overlap (the checks forbid it) and this task owns
-                        // rows `rows` of the output.
-                        let (xs, ys) = unsafe { (x.slice(range.clone()), y.slice_mut(range)) };
-                        row(xs, ys, &mut buf, sh.log);
-                    }
-                },
-            )
-        },
-    );
+    for_chunks(sh.outer, ctx.threads, items_per_task(len), |rows| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { len }];
+                for r in rows {
+                    let range = r * len..(r + 1) * len;
+                    // SAFETY: input and output do not overlap (the checks forbid it) and this task owns
+                    // rows `rows` of the output.
+                    let (xs, ys) = unsafe { (x.slice(range.clone()), y.slice_mut(range)) };
+                    row(xs, ys, &mut buf, sh.log);
+                }
+            },
+        )
+    });
 }
 
 /// One row: straight from `xs` into `ys` for f32 and f64, through `buf` (the row's length) for
@@ -347,7 +341,7 @@ where
     T::Acc: Exp,
 {
     let len = sh.len;
-    let chunks = (len / SERIAL_ELEMENTS).clamp(1, 4 * ctx.threads);
+    let chunks = (len / TASK_ELEMENTS).clamp(1, 4 * ctx.threads);
     let chunk = len.div_ceil(chunks).next_multiple_of(BLOCK);
     let part = |c: usize| r * len + c * chunk..r * len + ((c + 1) * chunk).min(len);
     let count = len.div_ceil(chunk);
@@ -449,7 +443,7 @@ where
         .min(sh.inner);
     let tiles = sh.inner.div_ceil(tile);
     let per_task = sh.len * tile;
-    let min_tasks = (SERIAL_ELEMENTS / per_task).max(1);
+    let min_tasks = items_per_task(per_task);
     for_chunks(sh.outer * tiles, ctx.threads, min_tasks, |tasks| {
         with_simd(
             ctx.simd,
@@ -610,7 +604,7 @@ pub(super) mod tests {
 
     #[test]
     fn long_rows_split_across_threads() {
-        let len = 4 * SERIAL_ELEMENTS + BLOCK + 5;
+        let len = 4 * TASK_ELEMENTS + BLOCK + 5;
         let vals = HostRng::new(3).uniform_vec(len, -30.0, 30.0);
         for_threads(|ctx| {
             for dtype in [DType::F32, DType::BF16] {

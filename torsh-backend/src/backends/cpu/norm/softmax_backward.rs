@@ -15,11 +15,10 @@
 use super::super::team::{par_for, par_map};
 
 use super::super::elementwise::Lanes;
-use super::super::host::{
-    for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK, SERIAL_ELEMENTS,
-};
+use super::super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK};
 use super::super::stream::{stream_copy, worth_streaming};
 use super::softmax::{lane_sum, scratch_row, sum_of, widened, Exp, LANES, TILE_BYTES};
+use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
@@ -69,7 +68,7 @@ where
     };
     if d.inner > 1 {
         columns(o, ctx);
-    } else if d.outer < 2 * ctx.threads && d.axis_len >= 4 * SERIAL_ELEMENTS && ctx.threads > 1 {
+    } else if d.outer < 2 * ctx.threads && d.axis_len >= 4 * TASK_ELEMENTS && ctx.threads > 1 {
         for r in 0..d.outer {
             wide_row(o, r, ctx);
         }
@@ -180,40 +179,35 @@ where
 {
     let len = o.len;
     let stream = worth_streaming(o.outer * len * std::mem::size_of::<T>());
-    for_chunks(
-        o.outer,
-        ctx.threads,
-        (SERIAL_ELEMENTS / len).max(1),
-        |rows| {
-            with_simd(
-                ctx.simd,
-                #[inline(always)]
-                || {
-                    let mut buf = Scratch::new::<T>();
-                    for r in rows {
-                        let range = r * len..(r + 1) * len;
-                        // SAFETY: the output overlaps no input (the checks forbid it), nothing writes
-                        // the inputs, and this task owns rows `rows` of the output.
-                        let (g, y, dx) = unsafe {
-                            (
-                                o.g.slice(range.clone()),
-                                o.y.slice(range.clone()),
-                                o.dx.slice_mut(range),
-                            )
-                        };
-                        let s = <T::Acc as Real>::from_f64(row_sum(g, y, o.log, &mut buf));
-                        for ((gb, yb), db) in g
-                            .chunks(BLOCK)
-                            .zip(y.chunks(BLOCK))
-                            .zip(dx.chunks_mut(BLOCK))
-                        {
-                            finish(gb, yb, db, &mut buf, |_| s, (o.log, stream));
-                        }
+    for_chunks(o.outer, ctx.threads, items_per_task(len), |rows| {
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                let mut buf = Scratch::new::<T>();
+                for r in rows {
+                    let range = r * len..(r + 1) * len;
+                    // SAFETY: the output overlaps no input (the checks forbid it), nothing writes
+                    // the inputs, and this task owns rows `rows` of the output.
+                    let (g, y, dx) = unsafe {
+                        (
+                            o.g.slice(range.clone()),
+                            o.y.slice(range.clone()),
+                            o.dx.slice_mut(range),
+                        )
+                    };
+                    let s = <T::Acc as Real>::from_f64(row_sum(g, y, o.log, &mut buf));
+                    for ((gb, yb), db) in g
+                        .chunks(BLOCK)
+                        .zip(y.chunks(BLOCK))
+                        .zip(dx.chunks_mut(BLOCK))
+                    {
+                        finish(gb, yb, db, &mut buf, |_| s, (o.log, stream));
                     }
-                },
-            )
-        },
-    );
+                }
+            },
+        )
+    });
 }
 
 /// Row `r` of `[outer, len]` (a long one), each pass split across the team: partial sums per
@@ -223,7 +217,7 @@ where
     T::Acc: Exp,
 {
     let len = o.len;
-    let chunks = (len / SERIAL_ELEMENTS).clamp(1, 4 * ctx.threads);
+    let chunks = (len / TASK_ELEMENTS).clamp(1, 4 * ctx.threads);
     let chunk = len.div_ceil(chunks).next_multiple_of(BLOCK);
     let part = |c: usize| r * len + c * chunk..r * len + ((c + 1) * chunk).min(len);
     let count = len.div_ceil(chunk);
@@ -277,7 +271,7 @@ where
         .clamp(LANES, BLOCK)
         .min(o.inner);
     let tiles = o.inner.div_ceil(tile);
-    let min_tasks = (SERIAL_ELEMENTS / (o.len * tile)).max(1);
+    let min_tasks = items_per_task(o.len * tile);
     for_chunks(o.outer * tiles, ctx.threads, min_tasks, |tasks| {
         with_simd(
             ctx.simd,
@@ -423,7 +417,7 @@ mod tests {
 
     #[test]
     fn long_rows_split_across_threads() {
-        let len = 4 * SERIAL_ELEMENTS + BLOCK + 5;
+        let len = 4 * TASK_ELEMENTS + BLOCK + 5;
         for_threads(|ctx| {
             for dtype in [DType::F32, DType::BF16] {
                 for log in [false, true] {

@@ -1,6 +1,7 @@
 //! Drivers of the CPU reductions: how rows, lanes and threads are walked for each layout.
 
 use super::*;
+use crate::backends::cpu::cost::items_per_task;
 
 /// The fold of `parts` in order (the default state for none).
 fn fold<A: Real, S: State<A>>(parts: Vec<S>) -> S {
@@ -191,7 +192,7 @@ pub(in crate::backends::cpu) fn lanes<A: Real, S: State<A>, Src: Source<A>>(
         }
         return;
     }
-    let min_lanes = (SERIAL_ELEMENTS / len.max(1)).max(1);
+    let min_lanes = items_per_task(len);
     if len < LANES && grid.is_dense(len) {
         short_lanes(src, count, len, ctx, min_lanes, emit);
         return;
@@ -361,7 +362,7 @@ pub(in crate::backends::cpu) fn columns<A: Real, S: State<A>, Src: Source<A>>(
         }
         return;
     }
-    let min_units = (SERIAL_ELEMENTS / (m.rows * w0).max(1)).max(1);
+    let min_units = items_per_task(m.rows * w0);
     for_chunks(units, ctx.threads, min_units, |r| {
         with_simd(
             ctx.simd,

@@ -22,8 +22,8 @@ use super::team::{par_chunks_mut, par_map};
 
 use super::host::{
     for_chunks, widen_into, with_float, with_simd, Ctx, Element, Real, Span, View, BLOCK,
-    SERIAL_ELEMENTS,
 };
+use crate::backends::cpu::cost::TASK_ELEMENTS;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, reduce as reference};
 use crate::compute::op::OpImpl;
@@ -460,7 +460,7 @@ fn gather<T: Element>(view: &View<T>, ctx: Ctx) -> Result<Vec<T::Acc>> {
             available: 0,
         })?;
     dense.resize(n, <T::Acc as Real>::ZERO);
-    let chunk = n.div_ceil(ctx.threads * 4).max(SERIAL_ELEMENTS);
+    let chunk = n.div_ceil(ctx.threads * 4).max(TASK_ELEMENTS);
     // SAFETY: reduce's output never overlaps its input (in-place is forbidden), so nothing writes
     // the view meanwhile.
     par_chunks_mut(&mut dense, chunk, |k, c| unsafe {
