@@ -1,6 +1,7 @@
 //! The CPU backend's threading cost model: whether an op is worth sharing with the thread team,
-//! and how much work each task of a shared op takes. Every threading decision of the CPU kernels
-//! is made from the constants and functions here.
+//! and how much work each task of a shared op takes. Both decisions of every CPU kernel are made
+//! from the constants and functions here; a kernel adds only how its work divides (rows, planes,
+//! blocks of output positions) and how many items it wants per thread.
 //!
 //! An op's [`Work`] is the time one thread needs for it, counted in flops: a byte read or written
 //! costs [`FLOPS_PER_BYTE`] flops (one core streams about 16 bytes per nanosecond from memory in
@@ -13,8 +14,8 @@
 //! and elementwise ops are batched into a task rather than run one task each.
 //!
 //! The rates are the top of one core's, so estimates err short: an op the model keeps on one thread
-//! loses at most the half of 16 µs that a second thread would have taken, while an op shared too
-//! eagerly pays a hand-off on every call. The autotuner (`CpuBackend::variants`) still times both
+//! loses at most the half of its 16 µs that a second thread would have taken, while an op shared
+//! too eagerly pays a hand-off on every call. The autotuner (`CpuBackend::variants`) still times both
 //! choices for GEMM and convolution, where they matter most.
 
 /// Flops one thread computes in the time it moves one byte to or from memory.
