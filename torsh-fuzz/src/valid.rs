@@ -449,7 +449,14 @@ fn matmul(rng: &mut Rng) -> Case {
         }
         s
     };
-    let (sa, mut sb) = (shrink(sa), shrink(sb));
+    let (mut sa, mut sb) = (shrink(sa), shrink(sb));
+    if rng.chance(0.1) {
+        // Many small products past the size cap: each too small to split, together worth the
+        // CPU's threads, which run them side by side (at least 2²¹ flops of work in f32).
+        let dim = |rng: &mut Rng| rng.range(16, 20);
+        let (batch, m, k, n) = (rng.range(64, 80), dim(rng), dim(rng), dim(rng));
+        (sa, sb) = (vec![batch, m, k], vec![batch, k, n]);
+    }
     // The shrinking may have changed a shared inner dim: B takes A's.
     let inner = *sa.last().unwrap_or(&1);
     let at = if sb.len() == 1 { 0 } else { sb.len() - 2 };

@@ -222,11 +222,16 @@ fn matmul_batched(i: &mut Inputs) -> Result<Vec<Tensor>> {
     let bc_b = i.normal(&[3, 6, 5])?;
     let perm = i.normal(&[5, 3, 7])?.permute(&[1, 0, 2])?;
     let shared = i.normal(&[7, 4])?;
+    // Many small products: each too small to split, together worth the CPU's threads, which run
+    // them side by side.
+    let many_a = i.normal(&[64, 16, 17])?;
+    let many_b = i.normal(&[64, 17, 18])?;
     Ok(vec![
         a.matmul(&b)?,
         bc_a.matmul(&bc_b)?,
         perm.matmul(&shared)?,
         a.matmul(&b.transpose(1, 2)?.transpose(1, 2)?)?,
+        many_a.matmul(&many_b)?,
     ])
 }
 

@@ -25,24 +25,23 @@ pub(crate) const FLOPS_PER_BYTE: usize = 8;
 /// about 16 µs of one thread (see the module documentation).
 pub(crate) const TEAM_WORK: usize = 1 << 21;
 
-/// Elements of one task of a pass that reads and writes each element once as f32 (8 bytes an
-/// element): [`TEAM_WORK`] of it. Kernels over other element types use the same count, since
-/// their widening to f32 costs what their narrower loads save.
-pub(crate) const TASK_ELEMENTS: usize = TEAM_WORK / (8 * FLOPS_PER_BYTE);
+/// Bytes a pass moves per element: one f32 read and one written.
+const PASS_BYTES: usize = 8;
 
-/// Items of `elements_per_item` elements that make one task of [`TASK_ELEMENTS`]: at least 1.
+/// Elements of one task of a pass that reads and writes each element once as f32: [`TEAM_WORK`]
+/// of it. Kernels over every element type count in these elements (an f64 pass moves twice the
+/// bytes per element, an f16 or bf16 one half of them but widens each element).
+pub(crate) const TASK_ELEMENTS: usize = TEAM_WORK / (PASS_BYTES * FLOPS_PER_BYTE);
+
+/// Items of `elements_per_item` elements (0 counts as 1) that make one task of
+/// [`TASK_ELEMENTS`]: at least 1.
 pub(crate) const fn items_per_task(elements_per_item: usize) -> usize {
-    let per = if elements_per_item == 0 {
+    let elements = if elements_per_item == 0 {
         1
     } else {
         elements_per_item
     };
-    let items = TASK_ELEMENTS / per;
-    if items == 0 {
-        1
-    } else {
-        items
-    }
+    Work::bytes(elements.saturating_mul(PASS_BYTES)).per_task()
 }
 
 /// An estimate of the time one thread needs for some work, in flops (bytes moved count
