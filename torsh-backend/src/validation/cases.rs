@@ -319,7 +319,18 @@ fn conv2d(i: &mut Inputs) -> Result<Vec<Tensor>> {
             ..Default::default()
         },
     )?;
-    Ok(vec![plain, grouped, depthwise, with_bias, one, deep])
+    // A first layer's 7×7 window at stride 2 on three channels: the CPU's direct kernel.
+    let stem = b.conv2d_with_bias(
+        &i.normal(&[1, 3, 17, 19])?,
+        &i.normal(&[7, 3, 7, 7])?,
+        Some(&i.normal(&[7])?),
+        ConvConfig {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Default::default()
+        },
+    )?;
+    Ok(vec![plain, grouped, depthwise, with_bias, one, deep, stem])
 }
 
 fn cnn_training_step(i: &mut Inputs) -> Result<Vec<Tensor>> {

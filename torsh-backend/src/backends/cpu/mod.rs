@@ -238,6 +238,8 @@ const CONV_IM2COL_POOL: &str = "im2col+threads:pool";
 const CONV_IM2COL_INLINE: &str = "im2col+threads:1";
 const CONV_WINOGRAD_POOL: &str = "winograd+threads:pool";
 const CONV_WINOGRAD_INLINE: &str = "winograd+threads:1";
+const CONV_DIRECT_POOL: &str = "direct+threads:pool";
+const CONV_DIRECT_INLINE: &str = "direct+threads:1";
 
 /// The work of a GEMM: its multiply-adds, and reading its operands and writing its result once.
 fn gemm_work(d: &GemmDesc) -> Work {
@@ -375,23 +377,28 @@ impl ComputeBackend for CpuBackend {
                     return &[];
                 };
                 // The kernel family the default does not take, where another applies.
-                let other = if conv::winograd_preferred(d) {
+                let other = if conv::winograd_preferred(d) || conv::direct_preferred(d) {
                     Some(conv::Algorithm::Im2col)
                 } else if conv::winograd_applies(d) {
                     Some(conv::Algorithm::Winograd)
+                } else if conv::direct_offered(d) {
+                    Some(conv::Algorithm::Direct)
                 } else {
                     None
                 };
-                use conv::Algorithm::Im2col;
+                use conv::Algorithm::{Direct, Im2col};
                 let shares = touched(&acc).plus(conv::work(d)).shares();
                 match (self.threads > 1, shares, other) {
                     (false, _, None) => &[],
                     (false, _, Some(Im2col)) => &[GEMM_INLINE, CONV_IM2COL_INLINE],
+                    (false, _, Some(Direct)) => &[GEMM_INLINE, CONV_DIRECT_INLINE],
                     (false, _, Some(_)) => &[GEMM_INLINE, CONV_WINOGRAD_INLINE],
                     (true, true, None) => &[GEMM_POOL, GEMM_INLINE],
                     (true, false, None) => &[GEMM_INLINE, GEMM_POOL],
                     (true, true, Some(Im2col)) => &[GEMM_POOL, GEMM_INLINE, CONV_IM2COL_POOL],
                     (true, false, Some(Im2col)) => &[GEMM_INLINE, GEMM_POOL, CONV_IM2COL_INLINE],
+                    (true, true, Some(Direct)) => &[GEMM_POOL, GEMM_INLINE, CONV_DIRECT_POOL],
+                    (true, false, Some(Direct)) => &[GEMM_INLINE, GEMM_POOL, CONV_DIRECT_INLINE],
                     (true, true, Some(_)) => &[GEMM_POOL, GEMM_INLINE, CONV_WINOGRAD_POOL],
                     (true, false, Some(_)) => &[GEMM_INLINE, GEMM_POOL, CONV_WINOGRAD_INLINE],
                 }
@@ -415,9 +422,13 @@ impl ComputeBackend for CpuBackend {
                 let algorithm = match variant {
                     CONV_IM2COL_POOL | CONV_IM2COL_INLINE => conv::Algorithm::Im2col,
                     CONV_WINOGRAD_POOL | CONV_WINOGRAD_INLINE => conv::Algorithm::Winograd,
+                    CONV_DIRECT_POOL | CONV_DIRECT_INLINE => conv::Algorithm::Direct,
                     _ => conv::Algorithm::Auto,
                 };
-                let pool = matches!(variant, GEMM_POOL | CONV_IM2COL_POOL | CONV_WINOGRAD_POOL);
+                let pool = matches!(
+                    variant,
+                    GEMM_POOL | CONV_IM2COL_POOL | CONV_WINOGRAD_POOL | CONV_DIRECT_POOL
+                );
                 self.kernel_on(acc, pool, |mem, ctx| {
                     conv::conv2d_by(mem, d, ctx, algorithm)
                 })

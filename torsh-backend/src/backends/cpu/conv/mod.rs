@@ -685,6 +685,12 @@ pub(crate) enum Algorithm {
     /// Winograd F(2×2, 3×3), for the shapes [`Algorithm::Winograd`] applies to
     /// ([`winograd_applies`]).
     Winograd,
+    /// The direct kernel for few input channels (`direct.rs`), for any shape.
+    Direct,
+    /// [`Algorithm::Direct`] with its register tiles sized for vectors of this many bytes
+    /// (another machine's), to test every tile shape on any machine.
+    #[cfg(test)]
+    DirectTiled(usize),
 }
 
 /// NCHW convolution with stride, padding, dilation, groups and bias, by the default kernel for
@@ -728,6 +734,18 @@ pub(crate) fn winograd_applies(d: &Conv2dDesc) -> bool {
     Geometry::of(d).is_some_and(|g| winograd::applies(&g, elem))
 }
 
+/// Whether [`Algorithm::Auto`] takes the direct kernel for `d` (a validated descriptor).
+pub(crate) fn direct_preferred(d: &Conv2dDesc) -> bool {
+    Geometry::of(d).is_some_and(|g| direct::preferred(&g))
+}
+
+/// Whether the autotuner should also time [`Algorithm::Direct`] on `d` (a validated descriptor)
+/// where it is not the default: one group of at most [`direct::OFFERED_CHANNELS`] input channels
+/// and a window of more than one tap.
+pub(crate) fn direct_offered(d: &Conv2dDesc) -> bool {
+    Geometry::of(d).is_some_and(|g| direct::offered(&g))
+}
+
 /// Whether [`Algorithm::Auto`] takes the Winograd kernel for `d` (a validated descriptor).
 pub(crate) fn winograd_preferred(d: &Conv2dDesc) -> bool {
     let elem = if d.dtype == DType::F64 { 8 } else { 4 };
@@ -767,6 +785,10 @@ fn typed<T: Wide>(
     match algorithm {
         Algorithm::Im2col => job.im2col_gemm(ctx),
         Algorithm::Winograd => job.winograd(ctx),
+        Algorithm::Direct => job.direct(ctx),
+        #[cfg(test)]
+        Algorithm::DirectTiled(bytes) => job.direct_tiled(ctx, bytes),
+        Algorithm::Auto if direct::preferred(&g) => job.direct(ctx),
         // One input channel per group takes the depthwise kernel, but for a single group of
         // small planes (a first layer on small images): one GEMM per image beats a pass per
         // output plane.
@@ -1410,10 +1432,15 @@ fn widen_run<T: Wide>(src: &[T], dst: &mut [T::Acc]) {
     }
 }
 
-/// `dst[i] = src[i · stride]`, in fixed-size chunks for stride 2 (shuffles instead of gathers).
+/// `dst[i] = src[i · stride]`, in fixed-size chunks for strides 1 and 2 (moves and shuffles
+/// instead of gathers).
 #[inline(always)]
 fn gather_run<A: Real>(src: &[A], stride: usize, dst: &mut [A]) {
     let n = dst.len();
+    if stride == 1 {
+        copy_run(src, dst);
+        return;
+    }
     if stride == 2 && n >= RUN && src.len() >= 2 * n - 1 {
         let mut i = 0;
         while i + RUN <= n && 2 * (i + RUN) <= src.len() {
@@ -1464,6 +1491,7 @@ impl OpImpl<Conv2dDesc> for CpuBackend {
 }
 
 mod backward;
+mod direct;
 #[cfg(test)]
 mod tests;
 mod winograd;

@@ -58,8 +58,8 @@ fn on_threads<R>(threads: usize, f: impl FnOnce(Ctx) -> R) -> R {
     crate::backends::cpu::team::on_threads(threads, f)
 }
 
-/// Compares every kernel that can compute `case` (the default, im2col and, where it applies,
-/// Winograd) with the reference in `dtype` on `threads` threads, each output poisoned with NaN
+/// Compares every kernel that can compute `case` (the default, im2col, direct and, where it
+/// applies, Winograd) with the reference in `dtype` on `threads` threads, each output poisoned with NaN
 /// first.
 fn check(case: Case, dtype: DType, threads: usize) {
     let mut mem = HostMemory::default();
@@ -102,7 +102,14 @@ fn check(case: Case, dtype: DType, threads: usize) {
         ..desc
     };
     reference::conv2d(&mut mem, &oracle).unwrap();
-    let mut algorithms = vec![Algorithm::Auto, Algorithm::Im2col];
+    let mut algorithms = vec![
+        Algorithm::Auto,
+        Algorithm::Im2col,
+        Algorithm::Direct,
+        // The tiles of AVX-512 and of 16-byte vectors.
+        Algorithm::DirectTiled(64),
+        Algorithm::DirectTiled(16),
+    ];
     if winograd_applies(&desc) {
         algorithms.push(Algorithm::Winograd);
     }
@@ -338,6 +345,85 @@ fn winograd_matches_the_reference() {
             }
         }
     }
+}
+
+#[test]
+fn direct_kernel_matches_the_reference() {
+    // First layers: an RGB 7×7/2 stem whose output rows end in a short tile, a 5×5 grey layer of
+    // two images, 11×11/4 with output channels past a register block, asymmetric windows,
+    // strides, dilations and paddings (wider than the window), RGBA in two groups, one output
+    // column, and enough rows to cut the plane into bands.
+    let cases = [
+        Case {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Case::new([1, 3, 45, 37], 13, [7, 7])
+        },
+        Case::new([2, 1, 12, 28], 6, [5, 5]),
+        Case {
+            stride: [4, 4],
+            padding: [2, 2],
+            ..Case::new([1, 3, 47, 51], 7, [11, 11])
+        },
+        Case {
+            stride: [3, 2],
+            padding: [4, 5],
+            dilation: [2, 3],
+            bias: false,
+            ..Case::new([1, 2, 17, 23], 5, [3, 2])
+        },
+        Case {
+            groups: 2,
+            stride: [1, 3],
+            padding: [1, 1],
+            ..Case::new([2, 4, 9, 40], 8, [3, 3])
+        },
+        Case::new([1, 3, 4, 4], 4, [4, 4]),
+        Case {
+            padding: [1, 1],
+            ..Case::new([1, 4, 150, 131], 12, [3, 3])
+        },
+    ];
+    for case in cases {
+        for dtype in DTYPES {
+            for threads in [1, 2, 3] {
+                check(case, dtype, threads);
+            }
+        }
+    }
+}
+
+#[test]
+fn direct_kernel_is_the_default_for_few_input_channels() {
+    let desc = |c: usize, kernel: usize, groups: usize| Conv2dDesc {
+        dtype: DType::F32,
+        input: DevicePtr(0),
+        input_shape: [1, c, 32, 32],
+        weight: DevicePtr(0),
+        weight_shape: [16, c / groups, kernel, kernel],
+        bias: None,
+        output: DevicePtr(0),
+        output_shape: [1, 16, 32 - kernel + 1, 32 - kernel + 1],
+        stride: [1, 1],
+        padding: [0, 0],
+        dilation: [1, 1],
+        groups,
+    };
+    for first_layer in [desc(3, 7, 1), desc(1, 5, 1), desc(4, 3, 1)] {
+        assert!(direct_preferred(&first_layer), "{first_layer:?}");
+    }
+    for other in [
+        desc(5, 3, 1),
+        desc(3, 1, 1),
+        desc(4, 3, 2),
+        desc(64, 3, 1),
+        desc(2, 3, 1),
+    ] {
+        assert!(!direct_preferred(&other), "{other:?}");
+    }
+    // Not the default, but timed by the autotuner.
+    assert!(direct_offered(&desc(2, 3, 1)) && direct_offered(&desc(8, 3, 1)));
+    assert!(!direct_offered(&desc(3, 7, 1)) && !direct_offered(&desc(32, 3, 1)));
 }
 
 #[test]

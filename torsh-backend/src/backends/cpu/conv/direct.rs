@@ -1,0 +1,459 @@
+//! Direct convolution for layers with few input channels per group: an image network's first
+//! layer (grey, RGB or RGBA input, windows up to 7×7 or 11×11, often stride 2), where im2col would
+//! build a patch matrix only `C·R·S` rows deep and pack it again for a GEMM whose inner dimension is
+//! that short.
+//!
+//! The kernel holds a tile of `CL` output channels (two vector registers of the compute type: 16
+//! f32 on AVX2, 32 on AVX-512; one register when a group has no more output channels than one
+//! register holds) × `P` consecutive output pixels of a row (6 or 8) in registers, summing over
+//! the group's input channels and the window's taps: per tap, the `CL` weights (one or two vector
+//! loads) and `P` broadcast inputs make `CL·P` multiply-adds — a GEMM microkernel's shape, with
+//! the input read in place of a packed panel. The tile is written out transposed, a row of `P`
+//! pixels per channel.
+//!
+//! The input rows a band of output rows reads are first loaded (widened to the compute type and
+//! zero-padded) and split by the horizontal stride into phases, so that the columns one tap reads
+//! for consecutive outputs are contiguous: phase `p` of a row holds padded columns `p`, `p + sw`,
+//! `p + 2·sw`, …, and tap `si` of output column `ox` reads padded column `ox·sw + si·dw`, that is
+//! phase `(si·dw) mod sw` at index `ox + ⌊si·dw / sw⌋`. Rows in the vertical padding are loaded
+//! as zeros, so every tile reads all of its taps at fixed offsets in one flat loop.
+//!
+//! Any stride, padding, dilation and groups are computed; the default kernel ([`preferred`]) for
+//! one group of at most [`MAX_CHANNELS`] input channels and at least [`MIN_TAPS`] multiply-adds
+//! per output. Work items are (image, band of output rows), shared out by the team when the
+//! convolution is threaded. The weights are repacked once per call,
+//! `[group][block of CL channels][C/G][R][S][CL]`, zero for the channels past `K/G` in a group's
+//! last block (computed, never stored).
+//!
+//! Every output is the same sum as the reference's in another order (input channel, then tap row,
+//! then tap column), so the results differ from it by rounding only; a non-finite input reaches
+//! exactly the outputs whose window reads it.
+
+use super::{fill_zero, gather_run, out_of_memory, parallel_items, zeroed, Geometry, Job, Wide};
+use crate::backends::cpu::host::{with_simd, Ctx, Real};
+use crate::backends::cpu::simd::SimdLevel;
+use crate::error::Result;
+
+/// Output pixels of a register tile of two vectors of channels.
+const PIXELS: usize = 6;
+
+/// Output pixels of a register tile of one vector of channels.
+const PIXELS_NARROW: usize = 8;
+
+/// The most input channels per group the direct kernel is the default for.
+pub(super) const MAX_CHANNELS: usize = 4;
+
+/// Elements of padded input a work item's band holds at most (its output rows are cut to fit, down
+/// to one): 128 KiB of f32, so the band stays in the L2 cache beside the repacked weights.
+const BAND_ELEMENTS: usize = 1 << 15;
+
+/// The fewest multiply-adds per output (`C/G·R·S`) the direct kernel is the default for: below,
+/// writing each tile out transposed costs more than im2col's packing.
+pub(super) const MIN_TAPS: usize = 25;
+
+/// Whether the direct kernel is the default for `g`: one group of at most [`MAX_CHANNELS`] input
+/// channels and at least [`MIN_TAPS`] multiply-adds per output (a 5×5 window on one channel, 3×3
+/// on three).
+pub(super) fn preferred(g: &Geometry) -> bool {
+    g.groups == 1 && g.cg <= MAX_CHANNELS && g.crs() >= MIN_TAPS
+}
+
+/// The most input channels per group the autotuner times the direct kernel on ([`offered`]).
+pub(super) const OFFERED_CHANNELS: usize = 16;
+
+/// Whether the autotuner should also time the direct kernel on `g` where it is not the default:
+/// one group of at most [`OFFERED_CHANNELS`] input channels, a window of more than one tap.
+pub(super) fn offered(g: &Geometry) -> bool {
+    g.groups == 1 && g.cg <= OFFERED_CHANNELS && g.r * g.s > 1 && !preferred(g)
+}
+
+/// The register tile: `CL` output channels × `P` output pixels. The packed weights, the band's
+/// width and the kernel all take their sizes from it, so they cannot disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    C32P6,
+    C16P6,
+    C16P8,
+    C8P6,
+    C8P8,
+    C4P8,
+}
+
+impl Shape {
+    /// The tile for `lanes`-element vectors and `kg` output channels per group: two vectors of
+    /// channels × [`PIXELS`], or one × [`PIXELS_NARROW`] when one vector holds the group's
+    /// channels; vectors of more than 16 or fewer than 4 lanes take the nearest.
+    fn of(lanes: usize, kg: usize) -> Shape {
+        match (lanes, kg <= lanes) {
+            (16.., false) => Shape::C32P6,
+            (16.., true) => Shape::C16P8,
+            (8..=15, false) => Shape::C16P6,
+            (8..=15, true) => Shape::C8P8,
+            (_, false) => Shape::C8P6,
+            (_, true) => Shape::C4P8,
+        }
+    }
+
+    /// `(CL, P)`.
+    fn size(self) -> (usize, usize) {
+        match self {
+            Shape::C32P6 => (32, PIXELS),
+            Shape::C16P6 => (16, PIXELS),
+            Shape::C16P8 => (16, PIXELS_NARROW),
+            Shape::C8P6 => (8, PIXELS),
+            Shape::C8P8 => (8, PIXELS_NARROW),
+            Shape::C4P8 => (4, PIXELS_NARROW),
+        }
+    }
+}
+
+/// Bytes of the vector registers the tiles are sized for at `simd`.
+pub(super) fn vector_bytes(simd: SimdLevel) -> usize {
+    match simd {
+        SimdLevel::Avx512 => 64,
+        _ => 32,
+    }
+}
+
+/// How the direct kernel lays out and splits its work.
+#[derive(Clone, Debug)]
+struct Layout {
+    /// The register tile.
+    shape: Shape,
+    /// Output channels of a register tile (`CL`).
+    cl: usize,
+    /// Length of one phase of a loaded input row: the columns the tiles read.
+    wq: usize,
+    /// Loaded rows per input channel in a band: the padded rows its output rows read.
+    height: usize,
+    /// Output rows per band.
+    band_rows: usize,
+    /// Bands per image.
+    bands: usize,
+    /// Where a tile reads each tap of a group.
+    taps: Taps,
+}
+
+/// For each tap `(c, ri, si)` of a group (`[C/G][R][S]`), where output column 0 of a band's first
+/// output row reads it, relative to the group's first loaded row; and how far a tile of up to
+/// `px` pixels reads from there.
+#[derive(Clone, Debug)]
+struct Taps {
+    at: Vec<usize>,
+    px: usize,
+    /// Past the largest offset by `px`.
+    reach: usize,
+}
+
+impl Taps {
+    fn new(at: Vec<usize>, px: usize) -> Taps {
+        let reach = at.iter().max().map_or(0, |&t| t + px);
+        Taps { at, px, reach }
+    }
+}
+
+impl Layout {
+    /// The layout for `g` on `threads` threads with `vector_bytes`-byte vectors and `elem`-byte
+    /// compute elements; `OutOfMemory` when a band of one output row has more elements than
+    /// `usize` holds.
+    fn new(g: &Geometry, threads: usize, vector_bytes: usize, elem: usize) -> Result<Layout> {
+        let shape = Shape::of(vector_bytes / elem, g.kg());
+        let (cl, px) = shape.size();
+        let (sh, sw, dh, dw) = (g.stride[0], g.stride[1], g.dilation[0], g.dilation[1]);
+        let wq = g.ow.next_multiple_of(px) + (g.s - 1) * dw / sw;
+        let row_len = sw * wq;
+        // Loaded elements per output row: `sh` rows of every input channel.
+        let per_row = g.c.saturating_mul(sh).saturating_mul(row_len);
+        let mut band_rows = (BAND_ELEMENTS / per_row.max(1)).clamp(1, g.oh);
+        if threads > 1 {
+            // Enough items for every thread, four times over, while there are rows to split.
+            let want = (4 * threads).div_ceil(g.n);
+            band_rows = band_rows.min(g.oh.div_ceil(want)).max(1);
+        }
+        let height = (band_rows - 1) * sh + (g.r - 1) * dh + 1;
+        let layout = Layout {
+            shape,
+            cl,
+            wq,
+            height,
+            band_rows,
+            bands: g.oh.div_ceil(band_rows),
+            taps: Taps::new(Vec::new(), px),
+        };
+        let len = layout
+            .band_len(g)
+            .ok_or_else(|| out_of_memory::<u8>(usize::MAX))?;
+        // Every offset is below `len`, so none overflows.
+        let mut taps = Vec::new();
+        taps.try_reserve_exact(g.crs())
+            .map_err(|_| out_of_memory::<usize>(g.crs()))?;
+        for c in 0..g.cg {
+            for ri in 0..g.r {
+                for si in 0..g.s {
+                    let row = (c * height + ri * dh) * row_len;
+                    taps.push(row + (si * dw % sw) * wq + si * dw / sw);
+                }
+            }
+        }
+        debug_assert!(taps.iter().all(|&t| t < len));
+        Ok(Layout {
+            taps: Taps::new(taps, px),
+            ..layout
+        })
+    }
+
+    /// Elements of one loaded input row: its `sw` phases.
+    fn row_len(&self, g: &Geometry) -> usize {
+        g.stride[1] * self.wq
+    }
+
+    /// Elements of a band buffer, every input channel's rows; `None` past `usize`.
+    fn band_len(&self, g: &Geometry) -> Option<usize> {
+        g.c.checked_mul(self.height)?.checked_mul(self.row_len(g))
+    }
+}
+
+/// A work item's buffers: the loaded input band and one widened input row.
+struct Band<A> {
+    /// `[C][height][sw phases][wq]`: the padded rows from `sh` times the band's first output row.
+    rows: Vec<A>,
+    /// One input row widened to the compute type.
+    wide: Vec<A>,
+}
+
+impl<A: Real> Band<A> {
+    fn new(g: &Geometry, layout: &Layout) -> Result<Band<A>> {
+        Ok(Band {
+            rows: zeroed(layout.band_len(g).unwrap_or(usize::MAX))?,
+            wide: zeroed(g.w)?,
+        })
+    }
+}
+
+impl<T: Wide> Job<'_, T> {
+    /// The direct path: see the module doc.
+    pub(super) fn direct(&self, ctx: Ctx) -> Result<()> {
+        self.direct_tiled(ctx, vector_bytes(ctx.simd))
+    }
+
+    /// The direct path with tiles sized for `vector_bytes`-byte vectors.
+    pub(super) fn direct_tiled(&self, ctx: Ctx, vector_bytes: usize) -> Result<()> {
+        let g = &self.g;
+        let elem = std::mem::size_of::<T::Acc>();
+        let layout = Layout::new(g, ctx.threads, vector_bytes, elem)?;
+        let weights = self.packed_weights(layout.cl)?;
+        let items = g.n * layout.bands;
+        let run = |item: usize, band: &mut Band<T::Acc>| {
+            with_simd(
+                ctx.simd,
+                #[inline(always)]
+                || self.direct_item(item, &layout, &weights, band),
+            );
+        };
+        if ctx.threads > 1 && items > 1 {
+            parallel_items(items, ctx.threads).try_for_each_init(
+                || Band::new(g, &layout),
+                |band, item| {
+                    let band = band
+                        .as_mut()
+                        .map_err(|_| out_of_memory::<T::Acc>(layout.band_len(g).unwrap_or(0)))?;
+                    run(item, band);
+                    Ok(())
+                },
+            )
+        } else {
+            let mut band = Band::new(g, &layout)?;
+            for item in 0..items {
+                run(item, &mut band);
+            }
+            Ok(())
+        }
+    }
+
+    /// The weights as `[group][block][C/G][R][S][cl]`, zero past `K/G` in each group.
+    fn packed_weights(&self, cl: usize) -> Result<Vec<T::Acc>> {
+        let g = &self.g;
+        let (kg, crs) = (g.kg(), g.crs());
+        let blocks = kg.div_ceil(cl);
+        let mut packed = zeroed(g.groups * blocks * crs * cl)?;
+        for group in 0..g.groups {
+            for kk in 0..kg {
+                let (block, lane) = (kk / cl, kk % cl);
+                let src = &self.weight[(group * kg + kk) * crs..][..crs];
+                let dst = &mut packed[(group * blocks + block) * crs * cl..][..crs * cl];
+                for (t, &w) in src.iter().enumerate() {
+                    dst[t * cl + lane] = w;
+                }
+            }
+        }
+        Ok(packed)
+    }
+
+    /// Work item `item`: one band of output rows of one image, every channel.
+    #[inline(always)]
+    fn direct_item(&self, item: usize, l: &Layout, weights: &[T::Acc], band: &mut Band<T::Acc>) {
+        let g = &self.g;
+        let (img, b) = (item / l.bands, item % l.bands);
+        let rows = b * l.band_rows..g.oh.min((b + 1) * l.band_rows);
+        self.load_band(img, rows.clone(), l, band);
+        let (kg, crs, cl) = (g.kg(), g.crs(), l.cl);
+        let blocks = kg.div_ceil(cl);
+        let group_rows = g.cg * l.height * l.row_len(g);
+        for oy in rows.clone() {
+            // Where output column 0 of row oy reads tap (0, 0, 0) of group 0.
+            let base = (oy - rows.start) * g.stride[0] * l.row_len(g);
+            // Block by block along the whole row, so that a block's weights stay in the L1 cache.
+            for group in 0..g.groups {
+                for block in 0..blocks {
+                    let k0 = group * kg + block * cl;
+                    let lanes = cl.min(kg - block * cl);
+                    let channels = Channels {
+                        k0,
+                        weights: &weights[(group * blocks + block) * crs * cl..][..crs * cl],
+                        bias: self.bias.map(|b| &b[k0..k0 + lanes]),
+                        lanes,
+                    };
+                    let base = base + group * group_rows;
+                    let (i, b) = ((img, oy, base), &channels);
+                    match l.shape {
+                        Shape::C32P6 => self.block_row::<32, PIXELS>(i, b, l, band),
+                        Shape::C16P6 => self.block_row::<16, PIXELS>(i, b, l, band),
+                        Shape::C16P8 => self.block_row::<16, PIXELS_NARROW>(i, b, l, band),
+                        Shape::C8P6 => self.block_row::<8, PIXELS>(i, b, l, band),
+                        Shape::C8P8 => self.block_row::<8, PIXELS_NARROW>(i, b, l, band),
+                        Shape::C4P8 => self.block_row::<4, PIXELS_NARROW>(i, b, l, band),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Output row `oy` of image `img` for one block of `CL` output channels, `P` pixels at a time;
+    /// `base` is where output column 0 reads the block's first tap in the loaded band.
+    #[inline(always)]
+    fn block_row<const CL: usize, const P: usize>(
+        &self,
+        (img, oy, base): (usize, usize, usize),
+        ch: &Channels<'_, T::Acc>,
+        l: &Layout,
+        band: &Band<T::Acc>,
+    ) {
+        let g = &self.g;
+        let plane = g.oh * g.ow;
+        let mut c0 = 0;
+        while c0 < g.ow {
+            // The layout sizes the band for every tile: this slice is in bounds.
+            let x = &band.rows[base + c0..][..l.taps.reach];
+            let acc = tile::<_, CL, P>(x, &l.taps, ch);
+            let n = P.min(g.ow - c0);
+            let at = ((img * g.k + ch.k0) * g.oh + oy) * g.ow + c0;
+            for kb in 0..ch.lanes {
+                // SAFETY: row oy of channel k0 + kb, columns c0 .. c0 + n, lies inside the output
+                // and is written by this item only (items own disjoint bands of output rows).
+                let out = unsafe { self.output.get_mut(at + kb * plane, n) };
+                match T::as_acc_mut(out) {
+                    // Element by element: gathering the row into an array first would read it back
+                    // wider than it was written, which the store buffer cannot forward.
+                    Some(out) => {
+                        for (o, acc) in out.iter_mut().zip(&acc) {
+                            *o = acc[kb];
+                        }
+                    }
+                    None => {
+                        let row: [T::Acc; P] = std::array::from_fn(|p| acc[p][kb]);
+                        T::narrow_slice(&row[..n], out);
+                    }
+                }
+            }
+            c0 += P;
+        }
+    }
+
+    /// Loads into `band` the padded rows of image `img` that output rows `rows` read (from padded
+    /// row `rows.start · sh`), widened, zero outside the image, and split into phases.
+    #[inline(always)]
+    fn load_band(
+        &self,
+        img: usize,
+        rows: std::ops::Range<usize>,
+        l: &Layout,
+        band: &mut Band<T::Acc>,
+    ) {
+        let g = &self.g;
+        let (sh, dh, ph) = (g.stride[0], g.dilation[0], g.padding[0]);
+        let (sw, pw) = (g.stride[1], g.padding[1]);
+        let top = rows.start * sh;
+        let loaded = (rows.len() - 1) * sh + (g.r - 1) * dh + 1;
+        let row_len = l.row_len(g);
+        for c in 0..g.c {
+            // SAFETY: the input plane lies inside the input, which nothing writes.
+            let plane = unsafe { self.input.get((img * g.c + c) * g.h * g.w, g.h * g.w) };
+            for b in 0..loaded {
+                let dst = &mut band.rows[(c * l.height + b) * row_len..][..row_len];
+                let Some(iy) = (top + b).checked_sub(ph).filter(|&iy| iy < g.h) else {
+                    dst.fill(T::Acc::ZERO);
+                    continue;
+                };
+                let src = &plane[iy * g.w..][..g.w];
+                let src = match T::as_acc(src) {
+                    Some(src) => src,
+                    None => {
+                        T::widen_slice(src, &mut band.wide);
+                        &band.wide
+                    }
+                };
+                for (p, phase) in dst.chunks_exact_mut(l.wq).enumerate() {
+                    // Padded column x = p + j·sw is input column x − pw: inside the row for
+                    // j in lo..hi.
+                    let lo = pw.saturating_sub(p).div_ceil(sw).min(l.wq);
+                    let hi = (g.w + pw).saturating_sub(p).div_ceil(sw).clamp(lo, l.wq);
+                    let (left, rest) = phase.split_at_mut(lo);
+                    let (mid, right) = rest.split_at_mut(hi - lo);
+                    fill_zero(left);
+                    if !mid.is_empty() {
+                        gather_run(&src[p + lo * sw - pw..], sw, mid);
+                    }
+                    fill_zero(right);
+                }
+            }
+        }
+    }
+}
+
+/// One block of output channels: its first channel, how many of the tile's lanes are channels,
+/// its weights (`[taps][CL]`) and bias (`lanes` values, or none).
+struct Channels<'a, A> {
+    k0: usize,
+    lanes: usize,
+    weights: &'a [A],
+    bias: Option<&'a [A]>,
+}
+
+/// The sums of one register tile, `acc[p][c]`: `P` output pixels × the `CL` channels of `ch`,
+/// over every tap `t`, which reads pixel `p` at `x[taps.at[t] + p]`. `x` must hold `taps.reach`
+/// elements and `P` be at most `taps.px` (both checked once).
+#[inline(always)]
+fn tile<A: Real, const CL: usize, const P: usize>(
+    x: &[A],
+    taps: &Taps,
+    ch: &Channels<'_, A>,
+) -> [[A; CL]; P] {
+    let mut first = [A::ZERO; CL];
+    if let Some(bias) = ch.bias {
+        first[..bias.len()].copy_from_slice(bias);
+    }
+    let mut acc = [first; P];
+    assert!(P <= taps.px, "a tile wider than its taps allow");
+    let x = &x[..taps.reach];
+    for (&at, w) in taps.at.iter().zip(ch.weights.chunks_exact(CL)) {
+        // SAFETY: at + P ≤ at + px ≤ reach = x.len() (`Taps::new`, and the checks above).
+        let x = unsafe { x.get_unchecked(at..at + P) };
+        let w: &[A; CL] = w.try_into().expect("CL weights a tap");
+        for (acc, &x) in acc.iter_mut().zip(x) {
+            for (a, &w) in acc.iter_mut().zip(w) {
+                *a = w.mul_add(x, *a);
+            }
+        }
+    }
+    acc
+}
