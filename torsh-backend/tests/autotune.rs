@@ -770,6 +770,9 @@ fn every_conv_variant_on(b: &Backend, reference: &Backend) {
         // with fewer channels the other way round.
         (2, 16, 10, 17, 3, [1, 1], [1, 1], [1, 1], 1),
         (1, 5, 9, 6, 3, [1, 1], [0, 0], [1, 1], 1),
+        // 5×5 on eight channels: im2col by default, the first-layer kernel offered (the 5×5 on
+        // four channels above is the other way round).
+        (1, 8, 12, 6, 5, [2, 2], [2, 2], [1, 1], 1),
     ];
     for (n, c, hw, k, r, stride, padding, dilation, groups) in layers {
         let make = |be: &Backend| {
@@ -808,18 +811,31 @@ fn every_conv_variant_on(b: &Backend, reference: &Backend) {
         let op = TunableOp::Conv2d(desc(&probe));
         let variants = b.compute().variants(&op);
         if b.backend_type() == BackendType::Cpu {
+            // The family the default does not take: im2col where Winograd or the first-layer
+            // kernel is the default, else Winograd where it applies, else the first-layer kernel
+            // on few channels.
             let winograd = r == 3 && stride == [1, 1] && dilation == [1, 1] && groups == 1;
-            let other = if c >= 16 && k >= 16 {
-                "im2col"
+            let direct = groups == 1 && c <= 4 && c * r * r >= 25;
+            let other = if direct || (winograd && c >= 16 && k >= 16) {
+                Some("im2col")
+            } else if winograd {
+                Some("winograd")
+            } else if groups == 1 && c <= 16 && r > 1 {
+                Some("direct")
             } else {
-                "winograd"
+                None
             };
-            assert_eq!(variants.len(), 2 + usize::from(winograd), "{variants:?}");
             assert_eq!(
-                variants.iter().any(|v| v.starts_with(other)),
-                winograd,
+                variants.len(),
+                2 + usize::from(other.is_some()),
                 "{variants:?}"
             );
+            if let Some(other) = other {
+                assert!(
+                    variants.iter().any(|v| v.starts_with(other)),
+                    "{variants:?}"
+                );
+            }
         }
         for &variant in variants {
             let out = b.full(want.shape(), f64::NAN, DType::F32).unwrap();
