@@ -8,8 +8,12 @@
 //!   vectorised along the output width, that sums each tile of an output row over the taps in
 //!   registers: at stride 1 tiles of up to 64 columns with the taps of a row unrolled for rows of 3, 5
 //!   and 7 taps (dilation 1), at other strides runs of [`RUN`] columns in interleaved partial sums.
-//!   A single group of one input channel on small planes (a first layer on small images) takes the
-//!   GEMM path instead.
+//!   A single group of one input channel takes the first-layer kernel below when its window has
+//!   at least 25 taps, else on small planes the GEMM path.
+//! - **first layers** (one group of at most 4 input channels, at least 25 multiply-adds per output,
+//!   any window, stride, padding and dilation): a direct kernel (`direct.rs`) with a tile of output
+//!   channels × pixels in registers, reading a zero-padded band of input rows split by the stride
+//!   into phases in place of a patch matrix.
 //! - **3×3, stride 1, dilation 1, one group, at least 16 input and output channels**: Winograd
 //!   F(2×2, 3×3) (`winograd.rs`): 16 GEMMs over transformed tiles, 2.25 times fewer multiply-adds.
 //!   It also serves the other 3×3 stride-1 ungrouped layers when asked for ([`Algorithm`]); the
