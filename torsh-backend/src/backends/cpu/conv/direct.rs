@@ -108,7 +108,7 @@ impl Shape {
 }
 
 /// Bytes of the vector registers the tiles are sized for at `simd`.
-pub(super) fn vector_bytes(simd: SimdLevel) -> usize {
+fn vector_bytes(simd: SimdLevel) -> usize {
     match simd {
         SimdLevel::Avx512 => 64,
         _ => 32,
