@@ -513,8 +513,23 @@ fn gemm(rng: &mut Rng) -> Case {
 
 /// A random convolution: input and weight shapes and a window that fits them (grouped, depthwise,
 /// strided, dilated and padded by chance; sometimes no image; sometimes a channel-rich 3×3 layer at
-/// stride 1, which the CPU computes by Winograd).
+/// stride 1, which the CPU computes by Winograd; sometimes a first layer, few input channels under
+/// a large window with many output channels, which the CPU computes by its direct kernel).
 fn conv_geometry(rng: &mut Rng) -> ([usize; 4], [usize; 4], ConvConfig) {
+    if rng.chance(0.1) {
+        let (cin, cout) = (rng.range(1, 4), rng.range(5, 40));
+        let k = rng.range(5, 7);
+        let stride = rng.range(1, 2);
+        let padding = rng.range(0, k / 2);
+        let least = k.saturating_sub(2 * padding).max(1);
+        let (h, w) = (rng.range(least, least + 20), rng.range(least, least + 20));
+        let config = ConvConfig {
+            stride: [stride, stride],
+            padding: [padding, padding],
+            ..ConvConfig::default()
+        };
+        return ([rng.range(0, 2), cin, h, w], [cout, cin, k, k], config);
+    }
     if rng.chance(0.15) {
         let (cin, cout) = (rng.range(16, 24), rng.range(16, 24));
         let padding = [rng.range(0, 3), rng.range(0, 3)];
