@@ -32,16 +32,23 @@ pub(crate) fn reduce_ln2(x: f32, n: f32) -> f32 {
 }
 
 /// eʳ for the reduced argument `|r| ≤ ln 2 / 2` (a little beyond loses nothing), within 1 ulp:
-/// Cephes' `expf` polynomial, `1 + r + r²·p(r)`.
+/// `1 + r + r²·q(r)` by Horner's rule, six fused multiply-adds, with `q` of degree 4 fitted for
+/// the least maximum relative error of the whole (3.1·10⁻⁹ before rounding the coefficients to
+/// f32).
 #[inline(always)]
 pub(crate) fn exp_reduced(r: f32) -> f32 {
-    let mut p = 1.987_569_2e-4_f32;
-    p = p.mul_add(r, 1.398_2e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 0.5);
-    (p * r).mul_add(r, r) + 1.0
+    horner(
+        r,
+        [
+            1.0,
+            1.0,
+            0.499_999_94,
+            0.166_665_21,
+            4.166_839e-2,
+            8.368_745e-3,
+            1.381_454e-3,
+        ],
+    )
 }
 
 /// eˣ in f32, within 2 ulp, subnormal results included (Cephes' `expf` polynomial on
@@ -65,16 +72,17 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
 /// and NaN propagates.
 #[inline(always)]
 pub(crate) fn exp_nonpositive_f32(x: f32) -> f32 {
+    // 1.5 · 2²³ + 127: the rounding leaves n + 127 in the low mantissa bits of `t`.
+    const BIASED_MAGIC: f32 = ROUND_MAGIC + 127.0;
     let clamped = x.clamp(-104.0, 0.0);
-    let t = clamped.mul_add(LOG2E, ROUND_MAGIC);
-    let n = t - ROUND_MAGIC;
-    let e = exp_reduced(reduce_ln2(clamped, n));
-    // `t`'s low bits hold n ∈ [−150, 0]: the biased exponent n + 127 of 2ⁿ, 0 (giving 0) below.
-    let biased = (t.to_bits() as i32)
-        .wrapping_sub(ROUND_MAGIC.to_bits() as i32 - 127)
-        .max(0);
+    let t = clamped.mul_add(LOG2E, BIASED_MAGIC);
+    let e = exp_reduced(reduce_ln2(clamped, t - BIASED_MAGIC));
+    // `t`'s bits are those of `ROUND_MAGIC` plus n + 127 for n ∈ [−150, 0]; below `ROUND_MAGIC`
+    // (n < −127) the power is 0. Shifted left by 23, the bits of `ROUND_MAGIC` leave (its low 9
+    // are zero) and n + 127 lands in the exponent field.
+    let bits = (t.to_bits() as i32).max(ROUND_MAGIC.to_bits() as i32) as u32;
     // NaN needs no select: `clamp` keeps it, and `e` carries it through the product.
-    e * f32::from_bits((biased as u32) << 23)
+    e * f32::from_bits(bits << 23)
 }
 
 /// Evaluates the polynomial with coefficients `c` (constant term first) at `x`, by Horner's rule with
