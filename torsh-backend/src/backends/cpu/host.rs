@@ -7,6 +7,7 @@
 //! counts it asked for. f32 and f64 compute in their own precision; f16 and bf16 are widened to f32
 //! a block at a time and rounded once on store, which is the crate's numerics rule for half types.
 
+use std::marker::PhantomData;
 use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
 
 use half::{bf16, f16};
@@ -423,6 +424,50 @@ pub(crate) fn for_chunks(
     );
 }
 
+/// A slice to bring into cache a piece at a time, alongside a loop over something else: for a
+/// kernel whose next input would otherwise first be read from memory in a loop too short to hide
+/// the latency, while the current loop is arithmetic-bound and leaves the memory system idle.
+/// Prefetches are hints: no effect on results, and none off x86-64.
+pub(crate) struct Ahead<'a> {
+    /// The next byte to prefetch.
+    at: *const u8,
+    /// Bytes left.
+    left: usize,
+    /// The slice the pointer came from.
+    of: PhantomData<&'a [u8]>,
+}
+
+impl<'a> Ahead<'a> {
+    /// All of `xs`, from its start.
+    pub(crate) fn new<A>(xs: &'a [A]) -> Ahead<'a> {
+        Ahead {
+            at: xs.as_ptr().cast(),
+            left: std::mem::size_of_val(xs),
+            of: PhantomData,
+        }
+    }
+
+    /// Nothing to prefetch.
+    pub(crate) fn none() -> Ahead<'a> {
+        Ahead::new::<u8>(&[])
+    }
+
+    /// Prefetches the next `bytes` bytes (fewer at the end) into L1.
+    #[inline(always)]
+    pub(crate) fn step(&mut self, bytes: usize) {
+        let n = bytes.min(self.left);
+        #[cfg(target_arch = "x86_64")]
+        for off in (0..n).step_by(64) {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: a prefetch never faults and changes nothing the program sees; the address
+            // is inside the slice.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.at.wrapping_add(off).cast()) };
+        }
+        self.at = self.at.wrapping_add(n);
+        self.left -= n;
+    }
+}
+
 /// Runs `f` in a function compiled with the target features of `level`, so that loops inlined into
 /// `f` are vectorised with those instructions. Mark the closure itself `#[inline(always)]` as well
 /// as its helpers: a closure left out of line is compiled without the features, and there every
@@ -537,5 +582,23 @@ mod tests {
             || x.iter().map(|v| v * v).sum(),
         );
         assert_eq!(plain, wrapped);
+    }
+
+    #[test]
+    fn ahead_walks_its_slice_once_and_stops_at_the_end() {
+        let xs = [1.5f32; 100];
+        let mut ahead = Ahead::new(&xs[..]);
+        assert_eq!(ahead.left, 400);
+        for _ in 0..3 {
+            ahead.step(128);
+        }
+        assert_eq!(ahead.left, 16);
+        ahead.step(128);
+        ahead.step(128);
+        assert_eq!(ahead.left, 0);
+        assert_eq!(ahead.at, xs.as_ptr().wrapping_add(100).cast());
+        let mut none = Ahead::none();
+        none.step(64);
+        assert_eq!(none.left, 0);
     }
 }

@@ -10,7 +10,7 @@
 //! `exp(x − lse)` a block at a time and round once.
 
 use super::elementwise::Lanes;
-use super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK};
+use super::host::{for_chunks, with_float, with_simd, Ahead, Ctx, Real, Span, BLOCK};
 use super::norm::{exp_store, max_of, sum_of, widened, Exp};
 use crate::backends::cpu::cost::items_per_task;
 use crate::backends::cpu::CpuBackend;
@@ -103,9 +103,9 @@ where
     let (mut s, mut sx) = (0.0, 0.0);
     for block in xs.chunks(BLOCK) {
         let xa = widened(block, buf);
-        s += sum_of(xa, |v| (v - m).vexp_shifted());
+        s += sum_of(xa, |v| (v - m).vexp_shifted(), Ahead::none());
         if total {
-            sx += sum_of(xa, |v| v);
+            sx += sum_of(xa, |v| v, Ahead::none());
         }
     }
     (m, s.ln(), sx)
@@ -141,7 +141,7 @@ where
         // f32 and f64: the sum pass stores exp(x − m) in the output, which the next pass scales
         // by w / s while it is in cache, one exponential a logit.
         let m = max_of(xa);
-        let k = w * <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, ya));
+        let k = w * <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, ya, Ahead::none()));
         let shift = w * spread;
         for y in ya.iter_mut() {
             *y = *y * k - shift;

@@ -17,8 +17,9 @@
 
 use super::super::team::{par_for, par_map};
 
+use super::super::accumulators::pairwise;
 use super::super::elementwise::Lanes;
-use super::super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK};
+use super::super::host::{for_chunks, with_float, with_simd, Ahead, Ctx, Real, Span, BLOCK};
 use super::super::vmath;
 use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
 use crate::backends::cpu::CpuBackend;
@@ -120,113 +121,147 @@ struct Shape {
 // Reductions over a slice, in `LANES` independent accumulators.
 
 /// The largest element of `xs` (−∞ when empty), ignoring NaN.
+///
+/// The accumulators are only ever indexed by constants (the tail is padded to a whole block of
+/// lanes with −∞), so LLVM keeps them in vector registers: a tail loop over a prefix of them made
+/// it keep them on the stack behind masked stores, which do not forward to the next iteration's
+/// loads.
 #[inline(always)]
 pub(in crate::backends::cpu) fn max_of<A: Real>(xs: &[A]) -> A {
+    let greater = |m: A, v: A| if v > m { v } else { m };
+    let (chunks, tail) = xs.as_chunks::<LANES>();
     let mut acc = [A::NEG_INFINITY; LANES];
-    let chunks = xs.chunks_exact(LANES);
-    let tail = chunks.remainder();
     for c in chunks {
-        for (m, &v) in acc.iter_mut().zip(c) {
-            *m = if v > *m { v } else { *m };
-        }
+        acc = std::array::from_fn(
+            #[inline(always)]
+            |i| greater(acc[i], c[i]),
+        );
     }
-    for (m, &v) in acc.iter_mut().zip(tail) {
-        *m = if v > *m { v } else { *m };
+    if !tail.is_empty() {
+        let p = padded(tail, A::NEG_INFINITY);
+        acc = std::array::from_fn(
+            #[inline(always)]
+            |i| greater(acc[i], p[i]),
+        );
     }
-    // Pairwise, a vector of lanes at a time: a fold over the lanes would be a chain of `LANES`
-    // dependent compares, which costs more than the row itself for short rows. The lanes hold
-    // no NaN (a NaN never replaces a lane), so the order does not change the result.
-    let mut n = LANES;
-    while n > 1 {
-        n /= 2;
-        for i in 0..n {
-            let v = acc[i + n];
-            acc[i] = if v > acc[i] { v } else { acc[i] };
-        }
-    }
-    acc[0]
+    // Pairwise: a fold over the lanes would be a chain of `LANES` dependent compares, which costs
+    // more than the row itself for short rows. The lanes hold no NaN (a NaN never replaces a
+    // lane), so the order does not change the result.
+    pairwise(acc, greater)
+}
+
+/// Bytes of `ahead` prefetched per chunk of [`LANES`] elements of `A` in the exponential passes:
+/// as many as the chunk holds, so that a row of the same type is prefetched in one pass over
+/// another.
+fn ahead_step<A>() -> usize {
+    LANES * std::mem::size_of::<A>()
 }
 
 /// `Σ f(x)` over `xs`: in `LANES` accumulators of `A` within each [`BLOCK`], in f64 across blocks.
+/// `ahead` is prefetched as the loop goes (see [`exp_store`]).
 #[inline(always)]
-pub(in crate::backends::cpu) fn sum_of<A: Real>(xs: &[A], f: impl Fn(A) -> A) -> f64 {
+pub(in crate::backends::cpu) fn sum_of<A: Real>(
+    xs: &[A],
+    f: impl Fn(A) -> A,
+    mut ahead: Ahead,
+) -> f64 {
     let mut total = 0.0;
     for block in xs.chunks(BLOCK) {
+        let (chunks, tail) = block.as_chunks::<LANES>();
         let mut acc = [A::ZERO; LANES];
-        let chunks = block.chunks_exact(LANES);
-        let tail = chunks.remainder();
         for c in chunks {
-            for (s, &v) in acc.iter_mut().zip(c) {
-                *s += f(v);
-            }
+            ahead.step(ahead_step::<A>());
+            acc = std::array::from_fn(
+                #[inline(always)]
+                |i| acc[i] + f(c[i]),
+            );
         }
         if let Some(&first) = tail.first() {
             // A whole block of lanes, the unused ones masked: a scalar tail loop would cost
             // more than the vectors for short rows (a row of 62 is all tail).
             let p = padded(tail, first);
-            for (i, (s, &v)) in acc.iter_mut().zip(&p).enumerate() {
-                let y = f(v);
-                *s += if i < tail.len() { y } else { A::ZERO };
-            }
+            acc = std::array::from_fn(
+                #[inline(always)]
+                |i| acc[i] + if i < tail.len() { f(p[i]) } else { A::ZERO },
+            );
         }
-        total += lane_sum(&acc);
+        total += lane_sum(acc);
     }
     total
 }
 
-/// `ys[i] = exp(xs[i] − m)`, returning the sum as [`sum_of`] does.
+/// `exp(c[i] − m)` for a chunk.
 #[inline(always)]
-pub(in crate::backends::cpu) fn exp_store<A: Exp>(xs: &[A], m: A, ys: &mut [A]) -> f64 {
+fn exp_chunk<A: Exp>(c: &[A; LANES], m: A) -> [A; LANES] {
+    std::array::from_fn(
+        #[inline(always)]
+        |i| (c[i] - m).vexp_shifted(),
+    )
+}
+
+/// `acc[i] + e[i]` for the first `n` lanes, `acc[i]` for the rest.
+#[inline(always)]
+fn add_lanes<A: Real>(acc: [A; LANES], e: &[A; LANES], n: usize) -> [A; LANES] {
+    std::array::from_fn(
+        #[inline(always)]
+        |i| acc[i] + if i < n { e[i] } else { A::ZERO },
+    )
+}
+
+/// `ys[i] = exp(xs[i] − m)` (`ys` as long as `xs`), returning the sum as [`sum_of`] does.
+///
+/// `ahead` (often the next row) is prefetched a chunk's bytes per chunk of `xs`, so that the next
+/// pass over it finds it in cache: this pass is arithmetic-bound, and the memory system would
+/// otherwise be idle during it (a row's max pass, which reads it from memory, then took a third
+/// of a softmax over 4096 × 4096).
+#[inline(always)]
+pub(in crate::backends::cpu) fn exp_store<A: Exp>(
+    xs: &[A],
+    m: A,
+    ys: &mut [A],
+    mut ahead: Ahead,
+) -> f64 {
     let mut total = 0.0;
     for (xb, yb) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
+        let ((xc, tail), (yc, yt)) = (xb.as_chunks::<LANES>(), yb.as_chunks_mut::<LANES>());
         let mut acc = [A::ZERO; LANES];
-        let chunks = xb.chunks_exact(LANES).zip(yb.chunks_exact_mut(LANES));
-        for (xc, yc) in chunks {
-            for ((s, y), &v) in acc.iter_mut().zip(yc.iter_mut()).zip(xc) {
-                *y = (v - m).vexp_shifted();
-                *s += *y;
-            }
+        for (xc, yc) in xc.iter().zip(yc) {
+            ahead.step(ahead_step::<A>());
+            let e = exp_chunk(xc, m);
+            acc = add_lanes(acc, &e, LANES);
+            *yc = e;
         }
-        let done = xb.len() - xb.len() % LANES;
-        let tail = &xb[done..];
         if !tail.is_empty() {
-            let p = padded(tail, m);
-            let mut e = [A::ZERO; LANES];
-            for (i, ((s, y), &v)) in acc.iter_mut().zip(e.iter_mut()).zip(&p).enumerate() {
-                *y = (v - m).vexp_shifted();
-                *s += if i < tail.len() { *y } else { A::ZERO };
-            }
-            yb[done..].copy_from_slice(&e[..tail.len()]);
+            let e = exp_chunk(&padded(tail, m), m);
+            acc = add_lanes(acc, &e, tail.len());
+            yt.copy_from_slice(&e[..tail.len()]);
         }
-        total += lane_sum(&acc);
+        total += lane_sum(acc);
     }
     total
 }
 
-/// `xs[i] = exp(xs[i] − m)`, returning the sum as [`sum_of`] does.
+/// `xs[i] = exp(xs[i] − m)`, returning the sum as [`sum_of`] does; `ahead` is prefetched as
+/// [`exp_store`] does.
 #[inline(always)]
-fn exp_in_place<A: Exp>(xs: &mut [A], m: A) -> f64 {
+fn exp_in_place<A: Exp>(xs: &mut [A], m: A, mut ahead: Ahead) -> f64 {
     let mut total = 0.0;
     for block in xs.chunks_mut(BLOCK) {
+        let (chunks, tail) = block.as_chunks_mut::<LANES>();
         let mut acc = [A::ZERO; LANES];
-        let mut chunks = block.chunks_exact_mut(LANES);
-        for c in &mut chunks {
-            for (s, v) in acc.iter_mut().zip(c.iter_mut()) {
-                *v = (*v - m).vexp_shifted();
-                *s += *v;
-            }
+        for c in chunks {
+            ahead.step(ahead_step::<A>());
+            let e = exp_chunk(c, m);
+            acc = add_lanes(acc, &e, LANES);
+            *c = e;
         }
-        let tail = chunks.into_remainder();
         if !tail.is_empty() {
-            let mut p = padded(tail, m);
-            for (i, (s, v)) in acc.iter_mut().zip(p.iter_mut()).enumerate() {
-                *v = (*v - m).vexp_shifted();
-                *s += if i < tail.len() { *v } else { A::ZERO };
-            }
+            let e = exp_chunk(&padded(tail, m), m);
+            acc = add_lanes(acc, &e, tail.len());
             let len = tail.len();
-            tail.copy_from_slice(&p[..len]);
+            tail.copy_from_slice(&e[..len]);
         }
-        total += lane_sum(&acc);
+        total += lane_sum(acc);
     }
     total
 }
@@ -241,16 +276,15 @@ fn padded<A: Real>(tail: &[A], fill: A) -> [A; LANES] {
 
 /// Pairwise sum of the accumulators, in f64.
 #[inline(always)]
-pub(super) fn lane_sum<A: Real>(acc: &[A; LANES]) -> f64 {
-    let mut w: [f64; LANES] = std::array::from_fn(|i| acc[i].to_f64());
-    let mut n = LANES;
-    while n > 1 {
-        n /= 2;
-        for i in 0..n {
-            w[i] += w[i + n];
-        }
-    }
-    w[0]
+pub(super) fn lane_sum<A: Real>(acc: [A; LANES]) -> f64 {
+    pairwise(
+        std::array::from_fn(
+            #[inline(always)]
+            |i| acc[i].to_f64(),
+        ),
+        #[inline(always)]
+        |a, b| a + b,
+    )
 }
 
 /// `xs` in the compute type: itself for f32 and f64, else widened into `buf` (at least as long).
@@ -283,12 +317,19 @@ where
             #[inline(always)]
             || {
                 let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { len }];
+                let last = rows.end.saturating_sub(1);
                 for r in rows {
                     let range = r * len..(r + 1) * len;
                     // SAFETY: input and output do not overlap (the checks forbid it) and this task owns
-                    // rows `rows` of the output.
+                    // rows `rows` of the output; nothing writes the input.
                     let (xs, ys) = unsafe { (x.slice(range.clone()), y.slice_mut(range)) };
-                    row(xs, ys, &mut buf, sh.log);
+                    let next = if r < last {
+                        // SAFETY: as above; row `r + 1` is only read.
+                        unsafe { x.slice((r + 1) * len..(r + 2) * len) }
+                    } else {
+                        &[]
+                    };
+                    row(xs, ys, next, &mut buf, sh.log);
                 }
             },
         )
@@ -296,21 +337,23 @@ where
 }
 
 /// One row: straight from `xs` into `ys` for f32 and f64, through `buf` (the row's length) for
-/// the half types.
+/// the half types. `next` (the next row, or empty) is prefetched during the exponential pass.
 #[inline(always)]
-fn row<T: Lanes>(xs: &[T], ys: &mut [T], buf: &mut [T::Acc], log: bool)
+fn row<T: Lanes>(xs: &[T], ys: &mut [T], next: &[T], buf: &mut [T::Acc], log: bool)
 where
     T::Acc: Exp,
 {
+    let ahead = Ahead::new(next);
     if let (Some(xa), Some(ya)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
         let m = max_of(xa);
         if log {
-            let c = <T::Acc as Real>::from_f64(sum_of(xa, |v| (v - m).vexp_shifted()).ln());
+            let s = sum_of(xa, |v| (v - m).vexp_shifted(), ahead);
+            let c = <T::Acc as Real>::from_f64(s.ln());
             for (y, &v) in ya.iter_mut().zip(xa) {
                 *y = v - m - c;
             }
         } else {
-            let inv = <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, ya));
+            let inv = <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, ya, ahead));
             for y in ya {
                 *y = *y * inv;
             }
@@ -321,12 +364,13 @@ where
     T::load(xs, b);
     let m = max_of(b);
     if log {
-        let c = <T::Acc as Real>::from_f64(sum_of(b, |v| (v - m).vexp_shifted()).ln());
+        let s = sum_of(b, |v| (v - m).vexp_shifted(), ahead);
+        let c = <T::Acc as Real>::from_f64(s.ln());
         for v in b.iter_mut() {
             *v = *v - m - c;
         }
     } else {
-        let inv = <T::Acc as Real>::from_f64(1.0 / exp_in_place(b, m));
+        let inv = <T::Acc as Real>::from_f64(1.0 / exp_in_place(b, m, ahead));
         for v in b.iter_mut() {
             *v = *v * inv;
         }
@@ -367,7 +411,11 @@ where
                 // SAFETY: as above.
                 let xs = unsafe { x.slice(part(c)) };
                 let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
-                sum_of(widened(xs, &mut buf), |v| (v - m).vexp_shifted())
+                sum_of(
+                    widened(xs, &mut buf),
+                    |v| (v - m).vexp_shifted(),
+                    Ahead::none(),
+                )
             },
         )
     });

@@ -15,7 +15,7 @@
 use super::super::team::{par_for, par_map};
 
 use super::super::elementwise::Lanes;
-use super::super::host::{for_chunks, with_float, with_simd, Ctx, Real, Span, BLOCK};
+use super::super::host::{for_chunks, with_float, with_simd, Ahead, Ctx, Real, Span, BLOCK};
 use super::super::stream::{stream_copy, worth_streaming};
 use super::softmax::{lane_sum, scratch_row, sum_of, widened, Exp, LANES, TILE_BYTES};
 use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
@@ -97,18 +97,16 @@ impl<A: Real> Scratch<A> {
 /// `Σ g·y` in `LANES` accumulators, in f64 at the end.
 #[inline(always)]
 fn dot_of<A: Real>(g: &[A], y: &[A]) -> f64 {
+    let ((gc, gt), (yc, yt)) = (g.as_chunks::<LANES>(), y.as_chunks::<LANES>());
     let mut acc = [A::ZERO; LANES];
-    let chunks = g.chunks_exact(LANES).zip(y.chunks_exact(LANES));
-    for (gc, yc) in chunks {
-        for ((s, &a), &b) in acc.iter_mut().zip(gc).zip(yc) {
-            *s += a * b;
-        }
+    for (a, b) in gc.iter().zip(yc) {
+        acc = std::array::from_fn(
+            #[inline(always)]
+            |i| acc[i] + a[i] * b[i],
+        );
     }
-    let done = g.len() - g.len() % LANES;
-    for ((s, &a), &b) in acc.iter_mut().zip(&g[done..]).zip(&y[done..]) {
-        *s += a * b;
-    }
-    lane_sum(&acc)
+    let tail = gt.iter().zip(yt).fold(A::ZERO, |s, (&a, &b)| s + a * b);
+    lane_sum(acc) + tail.to_f64()
 }
 
 /// The row's sum (`Σ g·y`, or `Σ g` for log-softmax) over contiguous `g` and `y`, a block at a
@@ -119,7 +117,7 @@ fn row_sum<T: Lanes>(g: &[T], y: &[T], log: bool, buf: &mut Scratch<T::Acc>) -> 
     for (gb, yb) in g.chunks(BLOCK).zip(y.chunks(BLOCK)) {
         let ga = widened(gb, &mut buf.g);
         total += if log {
-            sum_of(ga, |v| v)
+            sum_of(ga, |v| v, Ahead::none())
         } else {
             dot_of(ga, widened(yb, &mut buf.y))
         };
