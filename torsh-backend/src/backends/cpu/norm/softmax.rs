@@ -345,6 +345,9 @@ where
 {
     let ahead = Ahead::new(next);
     if let (Some(xa), Some(ya)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
+        if std::mem::size_of_val(xa) > LONG_ROW_BYTES {
+            return long_row(xa, ya, log);
+        }
         let m = max_of(xa);
         if log {
             let s = sum_of(xa, |v| (v - m).vexp_shifted(), ahead);
@@ -376,6 +379,62 @@ where
         }
     }
     T::store(b, ys);
+}
+
+/// Rows of more bytes than this (a quarter of a typical L2) take [`long_row`]: they do not stay in
+/// cache from one pass over the row to the next.
+const LONG_ROW_BYTES: usize = 128 * 1024;
+
+/// One long row of f32 or f64, read from memory twice instead of three times: a first pass takes
+/// each [`BLOCK`]'s own maximum `m_b` and `s_b = Σ exp(x − m_b)` while the block is in L1 (for
+/// softmax storing `exp(x − m_b)` in the output), then `m = max m_b` and `s = Σ s_b·exp(m_b − m)`
+/// (in f64), and a second pass writes `x − m − ln s` or scales each block of the output by
+/// `exp(m_b − m)/s`. A block of −∞ only contributes 0 (its own `exp(x − m_b)` would be NaN); a row
+/// of −∞ only, or holding NaN or +∞, comes out all NaN, as in the reference. Each softmax output
+/// is the product of two exponentials, so it may be a few ulp further off than a short row's.
+#[inline(always)]
+fn long_row<A: Exp>(xa: &[A], ya: &mut [A], log: bool) {
+    let mut blocks = Vec::with_capacity(xa.len().div_ceil(BLOCK));
+    for (b, (xb, yb)) in xa.chunks(BLOCK).zip(ya.chunks_mut(BLOCK)).enumerate() {
+        // The next block, prefetched during this one's exponentials.
+        let ahead = Ahead::new(xa.get((b + 1) * BLOCK..).unwrap_or(&[]));
+        let mb = max_of(xb);
+        let sb = if mb == A::NEG_INFINITY {
+            // −∞ only, or with NaN (which the maximum skips): 0, or NaN for the whole row.
+            yb.fill(A::ZERO);
+            if xb.iter().any(|v| v.is_nan()) {
+                f64::NAN
+            } else {
+                0.0
+            }
+        } else if log {
+            sum_of(xb, |v| (v - mb).vexp_shifted(), ahead)
+        } else {
+            exp_store(xb, mb, yb, ahead)
+        };
+        blocks.push((mb, sb));
+    }
+    let m = blocks
+        .iter()
+        .fold(A::NEG_INFINITY, |m, &(mb, _)| if mb > m { mb } else { m });
+    let m64 = m.to_f64();
+    let s: f64 = blocks
+        .iter()
+        .map(|&(mb, sb)| sb * (mb.to_f64() - m64).exp())
+        .sum();
+    if log {
+        let c = A::from_f64(s.ln());
+        for (y, &v) in ya.iter_mut().zip(xa) {
+            *y = v - m - c;
+        }
+        return;
+    }
+    for (yb, &(mb, _)) in ya.chunks_mut(BLOCK).zip(&blocks) {
+        let k = A::from_f64((mb.to_f64() - m64).exp() / s);
+        for y in yb {
+            *y = *y * k;
+        }
+    }
 }
 
 /// Row `r` of `[outer, len]` (a long one), each pass split across the team: partial maxima and sums
@@ -658,6 +717,32 @@ pub(super) mod tests {
             for dtype in [DType::F32, DType::BF16] {
                 for log in [false, true] {
                     check(&vals, (1, len, 1), dtype, log, ctx);
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn long_rows_take_each_block_on_its_own() {
+        let len = 20 * BLOCK + 37;
+        assert!(len * 4 > LONG_ROW_BYTES);
+        let (nan, inf) = (f64::NAN, f64::INFINITY);
+        let mut vals = HostRng::new(5).uniform_vec(6 * len, -30.0, 30.0);
+        // Row 1: a whole block of −∞ and a few more −∞; row 2: −∞ only; row 3: a NaN in a
+        // block of −∞; row 4: one +∞; row 5: a large spread across blocks.
+        let row = |r: usize| r * len..(r + 1) * len;
+        vals[row(1)][3 * BLOCK..4 * BLOCK].fill(-inf);
+        vals[row(1)][7] = -inf;
+        vals[row(2)].fill(-inf);
+        vals[row(3)][BLOCK..2 * BLOCK].fill(-inf);
+        vals[row(3)][BLOCK + 100] = nan;
+        vals[row(4)][9 * BLOCK + 1] = inf;
+        vals[row(5)][2 * BLOCK + 5] = 85.0;
+        vals[row(5)][17 * BLOCK + 3] = -120.0;
+        for_threads(|ctx| {
+            for dtype in FLOATS {
+                for log in [false, true] {
+                    check(&vals, (6, len, 1), dtype, log, ctx);
                 }
             }
         });
