@@ -7,7 +7,10 @@
 //!
 //! With `inner == 1` every row is contiguous: one pass for the max, one that stores `exp(x − m)` and
 //! sums it, one that scales (log-softmax: sum only, then one pass writing `x − m − ln s`), threaded
-//! over rows; a few very long rows are instead split across threads pass by pass. With `inner > 1`
+//! over rows, each row prefetching the next during its exponentials; f32 and f64 rows past
+//! [`LONG_ROW_BYTES`] take each block's own max and sum while it is in cache and are scaled block
+//! by block ([`long_row`]); a few very long rows are instead split across threads pass by pass
+//! when there are fewer than two per thread. With `inner > 1`
 //! the kernel vectorises across `inner`: a tile of columns is reduced down the axis in three passes
 //! (max, sum, output) that stay in cache. f32 uses `vmath::exp_nonpositive_f32` (the arguments
 //! `x − m` are never positive; terms below 2⁻¹²⁶ of the row's largest flush to 0), f64 the
