@@ -295,12 +295,20 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
     }
 }
 
-/// Φ(−t) for `t ≥ 0` (not NaN) as `(m, e, n)`: Φ(−t) = `m·2ⁿ` and e^(−t²/2) = `e·2ⁿ`, from
-/// `Φ(−t) = e^(−t²/2)·P(t)/Q(t)` with a (4, 5) rational fitted for relative error (6e-9) on
-/// `[0, 14]` (Φ(−14) is below f32's subnormals; `t` is clamped there), `t²` kept as a double-f32 so
-/// the exponent carries no rounding. Every coefficient is positive: no cancellation.
+/// `2⁻⁶⁴`: the scale [`normal_tail_scaled`]'s results carry.
+const TWO_POW_M64: f32 = 5.421_010_9e-20;
+
+/// Φ(−t) and e^(−t²/2) for `t = min(a, 19)`, `a ≥ 0` (NaN is taken as 19), each scaled by 2⁶⁴ so
+/// that both stay normal f32 where the unscaled values would be subnormal: a caller multiplies by
+/// its own factor and then by [`TWO_POW_M64`], so that a subnormal result is rounded once.
+///
+/// `Φ(−t) = e^(−t²/2)·P(t)/Q(t)` with a (4, 5) rational fitted for relative error (6·10⁻⁹) on
+/// `[0, 14]`; every coefficient is positive (no cancellation), and beyond 14, where Φ(−t) is
+/// below f32's subnormals, the rational stays finite. `t²` is kept as a double-f32 so that the
+/// exponent carries no rounding, and 2^(n + 64) is read from the bits of the rounding of
+/// `−t²/2·log₂e` (one integer max makes it 0 where n < −190, i.e. `t` above about 16.2).
 #[inline(always)]
-fn normal_tail_parts(t: f32) -> (f32, f32, i32) {
+fn normal_tail_scaled(a: f32) -> (f32, f32) {
     const P: [f32; 5] = [
         0.5,
         f32::from_bits(0x3edf_df6c), // 0.437 251 449
@@ -316,27 +324,32 @@ fn normal_tail_parts(t: f32) -> (f32, f32, i32) {
         f32::from_bits(0x3dcf_4524), // 0.101 206 094
         f32::from_bits(0x3c27_75d4), // 0.010 220 964
     ];
-    let t = t.min(14.0);
+    // 1.5 · 2²³ + 64 + 127: the rounding leaves n + 191 in the low mantissa bits.
+    const SCALED_MAGIC: f32 = ROUND_MAGIC + 191.0;
+    let t = a.min(19.0);
     let sq = t * t;
     let sq_lo = t.mul_add(t, -sq);
-    let (e, n) = exp_parts(-0.5 * sq, 0.0, -0.5 * sq_lo);
-    (e * (horner(t, P) / horner(t, Q)), e, n)
+    let h = -0.5 * sq;
+    let k = h.mul_add(LOG2E, SCALED_MAGIC);
+    let n = k - SCALED_MAGIC;
+    // `h − n·LN2_HI` is exact (Cephes' split), so the low parts enter at full precision.
+    let r = sq_lo.mul_add(-0.5, n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, h)));
+    // As in `exp_nonpositive_f32`: below `ROUND_MAGIC` (n + 191 < 0) the power is 0.
+    let bits = (k.to_bits() as i32).max(ROUND_MAGIC.to_bits() as i32) as u32;
+    let e = exp_reduced(r) * f32::from_bits(bits << 23);
+    (e * (horner(t, P) / horner(t, Q)), e)
 }
 
-/// `(Φ(x), φ(x))`, the standard normal CDF and density, within 5 and 2 ulp (φ beyond ±14 and Φ
-/// below −14 are below f32's subnormals and come out 0): [`normal_tail_parts`] at `|x|`, with
-/// `Φ(x) = 1 − Φ(−x)` for `x ≥ 0`. NaN for NaN.
+/// `(Φ(x), φ(x))`, the standard normal CDF and density, within 5 and 2 ulp (results below f32's
+/// subnormals come out 0): [`normal_tail_scaled`] at `|x|`, with `Φ(x) = 1 − Φ(−x)` for `x ≥ 0`.
+/// NaN for NaN.
 #[inline(always)]
 pub(crate) fn normal_cdf_pdf_f32(x: f32) -> (f32, f32) {
     const RSQRT_2PI: f32 = f32::from_bits(0x3ecc_422a); // 1/√(2π)
-    let (m, e, n) = normal_tail_parts(x.abs());
-    let tail = ldexp(m, n);
+    let (tail, density) = normal_tail_scaled(x.abs());
+    let tail = tail * TWO_POW_M64;
     let cdf = if x < 0.0 { tail } else { 1.0 - tail };
-    let pdf = if x.abs() > 14.0 {
-        0.0
-    } else {
-        ldexp(e * RSQRT_2PI, n)
-    };
+    let pdf = (density * RSQRT_2PI) * TWO_POW_M64;
     if x.is_nan() {
         (x, x)
     } else {
@@ -344,18 +357,18 @@ pub(crate) fn normal_cdf_pdf_f32(x: f32) -> (f32, f32) {
     }
 }
 
-/// GELU, erf form: `x·Φ(x)`, within 6 ulp: `x·Φ(−|x|)` for `x < 0` from [`normal_tail_parts`]
-/// (scaled last, so a subnormal result loses nothing), `x·(1 − Φ(−x))` for `x ≥ 0`. The result is
-/// −0 below −14. GELU(+∞) = +∞; GELU(−∞) is NaN, as `−∞ · 0` in the reference; NaN stays NaN.
+/// GELU, erf form: `x·Φ(x)`, within 6 ulp: `w = x·Φ(−|x|)` from [`normal_tail_scaled`] (rounded
+/// once, so a subnormal result loses nothing), the result `w` for `x ≤ 0` and `x − w` for `x > 0`.
+/// GELU(+∞) = +∞; GELU(−∞) is NaN, as `−∞ · 0` in the reference; NaN stays NaN.
 #[inline(always)]
 pub(crate) fn gelu_f32(x: f32) -> f32 {
-    let (m, _, n) = normal_tail_parts(x.abs());
-    let negative = if x < -14.0 { x * 0.0 } else { ldexp(x * m, n) };
-    let positive = x * (1.0 - ldexp(m, n));
-    if x < 0.0 {
-        negative
+    let (tail, _) = normal_tail_scaled(x.abs());
+    // Capped above so that +∞ takes `∞ − 0` (Φ(−19) is 0); −∞ keeps `−∞ · 0`.
+    let w = (x.min(19.0) * tail) * TWO_POW_M64;
+    if x <= 0.0 {
+        w
     } else {
-        positive
+        x - w
     }
 }
 
