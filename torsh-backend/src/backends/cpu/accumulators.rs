@@ -22,12 +22,17 @@ pub(super) fn halve<A: Copy, const N: usize, const H: usize>(
 }
 
 /// The 64 lanes of `acc` combined into one by `f`, pairwise by halves: lane `i` with lane `i + 32`,
-/// then the 32 results the same way, down to one. The order is fixed, so the result does not
-/// depend on the vector width the loop was compiled for.
+/// then the 32 results the same way ([`pairwise32`]), down to one. The order is fixed, so the
+/// result does not depend on the vector width the loop was compiled for.
 #[inline(always)]
 pub(super) fn pairwise<A: Copy>(acc: [A; 64], f: impl Fn(A, A) -> A + Copy) -> A {
-    let a: [A; 32] = halve(acc, f);
-    let a: [A; 16] = halve(a, f);
+    pairwise32(halve(acc, f), f)
+}
+
+/// [`pairwise`] for 32 lanes: lane `i` with lane `i + 16`, and so on down to one.
+#[inline(always)]
+pub(super) fn pairwise32<A: Copy>(acc: [A; 32], f: impl Fn(A, A) -> A + Copy) -> A {
+    let a: [A; 16] = halve(acc, f);
     let a: [A; 8] = halve(a, f);
     let a: [A; 4] = halve(a, f);
     let [a, b] = halve::<A, 4, 2>(a, f);

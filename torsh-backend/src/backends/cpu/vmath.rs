@@ -296,7 +296,7 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
 }
 
 /// `2⁻⁶⁴`: the scale [`normal_tail_scaled`]'s results carry.
-const TWO_POW_M64: f32 = 5.421_010_9e-20;
+const TWO_POW_M64: f32 = f32::from_bits(0x1f80_0000);
 
 /// Φ(−t) and e^(−t²/2) for `t = min(a, 19)`, `a ≥ 0` (NaN is taken as 19), each scaled by 2⁶⁴ so
 /// that both stay normal f32 where the unscaled values would be subnormal: a caller multiplies by

@@ -17,7 +17,7 @@
 use std::any::TypeId;
 use std::ops::Range;
 
-use super::accumulators::pairwise;
+use super::accumulators::{pairwise, pairwise32};
 use super::team::{par_chunks_mut, par_map};
 
 use super::host::{
@@ -223,6 +223,17 @@ fn better<A: Real, const MAX: bool>(x: A, m: A) -> bool {
     }
 }
 
+/// `x` when it beats `m`, else `m`: NaN never beats, so a NaN `x` is dropped (and a NaN `m` stays
+/// only until a number comes).
+#[inline(always)]
+fn take<A: Real, const MAX: bool>(m: A, x: A) -> A {
+    if better::<A, MAX>(x, m) {
+        x
+    } else {
+        m
+    }
+}
+
 /// `x` when it beats `m` or is NaN, else `m`: once NaN, the result stays NaN.
 #[inline(always)]
 fn pick<A: Real, const MAX: bool>(m: A, x: A) -> A {
@@ -233,40 +244,69 @@ fn pick<A: Real, const MAX: bool>(m: A, x: A) -> A {
     }
 }
 
-/// The maximum (or minimum) of `xs` (not empty), NaN when any element is NaN.
-///
-/// Two loops over the block, which stays in L1 between them: one ignoring NaN (a plain
-/// compare-and-select, which compiles to `vmaxps`/`vminps` with the accumulators in registers) and
-/// one summing `x · 0`, which turns NaN when any element is NaN or infinite; only then is the
-/// block scanned again with the NaN-aware [`pick`]. (Folding with `pick` directly made LLVM keep
-/// the accumulators in memory behind masked stores, which cannot forward to the next load: about
-/// half the speed of a sum. One loop doing both, with 64 lanes of each, kept 16 vectors of
-/// accumulators that LLVM spilled and rotated every iteration; with 32 lanes of each, it
-/// vectorised across the two sets with shuffles.)
+/// The maximum (or minimum) of `xs` (not empty), NaN when any element is NaN: [`extreme_lanes`]
+/// with 128 bytes of each kind of accumulator (32 f32 or 16 f64 lanes, four AVX2 registers).
 #[inline(always)]
 fn extreme_block<A: Real, const MAX: bool>(xs: &[A]) -> A {
+    if std::mem::size_of::<A>() == 4 {
+        extreme_lanes::<A, MAX, 32>(xs)
+    } else {
+        extreme_lanes::<A, MAX, 16>(xs)
+    }
+}
+
+/// [`extreme_block`] in one pass over `xs` with `N ≤ 32` lanes of each of two accumulators: the
+/// extreme ignoring NaN (a plain compare-and-select, `vmaxps`/`vminps`, over two elements per lane
+/// and step) and `Σ (a + b)·0`, which turns NaN when any element is NaN or infinite (or a pair's
+/// sum overflows); only then is the block scanned again with the NaN-aware [`pick`]. Otherwise
+/// the lanes hold no NaN and combine with the plain select, which vectorises. (Folding with `pick`
+/// made LLVM keep the accumulators in memory behind masked stores, and combining with it cost
+/// about as much as the loop over a block in cache; 64 lanes of each kept more vectors than there
+/// are registers.)
+#[inline(always)]
+fn extreme_lanes<A: Real, const MAX: bool, const N: usize>(xs: &[A]) -> A {
     let first = xs[0];
     let exact = |xs: &[A]| xs.iter().fold(first, |m, &x| pick::<A, MAX>(m, x));
-    if xs.len() < LANES {
+    let (chunks, tail) = xs.as_chunks::<N>();
+    let (quads, odd) = chunks.as_chunks::<4>();
+    if quads.is_empty() {
         return exact(xs);
     }
-    let (acc, rest) = fold_lanes(
-        xs,
-        first,
+    let mut acc = [first; N];
+    let mut poison = [A::ZERO; N];
+    for [a, b, c, d] in quads {
+        for i in 0..N {
+            let ab = take::<A, MAX>(a[i], b[i]);
+            let cd = take::<A, MAX>(c[i], d[i]);
+            acc[i] = take::<A, MAX>(acc[i], take::<A, MAX>(ab, cd));
+            poison[i] += (a[i] + b[i]) + (c[i] + d[i]);
+        }
+    }
+    // Padded to the 32 lanes the combining tree takes: with 0 for the sum, with `first` (already
+    // an operand) for the extreme.
+    let padded = |v: [A; N], fill: A| -> [A; 32] {
+        std::array::from_fn(
+            #[inline(always)]
+            |i| if i < N { v[i] } else { fill },
+        )
+    };
+    let poison = pairwise32(
+        padded(poison, A::ZERO),
         #[inline(always)]
-        |m, x| if better::<A, MAX>(x, m) { x } else { m },
+        |p, q| p + q,
     );
-    let (poison, _) = fold_lanes(
-        xs,
-        A::ZERO,
-        #[inline(always)]
-        |p, x| p + x * A::ZERO,
-    );
-    if tree(poison).is_nan() {
+    if poison.is_nan() {
         return exact(xs);
     }
-    let m = pairwise(acc, pick::<A, MAX>);
-    rest.iter().fold(m, |m, &x| pick::<A, MAX>(m, x))
+    let m = pairwise32(
+        padded(acc, first),
+        #[inline(always)]
+        |m, x| take::<A, MAX>(m, x),
+    );
+    odd.iter()
+        .flatten()
+        .chain(tail)
+        .fold(m, |m, &x| pick::<A, MAX>(m, x))
 }
 
 /// Index of the first element of `xs` equal to `v` (the first NaN when `v` is NaN); `xs.len()` when
