@@ -7,6 +7,10 @@
 /// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude below 2²² to the nearest integer.
 pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
 
+/// 2⁻⁶⁴: the scale by which [`exp_f32`] and [`normal_tail_scaled`] keep their intermediate
+/// powers of two normal.
+const TWO_POW_M64: f32 = f32::from_bits(0x1f80_0000);
+
 /// `x` rounded to the nearest integer, as `(float, int)`, for `|x| < 2²²`: the integer is read from
 /// the low mantissa bits of `x + ROUND_MAGIC` rather than converted with `as i32`, whose saturating
 /// semantics LLVM does not vectorise (it scalarises the whole loop around it). NaN gives garbage;
@@ -51,18 +55,30 @@ pub(crate) fn exp_reduced(r: f32) -> f32 {
     )
 }
 
-/// eˣ in f32, within 2 ulp, subnormal results included (Cephes' `expf` polynomial on
-/// `r = x − n·ln 2`, `|r| ≤ ln 2 / 2`, scaled by 2ⁿ in two steps so that n may reach −149).
+/// eˣ in f32, within 2 ulp, subnormal results included (the reduction and polynomial of
+/// [`exp_reduced`] on `r = x − n·ln 2`, `|r| ≤ ln 2 / 2`). 2ⁿ is applied as `2^(n∓64)·2^(±64)`
+/// (the sign of `x` choosing), so that the first factor, read from the rounding's bits, is normal
+/// for every `n` in [−150, 128] and the result is rounded once, to a subnormal or to ∞ alike.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
     let clamped = x.clamp(-104.0, 89.0);
-    let (n, n_int) = round_parts(clamped * LOG2E);
-    let e = exp_reduced(reduce_ln2(clamped, n));
-    let n = n_int;
-    let half = n >> 1;
-    let scale = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
-    // NaN needs no select: `clamp` keeps it, and every later step propagates it.
-    e * scale(half) * scale(n - half)
+    let negative = clamped < 0.0;
+    // 1.5 · 2²³ + 127 ± 64: the rounding leaves n + 127 ± 64 in the low mantissa bits.
+    let magic = if negative {
+        ROUND_MAGIC + 191.0
+    } else {
+        ROUND_MAGIC + 63.0
+    };
+    let last = if negative {
+        TWO_POW_M64
+    } else {
+        f32::from_bits(0x5f80_0000) // 2⁶⁴
+    };
+    let t = clamped.mul_add(LOG2E, magic);
+    let e = exp_reduced(reduce_ln2(clamped, t - magic));
+    // Shifted left by 23, the bits of `ROUND_MAGIC` leave and n + 127 ± 64 (within [41, 255))
+    // lands in the exponent field. NaN needs no select: `clamp` keeps it, and `e` carries it.
+    e * f32::from_bits(t.to_bits() << 23) * last
 }
 
 /// eˣ for the arguments of a softmax, `x ≤ 0` (`x − max` of a row), within 2 ulp where the result
@@ -294,9 +310,6 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
         y
     }
 }
-
-/// `2⁻⁶⁴`: the scale [`normal_tail_scaled`]'s results carry.
-const TWO_POW_M64: f32 = f32::from_bits(0x1f80_0000);
 
 /// Φ(−t) and e^(−t²/2) for `t = min(a, 19)`, `a ≥ 0` (NaN is taken as 19), each scaled by 2⁶⁴ so
 /// that both stay normal f32 where the unscaled values would be subnormal: a caller multiplies by
