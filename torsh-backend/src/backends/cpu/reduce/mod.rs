@@ -255,14 +255,15 @@ fn extreme_block<A: Real, const MAX: bool>(xs: &[A]) -> A {
     }
 }
 
-/// [`extreme_block`] in one pass over `xs` with `N ≤ 32` lanes of each of two accumulators: the
-/// extreme ignoring NaN (a plain compare-and-select, `vmaxps`/`vminps`, over two elements per lane
-/// and step) and `Σ (a + b)·0`, which turns NaN when any element is NaN or infinite (or a pair's
-/// sum overflows); only then is the block scanned again with the NaN-aware [`pick`]. Otherwise
-/// the lanes hold no NaN and combine with the plain select, which vectorises. (Folding with `pick`
-/// made LLVM keep the accumulators in memory behind masked stores, and combining with it cost
-/// about as much as the loop over a block in cache; 64 lanes of each kept more vectors than there
-/// are registers.)
+/// [`extreme_block`] in one pass over `xs` with `N ≤ 32` lanes of each of two accumulators, four
+/// chunks of `N` per step: the extreme ignoring NaN (the plain compare-and-select [`take`],
+/// `vmaxps`/`vminps`) and `Σ x`, which turns NaN when any element is NaN (or when infinities of
+/// both signs meet, or a sum overflows to meet one); only then is the block scanned again with the
+/// NaN-aware [`pick`]. Otherwise the lanes hold no NaN and combine with [`take`], which
+/// vectorises. The leftover chunks and the tail go through [`pick`]. (Folding with `pick` made
+/// LLVM keep the accumulators in memory behind masked stores, and combining with it cost about as
+/// much as the loop over a block in cache; 64 lanes of each kept more vectors than there are
+/// registers.)
 #[inline(always)]
 fn extreme_lanes<A: Real, const MAX: bool, const N: usize>(xs: &[A]) -> A {
     let first = xs[0];
