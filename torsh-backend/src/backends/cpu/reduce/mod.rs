@@ -245,13 +245,16 @@ fn pick<A: Real, const MAX: bool>(m: A, x: A) -> A {
 }
 
 /// The maximum (or minimum) of `xs` (not empty), NaN when any element is NaN: [`extreme_lanes`]
-/// with 128 bytes of each kind of accumulator (32 f32 or 16 f64 lanes, four AVX2 registers).
+/// with 128 bytes of each kind of accumulator (32 f32 or 16 f64 lanes, four AVX2 registers), or a
+/// quarter of that for blocks shorter than one step of those (rows of 64 to 127 f32, say).
 #[inline(always)]
 fn extreme_block<A: Real, const MAX: bool>(xs: &[A]) -> A {
-    if std::mem::size_of::<A>() == 4 {
-        extreme_lanes::<A, MAX, 32>(xs)
-    } else {
-        extreme_lanes::<A, MAX, 16>(xs)
+    let wide = xs.len() >= 4 * 128 / std::mem::size_of::<A>();
+    match (std::mem::size_of::<A>() == 4, wide) {
+        (true, true) => extreme_lanes::<A, MAX, 32>(xs),
+        (true, false) => extreme_lanes::<A, MAX, 8>(xs),
+        (false, true) => extreme_lanes::<A, MAX, 16>(xs),
+        (false, false) => extreme_lanes::<A, MAX, 4>(xs),
     }
 }
 

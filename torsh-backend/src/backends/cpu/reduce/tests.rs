@@ -250,19 +250,21 @@ fn nan_inf_and_ties_follow_the_reference() {
 #[test]
 fn one_nan_anywhere_in_a_row_makes_its_extreme_nan() {
     // Row r holds a single NaN, at column r: in turn at every lane and step of the vectorised
-    // loop, in its leftover chunk and in its scalar tail.
-    let (rows, cols) = (300, 300);
-    let mut vals = random(rows * cols, 53);
-    for r in 0..rows {
-        vals[r * cols + r] = f64::NAN;
-    }
+    // loop, in its leftover chunk and in its scalar tail, for the wide lanes (300) and the
+    // narrow ones (100).
     let ops = [
         ReduceOp::Max,
         ReduceOp::Min,
         ReduceOp::ArgMax,
         ReduceOp::ArgMin,
     ];
-    check_view(&vals, &Layout::contiguous(&[rows, cols]), 1, &ops);
+    for n in [300, 100] {
+        let mut vals = random(n * n, 53);
+        for r in 0..n {
+            vals[r * n + r] = f64::NAN;
+        }
+        check_view(&vals, &Layout::contiguous(&[n, n]), 1, &ops);
+    }
 }
 
 #[test]
