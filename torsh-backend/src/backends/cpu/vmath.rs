@@ -76,7 +76,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     };
     let t = clamped.mul_add(LOG2E, magic);
     let e = exp_reduced(reduce_ln2(clamped, t - magic));
-    // Shifted left by 23, the bits of `ROUND_MAGIC` leave and n + 127 ± 64 (within [41, 255))
+    // Shifted left by 23, the bits of `ROUND_MAGIC` leave and n + 127 ± 64 (within [41, 191])
     // lands in the exponent field. NaN needs no select: `clamp` keeps it, and `e` carries it.
     e * f32::from_bits(t.to_bits() << 23) * last
 }
