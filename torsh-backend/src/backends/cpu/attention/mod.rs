@@ -2,16 +2,16 @@
 //! built. Each work item is one (batch · head, block of [`BLOCK_Q`] queries); it walks the keys in
 //! blocks of [`BLOCK_K`]:
 //!
-//! 1. `S = (scale·Q_blk) · K_blkᵀ` into a scratch tile (`gemm` crate, single-threaded);
+//! 1. `S = (scale·Q_blk) · K_blkᵀ` into a scratch tile;
 //! 2. online softmax per query row: the running max `m` and sum `l` are updated with the tile's row
-//!    maxima, the tile becomes `P = exp(S − m)`, and the accumulator is rescaled by `exp(m_old − m)`;
-//! 3. `O_acc += P · V_blk` (`gemm` crate);
+//!    maxima and the tile becomes `P = exp(S − m)`;
+//! 3. `O_acc = O_acc · exp(m_old − m) + P · V_blk`;
 //!
-//! and finally writes `O = O_acc / l`. The Q block is stored transposed (`head_dim × BLOCK_Q`) and
-//! the score tile column-major, so that `S` is a product of two column-major operands (the layout
-//! the `gemm` crate's microkernels prefer) and the softmax runs down the tile's columns with the
-//! query rows in the SIMD lanes; the accumulator is row-major, so its rescaling and the final store
-//! run along contiguous rows. Causal masking (query `i` sees keys `j ≤ i`, aligned top-left as in
+//! and finally writes `O = O_acc / l`. Everything a step touches is column-major with the query
+//! rows contiguous: the Q block transposed (`head_dim × ld`), the score tile (`ld × BLOCK_K`) and
+//! the accumulator (`head_dim × ld`, `ld` the block's rows rounded up to a register tile). Both
+//! products are register tiles read in place ([`tile`]), with the query rows in the SIMD lanes, and
+//! the softmax runs down the tile's columns with the rows in the lanes too. Causal masking (query `i` sees keys `j ≤ i`, aligned top-left as in
 //! the reference, for any `seq_q`, `seq_kv`) stops each item at key `min(seq_kv, last query + 1)`:
 //! key blocks past the diagonal are never computed and only the diagonal block is masked.
 //!
@@ -25,15 +25,15 @@
 //! Threads: items run in parallel on the backend's team (each job with its own scratch); the
 //! query block shrinks (down to [`MIN_BLOCK_Q`]) while there are fewer than two items per thread.
 
-use gemm::Parallelism;
-
 mod backward;
+mod tile;
 
 use backward::attention_backward;
 
-use super::conv::{out_of_memory, parallel_items, zeroed, Product, Raw, Wide, NO_REPACK_COLS};
+use super::conv::{out_of_memory, parallel_items, zeroed, Raw, Wide};
 use super::cost::Work;
 use super::host::{with_float, with_simd, Ctx, Element, Real};
+use super::simd::SimdLevel;
 use super::vmath;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{attention as reference, memory::HostMemory};
@@ -41,6 +41,7 @@ use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
 use crate::compute::{AttentionBackwardDesc, AttentionDesc};
 use crate::error::Result;
+use tile::{product, Out, Rhs};
 
 /// The op name in errors.
 const OP: &str = "attention";
@@ -189,23 +190,26 @@ struct Flash<T: Wide> {
     causal: bool,
     /// Queries per item.
     bq: usize,
+    /// `bq` rounded up to a whole register tile of rows: the row count of the scratch tiles.
+    ld: usize,
 }
 
-/// Per-task buffers, all in the compute type.
+/// Per-task buffers, all in the compute type; rows past the block's are zero in `qt`, so that
+/// the lanes computing them hold zeros.
 struct Scratch<A> {
-    /// `scale · Q_blk`, transposed: `dim × bq`.
+    /// `scale · Q_blk`, transposed: `dim × ld`.
     qt: Vec<A>,
-    /// Scores, then probabilities: `bq × BLOCK_K`, column-major.
+    /// Scores, then probabilities: `ld × BLOCK_K`, column-major.
     s: Vec<A>,
-    /// Output accumulator: `bq × dim`, row-major.
+    /// Output accumulator: `ld × dim`, column-major.
     acc: Vec<A>,
     /// Running max per query row.
     m: Vec<A>,
     /// Running sum per query row.
     l: Vec<A>,
-    /// Rescale factors, then the key block's maxima or sums per row.
+    /// Rescale factors of the accumulator rows.
     corr: Vec<A>,
-    /// Block maxima, then block sums per row.
+    /// The reciprocal running sums, for the final store.
     part: Vec<A>,
     /// One widened row of Q or O (half types).
     row: Vec<A>,
@@ -216,16 +220,16 @@ struct Scratch<A> {
 impl<A: Real> Scratch<A> {
     /// Buffers for `f`.
     fn new<T: Wide<Acc = A>>(f: &Flash<T>) -> Result<Scratch<A>> {
-        let (bq, dim) = (f.bq, f.dim);
+        let (ld, dim) = (f.ld, f.dim);
         let half = if T::NATIVE { 0 } else { 1 };
         Ok(Scratch {
-            qt: zeroed(dim * bq)?,
-            s: zeroed(bq * BLOCK_K)?,
-            acc: zeroed(bq * dim)?,
-            m: zeroed(bq)?,
-            l: zeroed(bq)?,
-            corr: zeroed(bq)?,
-            part: zeroed(bq)?,
+            qt: zeroed(dim * ld)?,
+            s: zeroed(ld * BLOCK_K)?,
+            acc: zeroed(ld * dim)?,
+            m: zeroed(ld)?,
+            l: zeroed(ld)?,
+            corr: zeroed(ld)?,
+            part: zeroed(ld)?,
             row: zeroed(half * dim)?,
             kv: zeroed(half * 2 * BLOCK_K * dim)?,
         })
@@ -233,7 +237,7 @@ impl<A: Real> Scratch<A> {
 
     /// Bytes of the buffers for `f` (for the out-of-memory error).
     fn elements<T: Wide>(f: &Flash<T>) -> usize {
-        (2 * f.dim + BLOCK_K + 4) * f.bq + 2 * (BLOCK_K + 1) * f.dim
+        (2 * f.dim + BLOCK_K + 4) * f.ld + 2 * (BLOCK_K + 1) * f.dim
     }
 }
 
@@ -247,6 +251,12 @@ where
     let mut bq = BLOCK_Q.min(sq);
     while ctx.threads > 1 && bh * sq.div_ceil(bq) < 2 * ctx.threads && bq > MIN_BLOCK_Q {
         bq /= 2;
+    }
+    // Blocks of a few queries (decoding: one query against many keys) take narrower tiles rather
+    // than computing rows no query fills.
+    let mut mr = tile_rows::<T::Acc>(ctx.simd);
+    while mr > 4 && mr / 2 >= bq {
+        mr /= 2;
     }
     let f = Flash::<T> {
         q: Raw::of(mem, OP, d.q, bh * sq * dim)?,
@@ -263,6 +273,7 @@ where
         scale: T::Acc::from_f64(d.scale),
         causal: d.causal,
         bq,
+        ld: bq.next_multiple_of(mr),
     };
     let blocks = sq.div_ceil(bq);
     let items = bh * blocks;
@@ -270,7 +281,15 @@ where
         with_simd(
             ctx.simd,
             #[inline(always)]
-            || f.item(item / blocks, item % blocks, s),
+            || {
+                let (head, block) = (item / blocks, item % blocks);
+                match mr {
+                    32 => f.item::<32>(head, block, s),
+                    16 => f.item::<16>(head, block, s),
+                    8 => f.item::<8>(head, block, s),
+                    _ => f.item::<4>(head, block, s),
+                }
+            },
         );
     };
     if ctx.threads > 1 && items > 1 {
@@ -293,14 +312,26 @@ where
     }
 }
 
+/// Rows of a register tile of the products ([`tile`]) at `simd`: two vector registers of `A` (16
+/// f32 on AVX2, 32 on AVX-512; two SSE or NEON registers otherwise).
+fn tile_rows<A>(simd: SimdLevel) -> usize {
+    let bytes = match simd {
+        SimdLevel::Avx512 => 128,
+        SimdLevel::Avx2Fma => 64,
+        _ => 32,
+    };
+    bytes / size_of::<A>()
+}
+
 impl<T: Wide> Flash<T>
 where
     T::Acc: Exp + Element,
 {
-    /// Query block `block` of head `head` (batch · heads + head).
+    /// Query block `block` of head `head` (batch · heads + head), with register tiles of `MR`
+    /// rows (`ld` is a multiple of `MR`).
     #[inline(always)]
-    fn item(&self, head: usize, block: usize, s: &mut Scratch<T::Acc>) {
-        let (bq, dim) = (self.bq, self.dim);
+    fn item<const MR: usize>(&self, head: usize, block: usize, s: &mut Scratch<T::Acc>) {
+        let (bq, ld, dim) = (self.bq, self.ld, self.dim);
         let i0 = block * bq;
         let rows = bq.min(self.sq - i0);
         self.load_q(head, i0, rows, s);
@@ -317,56 +348,35 @@ where
         while j0 < kend {
             let cols = BLOCK_K.min(kend - j0);
             let (kb, vb) = self.kv_block(head, j0, cols, &mut s.kv);
-            // SAFETY: qt is dim × bq (column stride bq), kb is cols rows of dim contiguous values
-            // read as its transpose (dim × cols, column stride dim), s is bq × BLOCK_K column-major;
-            // all three are distinct buffers of this task or the unwritten input K.
-            unsafe {
-                Product {
-                    m: rows,
-                    n: cols,
-                    k: dim,
-                    dst: s.s.as_mut_ptr(),
-                    dst_strides: (1, bq),
-                    lhs: s.qt.as_ptr(),
-                    lhs_strides: (1, bq),
-                    rhs: kb,
-                    rhs_strides: (1, dim),
-                    alpha: T::Acc::ONE,
-                    accumulate: false,
-                }
-                .run_split(NO_REPACK_COLS, Parallelism::None);
-            }
+            // S[r, c] = Σ_d qt[d][r] · K[c, d].
+            let keys = Rhs {
+                data: kb,
+                t_stride: 1,
+                j_stride: dim,
+            };
+            product::<_, MR>(&s.qt, keys, dim, cols, &mut s.s, ld, Out::Store);
             if self.causal && j0 + cols > i0 + 1 {
-                mask(&mut s.s, bq, rows, cols, j0 as isize - i0 as isize);
+                mask(&mut s.s, ld, rows, cols, j0 as isize - i0 as isize);
             }
-            softmax_step(s, rows, cols, bq);
-            // SAFETY: s holds rows × cols probabilities (column stride bq), vb is cols rows of dim
-            // values (row stride dim), acc is bq × dim row-major; distinct buffers.
-            unsafe {
-                Product {
-                    m: rows,
-                    n: dim,
-                    k: cols,
-                    dst: s.acc.as_mut_ptr(),
-                    dst_strides: (dim, 1),
-                    lhs: s.s.as_ptr(),
-                    lhs_strides: (1, bq),
-                    rhs: vb,
-                    rhs_strides: (dim, 1),
-                    alpha: T::Acc::ONE,
-                    accumulate: true,
-                }
-                .run_split(NO_REPACK_COLS, Parallelism::None);
-            }
+            softmax_step(&mut s.s, &mut s.m, &mut s.l, &mut s.corr, rows, cols, ld);
+            // acc[d][r] = acc[d][r] · corr[r] + Σ_c P[c][r] · V[c, d].
+            let values = Rhs {
+                data: vb,
+                t_stride: dim,
+                j_stride: 1,
+            };
+            let rescale = Out::Rescale(&s.corr);
+            product::<_, MR>(&s.s, values, cols, dim, &mut s.acc, ld, rescale);
             j0 += cols;
         }
         self.store(head, i0, rows, s);
     }
 
-    /// Writes `scale · Q[head, i0 .. i0 + rows]` transposed into `s.qt` (`dim × bq`).
+    /// Writes `scale · Q[head, i0 .. i0 + rows]` transposed into `s.qt` (`dim × ld`), zero in the
+    /// rows past `rows`.
     #[inline(always)]
     fn load_q(&self, head: usize, i0: usize, rows: usize, s: &mut Scratch<T::Acc>) {
-        let (bq, dim) = (self.bq, self.dim);
+        let (ld, dim) = (self.ld, self.dim);
         for i in 0..rows {
             // SAFETY: row i0 + i of this head lies inside Q, which nothing writes.
             let src = unsafe { self.q.get((head * self.sq + i0 + i) * dim, dim) };
@@ -377,43 +387,44 @@ where
                     &s.row
                 }
             };
-            for (col, &x) in s.qt.chunks_exact_mut(bq).zip(row) {
+            for (col, &x) in s.qt.chunks_exact_mut(ld).zip(row) {
                 col[i] = x * self.scale;
+            }
+        }
+        if rows < ld {
+            for col in s.qt.chunks_exact_mut(ld) {
+                col[rows..].fill(T::Acc::ZERO);
             }
         }
     }
 
-    /// Pointers to keys `j0 .. j0 + cols` of K and V for `head` (`cols × dim` each, row-major): the
-    /// inputs themselves for f32 and f64, else widened copies in `kv`.
+    /// Keys `j0 .. j0 + cols` of K and V for `head` (`cols × dim` each, row-major): the inputs
+    /// themselves for f32 and f64, else widened copies in `kv`.
     #[inline(always)]
-    fn kv_block(
-        &self,
+    fn kv_block<'a>(
+        &'a self,
         head: usize,
         j0: usize,
         cols: usize,
-        kv: &mut [T::Acc],
-    ) -> (*const T::Acc, *const T::Acc) {
+        kv: &'a mut [T::Acc],
+    ) -> (&'a [T::Acc], &'a [T::Acc]) {
         let start = (head * self.skv + j0) * self.dim;
         let len = cols * self.dim;
-        if T::NATIVE {
-            return (
-                self.k.at(start).cast_const().cast(),
-                self.v.at(start).cast_const().cast(),
-            );
+        // SAFETY: the block lies inside K and V, which nothing writes.
+        let (k, v) = unsafe { (self.k.get(start, len), self.v.get(start, len)) };
+        if let (Some(k), Some(v)) = (T::as_acc(k), T::as_acc(v)) {
+            return (k, v);
         }
         let (kw, vw) = kv.split_at_mut(kv.len() / 2);
-        // SAFETY: the block lies inside K and V, which nothing writes.
-        unsafe {
-            T::widen_slice(self.k.get(start, len), &mut kw[..len]);
-            T::widen_slice(self.v.get(start, len), &mut vw[..len]);
-        }
-        (kw.as_ptr(), vw.as_ptr())
+        T::widen_slice(k, &mut kw[..len]);
+        T::widen_slice(v, &mut vw[..len]);
+        (&kw[..len], &vw[..len])
     }
 
     /// `O[head, i0 .. i0 + rows] = acc / l`, rounded.
     #[inline(always)]
     fn store(&self, head: usize, i0: usize, rows: usize, s: &mut Scratch<T::Acc>) {
-        let dim = self.dim;
+        let (ld, dim) = (self.ld, self.dim);
         for (inv, &l) in s.part[..rows].iter_mut().zip(&s.l[..rows]) {
             *inv = T::Acc::ONE / l;
         }
@@ -424,14 +435,19 @@ where
                 *o = T::Acc::from_f64(m.to_f64() + l.to_f64().ln());
             }
         }
-        for (i, acc) in s.acc.chunks_exact(dim).take(rows).enumerate() {
+        for i in 0..rows {
             let inv = s.part[i];
             // SAFETY: row i0 + i of this head is written by this item only.
             let dst = unsafe { self.o.get_mut((head * self.sq + i0 + i) * dim, dim) };
+            let row = |out: &mut [T::Acc]| {
+                for (o, col) in out.iter_mut().zip(s.acc.chunks_exact(ld)) {
+                    *o = col[i] * inv;
+                }
+            };
             match T::as_acc_mut(dst) {
-                Some(out) => scale_into(acc, inv, out),
+                Some(out) => row(out),
                 None => {
-                    scale_into(acc, inv, &mut s.row);
+                    row(&mut s.row);
                     T::narrow_slice(&s.row, dst);
                 }
             }
@@ -449,52 +465,84 @@ fn mask<A: Real>(s: &mut [A], ld: usize, rows: usize, cols: usize, diag: isize) 
     }
 }
 
-/// One online-softmax step over the `rows × cols` score tile `s.s` (column-major, stride `ld`):
-/// updates the running max and sum, turns the scores into `exp(score − max)`, and rescales the
-/// accumulator rows by `exp(old max − new max)`.
+/// One online-softmax step over the `rows × cols` score tile `tile` (column-major, stride `ld`):
+/// updates the running max `m` and sum `l`, turns the scores into `exp(score − max)`, and sets
+/// `corr` to the accumulator rows' rescale factors `exp(old max − new max)`.
+///
+/// The rows go in strips of 128 bytes of the compute type (32 f32 or 16 f64 rows), then of 32
+/// bytes, then one by one: a strip's maxima and sums stay in registers while its loops walk the
+/// tile's columns, so no per-element load and store of the running values (nor a masked store for
+/// the max) is paid.
 #[inline(always)]
-fn softmax_step<A: Exp>(s: &mut Scratch<A>, rows: usize, cols: usize, ld: usize) {
-    let m = &mut s.m[..rows];
-    let l = &mut s.l[..rows];
-    let corr = &mut s.corr[..rows];
-    let part = &mut s.part[..rows];
-    // Row maxima of the tile (NaN scores are skipped, as by the reference's `f64::max`).
-    part.copy_from_slice(m);
-    for col in s.s.chunks_exact(ld).take(cols) {
-        for (p, &x) in part.iter_mut().zip(&col[..rows]) {
-            *p = if x > *p { x } else { *p };
-        }
+fn softmax_step<A: Exp>(
+    tile: &mut [A],
+    m: &mut [A],
+    l: &mut [A],
+    corr: &mut [A],
+    rows: usize,
+    cols: usize,
+    ld: usize,
+) {
+    let tile = &mut tile[..cols * ld];
+    let mut r0 = 0;
+    if size_of::<A>() == 4 {
+        r0 = strips::<A, 32>(tile, m, l, corr, r0, rows, ld);
+        r0 = strips::<A, 8>(tile, m, l, corr, r0, rows, ld);
+    } else {
+        r0 = strips::<A, 16>(tile, m, l, corr, r0, rows, ld);
+        r0 = strips::<A, 4>(tile, m, l, corr, r0, rows, ld);
     }
-    for ((c, mo), &mn) in corr.iter_mut().zip(m.iter_mut()).zip(part.iter()) {
-        *c = (*mo - mn).exp_fast();
-        *mo = mn;
-    }
-    // Probabilities and their per-block sums.
-    part.fill(A::ZERO);
-    for col in s.s.chunks_exact_mut(ld).take(cols) {
-        for ((x, p), &mx) in col[..rows].iter_mut().zip(part.iter_mut()).zip(m.iter()) {
-            let e = (*x - mx).exp_fast();
-            *x = e;
-            *p += e;
-        }
-    }
-    for ((l, &c), &p) in l.iter_mut().zip(corr.iter()).zip(part.iter()) {
-        *l = l.mul_add(c, p);
-    }
-    let dim = s.acc.len() / ld;
-    for (row, &c) in s.acc.chunks_exact_mut(dim).zip(corr.iter()) {
-        for a in row {
-            *a = *a * c;
-        }
-    }
+    strips::<A, 1>(tile, m, l, corr, r0, rows, ld);
 }
 
-/// `out[d] = acc[d] · scale`.
+/// [`softmax_step`] for rows `r0 ..` of `tile` (whole columns of `ld` rows) in strips of `W` rows,
+/// as many as fit before `rows`; returns the first row not done.
 #[inline(always)]
-fn scale_into<A: Real>(acc: &[A], scale: A, out: &mut [A]) {
-    for (o, &a) in out.iter_mut().zip(acc) {
-        *o = a * scale;
+fn strips<A: Exp, const W: usize>(
+    tile: &mut [A],
+    m: &mut [A],
+    l: &mut [A],
+    corr: &mut [A],
+    mut r0: usize,
+    rows: usize,
+    ld: usize,
+) -> usize {
+    while r0 + W <= rows {
+        let old: [A; W] = array_at(m, r0);
+        // Row maxima of the strip (NaN scores are skipped, as by the reference's `f64::max`).
+        let mut max = old;
+        for col in tile.chunks_exact(ld) {
+            let x: [A; W] = array_at(col, r0);
+            for (m, x) in max.iter_mut().zip(x) {
+                *m = if x > *m { x } else { *m };
+            }
+        }
+        // Probabilities and their sums.
+        let mut sum = [A::ZERO; W];
+        for col in tile.chunks_exact_mut(ld) {
+            let x = &mut col[r0..r0 + W];
+            for ((x, p), &m) in x.iter_mut().zip(sum.iter_mut()).zip(&max) {
+                let e = (*x - m).exp_fast();
+                *x = e;
+                *p += e;
+            }
+        }
+        for i in 0..W {
+            let c = (old[i] - max[i]).exp_fast();
+            corr[r0 + i] = c;
+            l[r0 + i] = l[r0 + i].mul_add(c, sum[i]);
+            m[r0 + i] = max[i];
+        }
+        r0 += W;
     }
+    r0
+}
+
+/// The `W` values of `xs` from `at` on.
+#[inline(always)]
+fn array_at<A: Copy, const W: usize>(xs: &[A], at: usize) -> [A; W] {
+    let xs = &xs[at..at + W];
+    std::array::from_fn(|i| xs[i])
 }
 
 /// The work of `products` products of `seq_q × seq_kv × head_dim` multiply-adds per head, half of
@@ -581,6 +629,11 @@ mod tests {
 
     /// Compares the kernel with the reference for `case` in `dtype` on `threads` threads.
     fn check(case: Case, dtype: DType, threads: usize) {
+        check_at(case, dtype, threads, None);
+    }
+
+    /// [`check`] with the kernel's loops at SIMD level `simd` (the detected one for `None`).
+    fn check_at(case: Case, dtype: DType, threads: usize, simd: Option<SimdLevel>) {
         let [batch, heads, seq_q, seq_kv, head_dim] = case.sizes;
         let mut mem = HostMemory::default();
         let mut rng = HostRng::new(case.sizes.iter().sum::<usize>() as u64);
@@ -610,7 +663,11 @@ mod tests {
             lse: Some(lse),
         };
         desc.accesses().unwrap();
-        on_threads(threads, |ctx| attention(&mut mem, &desc, ctx)).unwrap();
+        on_threads(threads, |ctx| {
+            let simd = simd.unwrap_or(ctx.simd);
+            attention(&mut mem, &desc, Ctx { simd, ..ctx })
+        })
+        .unwrap();
         let oracle = AttentionDesc {
             o: expected,
             lse: Some(expected_lse),
@@ -680,6 +737,30 @@ mod tests {
     fn odd_and_unequal_lengths_match_the_reference() {
         for (sizes, scale) in PROBLEMS {
             check_all(sizes, scale);
+        }
+    }
+
+    #[test]
+    fn every_register_tile_width_matches_the_reference() {
+        // The tiles' rows per SIMD level (two registers: 8 f32 at NEON's width, which the plain
+        // build takes here, 16 with AVX2, 32 with AVX-512; half as many f64) and their narrowing
+        // for short query blocks. Only the levels this CPU has are run.
+        let mut levels = vec![SimdLevel::Scalar];
+        let detected = SimdLevel::detect();
+        if detected != SimdLevel::Scalar {
+            levels.push(detected);
+        }
+        for simd in levels {
+            for (sizes, scale) in PROBLEMS {
+                for dtype in [DType::F32, DType::F64] {
+                    let case = Case {
+                        sizes,
+                        causal: true,
+                        scale,
+                    };
+                    check_at(case, dtype, 1, Some(simd));
+                }
+            }
         }
     }
 
