@@ -161,6 +161,8 @@ def memory_graph(op: str, variant: str | None, d: dict) -> list[Graph]:
     x = randn((rows, cols), 1)
     dense = (rows, cols)
     unary = {"exp": ("Exp", {}, DEFAULT_OPSET), "gelu": ("Gelu", {}, 20),
+             "erf": ("Erf", {}, DEFAULT_OPSET), "tanh": ("Tanh", {}, DEFAULT_OPSET),
+             "sigmoid": ("Sigmoid", {}, DEFAULT_OPSET),
              "softmax": ("Softmax", {"axis": -1}, DEFAULT_OPSET)}
     if op in unary:
         name, attrs, opset = unary[op]

@@ -97,6 +97,12 @@ pub enum MemOp {
     Exp,
     /// GELU, exact (erf) form.
     Gelu,
+    /// `erf(x)`.
+    Erf,
+    /// `tanh(x)`.
+    Tanh,
+    /// `sigmoid(x) = 1 / (1 + exp(−x))`.
+    Sigmoid,
     /// Softmax over each row.
     Softmax,
     /// Layer norm over each row, no affine parameters.
@@ -183,6 +189,9 @@ impl MemOp {
             MemOp::Mul => "mul",
             MemOp::Exp => "exp",
             MemOp::Gelu => "gelu",
+            MemOp::Erf => "erf",
+            MemOp::Tanh => "tanh",
+            MemOp::Sigmoid => "sigmoid",
             MemOp::Softmax => "softmax",
             MemOp::LayerNorm => "layer_norm",
             MemOp::Sum | MemOp::SumColumns => "sum",
@@ -302,7 +311,7 @@ pub enum Op {
 }
 
 /// Every op name `--op` accepts.
-pub const OP_NAMES: [&str; 36] = [
+pub const OP_NAMES: [&str; 39] = [
     "matmul",
     "memcpy",
     "copy",
@@ -310,6 +319,9 @@ pub const OP_NAMES: [&str; 36] = [
     "mul",
     "exp",
     "gelu",
+    "erf",
+    "tanh",
+    "sigmoid",
     "softmax",
     "layer_norm",
     "batch_norm",

@@ -36,7 +36,7 @@ impl Scale {
 type Mnk = (usize, usize, usize);
 
 /// Every memory-bound op, the memcpy ceiling first.
-const MEMORY_OPS: [MemOp; 33] = [
+const MEMORY_OPS: [MemOp; 36] = [
     MemOp::Memcpy,
     MemOp::Copy,
     MemOp::CopyTransposed,
@@ -44,6 +44,9 @@ const MEMORY_OPS: [MemOp; 33] = [
     MemOp::Mul,
     MemOp::Exp,
     MemOp::Gelu,
+    MemOp::Erf,
+    MemOp::Tanh,
+    MemOp::Sigmoid,
     MemOp::Softmax,
     MemOp::LayerNorm,
     MemOp::BatchNormTraining,

@@ -179,13 +179,15 @@ fn memory(
                 b.compute().binary(&desc).map_err(text)
             })
         }
-        MemOp::Exp | MemOp::Gelu => {
+        MemOp::Exp | MemOp::Gelu | MemOp::Erf | MemOp::Tanh | MemOp::Sigmoid => {
             let out = dense_out()?;
             let desc = UnaryDesc {
-                op: if op == MemOp::Exp {
-                    UnaryOp::Exp
-                } else {
-                    UnaryOp::Gelu
+                op: match op {
+                    MemOp::Exp => UnaryOp::Exp,
+                    MemOp::Gelu => UnaryOp::Gelu,
+                    MemOp::Erf => UnaryOp::Erf,
+                    MemOp::Tanh => UnaryOp::Tanh,
+                    _ => UnaryOp::Sigmoid,
                 },
                 dtype: dt,
                 input: dense(&x),
