@@ -8,19 +8,21 @@
 //! 3. `O_acc = O_acc · exp(m_old − m) + P · V_blk`;
 //!
 //! and finally writes `O = O_acc / l`. Everything a step touches is column-major with the query
-//! rows contiguous: the Q block transposed (`head_dim × ld`), the score tile (`ld × BLOCK_K`) and
-//! the accumulator (`head_dim × ld`, `ld` the block's rows rounded up to a register tile). Both
-//! products are register tiles read in place ([`tile`]), with the query rows in the SIMD lanes, and
-//! the softmax runs down the tile's columns with the rows in the lanes too. Causal masking (query `i` sees keys `j ≤ i`, aligned top-left as in
-//! the reference, for any `seq_q`, `seq_kv`) stops each item at key `min(seq_kv, last query + 1)`:
-//! key blocks past the diagonal are never computed and only the diagonal block is masked.
+//! rows contiguous, `ld` of them (the block's rows rounded up to a register tile): the Q block
+//! (`ld × head_dim`), the score tile (`ld × BLOCK_K`) and the accumulator (`ld × head_dim`). Both
+//! products are register tiles read in place ([`tile`]) with the query rows in the SIMD lanes, and
+//! the softmax runs down the tile's columns with the rows in the lanes too. Causal masking (query
+//! `i` sees keys `j ≤ i`, aligned top-left as in the reference, for any `seq_q`, `seq_kv`) stops
+//! each item at key `min(seq_kv, last query + 1)`: key blocks past the diagonal are never computed
+//! and only the diagonal block is masked.
 //!
 //! With a log-sum-exp output, each row's `m + ln l` is stored with it (in the compute type, which is
 //! the statistics' dtype). The gradients are in [`backward`].
 //!
 //! f32, f16 and bf16 compute in f32 (the half types are widened a block at a time and rounded once
-//! on store; `exp` is a vectorisable polynomial, see [`Exp`]); f64 computes in f64. Row sums are kept per key block and then
-//! folded into the running sum, so no serial sum runs over more than [`BLOCK_K`] terms.
+//! on store; `exp` is a vectorisable polynomial, see [`Exp`]); f64 computes in f64. Row sums are
+//! kept per key block and then folded into the running sum, so no serial sum runs over more than
+//! [`BLOCK_K`] terms.
 //!
 //! Threads: items run in parallel on the backend's team (each job with its own scratch); the
 //! query block shrinks (down to [`MIN_BLOCK_Q`]) while there are fewer than two items per thread.
@@ -197,7 +199,7 @@ struct Flash<T: Wide> {
 /// Per-task buffers, all in the compute type; rows past the block's are zero in `qt`, so that
 /// the lanes computing them hold zeros.
 struct Scratch<A> {
-    /// `scale · Q_blk`, transposed: `dim × ld`.
+    /// `scale · Q_blk`: `ld × dim`, column-major.
     qt: Vec<A>,
     /// Scores, then probabilities: `ld × BLOCK_K`, column-major.
     s: Vec<A>,
@@ -235,7 +237,7 @@ impl<A: Real> Scratch<A> {
         })
     }
 
-    /// Bytes of the buffers for `f` (for the out-of-memory error).
+    /// Elements of the buffers for `f` (for the out-of-memory error).
     fn elements<T: Wide>(f: &Flash<T>) -> usize {
         (2 * f.dim + BLOCK_K + 4) * f.ld + 2 * (BLOCK_K + 1) * f.dim
     }
@@ -372,8 +374,8 @@ where
         self.store(head, i0, rows, s);
     }
 
-    /// Writes `scale · Q[head, i0 .. i0 + rows]` transposed into `s.qt` (`dim × ld`), zero in the
-    /// rows past `rows`.
+    /// Writes `scale · Q[head, i0 .. i0 + rows]` into `s.qt` (column-major, `ld` rows), zero in
+    /// the rows past `rows`.
     #[inline(always)]
     fn load_q(&self, head: usize, i0: usize, rows: usize, s: &mut Scratch<T::Acc>) {
         let (ld, dim) = (self.ld, self.dim);
