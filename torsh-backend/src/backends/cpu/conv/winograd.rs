@@ -189,11 +189,25 @@ impl<A: Real> Buffers<A> {
 /// Filters a work item of the filter transform takes: a multiple of [`LANES`].
 const FILTERS_PER_ITEM: usize = 2048;
 
-/// `U = G·g·Gᵀ` of every filter, `[16][K][C]`, with `G = [1 0 0; ½ ½ ½; ½ −½ ½; 0 0 1]`, on the
-/// team when `parallel`; `None` when a transformed value is not finite.
+/// Elements between the starts of two positions' transformed filters, `U_ξ` and `U_ξ+1`: their
+/// `K·C` and [`U_PAD`].
+fn filter_stride(kc: usize) -> usize {
+    kc + U_PAD
+}
+
+/// Spare elements after each position's transformed filters. With `K·C` a multiple of a large
+/// power of two (256 · 256), the 16 positions written side by side by the filter transform would
+/// otherwise map to one set of the L1 and L2 caches and evict each other's lines between the two
+/// halves of a line's writes.
+const U_PAD: usize = 16;
+
+/// `U = G·g·Gᵀ` of every filter, `[16][K][C]` with [`filter_stride`] elements from one position
+/// to the next, with `G = [1 0 0; ½ ½ ½; ½ −½ ½; 0 0 1]`, on the team when `parallel`; `None`
+/// when a transformed value is not finite.
 fn filters<A: Real>(weight: &[A], ctx: Ctx, parallel: bool) -> Result<Option<Vec<A>>> {
     let kc = weight.len() / 9;
-    let len = XI * kc;
+    let stride = filter_stride(kc);
+    let len = XI * stride;
     let mut u: Vec<A> = Vec::new();
     u.try_reserve_exact(len)
         .map_err(|_| out_of_memory::<A>(len))?;
@@ -209,7 +223,7 @@ fn filters<A: Real>(weight: &[A], ctx: Ctx, parallel: bool) -> Result<Option<Vec
         let ok = with_simd(
             ctx.simd,
             #[inline(always)]
-            || unsafe { filter_range(weight, f0..f1, kc, dst) },
+            || unsafe { filter_range(weight, f0..f1, stride, dst) },
         );
         if !ok {
             finite.store(false, Ordering::Relaxed);
@@ -229,50 +243,78 @@ fn filters<A: Real>(weight: &[A], ctx: Ctx, parallel: bool) -> Result<Option<Vec
     } else {
         (0..items).for_each(range);
     }
-    // SAFETY: the ranges above cover every filter and wrote all 16 positions of each.
+    // The pads are never read; zeroed, so that the whole vector is initialised.
+    for xi in 0..XI {
+        // SAFETY: inside the capacity, written by no task.
+        unsafe { dst.ptr.add(xi * stride + kc).write_bytes(0, U_PAD) };
+    }
+    // SAFETY: the ranges above cover every filter and wrote all 16 positions of each, the loop
+    // above the pads.
     unsafe { u.set_len(len) };
     Ok(finite.into_inner().then_some(u))
 }
 
-/// The transforms of filters `range` (of `kc`) into `dst`, `[16][kc]`; false when one is not
+/// Filters [`filter_range`] stages tap-major at a time: a multiple of [`LANES`].
+const STAGED: usize = 256;
+
+/// The transforms of filters `range` into `dst`, `[16][stride]`; false when one is not
 /// finite.
 ///
+/// Filters are read in blocks of [`STAGED`], each first copied tap-major (`taps[r][i]`, tap `r`
+/// of the block's filter `i`; the tail of a last short block zero) so that the transform reads
+/// `LANES` filters' tap as one vector: gathering it from the filters' rows of 9 instead built
+/// each vector lane by lane, and cost more than the transform.
+///
 /// # Safety
-/// `dst` holds `16·kc` elements (initialised or not) that no other task writes at these filters'
-/// positions meanwhile.
+/// `dst` holds `16·stride` elements (initialised or not), `stride` at least the number of filters,
+/// that no other task writes at these filters' positions meanwhile.
 #[inline(always)]
 unsafe fn filter_range<A: Real>(
     weight: &[A],
     range: std::ops::Range<usize>,
-    kc: usize,
+    stride: usize,
     dst: Raw<A>,
 ) -> bool {
     let mut poison = [A::ZERO; LANES];
-    for f0 in range.clone().step_by(LANES) {
-        let n = LANES.min(range.end - f0);
-        // taps[r][l]: tap r of filter f0 + l.
-        let mut taps = [[A::ZERO; LANES]; 9];
-        for (l, w) in weight[9 * f0..9 * (f0 + n)].chunks_exact(9).enumerate() {
-            for r in 0..9 {
-                taps[r][l] = w[r];
+    let mut taps = [[A::ZERO; STAGED]; 9];
+    for b0 in range.clone().step_by(STAGED) {
+        let staged = STAGED.min(range.end - b0);
+        for (i, w) in weight[9 * b0..9 * (b0 + staged)]
+            .chunks_exact(9)
+            .enumerate()
+        {
+            for (r, &w) in w.iter().enumerate() {
+                taps[r][i] = w;
             }
         }
-        // Columns of G·g, then rows of (G·g)·Gᵀ.
-        let mut cols = [[[A::ZERO; LANES]; 4]; 3];
-        for (j, col) in cols.iter_mut().enumerate() {
-            *col = by_g(taps[j], taps[3 + j], taps[6 + j]);
+        for tap in &mut taps {
+            tap[staged..].fill(A::ZERO);
         }
-        let [c0, c1, c2] = &cols;
-        for (i, ((&a, &b), &c)) in c0.iter().zip(c1).zip(c2).enumerate() {
-            let row = by_g(a, b, c);
-            for (j, x) in row.iter().enumerate() {
-                let at = dst.ptr.wrapping_add((4 * i + j) * kc + f0);
-                for (l, &x) in x.iter().enumerate().take(n) {
-                    // SAFETY: element (4i + j, f0 + l) of dst, this task's (see above).
-                    unsafe { at.add(l).write(x) };
-                }
-                for l in 0..LANES {
-                    poison[l] += x[l] * A::ZERO;
+        for i0 in (0..staged).step_by(LANES) {
+            let (f0, n) = (b0 + i0, LANES.min(staged - i0));
+            let tap = |r: usize| lanes(&taps[r][i0..]);
+            // Columns of G·g, then rows of (G·g)·Gᵀ.
+            // Spelled out: `array::from_fn`'s closure is not inlined into the SIMD context.
+            let col = |j: usize| by_g(tap(j), tap(3 + j), tap(6 + j));
+            let (c0, c1, c2) = (&col(0), &col(1), &col(2));
+            for (i, ((&a, &b), &c)) in c0.iter().zip(c1).zip(c2).enumerate() {
+                let row = by_g(a, b, c);
+                for (j, x) in row.iter().enumerate() {
+                    let at = dst.ptr.wrapping_add((4 * i + j) * stride + f0);
+                    if n == LANES {
+                        // One vector store: a loop bounded by `n` compiles to a branch per lane.
+                        // SAFETY: elements (4i + j, f0 .. f0 + LANES) of dst, this task's (see
+                        // above).
+                        unsafe { at.cast::<[A; LANES]>().write_unaligned(*x) };
+                    } else {
+                        for (l, &x) in x.iter().enumerate().take(n) {
+                            // SAFETY: element (4i + j, f0 + l) of dst, this task's (see above).
+                            unsafe { at.add(l).write(x) };
+                        }
+                    }
+                    for l in 0..LANES {
+                        poison[l] += x[l] * A::ZERO;
+                    }
                 }
             }
         }
@@ -372,7 +414,7 @@ impl<T: Wide> Job<'_, T> {
                     k: g.c,
                     dst: m.ptr.add(xi * m_stride),
                     dst_strides: (tiles, 1),
-                    lhs: u.as_ptr().add(xi * g.k * g.c),
+                    lhs: u.as_ptr().add(xi * filter_stride(g.k * g.c)),
                     lhs_strides: (g.c, 1),
                     rhs: v.ptr.add(xi * v_stride).cast_const(),
                     rhs_strides: (tiles, 1),
