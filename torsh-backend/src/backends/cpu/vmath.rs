@@ -198,8 +198,8 @@ pub(crate) fn tanh_f32(x: f32) -> f32 {
 }
 
 /// `c·P(c²)/Q(c²)` for `c = x` clamped to `±limit`, clamped to ±1: the odd rational form of
-/// [`tanh_f32`] and [`erf_f32`], whose fits cover `[0, limit]` and reach 1 at `limit`. `clamp`
-/// keeps NaN and the sign of zero.
+/// [`tanh_f32`] and [`erf_f32`], whose fits (`scripts/fit-rational.py`) cover `[0, limit]` and
+/// reach 1 at `limit`. `clamp` keeps NaN and the sign of zero.
 #[inline(always)]
 fn odd_rational<const N: usize>(x: f32, limit: f32, p: [f32; N], q: [f32; N]) -> f32 {
     let c = x.clamp(-limit, limit);
