@@ -1,6 +1,6 @@
-//! Vectorisable f32 math: branch-free polynomial kernels that LLVM turns into SIMD code when they are
-//! inlined into a loop compiled by [`super::host::with_simd`]. Each is accurate to a few ulp over its
-//! whole domain (tests below measure the worst case against f64), propagates NaN, and gives the IEEE
+//! Vectorisable f32 math: branch-free polynomial and rational kernels that LLVM turns into SIMD code
+//! when they are inlined into a loop compiled by [`super::host::with_simd`]. Each is accurate to a
+//! few ulp (at most 6) over its whole domain (tests below measure the worst case against f64), propagates NaN, and gives the IEEE
 //! answers at ±∞ — except [`exp_nonpositive_f32`], the softmax's exponential, whose documented
 //! domain is `x ≤ 0` and which flushes results below 2⁻¹²⁶ towards 0.
 
