@@ -13,6 +13,7 @@ use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
 use half::{bf16, f16};
 
 use super::simd::SimdLevel;
+use super::vector::Registers;
 use crate::backends::reference::memory::HostMemory;
 use crate::compute::{DevicePtr, StridedBuf};
 use crate::dtype::DType;
@@ -89,7 +90,7 @@ real!(f64);
 /// A float element type the CPU kernels take: f32, f64, f16 or bf16, with the type it computes in.
 pub(crate) trait Element: Copy + Send + Sync + bytemuck::Pod + 'static {
     /// The arithmetic type: f64 for f64, f32 for the others.
-    type Acc: Real;
+    type Acc: Registers;
     /// The dtype tag.
     const DTYPE: DType;
     /// This element widened (exact).

@@ -30,6 +30,7 @@ pub mod simd;
 mod sort;
 mod stream;
 mod team;
+mod vector;
 mod vmath;
 
 use gemm::Parallelism;

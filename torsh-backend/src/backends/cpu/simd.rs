@@ -35,6 +35,17 @@ impl SimdLevel {
         SimdLevel::Scalar
     }
 
+    /// Every level this CPU runs, widest first: the detected one and those it includes (AVX-512
+    /// runs AVX2's code too), down to `Scalar`. Kernels' tests run each.
+    #[cfg(test)]
+    pub(crate) fn runnable() -> Vec<SimdLevel> {
+        match SimdLevel::detect() {
+            SimdLevel::Avx512 => vec![SimdLevel::Avx512, SimdLevel::Avx2Fma, SimdLevel::Scalar],
+            SimdLevel::Scalar => vec![SimdLevel::Scalar],
+            level => vec![level, SimdLevel::Scalar],
+        }
+    }
+
     /// A name for listings.
     pub fn name(self) -> &'static str {
         match self {

@@ -5,11 +5,13 @@
 //!
 //! The kernel holds a tile of `CL` output channels (two vector registers of the compute type: 16
 //! f32 on AVX2, 32 on AVX-512; one register when a group has no more output channels than one
-//! register holds) × `P` consecutive output pixels of a row (6 or 8) in registers, summing over
-//! the group's input channels and the window's taps: per tap, the `CL` weights (one or two vector
-//! loads) and `P` broadcast inputs make `CL·P` multiply-adds — a GEMM microkernel's shape, with
-//! the input read in place of a packed panel. The tile is written out transposed, a row of `P`
-//! pixels per channel.
+//! register holds) × `P` consecutive output pixels of a row (6 or 8 with AVX2's 16 registers, 12
+//! or 16 with AVX-512's 32) in registers, summing over the group's input channels and the window's
+//! taps: per tap, the `CL` weights (one or two vector loads) and `P` broadcast inputs make `CL·P`
+//! multiply-adds — a GEMM microkernel's shape, with the input read in place of a packed panel. The
+//! tile is written out transposed, a row of `P` pixels per channel. Its registers are typed
+//! vectors of the level ([`Vector`]), not arrays left to the compiler, which vectorised some tile
+//! sizes along the pixels or not at all.
 //!
 //! The input rows a band of output rows reads are first loaded (widened to the compute type and
 //! zero-padded) and split by the horizontal stride into phases, so that the columns one tap reads
@@ -32,13 +34,15 @@
 use super::{fill_zero, gather_run, out_of_memory, parallel_items, zeroed, Geometry, Job, Wide};
 use crate::backends::cpu::host::{with_simd, Ctx, Real};
 use crate::backends::cpu::simd::SimdLevel;
+use crate::backends::cpu::vector::{Portable, Registers, Vector};
 use crate::error::Result;
 
-/// Output pixels of a register tile of two vectors of channels.
-const PIXELS: usize = 6;
+/// Output pixels of a register tile of two vectors of channels, with 16 vector registers (AVX2,
+/// NEON's tiles) and with 32 (AVX-512): the accumulators take 12 or 24 of them.
+const PIXELS: [usize; 2] = [6, 12];
 
-/// Output pixels of a register tile of one vector of channels.
-const PIXELS_NARROW: usize = 8;
+/// Output pixels of a register tile of one vector of channels, with 16 and with 32 registers.
+const PIXELS_NARROW: [usize; 2] = [8, 16];
 
 /// The most input channels per group the direct kernel is the default for.
 pub(super) const MAX_CHANNELS: usize = 4;
@@ -71,38 +75,45 @@ pub(super) fn offered(g: &Geometry) -> bool {
 /// width and the kernel all take their sizes from it, so they cannot disagree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
-    C32P6,
+    C32P12,
+    C16P16,
+    C16P12,
     C16P6,
-    C16P8,
-    C8P6,
+    C8P16,
     C8P8,
+    C8P6,
     C4P8,
 }
 
 impl Shape {
-    /// The tile for `lanes`-element vectors and `kg` output channels per group: two vectors of
-    /// channels × [`PIXELS`], or one × [`PIXELS_NARROW`] when one vector holds the group's
-    /// channels; vectors of more than 16 or fewer than 4 lanes take the nearest.
-    fn of(lanes: usize, kg: usize) -> Shape {
-        match (lanes, kg <= lanes) {
-            (16.., false) => Shape::C32P6,
-            (16.., true) => Shape::C16P8,
-            (8..=15, false) => Shape::C16P6,
-            (8..=15, true) => Shape::C8P8,
-            (_, false) => Shape::C8P6,
-            (_, true) => Shape::C4P8,
+    /// The tile for `lanes`-element vectors, `kg` output channels per group and 32 vector
+    /// registers (`wide`, AVX-512's 64-byte vectors) or 16: two vectors of channels ×
+    /// [`PIXELS`], or one × [`PIXELS_NARROW`] when one vector holds the group's channels; vectors
+    /// of more than 16 or fewer than 4 lanes take the nearest.
+    fn of(lanes: usize, kg: usize, wide: bool) -> Shape {
+        match (lanes, kg <= lanes, wide) {
+            (16.., false, _) => Shape::C32P12,
+            (16.., true, _) => Shape::C16P16,
+            (8..=15, false, true) => Shape::C16P12,
+            (8..=15, false, false) => Shape::C16P6,
+            (8..=15, true, true) => Shape::C8P16,
+            (8..=15, true, false) => Shape::C8P8,
+            (_, false, _) => Shape::C8P6,
+            (_, true, _) => Shape::C4P8,
         }
     }
 
     /// `(CL, P)`.
     fn size(self) -> (usize, usize) {
         match self {
-            Shape::C32P6 => (32, PIXELS),
-            Shape::C16P6 => (16, PIXELS),
-            Shape::C16P8 => (16, PIXELS_NARROW),
-            Shape::C8P6 => (8, PIXELS),
-            Shape::C8P8 => (8, PIXELS_NARROW),
-            Shape::C4P8 => (4, PIXELS_NARROW),
+            Shape::C32P12 => (32, PIXELS[1]),
+            Shape::C16P16 => (16, PIXELS_NARROW[1]),
+            Shape::C16P12 => (16, PIXELS[1]),
+            Shape::C16P6 => (16, PIXELS[0]),
+            Shape::C8P16 => (8, PIXELS_NARROW[1]),
+            Shape::C8P8 => (8, PIXELS_NARROW[0]),
+            Shape::C8P6 => (8, PIXELS[0]),
+            Shape::C4P8 => (4, PIXELS_NARROW[0]),
         }
     }
 }
@@ -157,7 +168,7 @@ impl Layout {
     /// compute elements; `OutOfMemory` when a band of one output row has more elements than
     /// `usize` holds.
     fn new(g: &Geometry, threads: usize, vector_bytes: usize, elem: usize) -> Result<Layout> {
-        let shape = Shape::of(vector_bytes / elem, g.kg());
+        let shape = Shape::of(vector_bytes / elem, g.kg(), vector_bytes >= 64);
         let (cl, px) = shape.size();
         let (sh, sw, dh, dw) = (g.stride[0], g.stride[1], g.dilation[0], g.dilation[1]);
         let wq = g.ow.next_multiple_of(px) + (g.s - 1) * dw / sw;
@@ -242,13 +253,35 @@ impl<T: Wide> Job<'_, T> {
         let elem = std::mem::size_of::<T::Acc>();
         let layout = Layout::new(g, ctx.threads, vector_bytes, elem)?;
         let weights = self.packed_weights(layout.cl)?;
+        let bias = self.packed_bias(layout.cl)?;
+        let packed = Packed {
+            weights: &weights,
+            bias: bias.as_deref(),
+        };
         let items = g.n * layout.bands;
-        let run = |item: usize, band: &mut Band<T::Acc>| {
-            with_simd(
-                ctx.simd,
+        let run = |item: usize, band: &mut Band<T::Acc>| match ctx.simd {
+            // SAFETY (both x86 arms): the tiles run on the registers of `ctx.simd`, inside
+            // `with_simd` at that level, which the CPU was detected to have.
+            SimdLevel::Avx512 => with_simd(
+                SimdLevel::Avx512,
                 #[inline(always)]
-                || self.direct_item(item, &layout, &weights, band),
-            );
+                || unsafe {
+                    self.direct_item::<<T::Acc as Registers>::X512>(item, &layout, packed, band)
+                },
+            ),
+            SimdLevel::Avx2Fma => with_simd(
+                SimdLevel::Avx2Fma,
+                #[inline(always)]
+                || unsafe {
+                    self.direct_item::<<T::Acc as Registers>::X256>(item, &layout, packed, band)
+                },
+            ),
+            // SAFETY: portable arrays need no target feature.
+            level => with_simd(
+                level,
+                #[inline(always)]
+                || unsafe { self.direct_item::<Portable<T::Acc, 4>>(item, &layout, packed, band) },
+            ),
         };
         if ctx.threads > 1 && items > 1 {
             parallel_items(items, ctx.threads).try_for_each_init(
@@ -289,9 +322,34 @@ impl<T: Wide> Job<'_, T> {
         Ok(packed)
     }
 
-    /// Work item `item`: one band of output rows of one image, every channel.
+    /// The bias as `[group][block][cl]`, zero past `K/G` in each group, so that every tile loads
+    /// whole vectors of it; `None` without a bias.
+    fn packed_bias(&self, cl: usize) -> Result<Option<Vec<T::Acc>>> {
+        let Some(bias) = self.bias else {
+            return Ok(None);
+        };
+        let g = &self.g;
+        let (kg, blocks) = (g.kg(), g.kg().div_ceil(cl));
+        let mut packed = zeroed(g.groups * blocks * cl)?;
+        for group in 0..g.groups {
+            packed[group * blocks * cl..][..kg].copy_from_slice(&bias[group * kg..][..kg]);
+        }
+        Ok(Some(packed))
+    }
+
+    /// Work item `item`: one band of output rows of one image, every channel, on tiles of `V`
+    /// where a tile is one or two of its vectors wide (portable arrays otherwise).
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
     #[inline(always)]
-    fn direct_item(&self, item: usize, l: &Layout, weights: &[T::Acc], band: &mut Band<T::Acc>) {
+    unsafe fn direct_item<V: Vector<T::Acc>>(
+        &self,
+        item: usize,
+        l: &Layout,
+        packed: Packed<'_, T::Acc>,
+        band: &mut Band<T::Acc>,
+    ) {
         let g = &self.g;
         let (img, b) = (item / l.bands, item % l.bands);
         let rows = b * l.band_rows..g.oh.min((b + 1) * l.band_rows);
@@ -307,50 +365,94 @@ impl<T: Wide> Job<'_, T> {
                 for block in 0..blocks {
                     let k0 = group * kg + block * cl;
                     let lanes = cl.min(kg - block * cl);
+                    let at = (group * blocks + block) * cl;
                     let channels = Channels {
                         k0,
-                        weights: &weights[(group * blocks + block) * crs * cl..][..crs * cl],
-                        bias: self.bias.map(|b| &b[k0..k0 + lanes]),
+                        weights: &packed.weights[at * crs..][..crs * cl],
+                        bias: packed.bias.map(|b| &b[at..at + cl]),
                         lanes,
                     };
                     let base = base + group * group_rows;
                     let (i, b) = ((img, oy, base), &channels);
                     match l.shape {
-                        Shape::C32P6 => self.block_row::<32, PIXELS>(i, b, l, band),
-                        Shape::C16P6 => self.block_row::<16, PIXELS>(i, b, l, band),
-                        Shape::C16P8 => self.block_row::<16, PIXELS_NARROW>(i, b, l, band),
-                        Shape::C8P6 => self.block_row::<8, PIXELS>(i, b, l, band),
-                        Shape::C8P8 => self.block_row::<8, PIXELS_NARROW>(i, b, l, band),
-                        Shape::C4P8 => self.block_row::<4, PIXELS_NARROW>(i, b, l, band),
+                        Shape::C32P12 => self.shape_row::<V, 32, { PIXELS[1] }>(i, b, l, band),
+                        Shape::C16P16 => {
+                            self.shape_row::<V, 16, { PIXELS_NARROW[1] }>(i, b, l, band)
+                        }
+                        Shape::C16P12 => self.shape_row::<V, 16, { PIXELS[1] }>(i, b, l, band),
+                        Shape::C16P6 => self.shape_row::<V, 16, { PIXELS[0] }>(i, b, l, band),
+                        Shape::C8P16 => self.shape_row::<V, 8, { PIXELS_NARROW[1] }>(i, b, l, band),
+                        Shape::C8P8 => self.shape_row::<V, 8, { PIXELS_NARROW[0] }>(i, b, l, band),
+                        Shape::C8P6 => self.shape_row::<V, 8, { PIXELS[0] }>(i, b, l, band),
+                        Shape::C4P8 => self.shape_row::<V, 4, { PIXELS_NARROW[0] }>(i, b, l, band),
                     }
                 }
             }
         }
     }
 
-    /// Output row `oy` of image `img` for one block of `CL` output channels, `P` pixels at a time;
-    /// `base` is where output column 0 reads the block's first tap in the loaded band.
+    /// [`Self::block_row`] for a tile of `CL` channels: on `V` when `CL` is one or two of its
+    /// vectors, else on a portable array of `CL` lanes.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
     #[inline(always)]
-    fn block_row<const CL: usize, const P: usize>(
+    unsafe fn shape_row<V: Vector<T::Acc>, const CL: usize, const P: usize>(
+        &self,
+        at: (usize, usize, usize),
+        ch: &Channels<'_, T::Acc>,
+        l: &Layout,
+        band: &Band<T::Acc>,
+    ) {
+        if CL == V::LANES {
+            self.block_row::<V, CL, 1, P>(at, ch, l, band)
+        } else if CL == 2 * V::LANES {
+            self.block_row::<V, CL, 2, P>(at, ch, l, band)
+        } else {
+            self.block_row::<Portable<T::Acc, CL>, CL, 1, P>(at, ch, l, band)
+        }
+    }
+
+    /// Output row `oy` of image `img` for one block of `CL = NV · V::LANES` output channels, `P`
+    /// pixels at a time; `base` is where output column 0 reads the block's first tap in the
+    /// loaded band.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
+    #[inline(always)]
+    unsafe fn block_row<V: Vector<T::Acc>, const CL: usize, const NV: usize, const P: usize>(
         &self,
         (img, oy, base): (usize, usize, usize),
         ch: &Channels<'_, T::Acc>,
         l: &Layout,
         band: &Band<T::Acc>,
     ) {
+        assert_eq!(CL, NV * V::LANES, "a tile of whole vectors");
         let g = &self.g;
         let plane = g.oh * g.ow;
         let mut c0 = 0;
         while c0 < g.ow {
             // The layout sizes the band for every tile: this slice is in bounds.
             let x = &band.rows[base + c0..][..l.taps.reach];
-            let acc = tile::<_, CL, P>(x, &l.taps, ch);
+            let sums = tile::<_, V, NV, P>(x, &l.taps, ch);
+            // The tile through memory, `acc[p][c]`, for the per-channel rows below.
+            let mut acc = std::mem::MaybeUninit::<[[T::Acc; CL]; P]>::uninit();
+            let first = acc.as_mut_ptr().cast::<T::Acc>();
+            for (p, sums) in sums.iter().enumerate() {
+                for (v, s) in sums.iter().enumerate() {
+                    // SAFETY: vector v of pixel p covers elements p·CL + v·LANES .. + LANES of
+                    // the P·CL.
+                    s.store(first.add(p * CL + v * V::LANES));
+                }
+            }
+            // SAFETY: the P·NV vectors of LANES = CL / NV elements wrote all P·CL elements.
+            let acc = acc.assume_init();
             let n = P.min(g.ow - c0);
             let at = ((img * g.k + ch.k0) * g.oh + oy) * g.ow + c0;
             for kb in 0..ch.lanes {
                 // SAFETY: row oy of channel k0 + kb, columns c0 .. c0 + n, lies inside the output
                 // and is written by this item only (items own disjoint bands of output rows).
-                let out = unsafe { self.output.get_mut(at + kb * plane, n) };
+                let out = self.output.get_mut(at + kb * plane, n);
                 match T::as_acc_mut(out) {
                     // Element by element: gathering the row into an array first would read it back
                     // wider than it was written, which the store buffer cannot forward.
@@ -420,8 +522,16 @@ impl<T: Wide> Job<'_, T> {
     }
 }
 
+/// The repacked operands of a call: weights `[group][block][C/G][R][S][cl]` and the bias
+/// `[group][block][cl]`, each zero past `K/G` in a group.
+#[derive(Clone, Copy)]
+struct Packed<'a, A> {
+    weights: &'a [A],
+    bias: Option<&'a [A]>,
+}
+
 /// One block of output channels: its first channel, how many of the tile's lanes are channels,
-/// its weights (`[taps][CL]`) and bias (`lanes` values, or none).
+/// its weights (`[taps][CL]`) and bias (`CL` values, zero past `lanes`, or none).
 struct Channels<'a, A> {
     k0: usize,
     lanes: usize,
@@ -429,31 +539,50 @@ struct Channels<'a, A> {
     bias: Option<&'a [A]>,
 }
 
-/// The sums of one register tile, `acc[p][c]`: `P` output pixels × the `CL` channels of `ch`,
-/// over every tap `t`, which reads pixel `p` at `x[taps.at[t] + p]`. `x` must hold `taps.reach`
-/// elements and `P` be at most `taps.px` (both checked once).
+/// The sums of one register tile, `acc[p][v]`: `P` output pixels × the `CL = NV · V::LANES`
+/// channels of `ch` (lanes `v · LANES ..` in vector `v`), from the bias, over every tap `t`, which
+/// reads pixel `p` at `x[taps.at[t] + p]`. `x` must hold `taps.reach` elements, `P` be at most
+/// `taps.px` and `ch` hold `CL` weights a tap and `CL` biases (all checked once).
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`.
 #[inline(always)]
-fn tile<A: Real, const CL: usize, const P: usize>(
+unsafe fn tile<A: Real, V: Vector<A>, const NV: usize, const P: usize>(
     x: &[A],
     taps: &Taps,
     ch: &Channels<'_, A>,
-) -> [[A; CL]; P] {
-    let mut first = [A::ZERO; CL];
+) -> [[V; NV]; P] {
+    let cl = NV * V::LANES;
+    let mut first = [V::zero(); NV];
     if let Some(bias) = ch.bias {
-        first[..bias.len()].copy_from_slice(bias);
+        let bias = &bias[..cl];
+        for (v, first) in first.iter_mut().enumerate() {
+            // SAFETY: lanes v·LANES .. (v + 1)·LANES ≤ cl of the bias.
+            *first = V::load(bias.as_ptr().add(v * V::LANES));
+        }
     }
     let mut acc = [first; P];
     assert!(P <= taps.px, "a tile wider than its taps allow");
+    assert!(
+        ch.weights.len() >= taps.at.len() * cl,
+        "a tap without its weights"
+    );
     let x = &x[..taps.reach];
-    for (&at, w) in taps.at.iter().zip(ch.weights.chunks_exact(CL)) {
-        // SAFETY: at + P ≤ at + px ≤ reach = x.len() (`Taps::new`, and the checks above).
-        let x = unsafe { x.get_unchecked(at..at + P) };
-        let w: &[A; CL] = w.try_into().expect("CL weights a tap");
-        for (acc, &x) in acc.iter_mut().zip(x) {
-            for (a, &w) in acc.iter_mut().zip(w) {
-                *a = w.mul_add(x, *a);
+    let mut w = ch.weights.as_ptr();
+    for &at in &taps.at {
+        let mut wv = [V::zero(); NV];
+        for (v, wv) in wv.iter_mut().enumerate() {
+            // SAFETY: the tap's cl weights are inside `ch.weights` (checked above).
+            *wv = V::load(w.add(v * V::LANES));
+        }
+        for (p, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: at + p < at + px ≤ reach = x.len() (`Taps::new`, and the checks above).
+            let xp = V::splat(*x.get_unchecked(at + p));
+            for (a, &wv) in acc.iter_mut().zip(&wv) {
+                *a = wv.mul_add(xp, *a);
             }
         }
+        w = w.add(cl);
     }
     acc
 }

@@ -1,6 +1,7 @@
 //! Tests of the CPU conv2d against the reference.
 
 use super::*;
+use crate::backends::cpu::simd::SimdLevel;
 use crate::compute::{Conv2dBackwardInputDesc, Conv2dBackwardWeightDesc};
 use crate::dtype::DType;
 use crate::rng::HostRng;
@@ -114,10 +115,22 @@ fn check(case: Case, dtype: DType, threads: usize) {
         algorithms.push(Algorithm::Winograd);
     }
     for algorithm in algorithms {
-        mem.store(dtype, out, &vec![f64::NAN; outputs]).unwrap();
-        on_threads(threads, |ctx| conv2d_by(&mut mem, &desc, ctx, algorithm)).unwrap();
-        let what = format!("{algorithm:?} {case:?} {dtype:?} on {threads} threads ({n} images)");
-        assert_close(&mut mem, dtype, (out, expected), outputs, &what);
+        // The direct kernel's tiles are typed vectors of the level: every level this CPU runs.
+        let levels = match algorithm {
+            Algorithm::Direct | Algorithm::DirectTiled(_) => SimdLevel::runnable(),
+            _ => vec![SimdLevel::detect()],
+        };
+        for simd in levels {
+            mem.store(dtype, out, &vec![f64::NAN; outputs]).unwrap();
+            on_threads(threads, |ctx| {
+                conv2d_by(&mut mem, &desc, Ctx { simd, ..ctx }, algorithm)
+            })
+            .unwrap();
+            let what = format!(
+                "{algorithm:?} at {simd:?} {case:?} {dtype:?} on {threads} threads ({n} images)"
+            );
+            assert_close(&mut mem, dtype, (out, expected), outputs, &what);
+        }
     }
 }
 
@@ -352,7 +365,8 @@ fn direct_kernel_matches_the_reference() {
     // First layers: an RGB 7×7/2 stem whose output rows end in a short tile, a 5×5 grey layer of
     // two images, 11×11/4 with output channels past a register block, asymmetric windows,
     // strides, dilations and paddings (wider than the window), RGBA in two groups, one output
-    // column, and enough rows to cut the plane into bands.
+    // column, enough rows to cut the plane into bands, and a stem with more output channels than
+    // a tile holds.
     let cases = [
         Case {
             stride: [2, 2],
@@ -382,6 +396,12 @@ fn direct_kernel_matches_the_reference() {
         Case {
             padding: [1, 1],
             ..Case::new([1, 4, 150, 131], 12, [3, 3])
+        },
+        // More output channels than two vectors of any level hold, the last block partial.
+        Case {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Case::new([1, 3, 29, 31], 37, [7, 7])
         },
     ];
     for case in cases {
