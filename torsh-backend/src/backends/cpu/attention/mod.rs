@@ -36,6 +36,7 @@ use super::conv::{out_of_memory, parallel_items, zeroed, Raw, Wide};
 use super::cost::Work;
 use super::host::{with_float, with_simd, Ctx, Element, Real};
 use super::simd::SimdLevel;
+use super::vector::{Portable, Registers, Vector};
 use super::vmath;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{attention as reference, memory::HostMemory};
@@ -43,7 +44,7 @@ use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
 use crate::compute::{AttentionBackwardDesc, AttentionDesc};
 use crate::error::Result;
-use tile::{product, Out, Rhs};
+use tile::{product, Out, Rhs, NR_16, NR_32};
 
 /// The op name in errors.
 const OP: &str = "attention";
@@ -280,19 +281,31 @@ where
     let blocks = sq.div_ceil(bq);
     let items = bh * blocks;
     let run = |item: usize, s: &mut Scratch<T::Acc>| {
-        with_simd(
-            ctx.simd,
-            #[inline(always)]
-            || {
-                let (head, block) = (item / blocks, item % blocks);
-                match mr {
-                    32 => f.item::<32>(head, block, s),
-                    16 => f.item::<16>(head, block, s),
-                    8 => f.item::<8>(head, block, s),
-                    _ => f.item::<4>(head, block, s),
-                }
-            },
-        );
+        let (head, block) = (item / blocks, item % blocks);
+        match ctx.simd {
+            // SAFETY (both x86 arms): the tiles run on the registers of `ctx.simd`, inside
+            // `with_simd` at that level, which the CPU was detected to have.
+            SimdLevel::Avx512 => with_simd(
+                SimdLevel::Avx512,
+                #[inline(always)]
+                || unsafe {
+                    f.rows::<<T::Acc as Registers>::X512, NR_32>(mr, head, block, s);
+                },
+            ),
+            SimdLevel::Avx2Fma => with_simd(
+                SimdLevel::Avx2Fma,
+                #[inline(always)]
+                || unsafe {
+                    f.rows::<<T::Acc as Registers>::X256, NR_16>(mr, head, block, s);
+                },
+            ),
+            // SAFETY: portable arrays need no target feature.
+            level => with_simd(
+                level,
+                #[inline(always)]
+                || unsafe { f.rows::<Portable<T::Acc, 4>, NR_16>(mr, head, block, s) },
+            ),
+        }
     };
     if ctx.threads > 1 && items > 1 {
         parallel_items(items, ctx.threads).try_for_each_init(
@@ -329,10 +342,41 @@ impl<T: Wide> Flash<T>
 where
     T::Acc: Exp + Element,
 {
-    /// Query block `block` of head `head` (batch · heads + head), with register tiles of `MR`
-    /// rows (`ld` is a multiple of `MR`).
+    /// [`Self::item`] with tiles of `mr` rows: one or two vectors `V` where `mr` is, else a
+    /// portable array of `mr` lanes (4 to 32).
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
     #[inline(always)]
-    fn item<const MR: usize>(&self, head: usize, block: usize, s: &mut Scratch<T::Acc>) {
+    unsafe fn rows<V: Vector<T::Acc>, const NR: usize>(
+        &self,
+        mr: usize,
+        head: usize,
+        block: usize,
+        s: &mut Scratch<T::Acc>,
+    ) {
+        match mr {
+            _ if mr == 2 * V::LANES => self.item::<V, 2, NR>(head, block, s),
+            _ if mr == V::LANES => self.item::<V, 1, NR>(head, block, s),
+            32 => self.item::<Portable<T::Acc, 32>, 1, NR>(head, block, s),
+            16 => self.item::<Portable<T::Acc, 16>, 1, NR>(head, block, s),
+            8 => self.item::<Portable<T::Acc, 8>, 1, NR>(head, block, s),
+            _ => self.item::<Portable<T::Acc, 4>, 1, NR>(head, block, s),
+        }
+    }
+
+    /// Query block `block` of head `head` (batch · heads + head), with register tiles of `NV`
+    /// vectors `V` of rows (`ld` is a multiple of them) × up to `NR` columns.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
+    #[inline(always)]
+    unsafe fn item<V: Vector<T::Acc>, const NV: usize, const NR: usize>(
+        &self,
+        head: usize,
+        block: usize,
+        s: &mut Scratch<T::Acc>,
+    ) {
         let (bq, ld, dim) = (self.bq, self.ld, self.dim);
         let i0 = block * bq;
         let rows = bq.min(self.sq - i0);
@@ -356,7 +400,7 @@ where
                 t_stride: 1,
                 j_stride: dim,
             };
-            product::<_, MR>(&s.qt, keys, dim, cols, &mut s.s, ld, Out::Store);
+            product::<_, V, NV, NR>(&s.qt, keys, dim, cols, &mut s.s, ld, Out::Store);
             if self.causal && j0 + cols > i0 + 1 {
                 mask(&mut s.s, ld, rows, cols, j0 as isize - i0 as isize);
             }
@@ -368,7 +412,7 @@ where
                 j_stride: 1,
             };
             let rescale = Out::Rescale(&s.corr);
-            product::<_, MR>(&s.s, values, cols, dim, &mut s.acc, ld, rescale);
+            product::<_, V, NV, NR>(&s.s, values, cols, dim, &mut s.acc, ld, rescale);
             j0 += cols;
         }
         self.store(head, i0, rows, s);
@@ -747,12 +791,7 @@ mod tests {
         // The tiles' rows per SIMD level (two registers: 8 f32 at NEON's width, which the plain
         // build takes here, 16 with AVX2, 32 with AVX-512; half as many f64) and their narrowing
         // for short query blocks. Only the levels this CPU has are run.
-        let mut levels = vec![SimdLevel::Scalar];
-        let detected = SimdLevel::detect();
-        if detected != SimdLevel::Scalar {
-            levels.push(detected);
-        }
-        for simd in levels {
+        for simd in SimdLevel::runnable() {
             for (sizes, scale) in PROBLEMS {
                 for dtype in [DType::F32, DType::F64] {
                     let case = Case {

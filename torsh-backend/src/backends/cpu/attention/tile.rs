@@ -4,17 +4,22 @@
 //! Both are `C[r, j] = Σₜ L[t][r] · R[t, j]` with the left operand column-major (`L[t]` a column of
 //! the query rows: the transposed query block, or the column-major probability tile) and the right
 //! one read at any strides (a key block read as its transpose, or a value block). A tile holds
-//! `MR` rows (two vector registers of the compute type) × `NR` columns (up to [`NR`]) in
-//! registers: per step `t`, `MR / lanes` vector loads of `L[t]` and `NR` broadcast elements of `R`
-//! make `MR · NR` multiply-adds, a GEMM microkernel's shape.
+//! `MR = NV · V::LANES` rows (`NV` vector registers [`Vector`] of the level, one or two) × `NR`
+//! columns (up to `NR`) in registers: per step `t`, `NV` vector loads of `L[t]` and `NR`
+//! broadcast elements of `R` make `MR · NR` multiply-adds, a GEMM microkernel's shape. `NR` is
+//! [`NR_16`] with 16 vector registers and [`NR_32`] with AVX-512's 32.
 //!
 //! Rows run in whole tiles up to the operands' padded row count (`ld`, a multiple of `MR`): the
 //! lanes past the caller's rows compute values it never reads.
 
 use crate::backends::cpu::host::Real;
+use crate::backends::cpu::vector::Vector;
 
-/// The most columns of a register tile.
-pub(super) const NR: usize = 6;
+/// The most columns of a register tile with 16 vector registers (12 accumulators of two vectors).
+pub(super) const NR_16: usize = 6;
+
+/// The most columns of a register tile with 32 vector registers (AVX-512).
+pub(super) const NR_32: usize = 8;
 
 /// The right operand: `R[t, j] = data[t · t_stride + j · j_stride]`.
 #[derive(Clone, Copy)]
@@ -34,11 +39,15 @@ pub(super) enum Out<'a, A> {
 }
 
 /// `C = L·R` (or its [`Out`] variant) into the first `cols` columns of `dst`, all `ld` rows, from
-/// `lhs` (`k` columns of `ld` rows) and `rhs` (`k × cols`), in tiles of `MR` rows. `ld` must be a multiple of `MR`; `lhs` must hold `k · ld`
-/// elements, `dst` `cols · ld`, `rhs` every `R[t, j]` read and a `Rescale` at least `ld` scales
-/// (checked: a short operand panics, before any tile runs).
+/// `lhs` (`k` columns of `ld` rows) and `rhs` (`k × cols`), in tiles of `MR = NV · V::LANES` rows
+/// and up to `NR` columns. `ld` must be a multiple of `MR`; `lhs` must hold `k · ld` elements,
+/// `dst` `cols · ld`, `rhs` every `R[t, j]` read and a `Rescale` at least `ld` scales (checked: a
+/// short operand panics, before any tile runs).
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`.
 #[inline(always)]
-pub(super) fn product<A: Real, const MR: usize>(
+pub(super) unsafe fn product<A: Real, V: Vector<A>, const NV: usize, const NR: usize>(
     lhs: &[A],
     rhs: Rhs<'_, A>,
     k: usize,
@@ -47,7 +56,8 @@ pub(super) fn product<A: Real, const MR: usize>(
     ld: usize,
     out: Out<'_, A>,
 ) {
-    assert!(ld.is_multiple_of(MR) && lhs.len() >= k * ld && dst.len() >= cols * ld);
+    let mr = NV * V::LANES;
+    assert!(ld.is_multiple_of(mr) && lhs.len() >= k * ld && dst.len() >= cols * ld);
     if k > 0 && cols > 0 {
         let last = (k - 1) * rhs.t_stride + (cols - 1) * rhs.j_stride;
         assert!(
@@ -61,14 +71,18 @@ pub(super) fn product<A: Real, const MR: usize>(
     let mut j0 = 0;
     while j0 < cols {
         let n = (cols - j0).min(NR);
-        for r0 in (0..ld).step_by(MR) {
+        for r0 in (0..ld).step_by(mr) {
+            let at = (r0, j0);
+            // The widths up to 8, each NR's full tile among them.
             match n {
-                6 => tile::<A, MR, 6>(lhs, rhs, k, ld, r0, j0, dst, out),
-                5 => tile::<A, MR, 5>(lhs, rhs, k, ld, r0, j0, dst, out),
-                4 => tile::<A, MR, 4>(lhs, rhs, k, ld, r0, j0, dst, out),
-                3 => tile::<A, MR, 3>(lhs, rhs, k, ld, r0, j0, dst, out),
-                2 => tile::<A, MR, 2>(lhs, rhs, k, ld, r0, j0, dst, out),
-                _ => tile::<A, MR, 1>(lhs, rhs, k, ld, r0, j0, dst, out),
+                8 => tile::<A, V, NV, 8>(lhs, rhs, k, ld, at, dst, out),
+                7 => tile::<A, V, NV, 7>(lhs, rhs, k, ld, at, dst, out),
+                6 => tile::<A, V, NV, 6>(lhs, rhs, k, ld, at, dst, out),
+                5 => tile::<A, V, NV, 5>(lhs, rhs, k, ld, at, dst, out),
+                4 => tile::<A, V, NV, 4>(lhs, rhs, k, ld, at, dst, out),
+                3 => tile::<A, V, NV, 3>(lhs, rhs, k, ld, at, dst, out),
+                2 => tile::<A, V, NV, 2>(lhs, rhs, k, ld, at, dst, out),
+                _ => tile::<A, V, NV, 1>(lhs, rhs, k, ld, at, dst, out),
             }
         }
         j0 += n;
@@ -76,68 +90,77 @@ pub(super) fn product<A: Real, const MR: usize>(
 }
 
 /// One `MR × N` tile of [`product`] at rows `r0 ..`, columns `j0 ..` (bounds checked there).
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn tile<A: Real, const MR: usize, const N: usize>(
+unsafe fn tile<A: Real, V: Vector<A>, const NV: usize, const N: usize>(
     lhs: &[A],
     rhs: Rhs<'_, A>,
     k: usize,
     ld: usize,
-    r0: usize,
-    j0: usize,
+    (r0, j0): (usize, usize),
     dst: &mut [A],
     out: Out<'_, A>,
 ) {
-    let acc = sums::<A, MR, N>(lhs, rhs, k, ld, r0, j0);
-    // The scales as an array before the stores: indexing the slice among them kept LLVM from
-    // holding the sums in registers.
-    let scale: Option<[A; MR]> = match out {
+    let acc = sums::<A, V, NV, N>(lhs, rhs, k, ld, r0, j0);
+    let scale = match out {
         Out::Store => None,
-        Out::Rescale(scale) => Some(std::array::from_fn(|i| scale[r0 + i])),
+        Out::Rescale(scale) => {
+            let mut v = [V::zero(); NV];
+            for (i, v) in v.iter_mut().enumerate() {
+                // SAFETY: rows r0 + i·LANES .. + LANES ≤ ld ≤ scale.len() (checked in `product`).
+                *v = V::load(scale.as_ptr().add(r0 + i * V::LANES));
+            }
+            Some(v)
+        }
     };
     for (j, acc) in acc.iter().enumerate() {
-        let c = &mut dst[(j0 + j) * ld + r0..][..MR];
-        match scale {
-            None => c.copy_from_slice(acc),
-            Some(scale) => {
-                for i in 0..MR {
-                    c[i] = c[i].mul_add(scale[i], acc[i]);
-                }
-            }
+        let c = dst[(j0 + j) * ld + r0..][..NV * V::LANES].as_mut_ptr();
+        for (i, &a) in acc.iter().enumerate() {
+            // SAFETY: vector i covers rows r0 + i·LANES .. + LANES of the column's MR rows.
+            let c = c.add(i * V::LANES);
+            let a = match scale {
+                None => a,
+                Some(scale) => V::load(c).mul_add(scale[i], a),
+            };
+            a.store(c);
         }
     }
 }
 
-/// The register tile of [`tile`]: `acc[j][i] = Σₜ L[t][r0 + i] · R[t, j0 + j]`.
+/// The register tile of [`tile`]: `acc[j][v]` holds rows `r0 + v·LANES ..` of column `j0 + j`,
+/// `Σₜ L[t][r] · R[t, j0 + j]`.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`; the bounds are checked in [`product`].
 #[inline(always)]
-fn sums<A: Real, const MR: usize, const N: usize>(
+unsafe fn sums<A: Real, V: Vector<A>, const NV: usize, const N: usize>(
     lhs: &[A],
     rhs: Rhs<'_, A>,
     k: usize,
     ld: usize,
     r0: usize,
     j0: usize,
-) -> [[A; MR]; N] {
-    let mut acc = [[A::ZERO; MR]; N];
+) -> [[V; NV]; N] {
+    let mut acc = [[V::zero(); NV]; N];
     // A column stride the compiler cannot see as 1 (the value block's): it would otherwise load
     // neighbouring elements together and split them by shuffles, which take the FMA ports.
     let js = std::hint::black_box(rhs.j_stride);
     let first = rhs.data.as_ptr().wrapping_add(j0 * js);
-    let columns: [*const A; N] = std::array::from_fn(|j| first.wrapping_add(j * js));
     let mut l = lhs.as_ptr().wrapping_add(r0);
     let mut at = 0;
     for _ in 0..k {
         // SAFETY: column t of lhs (t < k) holds rows r0 .. r0 + MR ≤ ld, inside its k · ld
         // elements (checked in `product`); every R[t, j0 + j] read lies inside rhs (its last
         // element checked there too).
-        let (x, b): (&[A; MR], [A; N]) = unsafe {
-            (
-                &*l.cast::<[A; MR]>(),
-                std::array::from_fn(|j| *columns[j].add(at)),
-            )
-        };
-        for (acc, &b) in acc.iter_mut().zip(&b) {
-            for (a, &x) in acc.iter_mut().zip(x) {
+        let mut x = [V::zero(); NV];
+        for (i, x) in x.iter_mut().enumerate() {
+            *x = V::load(l.add(i * V::LANES));
+        }
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let b = V::splat(*first.add(j * js + at));
+            for (a, &x) in acc.iter_mut().zip(&x) {
                 *a = x.mul_add(b, *a);
             }
         }
