@@ -108,7 +108,7 @@ mod x86 {
         ($name:ident, $reg:ty, $elem:ty, $lanes:expr,
          $zero:ident, $splat:ident, $load:ident, $store:ident, $fma:ident) => {
             #[doc = concat!("A `", stringify!($reg), "` register of ", stringify!($lanes), " ",
-                                                    stringify!($elem), ".")]
+                                                                stringify!($elem), ".")]
             #[derive(Clone, Copy)]
             pub(crate) struct $name($reg);
 

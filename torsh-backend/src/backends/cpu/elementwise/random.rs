@@ -30,25 +30,43 @@ pub(crate) fn dropout(mem: &mut HostMemory, d: &DropoutDesc, ctx: Ctx) -> Result
     with_float!(d.dtype, T => dropout_t::<T>(mem, d, ctx), _ => reference::dropout(mem, d))
 }
 
-/// [`dropout`] for element type `T`.
+/// Elements [`dropout_t`] masks at a time: its input widened and its values in f64 stay in L1.
+const DROPOUT_RUN: usize = 256;
+
+/// [`dropout`] for element type `T`: runs of [`DROPOUT_RUN`] elements, each widened into a
+/// buffer, masked without a branch (a kept element's draw is a coin flip, so a branch would miss
+/// half the time) and written back, so that the output may be exactly the input.
 fn dropout_t<T: Lanes>(mem: &mut HostMemory, d: &DropoutDesc, ctx: Ctx) -> Result<()> {
     let x = Span::<T>::of(mem, "dropout", d.input, d.len)?;
     let out = Span::<T>::of(mem, "dropout", d.output, d.len)?;
     let (key, t, scale) = (rng::stream_key(d.seed), d.threshold(), d.scale());
     for_chunks(d.len, ctx.threads, TASK_ELEMENTS / 4, |range| {
-        for i in range {
-            // SAFETY: this task owns element `i` of the output, which is either the input's
-            // element `i` (read first) or overlaps no input.
-            unsafe {
-                let kept = rng::keyed_bits(key, i as u64) >> 11 >= t;
-                let v = if kept {
-                    x.read(i).widen().to_f64() * scale
-                } else {
-                    0.0
-                };
-                out.write(i, T::from_f64(v));
-            }
-        }
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                let mut wide = [<T::Acc as Real>::ZERO; DROPOUT_RUN];
+                let mut values = [0.0f64; DROPOUT_RUN];
+                for start in range.clone().step_by(DROPOUT_RUN) {
+                    let run = start..range.end.min(start + DROPOUT_RUN);
+                    let n = run.len();
+                    // SAFETY: this task owns `run` of the output, which is either the input's
+                    // elements (read here, before the output's slice is made) or overlaps no
+                    // input.
+                    T::load(unsafe { x.slice(run.clone()) }, &mut wide[..n]);
+                    for ((v, &w), i) in values[..n].iter_mut().zip(&wide).zip(start as u64..) {
+                        let kept = rng::keyed_bits(key, i) >> 11 >= t;
+                        let scaled = w.to_f64() * scale;
+                        *v = if kept { scaled } else { 0.0 };
+                    }
+                    // SAFETY: as above; no slice of the input lives any more.
+                    let out = unsafe { out.slice_mut(run) };
+                    for (o, &v) in out.iter_mut().zip(&values) {
+                        *o = T::from_f64(v);
+                    }
+                }
+            },
+        )
     });
     Ok(())
 }

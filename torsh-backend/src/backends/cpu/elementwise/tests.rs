@@ -6,7 +6,7 @@ use super::{
     binary::binary,
     cast::cast,
     copy::{copy_strided, fill},
-    random::random,
+    random::{dropout, random},
     unary::unary,
 };
 use crate::backends::cpu::cost::TASK_ELEMENTS;
@@ -784,6 +784,41 @@ fn random_is_bit_identical_to_the_reference() {
                         raw(&mem, dtype, theirs, len),
                         "random {dtype} {distribution:?}"
                     );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn dropout_is_bit_identical_to_the_reference_in_and_out_of_place() {
+    // Lengths around the kernel's runs of 256 and past one task, so that threads split it; a
+    // NaN and infinities among the inputs, which a dropped element still zeroes.
+    for_threads(|ctx| {
+        let mut mem = HostMemory::default();
+        for dtype in FLOATS {
+            for len in [1, 255, 256, 257, 1000, 2 * TASK_ELEMENTS + 3] {
+                for p in [0.0, 0.3, 0.5, 1.0] {
+                    let mut vals = values(len, len as u64, -2.0, 2.0);
+                    vals[len / 2] = f64::NAN;
+                    vals[len - 1] = f64::INFINITY;
+                    vals[0] = f64::NEG_INFINITY;
+                    let x = upload(&mut mem, dtype, &vals);
+                    let (mine, theirs) = (fresh(&mut mem, dtype, len), fresh(&mut mem, dtype, len));
+                    let desc = |input, output| DropoutDesc {
+                        dtype,
+                        input,
+                        output,
+                        len,
+                        p,
+                        seed: 7,
+                    };
+                    reference::dropout(&mut mem, &desc(x, theirs)).unwrap();
+                    dropout(&mut mem, &desc(x, mine), ctx).unwrap();
+                    let what = format!("dropout p {p} {dtype} of {len}");
+                    assert_same(&mem, dtype, mine, theirs, len, &what);
+                    dropout(&mut mem, &desc(x, x), ctx).unwrap();
+                    assert_same(&mem, dtype, x, theirs, len, &format!("{what} in place"));
                 }
             }
         }
