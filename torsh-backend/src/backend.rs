@@ -697,8 +697,9 @@ impl BackendBuilder {
 
 /// Configures the CPU backend: `Backend::cpu().num_threads(8).enable_simd(true).build()`.
 ///
-/// GEMM runs SIMD kernels on a pool of `num_threads` threads; the other ops still run the scalar
-/// reference kernels (see `backends::cpu`). `device_info()` reports the threads used and the SIMD level.
+/// Every op runs SIMD kernels chosen for the CPU at run time, on a team of `num_threads` threads
+/// (misaligned operands, and some ops on integer dtypes, take the scalar reference kernels; see
+/// `backends::cpu`). `device_info()` reports the threads used and the SIMD level.
 #[derive(Clone, Debug)]
 pub struct CpuBuilder {
     config: BackendConfig,

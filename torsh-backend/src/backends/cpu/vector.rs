@@ -105,10 +105,9 @@ mod x86 {
 
     /// Implements [`Vector`] for a register type from its intrinsics.
     macro_rules! vector {
-        ($name:ident, $reg:ty, $elem:ty, $lanes:expr,
+        ($doc:literal, $name:ident, $reg:ty, $elem:ty, $lanes:expr,
          $zero:ident, $splat:ident, $load:ident, $store:ident, $fma:ident) => {
-            #[doc = concat!("A `", stringify!($reg), "` register of ", stringify!($lanes), " ",
-                                                                stringify!($elem), ".")]
+            #[doc = $doc]
             #[derive(Clone, Copy)]
             pub(crate) struct $name($reg);
 
@@ -144,6 +143,7 @@ mod x86 {
     }
 
     vector!(
+        "16 f32 lanes of AVX-512.",
         F32x16,
         __m512,
         f32,
@@ -155,6 +155,7 @@ mod x86 {
         _mm512_fmadd_ps
     );
     vector!(
+        "8 f32 lanes of AVX2.",
         F32x8,
         __m256,
         f32,
@@ -166,6 +167,7 @@ mod x86 {
         _mm256_fmadd_ps
     );
     vector!(
+        "8 f64 lanes of AVX-512.",
         F64x8,
         __m512d,
         f64,
@@ -177,6 +179,7 @@ mod x86 {
         _mm512_fmadd_pd
     );
     vector!(
+        "4 f64 lanes of AVX2.",
         F64x4,
         __m256d,
         f64,
