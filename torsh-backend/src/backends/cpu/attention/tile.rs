@@ -56,6 +56,13 @@ pub(super) unsafe fn product<A: Real, V: Vector<A>, const NV: usize, const NR: u
     ld: usize,
     out: Out<'_, A>,
 ) {
+    // The widths below go up to 8: a wider NR would leave columns of its tiles unwritten.
+    const {
+        assert!(
+            NR >= 1 && NR <= 8,
+            "tile widths are dispatched up to 8 columns"
+        )
+    };
     let mr = NV * V::LANES;
     assert!(ld.is_multiple_of(mr) && lhs.len() >= k * ld && dst.len() >= cols * ld);
     if k > 0 && cols > 0 {
@@ -73,7 +80,7 @@ pub(super) unsafe fn product<A: Real, V: Vector<A>, const NV: usize, const NR: u
         let n = (cols - j0).min(NR);
         for r0 in (0..ld).step_by(mr) {
             let at = (r0, j0);
-            // The widths up to 8, each NR's full tile among them.
+            // The widths up to 8 (NR at most, checked above), each NR's full tile among them.
             match n {
                 8 => tile::<A, V, NV, 8>(lhs, rhs, k, ld, at, dst, out),
                 7 => tile::<A, V, NV, 7>(lhs, rhs, k, ld, at, dst, out),
