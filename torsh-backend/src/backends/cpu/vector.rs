@@ -4,8 +4,9 @@
 //! Most CPU kernels are plain loops over arrays that LLVM vectorises inside [`with_simd`]. A
 //! register tile (a GEMM-like microkernel: a few vectors of accumulators × a few broadcast inputs)
 //! is where that is brittle: the same source vectorised along the wrong dimension, or not at all,
-//! for some tile sizes and not others (the direct convolution's 16- and 32-lane f32 tiles ran
-//! scalar under AVX-512, 10–20× slower, while the 8- and 16-lane ones vectorised). A [`Vector`] is
+//! for some tile sizes and not others (the direct convolution's f32 tiles of 16 and 32 channels
+//! by 8, 12 or 14 pixels ran scalar under AVX-512, 10–20× slower, while the same source at 6 or 10
+//! pixels, and every AVX2 tile, vectorised). A [`Vector`] is
 //! one register of the machine's vectors, or a portable array where the level has none, so a tile
 //! written over it is the same instruction sequence at every size.
 //!
