@@ -49,6 +49,27 @@ pub(crate) trait Vector<A>: Copy {
     /// # Safety
     /// See the trait.
     unsafe fn mul_add(self, a: Self, b: Self) -> Self;
+    /// `self + a` per lane.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn add(self, a: Self) -> Self;
+    /// `self − a` per lane.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn sub(self, a: Self) -> Self;
+    /// `self · a` per lane.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn mul(self, a: Self) -> Self;
+    /// Writes the transpose of the `LANES × LANES` block at `src` (row `i` at `src + i·src_row`)
+    /// to `dst` (row `j` at `dst + j·dst_row`): `dst[j][i] = src[i][j]`.
+    ///
+    /// # Safety
+    /// See the trait; the rows are readable and writable, and the blocks do not overlap.
+    unsafe fn transpose(src: *const A, src_row: usize, dst: *mut A, dst_row: usize);
 }
 
 /// `N` lanes as an array, for levels without vector types here (the scalar path, NEON) and for
@@ -87,6 +108,40 @@ impl<A: Real, const N: usize> Vector<A> for Portable<A, N> {
         }
         Portable(out)
     }
+
+    #[inline(always)]
+    unsafe fn add(mut self, a: Self) -> Self {
+        for (x, &y) in self.0.iter_mut().zip(&a.0) {
+            *x += y;
+        }
+        self
+    }
+
+    #[inline(always)]
+    unsafe fn sub(mut self, a: Self) -> Self {
+        for (x, &y) in self.0.iter_mut().zip(&a.0) {
+            *x = *x - y;
+        }
+        self
+    }
+
+    #[inline(always)]
+    unsafe fn mul(mut self, a: Self) -> Self {
+        for (x, &y) in self.0.iter_mut().zip(&a.0) {
+            *x = *x * y;
+        }
+        self
+    }
+
+    #[inline(always)]
+    unsafe fn transpose(src: *const A, src_row: usize, dst: *mut A, dst_row: usize) {
+        for i in 0..N {
+            for j in 0..N {
+                dst.add(j * dst_row + i)
+                    .write(src.add(i * src_row + j).read());
+            }
+        }
+    }
 }
 
 /// The vector registers of each SIMD level for one compute type: what a kernel tiles with at
@@ -107,7 +162,8 @@ mod x86 {
     /// Implements [`Vector`] for a register type from its intrinsics.
     macro_rules! vector {
         ($doc:literal, $name:ident, $reg:ty, $elem:ty, $lanes:expr,
-         $zero:ident, $splat:ident, $load:ident, $store:ident, $fma:ident) => {
+         $zero:ident, $splat:ident, $load:ident, $store:ident, $fma:ident,
+         $add:ident, $sub:ident, $mul:ident, $transpose:ident) => {
             #[doc = $doc]
             #[derive(Clone, Copy)]
             pub(crate) struct $name($reg);
@@ -139,6 +195,31 @@ mod x86 {
                 unsafe fn mul_add(self, a: Self, b: Self) -> Self {
                     $name($fma(self.0, a.0, b.0))
                 }
+
+                #[inline(always)]
+                unsafe fn add(self, a: Self) -> Self {
+                    $name($add(self.0, a.0))
+                }
+
+                #[inline(always)]
+                unsafe fn sub(self, a: Self) -> Self {
+                    $name($sub(self.0, a.0))
+                }
+
+                #[inline(always)]
+                unsafe fn mul(self, a: Self) -> Self {
+                    $name($mul(self.0, a.0))
+                }
+
+                #[inline(always)]
+                unsafe fn transpose(
+                    src: *const $elem,
+                    src_row: usize,
+                    dst: *mut $elem,
+                    dst_row: usize,
+                ) {
+                    $transpose(src, src_row, dst, dst_row)
+                }
             }
         };
     }
@@ -153,7 +234,11 @@ mod x86 {
         _mm512_set1_ps,
         _mm512_loadu_ps,
         _mm512_storeu_ps,
-        _mm512_fmadd_ps
+        _mm512_fmadd_ps,
+        _mm512_add_ps,
+        _mm512_sub_ps,
+        _mm512_mul_ps,
+        transpose_f32x16
     );
     vector!(
         "8 f32 lanes of AVX2.",
@@ -165,7 +250,11 @@ mod x86 {
         _mm256_set1_ps,
         _mm256_loadu_ps,
         _mm256_storeu_ps,
-        _mm256_fmadd_ps
+        _mm256_fmadd_ps,
+        _mm256_add_ps,
+        _mm256_sub_ps,
+        _mm256_mul_ps,
+        transpose_f32x8
     );
     vector!(
         "8 f64 lanes of AVX-512.",
@@ -177,7 +266,11 @@ mod x86 {
         _mm512_set1_pd,
         _mm512_loadu_pd,
         _mm512_storeu_pd,
-        _mm512_fmadd_pd
+        _mm512_fmadd_pd,
+        _mm512_add_pd,
+        _mm512_sub_pd,
+        _mm512_mul_pd,
+        transpose_f64x8
     );
     vector!(
         "4 f64 lanes of AVX2.",
@@ -189,8 +282,125 @@ mod x86 {
         _mm256_set1_pd,
         _mm256_loadu_pd,
         _mm256_storeu_pd,
-        _mm256_fmadd_pd
+        _mm256_fmadd_pd,
+        _mm256_add_pd,
+        _mm256_sub_pd,
+        _mm256_mul_pd,
+        transpose_f64x4
     );
+
+    /// The 8 × 8 f32 transpose of [`Vector::transpose`] (AVX).
+    ///
+    /// # Safety
+    /// As [`Vector::transpose`], with AVX.
+    #[inline(always)]
+    unsafe fn transpose_f32x8(src: *const f32, src_row: usize, dst: *mut f32, dst_row: usize) {
+        let row = |i: usize| src.add(i * src_row);
+        let r = [
+            _mm256_loadu_ps(row(0)),
+            _mm256_loadu_ps(row(1)),
+            _mm256_loadu_ps(row(2)),
+            _mm256_loadu_ps(row(3)),
+            _mm256_loadu_ps(row(4)),
+            _mm256_loadu_ps(row(5)),
+            _mm256_loadu_ps(row(6)),
+            _mm256_loadu_ps(row(7)),
+        ];
+        // Pairs of rows interleaved, then pairs of pairs, then the two 128-bit halves.
+        let t = [
+            _mm256_unpacklo_ps(r[0], r[1]),
+            _mm256_unpackhi_ps(r[0], r[1]),
+            _mm256_unpacklo_ps(r[2], r[3]),
+            _mm256_unpackhi_ps(r[2], r[3]),
+            _mm256_unpacklo_ps(r[4], r[5]),
+            _mm256_unpackhi_ps(r[4], r[5]),
+            _mm256_unpacklo_ps(r[6], r[7]),
+            _mm256_unpackhi_ps(r[6], r[7]),
+        ];
+        let u = [
+            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+        ];
+        for j in 0..4 {
+            _mm256_storeu_ps(
+                dst.add(j * dst_row),
+                _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]),
+            );
+            _mm256_storeu_ps(
+                dst.add((4 + j) * dst_row),
+                _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]),
+            );
+        }
+    }
+
+    /// The 16 × 16 f32 transpose of [`Vector::transpose`], as four 8 × 8 ones.
+    ///
+    /// # Safety
+    /// As [`Vector::transpose`], with AVX.
+    #[inline(always)]
+    unsafe fn transpose_f32x16(src: *const f32, src_row: usize, dst: *mut f32, dst_row: usize) {
+        for (bi, bj) in [(0, 0), (0, 8), (8, 0), (8, 8)] {
+            transpose_f32x8(
+                src.add(bi * src_row + bj),
+                src_row,
+                dst.add(bj * dst_row + bi),
+                dst_row,
+            );
+        }
+    }
+
+    /// The 4 × 4 f64 transpose of [`Vector::transpose`] (AVX).
+    ///
+    /// # Safety
+    /// As [`Vector::transpose`], with AVX.
+    #[inline(always)]
+    unsafe fn transpose_f64x4(src: *const f64, src_row: usize, dst: *mut f64, dst_row: usize) {
+        let row = |i: usize| src.add(i * src_row);
+        let r = [
+            _mm256_loadu_pd(row(0)),
+            _mm256_loadu_pd(row(1)),
+            _mm256_loadu_pd(row(2)),
+            _mm256_loadu_pd(row(3)),
+        ];
+        let t = [
+            _mm256_unpacklo_pd(r[0], r[1]),
+            _mm256_unpackhi_pd(r[0], r[1]),
+            _mm256_unpacklo_pd(r[2], r[3]),
+            _mm256_unpackhi_pd(r[2], r[3]),
+        ];
+        for j in 0..2 {
+            _mm256_storeu_pd(
+                dst.add(j * dst_row),
+                _mm256_permute2f128_pd::<0x20>(t[j], t[2 + j]),
+            );
+            _mm256_storeu_pd(
+                dst.add((2 + j) * dst_row),
+                _mm256_permute2f128_pd::<0x31>(t[j], t[2 + j]),
+            );
+        }
+    }
+
+    /// The 8 × 8 f64 transpose of [`Vector::transpose`], as four 4 × 4 ones.
+    ///
+    /// # Safety
+    /// As [`Vector::transpose`], with AVX.
+    #[inline(always)]
+    unsafe fn transpose_f64x8(src: *const f64, src_row: usize, dst: *mut f64, dst_row: usize) {
+        for (bi, bj) in [(0, 0), (0, 4), (4, 0), (4, 4)] {
+            transpose_f64x4(
+                src.add(bi * src_row + bj),
+                src_row,
+                dst.add(bj * dst_row + bi),
+                dst_row,
+            );
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -31,6 +31,7 @@
 //! then tap column), so the results differ from it by rounding only; a non-finite input reaches
 //! exactly the outputs whose window reads it.
 
+use super::tile::{tile, Channels, Taps};
 use super::{fill_zero, gather_run, out_of_memory, parallel_items, zeroed, Geometry, Job, Wide};
 use crate::backends::cpu::host::{with_simd, Ctx, Real};
 use crate::backends::cpu::simd::SimdLevel;
@@ -143,24 +144,6 @@ struct Layout {
     bands: usize,
     /// Where a tile reads each tap of a group.
     taps: Taps,
-}
-
-/// For each tap `(c, ri, si)` of a group (`[C/G][R][S]`), where output column 0 of a band's first
-/// output row reads it, relative to the group's first loaded row; and how far a tile of up to
-/// `px` pixels reads from there.
-#[derive(Clone, Debug)]
-struct Taps {
-    at: Vec<usize>,
-    px: usize,
-    /// Past the largest offset by `px`.
-    reach: usize,
-}
-
-impl Taps {
-    fn new(at: Vec<usize>, px: usize) -> Taps {
-        let reach = at.iter().max().map_or(0, |&t| t + px);
-        Taps { at, px, reach }
-    }
 }
 
 impl Layout {
@@ -433,7 +416,7 @@ impl<T: Wide> Job<'_, T> {
         let mut c0 = 0;
         while c0 < g.ow {
             // The layout sizes the band for every tile: this slice is in bounds.
-            let x = &band.rows[base + c0..][..l.taps.reach];
+            let x = &band.rows[base + c0..][..l.taps.reach()];
             let sums = tile::<_, V, NV, P>(x, &l.taps, ch);
             // The tile through memory, `acc[p][c]`, for the per-channel rows below.
             let mut acc = std::mem::MaybeUninit::<[[T::Acc; CL]; P]>::uninit();
@@ -528,61 +511,4 @@ impl<T: Wide> Job<'_, T> {
 struct Packed<'a, A> {
     weights: &'a [A],
     bias: Option<&'a [A]>,
-}
-
-/// One block of output channels: its first channel, how many of the tile's lanes are channels,
-/// its weights (`[taps][CL]`) and bias (`CL` values, zero past `lanes`, or none).
-struct Channels<'a, A> {
-    k0: usize,
-    lanes: usize,
-    weights: &'a [A],
-    bias: Option<&'a [A]>,
-}
-
-/// The sums of one register tile, `acc[p][v]`: `P` output pixels × the `CL = NV · V::LANES`
-/// channels of `ch` (lanes `v · LANES ..` in vector `v`), from the bias, over every tap `t`, which
-/// reads pixel `p` at `x[taps.at[t] + p]`. `x` must hold `taps.reach` elements, `P` be at most
-/// `taps.px` and `ch` hold `CL` weights a tap and `CL` biases (all checked once).
-///
-/// # Safety
-/// As [`Vector`]'s methods for `V`.
-#[inline(always)]
-unsafe fn tile<A: Real, V: Vector<A>, const NV: usize, const P: usize>(
-    x: &[A],
-    taps: &Taps,
-    ch: &Channels<'_, A>,
-) -> [[V; NV]; P] {
-    let cl = NV * V::LANES;
-    let mut first = [V::zero(); NV];
-    if let Some(bias) = ch.bias {
-        let bias = &bias[..cl];
-        for (v, first) in first.iter_mut().enumerate() {
-            // SAFETY: lanes v·LANES .. (v + 1)·LANES ≤ cl of the bias.
-            *first = V::load(bias.as_ptr().add(v * V::LANES));
-        }
-    }
-    let mut acc = [first; P];
-    assert!(P <= taps.px, "a tile wider than its taps allow");
-    assert!(
-        ch.weights.len() >= taps.at.len() * cl,
-        "a tap without its weights"
-    );
-    let x = &x[..taps.reach];
-    let mut w = ch.weights.as_ptr();
-    for &at in &taps.at {
-        let mut wv = [V::zero(); NV];
-        for (v, wv) in wv.iter_mut().enumerate() {
-            // SAFETY: the tap's cl weights are inside `ch.weights` (checked above).
-            *wv = V::load(w.add(v * V::LANES));
-        }
-        for (p, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: at + p < at + px ≤ reach = x.len() (`Taps::new`, and the checks above).
-            let xp = V::splat(*x.get_unchecked(at + p));
-            for (a, &wv) in acc.iter_mut().zip(&wv) {
-                *a = wv.mul_add(xp, *a);
-            }
-        }
-        w = w.add(cl);
-    }
-    acc
 }

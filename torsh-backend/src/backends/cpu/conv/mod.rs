@@ -1498,4 +1498,5 @@ mod backward;
 mod direct;
 #[cfg(test)]
 mod tests;
+mod tile;
 mod winograd;

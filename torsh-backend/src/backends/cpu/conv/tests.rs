@@ -115,9 +115,12 @@ fn check(case: Case, dtype: DType, threads: usize) {
         algorithms.push(Algorithm::Winograd);
     }
     for algorithm in algorithms {
-        // The direct kernel's tiles are typed vectors of the level: every level this CPU runs.
+        // The direct kernel's and the Winograd products' tiles are typed vectors of the level:
+        // every level this CPU runs.
         let levels = match algorithm {
-            Algorithm::Direct | Algorithm::DirectTiled(_) => SimdLevel::runnable(),
+            Algorithm::Direct | Algorithm::DirectTiled(_) | Algorithm::Winograd => {
+                SimdLevel::runnable()
+            }
             _ => vec![SimdLevel::detect()],
         };
         for simd in levels {
@@ -334,8 +337,8 @@ fn padded_3x3_matches_the_reference() {
 #[test]
 fn winograd_matches_the_reference() {
     // Odd and even output sizes (half tiles on the right and bottom), one output pixel, every
-    // padding up to 2 and asymmetric, prime channel counts, deep channels, several images, and
-    // planes cut into several blocks of tile rows.
+    // padding up to 2 and asymmetric, prime channel counts, deep channels, several images in a
+    // group, planes cut into several blocks of tile rows, and a short last register tile.
     let cases = [
         (Case::new([1, 16, 3, 3], 16, [3, 3]), [0, 0]),
         (Case::new([2, 17, 7, 9], 19, [3, 3]), [1, 1]),
@@ -345,6 +348,9 @@ fn winograd_matches_the_reference() {
         (Case::new([1, 300, 6, 5], 24, [3, 3]), [1, 1]),
         (Case::new([1, 24, 61, 67], 32, [3, 3]), [1, 1]),
         (Case::new([1, 3, 1, 2], 5, [3, 3]), [1, 1]),
+        // Output channels past a block of two vectors (a short last block), in five groups of
+        // one image each (taken whole by two threads, shared out within by three).
+        (Case::new([5, 64, 22, 23], 37, [3, 3]), [1, 1]),
     ];
     for (case, padding) in cases {
         let case = Case {
@@ -511,16 +517,22 @@ fn winograd_on_a_shape_it_does_not_take_is_an_invalid_argument() {
 
 #[test]
 fn winograd_blocks_with_non_finite_values_match_the_direct_sum() {
-    // An infinity or NaN in the input, a transform that overflows, or an infinite weight must
-    // not turn outputs whose window does not read it into NaN (the transforms mix a 4×4 tile):
-    // those blocks, and convolutions with such weights, take the im2col path.
+    // An infinity or NaN in the input, a transform that overflows, or an infinite or huge weight
+    // must not turn outputs whose window does not read it into NaN (the transforms mix a 4×4
+    // tile): those blocks, and convolutions with such weights, take the im2col path. On one
+    // thread each block of output channels transforms its own filters; on two they are
+    // transformed first.
     let (c, k, h, w) = (16, 16, 9, 10);
     let mut rng = HostRng::new(11);
-    for (at, value, weight_at) in [
-        (Some(3 * h * w + 4 * w + 5), f64::INFINITY, None),
-        (Some(h * w - 1), f64::NAN, None),
-        (Some(8), 3e38, None),
-        (None, 0.0, Some(5)),
+    for (at, value, weight_at, threads) in [
+        (Some(3 * h * w + 4 * w + 5), f64::INFINITY, None, 1),
+        (Some(3 * h * w + 4 * w + 5), f64::INFINITY, None, 2),
+        (Some(h * w - 1), f64::NAN, None, 2),
+        (Some(8), 3e38, None, 1),
+        (None, f64::INFINITY, Some(5), 1),
+        (None, f64::INFINITY, Some(5), 2),
+        (None, 3e38, Some(9 * c * k - 1), 1),
+        (None, 3e38, Some(9 * c * k - 1), 2),
     ] {
         let mut mem = HostMemory::default();
         let input = random(&mut mem, &mut rng, DType::F32, 2 * c * h * w);
@@ -530,7 +542,7 @@ fn winograd_blocks_with_non_finite_values_match_the_direct_sum() {
                 .unwrap();
         }
         if let Some(at) = weight_at {
-            mem.store(DType::F32, weight.offset(4 * at).unwrap(), &[f64::INFINITY])
+            mem.store(DType::F32, weight.offset(4 * at).unwrap(), &[value])
                 .unwrap();
         }
         let outputs = 2 * k * h * w;
@@ -551,7 +563,7 @@ fn winograd_blocks_with_non_finite_values_match_the_direct_sum() {
         };
         mem.store(DType::F32, out, &vec![f64::NAN; outputs])
             .unwrap();
-        on_threads(2, |ctx| {
+        on_threads(threads, |ctx| {
             conv2d_by(&mut mem, &desc, ctx, Algorithm::Winograd)
         })
         .unwrap();
@@ -570,7 +582,7 @@ fn winograd_blocks_with_non_finite_values_match_the_direct_sum() {
             let close = a == b || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
             assert!(
                 a.is_nan() == b.is_nan() && (b.is_nan() || close),
-                "{value} at {at:?}, weight {weight_at:?}: element {i}: {a} vs {b}"
+                "{value} at {at:?}, weight {weight_at:?}, {threads} threads: element {i}: {a} vs {b}"
             );
         }
     }

@@ -7,42 +7,50 @@
 //! multiply-adds than the 3×3 window's. The transforms only add, subtract and halve (exact scalings),
 //! so the rounding error stays within a small factor of the direct sum's, well inside the f32 bound.
 //!
-//! Work items are (image, block of tile rows), sized so that one block's transformed input (`V`)
-//! and products (`M`) stay in the L2 cache; a plane of at most [`WHOLE_PLANE`] tiles is one block
-//! (split, its products would be too narrow), and with fewer blocks than threads the team shares
-//! out each block's 16 products. Each thread leases one set of buffers per call. The filter
-//! transform runs first, on the team when the convolution is threaded.
+//! The products run on the direct convolution's register tile (`tile.rs`): `CL` output channels
+//! (two vectors of the SIMD level) × `P` tiles, summed over the input channels, reading the
+//! transformed filters packed per block of `CL` output channels (`[16][C][CL]`, zero past `K`)
+//! and the transformed input in place (`[16][C][tiles]`, one broadcast per tile). A block's
+//! products are kept per tile (`[tile][16][CL]`), so that the output transform reads a tile's 16
+//! positions as vectors along the channels and writes its 2×2 outputs channel by channel.
 //!
-//! Non-finite values: a block with an input that is not finite, or larger than a quarter of the
-//! type's largest finite value (so that a transform might overflow), is computed again by the
-//! im2col path: the transforms would otherwise turn one infinite input into NaN in outputs whose
-//! 3×3 window does not read it. A filter whose transform is not finite sends the whole
-//! convolution to the im2col path.
-//! Finite inputs below that bound can still overflow in the products `M` where the 3×3 sums do
-//! not (as any reordering of a sum can), with values within a small factor of the largest.
+//! Work is cut into groups of tiles whose transformed input fits [`GROUP_BYTES`] (several whole
+//! images, or one block of tile rows of a large plane). A group runs in two steps: its input
+//! transform, shared out by input channels; then its products and output transform, shared out by
+//! blocks of output channels (and of tiles, when there are too few blocks for the threads). With
+//! at least two groups per thread the threads take whole groups instead. The filters are
+//! transformed once per call, except when one group in one piece is the whole convolution (a
+//! single small image): then each block of output channels transforms its own filters just
+//! before its products, which read them from the cache instead of from memory.
+//!
+//! Non-finite values: a group's image or block with an input that is not finite, or larger than
+//! a quarter of the type's largest finite value (so that a transform might overflow), is computed
+//! again by the im2col path: the transforms would otherwise turn one infinite input into NaN in
+//! outputs whose 3×3 window does not read it. A weight that is not finite, or larger than a
+//! quarter of the largest finite value, sends the whole convolution to the im2col path. Finite
+//! inputs below that bound can still overflow in the products `M` where the 3×3 sums do not (as
+//! any reordering of a sum can), with values within a small factor of the largest.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use gemm::Parallelism;
-
+use super::tile::{tile, Channels, Taps};
 use super::{
-    out_of_memory, parallel_items, zeroed, Geometry, Job, Plan, Product, Raw, Scratch, Wide,
-    COL_BYTES, NO_REPACK_COLS,
+    out_of_memory, parallel_items, zeroed, Geometry, Job, Plan, Raw, Scratch, Wide, COL_BYTES,
 };
 use crate::backends::cpu::host::{with_simd, Ctx, Element, Real};
 use crate::backends::cpu::simd::SimdLevel;
+use crate::backends::cpu::team::par_chunks_mut;
+use crate::backends::cpu::vector::{Portable, Registers, Vector};
 use crate::error::Result;
 
 /// Positions of a 4×4 transform.
 const XI: usize = 16;
 
-/// Tiles the transforms compute at a time, along a tile row.
+/// Elements the transforms compute at a time: tiles along a tile row (input), filters (filter),
+/// output channels (output).
 const LANES: usize = 8;
-
-/// Planes of at most this many tiles are one block each (their products would be too narrow
-/// split), the team sharing out each block's 16 products when there are fewer blocks than threads.
-const WHOLE_PLANE: usize = 256;
 
 /// The fewest input and output channels the Winograd path is chosen for by default: below, the
 /// 16 GEMMs are too thin for their transforms to pay.
@@ -50,6 +58,19 @@ const MIN_CHANNELS: usize = 16;
 
 /// The most elements of transformed filters (`16·K·C`) the path builds.
 const MAX_FILTER: usize = 1 << 23;
+
+/// Bytes of transformed input a group of tiles holds at most (unless one tile row is larger):
+/// it stays in each core's L2 cache while every block of output channels reads it.
+const GROUP_BYTES: usize = 1 << 20;
+
+/// Tiles per register tile of the products, by preference, with 16 vector registers and with 32
+/// (AVX-512): the first is the widest the registers hold beside two vectors of channels; a group
+/// whose tiles it would end with a short register tile takes the narrowest one that splits them
+/// as evenly (49 tiles: 5 × 10, not 4 × 12 and 1).
+const PRODUCT_TILES: [[usize; 4]; 2] = [[6, 5, 4, 3], [12, 10, 8, 6]];
+
+/// Lanes of the portable vectors the products run on at levels without vector types here.
+const PORTABLE_LANES: usize = 4;
 
 /// Whether `g` can take the Winograd path at all: a 3×3 window at stride 1 and dilation 1, one
 /// group, input channels, and transformed operands of bounded size.
@@ -76,50 +97,134 @@ pub(super) fn preferred(g: &Geometry, elem: usize) -> bool {
     applies(g, elem) && g.c >= MIN_CHANNELS && g.k >= MIN_CHANNELS
 }
 
-/// How the Winograd path splits its work.
-#[derive(Clone, Copy, Debug)]
+/// Lanes of the vectors the products run on at `simd` (see `Job::block_products`).
+fn vector_lanes(simd: SimdLevel, elem: usize) -> usize {
+    match simd {
+        SimdLevel::Avx512 => 64 / elem,
+        SimdLevel::Avx2Fma => 32 / elem,
+        _ => PORTABLE_LANES,
+    }
+}
+
+/// How the Winograd path lays out and splits its work.
+#[derive(Clone, Debug)]
 struct Tiling {
     /// Tile rows and columns of an output plane.
     th: usize,
     tw: usize,
-    /// Tile rows per block.
+    /// Tile rows per block of a plane, and blocks per plane.
     rows: usize,
-    /// Blocks per image.
     blocks: usize,
-    /// Items run in parallel (else in turn, with `inner` parallelism in each GEMM).
-    parallel: bool,
-    inner: Parallelism,
+    /// Work items (image, block) per group (several only when a block is a whole plane), and
+    /// groups.
+    per_group: usize,
+    groups: usize,
+    /// Tiles of a whole group.
+    tiles: usize,
+    /// Panels of `P` tiles a group's transformed input is laid out in (the last one padded).
+    panels: usize,
+    /// Tiles (`P`) and output channels (`CL`, two vectors) of the products' register tile.
+    p: usize,
+    cl: usize,
+    /// Blocks of `CL` output channels.
+    kblocks: usize,
+    /// Pieces a group's tiles are cut into for the products.
+    chunks: usize,
+    /// Whether the threads take whole groups (each on one thread).
+    outer: bool,
+    /// Whether each block of output channels transforms its own filters.
+    fused: bool,
+    /// Where the register tile reads input channel `c` of a panel: `c · P`.
+    taps: Taps,
 }
 
 impl Tiling {
-    fn new(g: &Geometry, threads: usize, elem: usize) -> Tiling {
+    /// The tiling of `g` on `threads` threads, with products on the vectors of `simd`, in
+    /// `elem`-byte compute elements; `OutOfMemory` when its offsets cannot be allocated.
+    fn new(g: &Geometry, threads: usize, simd: SimdLevel, elem: usize) -> Result<Tiling> {
         let (th, tw) = (g.oh.div_ceil(2), g.ow.div_ceil(2));
-        let per_row = XI * (g.c + g.k) * tw * elem;
-        let mut rows = (2 * COL_BYTES / per_row.max(1)).clamp(1, th);
-        let threaded = threads > 1;
-        if th * tw <= WHOLE_PLANE && per_row.saturating_mul(th) <= 8 * COL_BYTES {
-            // A small plane stays whole: its products are narrow enough already.
-            rows = th;
-        } else if threaded {
-            // Enough items for every thread, twice over, while there are tile rows to split.
-            let want = (2 * threads).div_ceil(g.n);
-            rows = rows.min(th.div_ceil(want)).max(1);
-        }
-        let blocks = th.div_ceil(rows);
-        let parallel = threaded && g.n * blocks >= threads;
-        let inner = if threaded && !parallel {
-            Parallelism::Rayon(threads)
+        let per_row = XI * g.c * tw * elem;
+        let blocks = th.div_ceil((GROUP_BYTES / per_row.max(1)).clamp(1, th));
+        let rows = th.div_ceil(blocks);
+        let per_group = if blocks == 1 {
+            (GROUP_BYTES / (per_row * th).max(1)).clamp(1, g.n)
         } else {
-            Parallelism::None
+            1
         };
-        Tiling {
+        let groups = (g.n * blocks).div_ceil(per_group);
+        let tiles = per_group * rows * tw;
+        let cl = 2 * vector_lanes(simd, elem);
+        let kblocks = g.k.div_ceil(cl);
+        let widths = PRODUCT_TILES[usize::from(simd == SimdLevel::Avx512)];
+        let even = tiles.div_ceil(tiles.div_ceil(widths[0]));
+        let p = widths
+            .iter()
+            .rev()
+            .copied()
+            .find(|&p| p >= even)
+            .unwrap_or(widths[0]);
+        let outer = threads > 1 && groups >= 2 * threads;
+        let chunks = if threads > 1 && !outer && kblocks < 2 * threads {
+            (2 * threads).div_ceil(kblocks).min(tiles.div_ceil(p))
+        } else {
+            1
+        };
+        let mut at = Vec::new();
+        at.try_reserve_exact(g.c)
+            .map_err(|_| out_of_memory::<usize>(g.c))?;
+        at.extend((0..g.c).map(|c| c * p));
+        Ok(Tiling {
             th,
             tw,
             rows,
             blocks,
-            parallel,
-            inner,
-        }
+            per_group,
+            groups,
+            tiles,
+            panels: tiles.div_ceil(p),
+            p,
+            cl,
+            kblocks,
+            chunks,
+            outer,
+            fused: groups == 1 && chunks == 1,
+            taps: Taps::new(at, p),
+        })
+    }
+
+    /// The items of group `group` of a convolution of `n` images: the first, how many, and
+    /// their tile rows (the same for all).
+    fn members(&self, group: usize, n: usize) -> (usize, usize, usize) {
+        let first = group * self.per_group;
+        let count = self.per_group.min(n * self.blocks - first);
+        let th0 = (first % self.blocks) * self.rows;
+        (first, count, self.rows.min(self.th - th0))
+    }
+
+    /// Image and first tile row of item `item`.
+    fn item(&self, item: usize) -> (usize, usize) {
+        (item / self.blocks, (item % self.blocks) * self.rows)
+    }
+
+    /// Tiles of piece `chunk` of a group of `tiles`, whole register tiles but for the last.
+    fn chunk(&self, tiles: usize, chunk: usize) -> Range<usize> {
+        let per = tiles.div_ceil(self.p).div_ceil(self.chunks) * self.p;
+        (chunk * per).min(tiles)..((chunk + 1) * per).min(tiles)
+    }
+
+    /// Elements of a group's transformed input: `[16][panels][C][P]`.
+    fn v_len(&self, g: &Geometry) -> usize {
+        XI * self.panels * g.c * self.p
+    }
+
+    /// Tiles of a piece at most.
+    fn chunk_tiles(&self) -> usize {
+        self.tiles.div_ceil(self.p).div_ceil(self.chunks) * self.p
+    }
+
+    /// Elements of one block's transformed filters, `[16][C][CL]`.
+    fn block_len(&self, g: &Geometry) -> usize {
+        XI * g.c * self.cl
     }
 
     /// Length of the even (and of the odd) padded columns of a band row: the tiles of a row in
@@ -127,24 +232,53 @@ impl Tiling {
     fn band_width(&self) -> usize {
         self.tw.next_multiple_of(LANES) + 1
     }
+
+    /// Elements of a band: the input rows of a block of tile rows, each split in two.
+    fn band_len(&self) -> usize {
+        (2 * self.rows + 2) * 2 * self.band_width()
+    }
 }
 
-/// Per-task buffers of the Winograd path.
+/// Buffers of one task of the Winograd path.
 struct Buffers<A> {
-    /// Transformed input of a block, `[16][C][tiles]`, each of the 16 followed by [`LANES`] spare
-    /// elements.
+    /// A group's transformed input, `[16][panels][C][P]`, when the task runs whole groups (empty
+    /// otherwise: the call's one is shared).
     v: Vec<A>,
-    /// Products of a block, `[16][K][tiles]`, each of the 16 followed by [`LANES`] spare elements.
+    /// Products of one block of output channels over a piece of a group's tiles,
+    /// `[tile][16][CL]`.
     m: Vec<A>,
-    /// The block's input rows of one channel, zero-padded, each split into its even and odd
-    /// padded columns: `[rows][2][band_width]`.
+    /// One block's transformed filters, `[16][C][CL]`, when blocks transform their own (empty
+    /// otherwise).
+    u: Vec<A>,
+    /// The input rows of one channel of a block, zero-padded, each split into its even and odd
+    /// padded columns: `[2·rows + 2][2][band_width]`.
     band: Vec<A>,
-    /// Two output rows in the compute type (half types).
-    out: Vec<A>,
-    /// Output positions of a block at most.
+    /// Output positions of a work item at most.
     block_outputs: usize,
-    /// The im2col path's buffers, for blocks with non-finite transforms.
+    /// The im2col path's buffers, for items with non-finite transforms.
     fallback: Option<(Plan, Scratch<A>)>,
+}
+
+impl<A: Real> Buffers<A> {
+    /// Buffers for `g` tiled by `t`, with a group's transformed input when `with_v`.
+    fn new(g: &Geometry, t: &Tiling, with_v: bool) -> Result<Buffers<A>> {
+        Ok(Buffers {
+            v: if with_v {
+                zeroed(t.v_len(g))?
+            } else {
+                Vec::new()
+            },
+            m: zeroed(t.chunk_tiles() * XI * t.cl)?,
+            u: if t.fused {
+                zeroed(t.block_len(g))?
+            } else {
+                Vec::new()
+            },
+            band: zeroed(t.band_len())?,
+            block_outputs: 2 * t.rows * g.ow,
+            fallback: None,
+        })
+    }
 }
 
 /// A set of [`Buffers`] taken from a pool (or made, when the pool is empty) and given back when
@@ -172,162 +306,278 @@ impl<A> Drop for Lease<'_, A> {
     }
 }
 
-impl<A: Real> Buffers<A> {
-    fn new(g: &Geometry, t: &Tiling) -> Result<Buffers<A>> {
-        let tiles = t.rows * t.tw;
-        Ok(Buffers {
-            v: zeroed(XI * (g.c * tiles + LANES))?,
-            m: zeroed(XI * (g.k * tiles + LANES))?,
-            band: zeroed((2 * t.rows + 2) * 2 * t.band_width())?,
-            out: zeroed(2 * g.ow)?,
-            block_outputs: 2 * t.rows * g.ow,
-            fallback: None,
-        })
+/// What every group of one call shares.
+struct Run<'a, A> {
+    t: &'a Tiling,
+    /// Every block's transformed filters, `[block][16][C][CL]`, unless blocks transform their
+    /// own.
+    shared: Option<&'a [A]>,
+    /// The bias, zero past `K` and [`LANES`] elements beyond the last block.
+    bias: &'a [A],
+    /// Buffers for the tasks of the team.
+    pool: Mutex<Vec<Buffers<A>>>,
+    /// Set when a block's own filter transform was not finite.
+    bad_filter: AtomicBool,
+}
+
+/// The elements of `v`, shared by the tasks of one group (see `Raw`).
+fn raw<A>(v: &mut [A]) -> Raw<A> {
+    Raw {
+        ptr: v.as_mut_ptr(),
+        len: v.len(),
     }
 }
 
-/// Filters a work item of the filter transform takes: a multiple of [`LANES`].
-const FILTERS_PER_ITEM: usize = 2048;
+/// Input channels [`filter_block`] stages at a time: their `9 · 16` taps are whole blocks of
+/// every vector width's lanes.
+const STAGED: usize = 16;
 
-/// Elements between the starts of two positions' transformed filters, `U_ξ` and `U_ξ+1`: their
-/// `K·C` and [`U_PAD`].
-fn filter_stride(kc: usize) -> usize {
-    kc + U_PAD
-}
+/// Output channels of a block at most: two vectors of 16 lanes.
+const MAX_BLOCK: usize = 32;
 
-/// Spare elements after each position's transformed filters. With `K·C` a multiple of a large
-/// power of two (256 · 256), the 16 positions written side by side by the filter transform would
-/// otherwise map to one set of the L1 and L2 caches and evict each other's lines between the two
-/// halves of a line's writes.
-const U_PAD: usize = 16;
-
-/// `U = G·g·Gᵀ` of every filter, `[16][K][C]` with [`filter_stride`] elements from one position
-/// to the next, with `G = [1 0 0; ½ ½ ½; ½ −½ ½; 0 0 1]`, on the team when `parallel`; `None`
-/// when a transformed value is not finite.
-fn filters<A: Real>(weight: &[A], ctx: Ctx, parallel: bool) -> Result<Option<Vec<A>>> {
-    let kc = weight.len() / 9;
-    let stride = filter_stride(kc);
-    let len = XI * stride;
-    let mut u: Vec<A> = Vec::new();
-    u.try_reserve_exact(len)
-        .map_err(|_| out_of_memory::<A>(len))?;
-    let dst = Raw {
-        ptr: u.as_mut_ptr(),
-        len,
-    };
-    let finite = AtomicBool::new(true);
-    let range = |item: usize| {
-        let f0 = item * FILTERS_PER_ITEM;
-        let f1 = kc.min(f0 + FILTERS_PER_ITEM);
-        // SAFETY: filters f0..f1 write only their own elements of `dst` (inside its capacity).
-        let ok = with_simd(
-            ctx.simd,
+/// [`filter_block`] on the vectors of `simd`.
+fn transform_filters<A: Registers>(
+    simd: SimdLevel,
+    weight: &[A],
+    g: &Geometry,
+    k0: usize,
+    cl: usize,
+    dst: &mut [A],
+) -> bool {
+    match simd {
+        // SAFETY (both x86 arms): the vectors of `simd`, inside `with_simd` at that level,
+        // which the CPU was detected to have.
+        SimdLevel::Avx512 => with_simd(
+            SimdLevel::Avx512,
             #[inline(always)]
-            || unsafe { filter_range(weight, f0..f1, stride, dst) },
-        );
-        if !ok {
-            finite.store(false, Ordering::Relaxed);
-        }
-    };
-    let items = kc.div_ceil(FILTERS_PER_ITEM);
-    if parallel && items > 1 {
-        parallel_items(items, ctx.threads)
-            .try_for_each_init(
-                || (),
-                |_, item| {
-                    range(item);
-                    Ok::<(), ()>(())
-                },
-            )
-            .ok();
-    } else {
-        (0..items).for_each(range);
+            || unsafe { filter_block::<A, A::X512>(weight, g, k0, cl, dst) },
+        ),
+        SimdLevel::Avx2Fma => with_simd(
+            SimdLevel::Avx2Fma,
+            #[inline(always)]
+            || unsafe { filter_block::<A, A::X256>(weight, g, k0, cl, dst) },
+        ),
+        // SAFETY: portable arrays need no target feature.
+        level => with_simd(
+            level,
+            #[inline(always)]
+            || unsafe { filter_block::<A, Portable<A, PORTABLE_LANES>>(weight, g, k0, cl, dst) },
+        ),
     }
-    // The pads are never read; zeroed, so that the whole vector is initialised.
-    for xi in 0..XI {
-        // SAFETY: inside the capacity, written by no task.
-        unsafe { dst.ptr.add(xi * stride + kc).write_bytes(0, U_PAD) };
-    }
-    // SAFETY: the ranges above cover every filter and wrote all 16 positions of each, the loop
-    // above the pads.
-    unsafe { u.set_len(len) };
-    Ok(finite.into_inner().then_some(u))
 }
 
-/// Filters [`filter_range`] stages tap-major at a time: a multiple of [`LANES`].
-const STAGED: usize = 256;
-
-/// The transforms of filters `range` into `dst`, `[16][stride]`; false when one is not
-/// finite.
+/// The transformed filters `U = G·g·Gᵀ` of output channels `k0 .. k0 + cl` (zero past `K`),
+/// `[16][C][cl]`, into `dst`, with `G = [1 0 0; ½ ½ ½; ½ −½ ½; 0 0 1]`; false when a weight is
+/// not finite or larger than a quarter of the largest finite value (a transformed value is at
+/// most 2.25 times the largest weight in magnitude, so below that bound none overflows). `dst`
+/// holds at least `16·C·cl` elements; `cl` is a multiple of `V::LANES`, at most [`MAX_BLOCK`].
 ///
-/// Filters are read in blocks of [`STAGED`], each first copied tap-major (`taps[r][i]`, tap `r`
-/// of the block's filter `i`; the tail of a last short block zero) so that the transform reads
-/// `LANES` filters' tap as one vector: gathering it from the filters' rows of 9 instead built
-/// each vector lane by lane, and cost more than the transform.
+/// The filters of [`STAGED`] input channels at a time are first copied lane-minor
+/// (`stage[c][tap][lane]`, a transposition of the weights' `[k][c][tap]`, in blocks of
+/// `V::LANES × V::LANES` in registers), so that the transform reads one tap of `V::LANES` output
+/// channels as one vector and writes each position's values where the products read them.
 ///
 /// # Safety
-/// `dst` holds `16·stride` elements (initialised or not), `stride` at least the number of filters,
-/// that no other task writes at these filters' positions meanwhile.
+/// As [`Vector`]'s methods for `V`.
 #[inline(always)]
-unsafe fn filter_range<A: Real>(
+unsafe fn filter_block<A: Real, V: Vector<A>>(
     weight: &[A],
-    range: std::ops::Range<usize>,
-    stride: usize,
-    dst: Raw<A>,
+    g: &Geometry,
+    k0: usize,
+    cl: usize,
+    dst: &mut [A],
 ) -> bool {
-    let mut poison = [A::ZERO; LANES];
-    let mut taps = [[A::ZERO; STAGED]; 9];
-    for b0 in range.clone().step_by(STAGED) {
-        let staged = STAGED.min(range.end - b0);
-        for (i, w) in weight[9 * b0..9 * (b0 + staged)]
-            .chunks_exact(9)
-            .enumerate()
-        {
-            for (r, &w) in w.iter().enumerate() {
-                taps[r][i] = w;
+    assert!(cl.is_multiple_of(V::LANES) && cl <= MAX_BLOCK && V::LANES <= 16);
+    let c = g.c;
+    let plane = c * cl;
+    let dst = &mut dst[..XI * plane];
+    let span_c = STAGED;
+    let mut stage = [A::ZERO; 9 * STAGED * MAX_BLOCK];
+    let (zero, half, four) = (
+        V::zero(),
+        V::splat(A::from_f64(0.5)),
+        V::splat(A::from_f64(4.0)),
+    );
+    let mut poison = [zero; 3];
+    let (row, l) = (9 * c, V::LANES);
+    for c0 in (0..c).step_by(span_c) {
+        let cs = span_c.min(c - c0);
+        let (taps, whole) = (9 * cs, 9 * cs / l * l);
+        let stage = &mut stage[..taps * cl];
+        for l0 in (0..cl).step_by(l) {
+            let lanes = l.min(g.k.saturating_sub(k0 + l0));
+            for lane in 0..l {
+                if c0 + span_c < c && lane < lanes {
+                    // The next chunk's taps of this channel: the block reads `cl` rows of the
+                    // weights side by side, more streams than the hardware prefetcher follows.
+                    let k = k0 + l0 + lane;
+                    prefetch(
+                        &weight[k * row + 9 * (c0 + span_c)..][..9 * span_c.min(c - c0 - span_c)],
+                    );
+                }
+            }
+            if lanes == l {
+                // Blocks of V::LANES channels × V::LANES taps, transposed in registers.
+                let src = &weight[(k0 + l0) * row + 9 * c0..][..(l - 1) * row + taps];
+                for q0 in (0..whole).step_by(l) {
+                    let dst = &mut stage[q0 * cl + l0..][..(l - 1) * cl + l];
+                    // SAFETY: rows i < l of `src` hold taps q0 .. q0 + l at i·row + q0, and
+                    // rows j < l of `dst` lanes l0 .. l0 + l at j·cl; both slices are checked.
+                    V::transpose(src.as_ptr().add(q0), row, dst.as_mut_ptr(), cl);
+                }
+            }
+            for lane in 0..l {
+                let k = k0 + l0 + lane;
+                let from = if lanes == l { whole } else { 0 };
+                let rows = stage[from * cl..].chunks_exact_mut(cl);
+                if lane < lanes {
+                    let w = &weight[k * row + 9 * c0 + from..][..taps - from];
+                    for (dst, &w) in rows.zip(w) {
+                        dst[l0 + lane] = w;
+                    }
+                } else {
+                    for dst in rows {
+                        dst[l0 + lane] = A::ZERO;
+                    }
+                }
             }
         }
-        for tap in &mut taps {
-            tap[staged..].fill(A::ZERO);
-        }
-        for i0 in (0..staged).step_by(LANES) {
-            let (f0, n) = (b0 + i0, LANES.min(staged - i0));
-            let tap = |r: usize| lanes(&taps[r][i0..]);
-            // Columns of G·g, then rows of (G·g)·Gᵀ.
-            // Spelled out: `array::from_fn`'s closure is not inlined into the SIMD context.
-            let col = |j: usize| by_g(tap(j), tap(3 + j), tap(6 + j));
-            let (c0, c1, c2) = (&col(0), &col(1), &col(2));
-            for (i, ((&a, &b), &c)) in c0.iter().zip(c1).zip(c2).enumerate() {
-                let row = by_g(a, b, c);
-                for (j, x) in row.iter().enumerate() {
-                    let at = dst.ptr.wrapping_add((4 * i + j) * stride + f0);
-                    if n == LANES {
-                        // One vector store: a loop bounded by `n` compiles to a branch per lane.
-                        // SAFETY: elements (4i + j, f0 .. f0 + LANES) of dst, this task's (see
-                        // above).
-                        unsafe { at.cast::<[A; LANES]>().write_unaligned(*x) };
-                    } else {
-                        for (l, &x) in x.iter().enumerate().take(n) {
-                            // SAFETY: element (4i + j, f0 + l) of dst, this task's (see above).
-                            unsafe { at.add(l).write(x) };
-                        }
+        for ci in 0..cs {
+            for l0 in (0..cl).step_by(l) {
+                let taps = &stage[ci * 9 * cl + l0..][..8 * cl + l];
+                // SAFETY: tap r's V::LANES values start at r·cl of `taps`, inside it.
+                let tap = |r: usize| V::load(taps.as_ptr().add(r * cl));
+                let g: [V; 9] = [
+                    tap(0),
+                    tap(1),
+                    tap(2),
+                    tap(3),
+                    tap(4),
+                    tap(5),
+                    tap(6),
+                    tap(7),
+                    tap(8),
+                ];
+                // Σ 4·g·0, one sum per tap column so that the sums do not wait on each other.
+                for (j, p) in poison.iter_mut().enumerate() {
+                    for r in [j, 3 + j, 6 + j] {
+                        *p = p.add(g[r].mul(four).mul(zero));
                     }
-                    for l in 0..LANES {
-                        poison[l] += x[l] * A::ZERO;
+                }
+                // Columns of G·g, then rows of (G·g)·Gᵀ.
+                let c0s = by_g(g[0], g[3], g[6], half);
+                let c1s = by_g(g[1], g[4], g[7], half);
+                let c2s = by_g(g[2], g[5], g[8], half);
+                let at = dst.as_mut_ptr().add((c0 + ci) * cl + l0);
+                for i in 0..4 {
+                    let row = by_g(c0s[i], c1s[i], c2s[i], half);
+                    for (j, x) in row.into_iter().enumerate() {
+                        // SAFETY: (4i + j)·plane + (c0 + ci)·cl + l0 + V::LANES ≤ 16·plane, the
+                        // length of `dst` (checked above).
+                        x.store(at.add((4 * i + j) * plane));
                     }
                 }
             }
         }
     }
-    poison.iter().all(|&p| p == A::ZERO)
+    let mut lanes = [A::ZERO; 16];
+    poison[0]
+        .add(poison[1])
+        .add(poison[2])
+        .store(lanes.as_mut_ptr());
+    lanes.iter().all(|&p| p == A::ZERO)
 }
 
-/// `G` applied to three values (a row or a column of 3): `[a, ½(a + b + c), ½(a − b + c), c]`.
+/// Asks the cache for the lines of `xs` (a hint; nothing on targets without one here).
 #[inline(always)]
-fn by_g<A: Real>(a: [A; LANES], b: [A; LANES], c: [A; LANES]) -> [[A; LANES]; 4] {
-    let half = [A::from_f64(0.5); LANES];
-    let (mid, hb) = (mul(half, add(a, c)), mul(half, b));
-    [a, add(mid, hb), sub(mid, hb), c]
+fn prefetch<A>(xs: &[A]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = std::mem::size_of_val(xs);
+        let p = xs.as_ptr().cast::<i8>();
+        for at in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch of an address inside `xs`; SSE is part of x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(at)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = xs;
+}
+
+/// `G` applied to three vectors (a row or a column of 3): `[a, ½(a + b + c), ½(a − b + c), c]`.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`.
+#[inline(always)]
+unsafe fn by_g<A: Real, V: Vector<A>>(a: V, b: V, c: V, half: V) -> [V; 4] {
+    let (mid, hb) = (a.add(c).mul(half), b.mul(half));
+    [a, mid.add(hb), mid.sub(hb), c]
+}
+
+/// The 16 products of one block of output channels over tiles `range` of a group, into `m`
+/// (`[tile − range.start][16][CL]`), on register tiles of `P` tiles chosen by `t.p`.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`.
+#[inline(always)]
+unsafe fn block_products<A: Real, V: Vector<A>>(
+    u: &[A],
+    v: &[A],
+    range: Range<usize>,
+    t: &Tiling,
+    m: &mut [A],
+) {
+    match t.p {
+        12 => products::<A, V, 12>(u, v, range, t, m),
+        10 => products::<A, V, 10>(u, v, range, t, m),
+        8 => products::<A, V, 8>(u, v, range, t, m),
+        6 => products::<A, V, 6>(u, v, range, t, m),
+        5 => products::<A, V, 5>(u, v, range, t, m),
+        4 => products::<A, V, 4>(u, v, range, t, m),
+        3 => products::<A, V, 3>(u, v, range, t, m),
+        p => unreachable!("{p} tiles per register tile is not in PRODUCT_TILES"),
+    }
+}
+
+/// [`block_products`] on register tiles of `P` tiles × two vectors of output channels: `u` is
+/// the block's `[16][C][CL]`, `v` the group's `[16][panels][C][P]`.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`.
+#[inline(always)]
+unsafe fn products<A: Real, V: Vector<A>, const P: usize>(
+    u: &[A],
+    v: &[A],
+    range: Range<usize>,
+    t: &Tiling,
+    m: &mut [A],
+) {
+    let cl = 2 * V::LANES;
+    assert_eq!(cl, t.cl, "the tiling's channels are two vectors");
+    let c = t.taps.terms();
+    let (u_len, panel) = (c * cl, c * P);
+    assert_eq!(P, t.p, "the tiling's panels");
+    let m = &mut m[..range.len() * XI * cl];
+    for xi in 0..XI {
+        let ch = Channels {
+            k0: 0,
+            lanes: cl,
+            weights: &u[xi * u_len..][..u_len],
+            bias: None,
+        };
+        let v = &v[xi * t.panels * panel..][..t.panels * panel];
+        for t0 in range.clone().step_by(P) {
+            // Panel t0 / P (t0 is a multiple of P), read whole.
+            let sums = tile::<A, V, 2, P>(&v[t0 * c..][..panel], &t.taps, &ch);
+            for (p, s) in sums.iter().enumerate().take(range.end - t0) {
+                let dst = &mut m[((t0 - range.start + p) * XI + xi) * cl..][..cl];
+                // SAFETY: two vectors of LANES = cl / 2 elements fill `dst`.
+                s[0].store(dst.as_mut_ptr());
+                s[1].store(dst.as_mut_ptr().add(V::LANES));
+            }
+        }
+    }
 }
 
 impl<T: Wide> Job<'_, T> {
@@ -336,146 +586,283 @@ impl<T: Wide> Job<'_, T> {
     pub(super) fn winograd(&self, ctx: Ctx) -> Result<()> {
         let g = &self.g;
         let elem = std::mem::size_of::<T::Acc>();
-        let tiling = Tiling::new(g, ctx.threads, elem);
-        let threaded = tiling.parallel || !matches!(tiling.inner, Parallelism::None);
-        let Some(u) = filters(self.weight, ctx, threaded)? else {
-            return self.im2col_gemm(ctx);
+        let t = Tiling::new(g, ctx.threads, ctx.simd, elem)?;
+        let shared = if t.fused {
+            None
+        } else {
+            match self.filters(&t, ctx)? {
+                Some(u) => Some(u),
+                None => return self.im2col_gemm(ctx),
+            }
         };
-        let items = g.n * tiling.blocks;
-        if tiling.parallel {
-            // Jobs lease buffers from a pool, so that a call allocates one set per thread, not
-            // one per job.
-            let pool = Mutex::new(Vec::new());
-            parallel_items(items, ctx.threads).try_for_each_init(
-                || Lease::take(&pool, || Buffers::new(g, &tiling)),
-                |lease, item| {
-                    let buffers = lease
+        let mut bias = zeroed(t.kblocks * t.cl + LANES)?;
+        if let Some(b) = self.bias {
+            bias[..g.k].copy_from_slice(b);
+        }
+        let run = Run {
+            t: &t,
+            shared: shared.as_deref(),
+            bias: &bias,
+            pool: Mutex::new(Vec::new()),
+            bad_filter: AtomicBool::new(false),
+        };
+        if t.outer {
+            let serial = Ctx { threads: 1, ..ctx };
+            parallel_items(t.groups, ctx.threads).try_for_each_init(
+                || Lease::take(&run.pool, || Buffers::new(g, &t, true)),
+                |lease, group| {
+                    let b = lease
                         .buffers
                         .as_mut()
-                        .ok_or_else(|| out_of_memory::<T::Acc>(XI * (g.c + g.k) * tiling.tw))?;
-                    with_simd(
-                        ctx.simd,
-                        #[inline(always)]
-                        || self.winograd_item(&u, item, &tiling, buffers, ctx.simd),
-                    )
+                        .ok_or_else(|| out_of_memory::<T::Acc>(t.v_len(g)))?;
+                    let mut v = std::mem::take(&mut b.v);
+                    let done = self.winograd_group(group, &run, serial, raw(&mut v), Some(b));
+                    b.v = v;
+                    done
                 },
-            )
+            )?;
+        } else if ctx.threads > 1 {
+            let mut v = zeroed(t.v_len(g))?;
+            let v = raw(&mut v);
+            for group in 0..t.groups {
+                self.winograd_group(group, &run, ctx, v, None)?;
+            }
         } else {
-            let mut buffers = Buffers::new(g, &tiling)?;
-            for item in 0..items {
-                with_simd(
-                    ctx.simd,
-                    #[inline(always)]
-                    || self.winograd_item(&u, item, &tiling, &mut buffers, ctx.simd),
-                )?;
+            let mut b = Buffers::new(g, &t, true)?;
+            let mut v = std::mem::take(&mut b.v);
+            let v = raw(&mut v);
+            for group in 0..t.groups {
+                self.winograd_group(group, &run, ctx, v, Some(&mut b))?;
             }
-            Ok(())
         }
-    }
-
-    /// Work item `item`: one block of tile rows of one image.
-    #[inline(always)]
-    fn winograd_item(
-        &self,
-        u: &[T::Acc],
-        item: usize,
-        t: &Tiling,
-        b: &mut Buffers<T::Acc>,
-        simd: SimdLevel,
-    ) -> Result<()> {
-        let g = &self.g;
-        let (img, block) = (item / t.blocks, item % t.blocks);
-        let th0 = block * t.rows;
-        let nt = t.rows.min(t.th - th0);
-        let tiles = nt * t.tw;
-        let (v_stride, m_stride) = (g.c * tiles + LANES, g.k * tiles + LANES);
-        if !self.transform_input(img, th0, nt, t, b) {
-            return self.fallback(img, th0, nt, b);
+        if run.bad_filter.into_inner() {
+            return self.im2col_gemm(ctx);
         }
-        let (v, m) = (
-            Raw {
-                ptr: b.v.as_mut_ptr(),
-                len: b.v.len(),
-            },
-            Raw {
-                ptr: b.m.as_mut_ptr(),
-                len: b.m.len(),
-            },
-        );
-        let product = |xi: usize| {
-            // The buffers whole (Sync), not their raw pointer fields.
-            let (v, m) = (v, m);
-            // SAFETY: lhs is U_ξ, [K, C]; rhs the block's V_ξ, [C, tiles]; dst its M_ξ,
-            // [K, tiles], in a buffer of this task's own and written by this product only.
-            unsafe {
-                Product {
-                    m: g.k,
-                    n: tiles,
-                    k: g.c,
-                    dst: m.ptr.add(xi * m_stride),
-                    dst_strides: (tiles, 1),
-                    lhs: u.as_ptr().add(xi * filter_stride(g.k * g.c)),
-                    lhs_strides: (g.c, 1),
-                    rhs: v.ptr.add(xi * v_stride).cast_const(),
-                    rhs_strides: (tiles, 1),
-                    alpha: T::Acc::ONE,
-                    accumulate: false,
-                }
-                .run_split(NO_REPACK_COLS, Parallelism::None);
-            }
-        };
-        match t.inner {
-            // One item at a time: the team shares out its 16 products.
-            Parallelism::Rayon(threads) if threads > 1 => {
-                parallel_items(XI, threads)
-                    .try_for_each_init(
-                        || (),
-                        |_, xi| {
-                            with_simd(
-                                simd,
-                                #[inline(always)]
-                                || product(xi),
-                            );
-                            Ok::<(), ()>(())
-                        },
-                    )
-                    .ok();
-            }
-            _ => (0..XI).for_each(product),
-        }
-        self.transform_output(img, th0, nt, t, b);
         Ok(())
     }
 
-    /// `V = Bᵀ·d·B` of every input tile of tile rows `th0 .. th0 + nt` of image `img`, into `b.v`,
-    /// with `Bᵀ = [1 0 −1 0; 0 1 1 0; 0 −1 1 0; 0 1 0 −1]`. False when an input is not finite or
-    /// so large that a transformed value might not be.
+    /// Every block's transformed filters, `[block][16][C][CL]`, on the team when the call is
+    /// threaded; `None` when one is not finite.
+    fn filters(&self, t: &Tiling, ctx: Ctx) -> Result<Option<Vec<T::Acc>>> {
+        let g = &self.g;
+        let len = t.block_len(g);
+        let mut u = zeroed(t.kblocks * len)?;
+        let finite = AtomicBool::new(true);
+        let block = |kb: usize, dst: &mut [T::Acc]| {
+            let ok = transform_filters(ctx.simd, self.weight, g, kb * t.cl, t.cl, dst);
+            if !ok {
+                finite.store(false, Ordering::Relaxed);
+            }
+        };
+        if ctx.threads > 1 && t.kblocks > 1 {
+            par_chunks_mut(&mut u, len, block);
+        } else {
+            u.chunks_mut(len)
+                .enumerate()
+                .for_each(|(kb, dst)| block(kb, dst));
+        }
+        Ok(finite.into_inner().then_some(u))
+    }
+
+    /// Group `group`: its input transform into `v` (`[16][panels][C][P]`), then its products and
+    /// output transform by blocks of output channels, on the team unless `serial` buffers are
+    /// given (then on this thread, with them); the im2col path for its items whose input is not
+    /// finite.
+    fn winograd_group(
+        &self,
+        group: usize,
+        run: &Run<'_, T::Acc>,
+        ctx: Ctx,
+        v: Raw<T::Acc>,
+        mut serial: Option<&mut Buffers<T::Acc>>,
+    ) -> Result<()> {
+        let (g, t) = (&self.g, run.t);
+        let (first, count, nt) = t.members(group, g.n);
+        let tiles = count * nt * t.tw;
+        assert!(v.len >= t.v_len(g), "a group's transformed input");
+        let finite: Vec<AtomicBool> = (0..count).map(|_| AtomicBool::new(true)).collect();
+        let inputs = |cs: Range<usize>, band: &mut [T::Acc]| {
+            for (j, finite) in finite.iter().enumerate() {
+                let (img, th0) = t.item(first + j);
+                let at = j * nt * t.tw;
+                // SAFETY: this task alone writes channels `cs` of `v` (see `transform_input`).
+                let ok = with_simd(
+                    ctx.simd,
+                    #[inline(always)]
+                    || unsafe { self.transform_input(img, th0, nt, cs.clone(), at, t, v, band) },
+                );
+                if !ok {
+                    finite.store(false, Ordering::Relaxed);
+                }
+            }
+        };
+        match serial.as_deref_mut() {
+            Some(b) => inputs(0..g.c, &mut b.band),
+            None => {
+                let per = g.c.div_ceil(g.c.min(4 * ctx.threads));
+                parallel_items(g.c.div_ceil(per), ctx.threads).try_for_each_init(
+                    || zeroed::<T::Acc>(t.band_len()),
+                    |band, task| {
+                        let band = band
+                            .as_mut()
+                            .map_err(|_| out_of_memory::<T::Acc>(t.band_len()))?;
+                        inputs(task * per..g.c.min((task + 1) * per), band);
+                        Ok::<(), crate::error::BackendError>(())
+                    },
+                )?;
+            }
+        }
+        // SAFETY: the input transform has ended; nothing writes `v` until this group ends.
+        let v = unsafe { std::slice::from_raw_parts(v.ptr.cast_const(), v.len) };
+        let block = |item: usize, b: &mut Buffers<T::Acc>| {
+            let (kb, chunk) = (item / t.chunks, item % t.chunks);
+            let range = t.chunk(tiles, chunk);
+            if range.is_empty() || run.bad_filter.load(Ordering::Relaxed) {
+                return;
+            }
+            let Buffers { u: own, m, .. } = b;
+            let u = match run.shared {
+                Some(u) => &u[kb * t.block_len(g)..][..t.block_len(g)],
+                None => {
+                    let ok = transform_filters(ctx.simd, self.weight, g, kb * t.cl, t.cl, own);
+                    if !ok {
+                        run.bad_filter.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    &own[..]
+                }
+            };
+            self.block_products(ctx.simd, u, v, range.clone(), t, m);
+            with_simd(
+                ctx.simd,
+                #[inline(always)]
+                || self.transform_output(first, nt, kb, range, t, m, run.bias),
+            );
+        };
+        let items = t.kblocks * t.chunks;
+        match serial.as_deref_mut() {
+            Some(b) => (0..items).for_each(|item| block(item, b)),
+            None => parallel_items(items, ctx.threads).try_for_each_init(
+                || Lease::take(&run.pool, || Buffers::new(g, t, false)),
+                |lease, item| {
+                    let b = lease
+                        .buffers
+                        .as_mut()
+                        .ok_or_else(|| out_of_memory::<T::Acc>(t.chunk_tiles() * XI * t.cl))?;
+                    block(item, b);
+                    Ok::<(), crate::error::BackendError>(())
+                },
+            )?,
+        }
+        if finite.iter().all(|f| f.load(Ordering::Relaxed))
+            || run.bad_filter.load(Ordering::Relaxed)
+        {
+            return Ok(());
+        }
+        let mut lease = None;
+        let b = match serial {
+            Some(b) => b,
+            None => lease
+                .insert(Lease::take(&run.pool, || Buffers::new(g, t, false)))
+                .buffers
+                .as_mut()
+                .ok_or_else(|| out_of_memory::<T::Acc>(t.chunk_tiles() * XI * t.cl))?,
+        };
+        for (j, finite) in finite.iter().enumerate() {
+            if !finite.load(Ordering::Relaxed) {
+                let (img, th0) = t.item(first + j);
+                self.fallback(img, th0, nt, b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`block_products`] on the vectors of `simd`.
+    fn block_products(
+        &self,
+        simd: SimdLevel,
+        u: &[T::Acc],
+        v: &[T::Acc],
+        range: Range<usize>,
+        t: &Tiling,
+        m: &mut [T::Acc],
+    ) {
+        match simd {
+            // SAFETY (both x86 arms): the tiles run on the registers of `simd`, inside
+            // `with_simd` at that level, which the CPU was detected to have.
+            SimdLevel::Avx512 => with_simd(
+                SimdLevel::Avx512,
+                #[inline(always)]
+                || unsafe { block_products::<_, <T::Acc as Registers>::X512>(u, v, range, t, m) },
+            ),
+            SimdLevel::Avx2Fma => with_simd(
+                SimdLevel::Avx2Fma,
+                #[inline(always)]
+                || unsafe { block_products::<_, <T::Acc as Registers>::X256>(u, v, range, t, m) },
+            ),
+            // SAFETY: portable arrays need no target feature.
+            level => with_simd(
+                level,
+                #[inline(always)]
+                || unsafe {
+                    block_products::<_, Portable<T::Acc, PORTABLE_LANES>>(u, v, range, t, m)
+                },
+            ),
+        }
+    }
+
+    /// `V = Bᵀ·d·B` of every input tile of channels `cs` of tile rows `th0 .. th0 + nt` of image
+    /// `img`, into `v` from tile `at` of the group, with `Bᵀ = [1 0 −1 0; 0 1 1 0; 0 −1 1 0;
+    /// 0 1 0 −1]`. False when an input is not finite or so large that a transformed value might
+    /// not be.
+    ///
+    /// # Safety
+    /// `v` holds a group's `[16][panels][C][P]` elements, whose channels `cs` no other task reads
+    /// or writes meanwhile. Only the block's tiles are written.
     #[inline(always)]
-    fn transform_input(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn transform_input(
         &self,
         img: usize,
         th0: usize,
         nt: usize,
+        cs: Range<usize>,
+        at: usize,
         t: &Tiling,
-        b: &mut Buffers<T::Acc>,
+        v: Raw<T::Acc>,
+        band: &mut [T::Acc],
     ) -> bool {
         let g = &self.g;
         let (tw, twp, hw) = (t.tw, t.band_width(), g.h * g.w);
-        let tiles = nt * tw;
-        let stride = g.c * tiles + LANES;
+        let (p, panel) = (t.p, g.c * t.p);
+        let position = t.panels * panel;
         let zero = T::Acc::ZERO;
         // Σ 4·x·0 over the block's inputs: 0 while every input is finite and at most a quarter
         // of the largest finite value (then so is every V, a sum of four ±x), NaN otherwise.
         let mut poison = [zero; LANES];
-        for c in 0..g.c {
+        // For each tile row and run of LANES tiles, where the tiles lie in the panels of a
+        // position (offset but for the channel's, first lane, lanes), at most LANES pieces.
+        let steps = tw.div_ceil(LANES);
+        let mut runs = Vec::with_capacity(nt * steps);
+        for lt in 0..nt {
+            for t0 in (0..tw).step_by(LANES) {
+                let (mut pieces, mut count) = ([(0, 0, 0); LANES], 0);
+                let (q, n) = (at + lt * tw + t0, LANES.min(tw - t0));
+                let mut l = 0;
+                while l < n {
+                    let (i, o) = ((q + l) / p, (q + l) % p);
+                    let len = (n - l).min(p - o);
+                    pieces[count] = (i * panel + o, l, len);
+                    count += 1;
+                    l += len;
+                }
+                runs.push((pieces, count));
+            }
+        }
+        for c in cs {
             // SAFETY: plane c of image img is inside the input, which nothing writes.
             let plane = unsafe { self.input.get((img * g.c + c) * hw, hw) };
-            for (r, row) in b
-                .band
-                .chunks_exact_mut(2 * twp)
-                .take(2 * nt + 2)
-                .enumerate()
-            {
+            for (r, row) in band.chunks_exact_mut(2 * twp).take(2 * nt + 2).enumerate() {
                 let iy = (2 * th0 + r) as isize - g.padding[0] as isize;
                 let (even, odd) = row.split_at_mut(twp);
                 even.fill(zero);
@@ -487,26 +874,37 @@ impl<T: Wide> Job<'_, T> {
                 }
             }
             for lt in 0..nt {
-                let band = &b.band[2 * lt * 2 * twp..][..4 * 2 * twp];
+                let rows = &band[2 * lt * 2 * twp..][..4 * 2 * twp];
                 for t0 in (0..tw).step_by(LANES) {
                     // Columns 0..4 of the tiles t0 .. t0 + LANES: e[t], o[t], e[t + 1], o[t + 1].
-                    let e0 = down(band, twp, t0);
-                    let o0 = down(band, twp, twp + t0);
-                    let e1 = down(band, twp, t0 + 1);
-                    let o1 = down(band, twp, twp + t0 + 1);
-                    let at = c * tiles + lt * tw + t0;
+                    let e0 = down(rows, twp, t0);
+                    let o0 = down(rows, twp, twp + t0);
+                    let e1 = down(rows, twp, t0 + 1);
+                    let o1 = down(rows, twp, twp + t0 + 1);
+                    let (runs, count) = &runs[lt * steps + t0 / LANES];
+                    let runs = &runs[..*count];
                     for i in 0..4 {
                         // Bᵀ along the rows.
-                        let v = [
+                        let x = [
                             sub(e0[i], e1[i]),
                             add(o0[i], e1[i]),
                             sub(e1[i], o0[i]),
                             sub(o0[i], o1[i]),
                         ];
-                        for (j, v) in v.iter().enumerate() {
-                            // Lanes past the block's tiles land where later tiles (or the
-                            // stride's padding) are written afterwards.
-                            b.v[(4 * i + j) * stride + at..][..LANES].copy_from_slice(v);
+                        for (j, x) in x.iter().enumerate() {
+                            let base = (4 * i + j) * position + c * p;
+                            for &(to, l0, len) in runs {
+                                let dst = v.ptr.wrapping_add(base + to);
+                                if len == LANES {
+                                    // SAFETY: tiles q .. q + LANES of channel c in position
+                                    // 4i + j, inside `v`, this task's (see above).
+                                    unsafe { dst.cast::<[T::Acc; LANES]>().write_unaligned(*x) };
+                                    continue;
+                                }
+                                // SAFETY: tiles q + l0 .. q + l0 + len of channel c in
+                                // position 4i + j, inside `v`, this task's (see above).
+                                unsafe { copy_short(&x[l0..l0 + len], dst) };
+                            }
                         }
                     }
                 }
@@ -515,68 +913,69 @@ impl<T: Wide> Job<'_, T> {
         poison.iter().all(|&p| p == zero)
     }
 
-    /// `Y = Aᵀ·M·A` of every tile of the block, plus the bias, into the output, with
-    /// `Aᵀ = [1 1 1 0; 0 1 −1 −1]`.
+    /// `Y = Aᵀ·M·A` of tiles `range` of the group whose first item is `first` (items of `nt`
+    /// tile rows), for block `kb` of output channels, plus the bias, into the output, with
+    /// `Aᵀ = [1 1 1 0; 0 1 −1 −1]`; `m` holds the block's products, `[tile − range.start][16][CL]`.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn transform_output(
         &self,
-        img: usize,
-        th0: usize,
+        first: usize,
         nt: usize,
+        kb: usize,
+        range: Range<usize>,
         t: &Tiling,
-        b: &mut Buffers<T::Acc>,
+        m: &[T::Acc],
+        bias: &[T::Acc],
     ) {
         let g = &self.g;
         let (tw, p, ow) = (t.tw, g.p(), g.ow);
-        let tiles = nt * tw;
-        let stride = g.k * tiles + LANES;
-        for k in 0..g.k {
-            let bias = [self.bias.map_or(T::Acc::ZERO, |b| b[k]); LANES];
-            for lt in 0..nt {
-                let oy = 2 * (th0 + lt);
-                let pair = if oy + 1 < g.oh { 2 } else { 1 };
-                let at = (img * g.k + k) * p + oy * ow;
-                // SAFETY: output rows oy and oy + 1 of plane k lie in this item's tile rows,
-                // written by this task only.
-                let out = unsafe { self.output.get_mut(at, pair * ow) };
-                let (top, bottom) = match T::as_acc_mut(out) {
-                    Some(acc) => acc.split_at_mut(ow),
-                    None => b.out[..pair * ow].split_at_mut(ow),
-                };
-                let base = k * tiles + lt * tw;
-                for t0 in (0..tw).step_by(LANES) {
-                    // Lanes past the block's tiles read later tiles (or the stride's padding).
-                    let m = |xi: usize| lanes(&b.m[xi * stride + base + t0..]);
-                    let mut s = [[[T::Acc::ZERO; LANES]; 4]; 2];
-                    let [top_sums, bottom_sums] = &mut s;
-                    for (j, (s0, s1)) in top_sums.iter_mut().zip(bottom_sums).enumerate() {
-                        let (m0, m1, m2, m3) = (m(j), m(4 + j), m(8 + j), m(12 + j));
-                        *s0 = add(add(m0, m1), m2);
-                        *s1 = sub(sub(m1, m2), m3);
-                    }
-                    for (a, dst) in [&mut *top, &mut *bottom].into_iter().enumerate().take(pair) {
-                        let s = &s[a];
-                        let y0 = add(add(add(s[0], s[1]), s[2]), bias);
-                        let y1 = add(sub(sub(s[1], s[2]), s[3]), bias);
-                        let mut both = [T::Acc::ZERO; 2 * LANES];
-                        for l in 0..LANES {
-                            both[2 * l] = y0[l];
-                            both[2 * l + 1] = y1[l];
+        let (k0, cl) = (kb * t.cl, t.cl);
+        let kn = cl.min(g.k - k0);
+        let per_item = nt * tw;
+        for tile in range.clone() {
+            let (img, th0) = t.item(first + tile / per_item);
+            let within = tile % per_item;
+            let (oy, ox) = (2 * (th0 + within / tw), 2 * (within % tw));
+            let (right, below) = (ox + 1 < ow, oy + 1 < g.oh);
+            let m = &m[(tile - range.start) * XI * cl..][..XI * cl];
+            for kk in (0..kn).step_by(LANES) {
+                let m = |xi: usize| lanes(&m[xi * cl + kk..]);
+                let mut s = [[[T::Acc::ZERO; LANES]; 4]; 2];
+                let [top, bottom] = &mut s;
+                for (j, (s0, s1)) in top.iter_mut().zip(bottom).enumerate() {
+                    let (m0, m1, m2, m3) = (m(j), m(4 + j), m(8 + j), m(12 + j));
+                    *s0 = add(add(m0, m1), m2);
+                    *s1 = sub(sub(m1, m2), m3);
+                }
+                let b = lanes(&bias[k0 + kk..]);
+                let y = [by_a(&s[0], b), by_a(&s[1], b)];
+                let base = (img * g.k + k0 + kk) * p + oy * ow + ox;
+                let [[y00, y01], [y10, y11]] = y;
+                for (l, (((y00, y01), y10), y11)) in y00
+                    .iter()
+                    .zip(y01)
+                    .zip(y10)
+                    .zip(y11)
+                    .take(kn - kk)
+                    .enumerate()
+                {
+                    let at = base + l * p;
+                    // SAFETY: the 2×2 outputs of this tile (clipped to the plane) of channel
+                    // k0 + kk + l lie inside the output; only this task writes them (tasks own
+                    // disjoint blocks of channels or pieces of tiles).
+                    unsafe {
+                        self.output.at(at).write(T::narrow(*y00));
+                        if right {
+                            self.output.at(at + 1).write(T::narrow(y01));
                         }
-                        match dst.get_mut(2 * t0..2 * (t0 + LANES)) {
-                            Some(whole) => whole.copy_from_slice(&both),
-                            None => {
-                                let rest = &mut dst[2 * t0..];
-                                let n = rest.len();
-                                rest.copy_from_slice(&both[..n]);
+                        if below {
+                            self.output.at(at + ow).write(T::narrow(y10));
+                            if right {
+                                self.output.at(at + ow + 1).write(T::narrow(y11));
                             }
                         }
                     }
-                }
-                if !T::NATIVE {
-                    // SAFETY: as above.
-                    let out = unsafe { self.output.get_mut(at, pair * ow) };
-                    T::narrow_slice(&b.out[..pair * ow], out);
                 }
             }
         }
@@ -598,6 +997,15 @@ impl<T: Wide> Job<'_, T> {
         self.group_block(img, 0, p0, pb, plan, scratch);
         Ok(())
     }
+}
+
+/// `Aᵀ` along a row of four sums, plus `b`: `[s0 + s1 + s2 + b, s1 − s2 − s3 + b]`.
+#[inline(always)]
+fn by_a<A: Real>(s: &[[A; LANES]; 4], b: [A; LANES]) -> [[A; LANES]; 2] {
+    [
+        add(add(add(s[0], s[1]), s[2]), b),
+        add(sub(sub(s[1], s[2]), s[3]), b),
+    ]
 }
 
 /// The padded columns of input row `x` (left padding `pad`, zeros beyond the row) into `even`
@@ -626,6 +1034,27 @@ fn split_columns<T: Element>(x: &[T], pad: usize, even: &mut [T::Acc], odd: &mut
     if ix + 2 * count < n {
         even[slot + count] = x[n - 1].widen();
     }
+}
+
+/// Copies `src` (fewer than [`LANES`] elements) to `dst` in one fixed-size copy: a copy of a
+/// variable length is a call to memcpy.
+///
+/// # Safety
+/// `dst .. dst + src.len()` is writable.
+#[inline(always)]
+unsafe fn copy_short<A: Copy>(src: &[A], dst: *mut A) {
+    macro_rules! fixed {
+        ($($n:literal)*) => {
+            match src.len() {
+                $($n => {
+                    let fixed: [A; $n] = src.try_into().expect("length matched");
+                    dst.cast::<[A; $n]>().write_unaligned(fixed)
+                })*
+                _ => std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()),
+            }
+        };
+    }
+    fixed!(1 2 3 4 5 6 7)
 }
 
 /// `Bᵀ` down the columns of the 4 band rows in `band` (each `2·twp` long) at lanes `at ..
@@ -670,15 +1099,6 @@ fn add<A: Real>(mut a: [A; LANES], b: [A; LANES]) -> [A; LANES] {
     a
 }
 
-/// `a · b`, lane by lane.
-#[inline(always)]
-fn mul<A: Real>(mut a: [A; LANES], b: [A; LANES]) -> [A; LANES] {
-    for l in 0..LANES {
-        a[l] = a[l] * b[l];
-    }
-    a
-}
-
 /// `a − b`, lane by lane.
 #[inline(always)]
 fn sub<A: Real>(mut a: [A; LANES], b: [A; LANES]) -> [A; LANES] {
@@ -711,20 +1131,73 @@ mod tests {
         }
     }
 
+    fn tiling(n: usize, c: usize, hw: usize, k: usize, threads: usize) -> Tiling {
+        Tiling::new(&geometry(n, c, hw, k), threads, SimdLevel::Avx512, 4).unwrap()
+    }
+
     #[test]
-    fn small_planes_stay_whole_and_large_ones_split_within_the_budget() {
-        // 14²: 49 tiles, one block; on one image the team shares out its products.
-        let t = Tiling::new(&geometry(1, 256, 14, 256), 2, 4);
-        assert!(t.rows == t.th && t.blocks == 1 && !t.parallel);
-        assert!(matches!(t.inner, Parallelism::Rayon(2)));
-        let t = Tiling::new(&geometry(8, 256, 14, 256), 2, 4);
-        assert!(t.blocks == 1 && t.parallel && matches!(t.inner, Parallelism::None));
-        // 56²: 784 tiles in blocks within the budget, at least two per thread.
-        let t = Tiling::new(&geometry(1, 64, 56, 64), 2, 4);
-        assert!(t.parallel && t.blocks >= 4 && t.blocks * t.rows >= t.th);
-        assert!(XI * 128 * t.rows * t.tw * 4 <= 2 * COL_BYTES);
-        let t = Tiling::new(&geometry(1, 64, 56, 64), 1, 4);
-        assert!(!t.parallel && matches!(t.inner, Parallelism::None));
-        assert!(t.blocks > 1 && XI * 128 * t.rows * t.tw * 4 <= 2 * COL_BYTES);
+    fn groups_fit_the_budget_and_cover_every_item_once() {
+        // 14², C256: one group of 49 tiles in five register tiles of 10 (not 12), each block of
+        // 32 output channels transforming its own filters, on one thread and on two.
+        for threads in [1, 2] {
+            let t = tiling(1, 256, 14, 256, threads);
+            assert!(
+                t.groups == 1 && t.tiles == 49 && t.p == 10 && t.cl == 32,
+                "{t:?}"
+            );
+            assert!(
+                t.fused && t.chunks == 1 && !t.outer && t.kblocks == 8,
+                "{t:?}"
+            );
+        }
+        // Eight such images: a group each, taken whole by the threads; filters transformed once.
+        let t = tiling(8, 256, 14, 256, 2);
+        assert!(t.groups == 8 && t.outer && !t.fused, "{t:?}");
+        // 56², C64: four blocks of tile rows within the budget, two groups for each of two
+        // threads.
+        let t = tiling(1, 64, 56, 64, 2);
+        assert!(
+            t.blocks == 4 && XI * 64 * t.rows * t.tw * 4 <= GROUP_BYTES,
+            "{t:?}"
+        );
+        assert!(t.outer && !t.fused, "{t:?}");
+        // 28², C64: one group, whose two blocks of channels are cut in two pieces of tiles for
+        // two threads.
+        let t = tiling(1, 64, 28, 64, 2);
+        assert!(
+            t.groups == 1 && t.chunks == 2 && !t.outer && !t.fused,
+            "{t:?}"
+        );
+        // 7², C512: 16 tiles in two register tiles of 8.
+        assert_eq!(tiling(1, 512, 7, 512, 1).p, 8);
+        // Small planes share a group.
+        let t = tiling(6, 16, 9, 16, 1);
+        assert!(t.per_group == 6 && t.groups == 1, "{t:?}");
+        for (n, hw, c) in [(3, 61, 24), (5, 22, 64), (7, 9, 16), (2, 14, 256)] {
+            let t = tiling(n, c, hw, 16, 2);
+            let mut seen = vec![0; n * t.blocks];
+            for group in 0..t.groups {
+                let (first, count, nt) = t.members(group, n);
+                assert!(count * nt * t.tw <= t.tiles && count >= 1);
+                seen[first..first + count].iter_mut().for_each(|s| *s += 1);
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{n} {hw} {c}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn pieces_cover_a_group_in_whole_register_tiles() {
+        let t = tiling(1, 64, 56, 16, 3);
+        assert!(t.chunks > 1);
+        for tiles in [1, t.p, t.p + 1, t.tiles] {
+            let mut next = 0;
+            for chunk in 0..t.chunks {
+                let r = t.chunk(tiles, chunk);
+                assert!(r.start == next.min(tiles) && r.len() <= t.chunk_tiles());
+                assert!(r.end == tiles || r.len().is_multiple_of(t.p));
+                next = r.end;
+            }
+            assert_eq!(next, tiles);
+        }
     }
 }
