@@ -44,6 +44,12 @@ pub(crate) trait Vector<A>: Copy {
     /// # Safety
     /// See the trait; `p .. p + LANES` is writable.
     unsafe fn store(self, p: *mut A);
+    /// Writes lanes `0 .. n` to `p .. p + n`, leaving the memory past them untouched (a masked
+    /// store where the level has one).
+    ///
+    /// # Safety
+    /// See the trait; `n ≤ LANES` and `p .. p + n` is writable.
+    unsafe fn store_first(self, p: *mut A, n: usize);
     /// `self · a + b` per lane, rounded once.
     ///
     /// # Safety
@@ -98,6 +104,13 @@ impl<A: Real, const N: usize> Vector<A> for Portable<A, N> {
     #[inline(always)]
     unsafe fn store(self, p: *mut A) {
         p.cast::<[A; N]>().write_unaligned(self.0)
+    }
+
+    #[inline(always)]
+    unsafe fn store_first(self, p: *mut A, n: usize) {
+        for (l, &x) in self.0.iter().enumerate().take(n) {
+            p.add(l).write(x);
+        }
     }
 
     #[inline(always)]
@@ -162,7 +175,7 @@ mod x86 {
     /// Implements [`Vector`] for a register type from its intrinsics.
     macro_rules! vector {
         ($doc:literal, $name:ident, $reg:ty, $elem:ty, $lanes:expr,
-         $zero:ident, $splat:ident, $load:ident, $store:ident, $fma:ident,
+         $zero:ident, $splat:ident, $load:ident, $store:ident, $store_first:ident, $fma:ident,
          $add:ident, $sub:ident, $mul:ident, $transpose:ident) => {
             #[doc = $doc]
             #[derive(Clone, Copy)]
@@ -189,6 +202,11 @@ mod x86 {
                 #[inline(always)]
                 unsafe fn store(self, p: *mut $elem) {
                     $store(p, self.0)
+                }
+
+                #[inline(always)]
+                unsafe fn store_first(self, p: *mut $elem, n: usize) {
+                    $store_first(p, n, self.0)
                 }
 
                 #[inline(always)]
@@ -234,6 +252,7 @@ mod x86 {
         _mm512_set1_ps,
         _mm512_loadu_ps,
         _mm512_storeu_ps,
+        store_first_f32x16,
         _mm512_fmadd_ps,
         _mm512_add_ps,
         _mm512_sub_ps,
@@ -250,6 +269,7 @@ mod x86 {
         _mm256_set1_ps,
         _mm256_loadu_ps,
         _mm256_storeu_ps,
+        store_first_f32x8,
         _mm256_fmadd_ps,
         _mm256_add_ps,
         _mm256_sub_ps,
@@ -266,6 +286,7 @@ mod x86 {
         _mm512_set1_pd,
         _mm512_loadu_pd,
         _mm512_storeu_pd,
+        store_first_f64x8,
         _mm512_fmadd_pd,
         _mm512_add_pd,
         _mm512_sub_pd,
@@ -282,12 +303,54 @@ mod x86 {
         _mm256_set1_pd,
         _mm256_loadu_pd,
         _mm256_storeu_pd,
+        store_first_f64x4,
         _mm256_fmadd_pd,
         _mm256_add_pd,
         _mm256_sub_pd,
         _mm256_mul_pd,
         transpose_f64x4
     );
+
+    /// [`Vector::store_first`] for 16 f32 lanes (AVX-512 F): one masked store.
+    ///
+    /// # Safety
+    /// As [`Vector::store_first`], with AVX-512 F.
+    #[inline(always)]
+    unsafe fn store_first_f32x16(p: *mut f32, n: usize, v: __m512) {
+        _mm512_mask_storeu_ps(p, ((1u32 << n) - 1) as __mmask16, v)
+    }
+
+    /// [`Vector::store_first`] for 8 f64 lanes (AVX-512 F): one masked store.
+    ///
+    /// # Safety
+    /// As [`Vector::store_first`], with AVX-512 F.
+    #[inline(always)]
+    unsafe fn store_first_f64x8(p: *mut f64, n: usize, v: __m512d) {
+        _mm512_mask_storeu_pd(p, ((1u32 << n) - 1) as __mmask8, v)
+    }
+
+    /// [`Vector::store_first`] for 8 f32 lanes (AVX): one masked store, lanes below `n` selected
+    /// by comparing their index with it.
+    ///
+    /// # Safety
+    /// As [`Vector::store_first`], with AVX2.
+    #[inline(always)]
+    unsafe fn store_first_f32x8(p: *mut f32, n: usize, v: __m256) {
+        let index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), index);
+        _mm256_maskstore_ps(p, mask, v)
+    }
+
+    /// [`Vector::store_first`] for 4 f64 lanes (AVX), as [`store_first_f32x8`].
+    ///
+    /// # Safety
+    /// As [`Vector::store_first`], with AVX2.
+    #[inline(always)]
+    unsafe fn store_first_f64x4(p: *mut f64, n: usize, v: __m256d) {
+        let index = _mm256_setr_epi64x(0, 1, 2, 3);
+        let mask = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), index);
+        _mm256_maskstore_pd(p, mask, v)
+    }
 
     /// The 8 × 8 f32 transpose of [`Vector::transpose`] (AVX).
     ///
@@ -425,4 +488,57 @@ impl Registers for f32 {
 impl Registers for f64 {
     type X512 = Portable<f64, 8>;
     type X256 = Portable<f64, 4>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Portable, Registers, Vector};
+    use crate::backends::cpu::host::{with_simd, Real};
+    use crate::backends::cpu::simd::SimdLevel;
+
+    /// Stores the first `n` of `V::LANES` values `1, 2, …` over a buffer of NaN, for every `n`,
+    /// and checks that exactly those were written.
+    fn stores_first<A: Real, V: Vector<A>>() {
+        for n in 0..=V::LANES {
+            let values: Vec<A> = (1..=V::LANES).map(|l| A::from_f64(l as f64)).collect();
+            let mut out = vec![A::from_f64(f64::NAN); V::LANES + 2];
+            // SAFETY: the caller runs this at the level of `V`; `out[1 ..]` holds LANES + 1
+            // elements.
+            unsafe { V::load(values.as_ptr()).store_first(out.as_mut_ptr().add(1), n) };
+            for (i, &o) in out.iter().enumerate() {
+                let written = (1..=n).contains(&i);
+                assert_eq!(
+                    o.to_f64().is_nan(),
+                    !written,
+                    "n = {n} of {}: element {i}",
+                    V::LANES
+                );
+                if written {
+                    assert_eq!(o.to_f64(), i as f64, "n = {n}: element {i}");
+                }
+            }
+        }
+    }
+
+    /// `store_first` of every vector type, at every level this CPU runs.
+    #[test]
+    fn store_first_writes_only_its_lanes() {
+        fn all<A: Registers>(simd: SimdLevel) {
+            match simd {
+                // SAFETY (both x86 arms): inside `with_simd` at the vectors' level, which
+                // `runnable` found on this CPU.
+                SimdLevel::Avx512 => with_simd(simd, || {
+                    stores_first::<A, A::X512>();
+                    stores_first::<A, A::X256>();
+                }),
+                SimdLevel::Avx2Fma => with_simd(simd, || stores_first::<A, A::X256>()),
+                _ => {}
+            }
+            with_simd(simd, || stores_first::<A, Portable<A, 4>>());
+        }
+        for simd in SimdLevel::runnable() {
+            all::<f32>(simd);
+            all::<f64>(simd);
+        }
+    }
 }

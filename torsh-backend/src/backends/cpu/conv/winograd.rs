@@ -48,8 +48,8 @@ use crate::error::Result;
 /// Positions of a 4×4 transform.
 const XI: usize = 16;
 
-/// Elements the transforms compute at a time: tiles along a tile row (input), filters (filter),
-/// output channels (output).
+/// Elements the output transform computes at a time (output channels), and lanes of the input
+/// transform's check of its inputs.
 const LANES: usize = 8;
 
 /// The fewest input and output channels the Winograd path is chosen for by default: below, the
@@ -68,6 +68,9 @@ const GROUP_BYTES: usize = 1 << 20;
 /// whose tiles it would end with a short register tile takes the narrowest one that splits them
 /// as evenly (49 tiles: 5 × 10, not 4 × 12 and 1).
 const PRODUCT_TILES: [[usize; 4]; 2] = [[6, 5, 4, 3], [12, 10, 8, 6]];
+
+/// Lanes of the widest vector any level runs on here (16 f32 of AVX-512).
+const MAX_LANES: usize = 16;
 
 /// Lanes of the portable vectors the products run on at levels without vector types here.
 const PORTABLE_LANES: usize = 4;
@@ -227,10 +230,11 @@ impl Tiling {
         XI * g.c * self.cl
     }
 
-    /// Length of the even (and of the odd) padded columns of a band row: the tiles of a row in
-    /// whole groups of [`LANES`], and the one column past the last that tile `t` reads at `t + 1`.
+    /// Length of the even (and of the odd) padded columns of a band row: the tiles of a row,
+    /// and a vector of [`MAX_LANES`] past the last, which the input transform's loads at `t + 1`
+    /// reach.
     fn band_width(&self) -> usize {
-        self.tw.next_multiple_of(LANES) + 1
+        self.tw + MAX_LANES
     }
 
     /// Elements of a band: the input rows of a block of tile rows, each split in two.
@@ -686,11 +690,9 @@ impl<T: Wide> Job<'_, T> {
                 let (img, th0) = t.item(first + j);
                 let at = j * nt * t.tw;
                 // SAFETY: this task alone writes channels `cs` of `v` (see `transform_input`).
-                let ok = with_simd(
-                    ctx.simd,
-                    #[inline(always)]
-                    || unsafe { self.transform_input(img, th0, nt, cs.clone(), at, t, v, band) },
-                );
+                let ok = unsafe {
+                    self.transform_input(ctx.simd, img, th0, nt, cs.clone(), at, t, v, band)
+                };
                 if !ok {
                     finite.store(false, Ordering::Relaxed);
                 }
@@ -811,18 +813,14 @@ impl<T: Wide> Job<'_, T> {
         }
     }
 
-    /// `V = Bᵀ·d·B` of every input tile of channels `cs` of tile rows `th0 .. th0 + nt` of image
-    /// `img`, into `v` from tile `at` of the group, with `Bᵀ = [1 0 −1 0; 0 1 1 0; 0 −1 1 0;
-    /// 0 1 0 −1]`. False when an input is not finite or so large that a transformed value might
-    /// not be.
+    /// [`transform_input`] on the vectors of `simd`.
     ///
     /// # Safety
-    /// `v` holds a group's `[16][panels][C][P]` elements, whose channels `cs` no other task reads
-    /// or writes meanwhile. Only the block's tiles are written.
-    #[inline(always)]
+    /// As [`transform_input`].
     #[allow(clippy::too_many_arguments)]
     unsafe fn transform_input(
         &self,
+        simd: SimdLevel,
         img: usize,
         th0: usize,
         nt: usize,
@@ -832,85 +830,33 @@ impl<T: Wide> Job<'_, T> {
         v: Raw<T::Acc>,
         band: &mut [T::Acc],
     ) -> bool {
-        let g = &self.g;
-        let (tw, twp, hw) = (t.tw, t.band_width(), g.h * g.w);
-        let (p, panel) = (t.p, g.c * t.p);
-        let position = t.panels * panel;
-        let zero = T::Acc::ZERO;
-        // Σ 4·x·0 over the block's inputs: 0 while every input is finite and at most a quarter
-        // of the largest finite value (then so is every V, a sum of four ±x), NaN otherwise.
-        let mut poison = [zero; LANES];
-        // For each tile row and run of LANES tiles, where the tiles lie in the panels of a
-        // position (offset but for the channel's, first lane, lanes), at most LANES pieces.
-        let steps = tw.div_ceil(LANES);
-        let mut runs = Vec::with_capacity(nt * steps);
-        for lt in 0..nt {
-            for t0 in (0..tw).step_by(LANES) {
-                let (mut pieces, mut count) = ([(0, 0, 0); LANES], 0);
-                let (q, n) = (at + lt * tw + t0, LANES.min(tw - t0));
-                let mut l = 0;
-                while l < n {
-                    let (i, o) = ((q + l) / p, (q + l) % p);
-                    let len = (n - l).min(p - o);
-                    pieces[count] = (i * panel + o, l, len);
-                    count += 1;
-                    l += len;
-                }
-                runs.push((pieces, count));
-            }
+        let x = Item { img, th0, nt, at };
+        match simd {
+            // SAFETY (all arms): as this function's, with the vectors of `simd` inside
+            // `with_simd` at that level, which the CPU was detected to have (portable arrays need
+            // no target feature).
+            SimdLevel::Avx512 => with_simd(
+                SimdLevel::Avx512,
+                #[inline(always)]
+                || unsafe {
+                    transform_input::<T, <T::Acc as Registers>::X512>(self, x, cs, t, v, band)
+                },
+            ),
+            SimdLevel::Avx2Fma => with_simd(
+                SimdLevel::Avx2Fma,
+                #[inline(always)]
+                || unsafe {
+                    transform_input::<T, <T::Acc as Registers>::X256>(self, x, cs, t, v, band)
+                },
+            ),
+            level => with_simd(
+                level,
+                #[inline(always)]
+                || unsafe {
+                    transform_input::<T, Portable<T::Acc, PORTABLE_LANES>>(self, x, cs, t, v, band)
+                },
+            ),
         }
-        for c in cs {
-            // SAFETY: plane c of image img is inside the input, which nothing writes.
-            let plane = unsafe { self.input.get((img * g.c + c) * hw, hw) };
-            for (r, row) in band.chunks_exact_mut(2 * twp).take(2 * nt + 2).enumerate() {
-                let iy = (2 * th0 + r) as isize - g.padding[0] as isize;
-                let (even, odd) = row.split_at_mut(twp);
-                even.fill(zero);
-                odd.fill(zero);
-                if (0..g.h as isize).contains(&iy) {
-                    let x = &plane[iy as usize * g.w..][..g.w];
-                    split_columns(x, g.padding[1], even, odd);
-                    taint(row, &mut poison);
-                }
-            }
-            for lt in 0..nt {
-                let rows = &band[2 * lt * 2 * twp..][..4 * 2 * twp];
-                for t0 in (0..tw).step_by(LANES) {
-                    // Columns 0..4 of the tiles t0 .. t0 + LANES: e[t], o[t], e[t + 1], o[t + 1].
-                    let e0 = down(rows, twp, t0);
-                    let o0 = down(rows, twp, twp + t0);
-                    let e1 = down(rows, twp, t0 + 1);
-                    let o1 = down(rows, twp, twp + t0 + 1);
-                    let (runs, count) = &runs[lt * steps + t0 / LANES];
-                    let runs = &runs[..*count];
-                    for i in 0..4 {
-                        // Bᵀ along the rows.
-                        let x = [
-                            sub(e0[i], e1[i]),
-                            add(o0[i], e1[i]),
-                            sub(e1[i], o0[i]),
-                            sub(o0[i], o1[i]),
-                        ];
-                        for (j, x) in x.iter().enumerate() {
-                            let base = (4 * i + j) * position + c * p;
-                            for &(to, l0, len) in runs {
-                                let dst = v.ptr.wrapping_add(base + to);
-                                if len == LANES {
-                                    // SAFETY: tiles q .. q + LANES of channel c in position
-                                    // 4i + j, inside `v`, this task's (see above).
-                                    unsafe { dst.cast::<[T::Acc; LANES]>().write_unaligned(*x) };
-                                    continue;
-                                }
-                                // SAFETY: tiles q + l0 .. q + l0 + len of channel c in
-                                // position 4i + j, inside `v`, this task's (see above).
-                                unsafe { copy_short(&x[l0..l0 + len], dst) };
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        poison.iter().all(|&p| p == zero)
     }
 
     /// `Y = Aᵀ·M·A` of tiles `range` of the group whose first item is `first` (items of `nt`
@@ -999,6 +945,118 @@ impl<T: Wide> Job<'_, T> {
     }
 }
 
+/// One work item's place in its group: image, first tile row and tile rows, and the group's
+/// first tile of it.
+#[derive(Clone, Copy)]
+struct Item {
+    img: usize,
+    th0: usize,
+    nt: usize,
+    at: usize,
+}
+
+/// `V = Bᵀ·d·B` of every input tile of channels `cs` of item `x`, into `v`, with `Bᵀ = [1 0 −1
+/// 0; 0 1 1 0; 0 −1 1 0; 0 1 0 −1]`, computed on vectors of `V` along a run of tiles of one tile
+/// row that lie in one panel, and stored with their lanes past the run masked. False when an
+/// input is not finite or so large that a transformed value might not be.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`; `v` holds a group's `[16][panels][C][P]` elements, whose
+/// channels `cs` no other task reads or writes meanwhile. Only the item's tiles are written.
+#[inline(always)]
+unsafe fn transform_input<T: Wide, V: Vector<T::Acc>>(
+    job: &Job<'_, T>,
+    x: Item,
+    cs: Range<usize>,
+    t: &Tiling,
+    v: Raw<T::Acc>,
+    band: &mut [T::Acc],
+) -> bool {
+    let g = &job.g;
+    let (tw, twp, hw) = (t.tw, t.band_width(), g.h * g.w);
+    let (p, panel) = (t.p, g.c * t.p);
+    let position = t.panels * panel;
+    let zero = T::Acc::ZERO;
+    assert!(
+        V::LANES <= MAX_LANES && band.len() >= t.band_len() && x.nt <= t.rows,
+        "a band too short for the item's vectors"
+    );
+    // Σ 4·x·0 over the item's inputs: 0 while every input is finite and at most a quarter of the
+    // largest finite value (then so is every V, a sum of four ±x), NaN otherwise.
+    let mut poison = [zero; LANES];
+    // The runs of tiles within one panel: tile row, first tile of the row, offset in a
+    // position's panels (but for the channel's) and length, at most `P`.
+    let mut runs = Vec::with_capacity(x.nt * (tw / p + 2));
+    for lt in 0..x.nt {
+        let mut t0 = 0;
+        while t0 < tw {
+            let q = x.at + lt * tw + t0;
+            let len = (tw - t0).min(p - q % p);
+            runs.push((lt, t0, q / p * panel + q % p, len));
+            t0 += len;
+        }
+    }
+    for c in cs {
+        // SAFETY: plane c of image img is inside the input, which nothing writes.
+        let plane = unsafe { job.input.get((x.img * g.c + c) * hw, hw) };
+        for (r, row) in band
+            .chunks_exact_mut(2 * twp)
+            .take(2 * x.nt + 2)
+            .enumerate()
+        {
+            let iy = (2 * x.th0 + r) as isize - g.padding[0] as isize;
+            let (even, odd) = row.split_at_mut(twp);
+            even.fill(zero);
+            odd.fill(zero);
+            if (0..g.h as isize).contains(&iy) {
+                let xs = &plane[iy as usize * g.w..][..g.w];
+                split_columns(xs, g.padding[1], even, odd);
+                taint(row, &mut poison);
+            }
+        }
+        let out = v.ptr.wrapping_add(c * p);
+        for &(lt, t0, to, len) in &runs {
+            // SAFETY: rows 2·lt .. 2·lt + 4 of the band, whose row is 2·twp long.
+            let rows = band.as_ptr().add(2 * lt * 2 * twp);
+            let mut l = 0;
+            while l < len {
+                let (n, col) = ((len - l).min(V::LANES), t0 + l);
+                // Bᵀ down the columns of the 4 rows at band column `at`. SAFETY: each read
+                // ends inside its half row, as `col + 1 + V::LANES ≤ tw + MAX_LANES = twp`.
+                let down = |at: usize| {
+                    let x = |q: usize| V::load(rows.add(2 * q * twp + at));
+                    let (x0, x1, x2, x3) = (x(0), x(1), x(2), x(3));
+                    [x0.sub(x2), x1.add(x2), x2.sub(x1), x1.sub(x3)]
+                };
+                // Columns 0..4 of the tiles: e[t], o[t], e[t + 1], o[t + 1].
+                let (e0, o0) = (down(col), down(twp + col));
+                let (e1, o1) = (down(col + 1), down(twp + col + 1));
+                for i in 0..4 {
+                    // Bᵀ along the rows.
+                    let row = [
+                        e0[i].sub(e1[i]),
+                        o0[i].add(e1[i]),
+                        e1[i].sub(o0[i]),
+                        o0[i].sub(o1[i]),
+                    ];
+                    for (j, y) in row.into_iter().enumerate() {
+                        let dst = out.wrapping_add((4 * i + j) * position + to + l);
+                        // SAFETY: tiles q + l .. q + l + n of the run, inside one panel of
+                        // channel c in position 4i + j of `v`, this task's (see above).
+                        if n == V::LANES {
+                            y.store(dst);
+                        } else {
+                            y.store_first(dst, n);
+                        }
+                    }
+                }
+                l += n;
+            }
+        }
+    }
+    poison.iter().all(|&p| p == zero)
+}
+
 /// `Aᵀ` along a row of four sums, plus `b`: `[s0 + s1 + s2 + b, s1 − s2 − s3 + b]`.
 #[inline(always)]
 fn by_a<A: Real>(s: &[[A; LANES]; 4], b: [A; LANES]) -> [[A; LANES]; 2] {
@@ -1034,36 +1092,6 @@ fn split_columns<T: Element>(x: &[T], pad: usize, even: &mut [T::Acc], odd: &mut
     if ix + 2 * count < n {
         even[slot + count] = x[n - 1].widen();
     }
-}
-
-/// Copies `src` (fewer than [`LANES`] elements) to `dst` in one fixed-size copy: a copy of a
-/// variable length is a call to memcpy.
-///
-/// # Safety
-/// `dst .. dst + src.len()` is writable.
-#[inline(always)]
-unsafe fn copy_short<A: Copy>(src: &[A], dst: *mut A) {
-    macro_rules! fixed {
-        ($($n:literal)*) => {
-            match src.len() {
-                $($n => {
-                    let fixed: [A; $n] = src.try_into().expect("length matched");
-                    dst.cast::<[A; $n]>().write_unaligned(fixed)
-                })*
-                _ => std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()),
-            }
-        };
-    }
-    fixed!(1 2 3 4 5 6 7)
-}
-
-/// `Bᵀ` down the columns of the 4 band rows in `band` (each `2·twp` long) at lanes `at ..
-/// at + LANES` of each.
-#[inline(always)]
-fn down<A: Real>(band: &[A], twp: usize, at: usize) -> [[A; LANES]; 4] {
-    let x = |q: usize| lanes(&band[2 * q * twp + at..]);
-    let (x0, x1, x2, x3) = (x(0), x(1), x(2), x(3));
-    [sub(x0, x2), add(x1, x2), sub(x2, x1), sub(x1, x3)]
 }
 
 /// Folds `4·x·0` of every `x` into `poison`, which stays 0 while each is finite and at most a
