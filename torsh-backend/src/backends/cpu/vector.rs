@@ -50,6 +50,12 @@ pub(crate) trait Vector<A>: Copy {
     /// # Safety
     /// See the trait; `n ≤ LANES` and `p .. p + n` is writable.
     unsafe fn store_first(self, p: *mut A, n: usize);
+    /// The even and the odd elements of the `2·LANES` at `p`: `(p[0], p[2], …)` and `(p[1],
+    /// p[3], …)`.
+    ///
+    /// # Safety
+    /// See the trait; `p .. p + 2·LANES` is readable.
+    unsafe fn deinterleave(p: *const A) -> (Self, Self);
     /// `self · a + b` per lane, rounded once.
     ///
     /// # Safety
@@ -111,6 +117,16 @@ impl<A: Real, const N: usize> Vector<A> for Portable<A, N> {
         for (l, &x) in self.0.iter().enumerate().take(n) {
             p.add(l).write(x);
         }
+    }
+
+    #[inline(always)]
+    unsafe fn deinterleave(p: *const A) -> (Self, Self) {
+        let (mut even, mut odd) = ([A::ZERO; N], [A::ZERO; N]);
+        for l in 0..N {
+            even[l] = p.add(2 * l).read();
+            odd[l] = p.add(2 * l + 1).read();
+        }
+        (Portable(even), Portable(odd))
     }
 
     #[inline(always)]
@@ -176,7 +192,7 @@ mod x86 {
     macro_rules! vector {
         ($doc:literal, $name:ident, $reg:ty, $elem:ty, $lanes:expr,
          $zero:ident, $splat:ident, $load:ident, $store:ident, $store_first:ident, $fma:ident,
-         $add:ident, $sub:ident, $mul:ident, $transpose:ident) => {
+         $deinterleave:ident, $add:ident, $sub:ident, $mul:ident, $transpose:ident) => {
             #[doc = $doc]
             #[derive(Clone, Copy)]
             pub(crate) struct $name($reg);
@@ -207,6 +223,12 @@ mod x86 {
                 #[inline(always)]
                 unsafe fn store_first(self, p: *mut $elem, n: usize) {
                     $store_first(p, n, self.0)
+                }
+
+                #[inline(always)]
+                unsafe fn deinterleave(p: *const $elem) -> (Self, Self) {
+                    let (even, odd) = $deinterleave(p);
+                    ($name(even), $name(odd))
                 }
 
                 #[inline(always)]
@@ -254,6 +276,7 @@ mod x86 {
         _mm512_storeu_ps,
         store_first_f32x16,
         _mm512_fmadd_ps,
+        deinterleave_f32x16,
         _mm512_add_ps,
         _mm512_sub_ps,
         _mm512_mul_ps,
@@ -271,6 +294,7 @@ mod x86 {
         _mm256_storeu_ps,
         store_first_f32x8,
         _mm256_fmadd_ps,
+        deinterleave_f32x8,
         _mm256_add_ps,
         _mm256_sub_ps,
         _mm256_mul_ps,
@@ -288,6 +312,7 @@ mod x86 {
         _mm512_storeu_pd,
         store_first_f64x8,
         _mm512_fmadd_pd,
+        deinterleave_f64x8,
         _mm512_add_pd,
         _mm512_sub_pd,
         _mm512_mul_pd,
@@ -305,6 +330,7 @@ mod x86 {
         _mm256_storeu_pd,
         store_first_f64x4,
         _mm256_fmadd_pd,
+        deinterleave_f64x4,
         _mm256_add_pd,
         _mm256_sub_pd,
         _mm256_mul_pd,
@@ -350,6 +376,66 @@ mod x86 {
         let index = _mm256_setr_epi64x(0, 1, 2, 3);
         let mask = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), index);
         _mm256_maskstore_pd(p, mask, v)
+    }
+
+    /// [`Vector::deinterleave`] for 16 f32 lanes (AVX-512 F): two two-source permutes.
+    ///
+    /// # Safety
+    /// As [`Vector::deinterleave`], with AVX-512 F.
+    #[inline(always)]
+    unsafe fn deinterleave_f32x16(p: *const f32) -> (__m512, __m512) {
+        let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        (
+            _mm512_permutex2var_ps(a, even, b),
+            _mm512_permutex2var_ps(a, odd, b),
+        )
+    }
+
+    /// [`Vector::deinterleave`] for 8 f64 lanes (AVX-512 F): two two-source permutes.
+    ///
+    /// # Safety
+    /// As [`Vector::deinterleave`], with AVX-512 F.
+    #[inline(always)]
+    unsafe fn deinterleave_f64x8(p: *const f64) -> (__m512d, __m512d) {
+        let (a, b) = (_mm512_loadu_pd(p), _mm512_loadu_pd(p.add(8)));
+        let even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+        let odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+        (
+            _mm512_permutex2var_pd(a, even, b),
+            _mm512_permutex2var_pd(a, odd, b),
+        )
+    }
+
+    /// [`Vector::deinterleave`] for 8 f32 lanes (AVX2): a shuffle within each 128-bit half
+    /// (`a0 a2 b0 b2 | a4 a6 b4 b6`), then the 64-bit pieces put in order.
+    ///
+    /// # Safety
+    /// As [`Vector::deinterleave`], with AVX2.
+    #[inline(always)]
+    unsafe fn deinterleave_f32x8(p: *const f32) -> (__m256, __m256) {
+        let (a, b) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+        let order =
+            |x: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0xd8>(_mm256_castps_pd(x)));
+        (
+            order(_mm256_shuffle_ps::<0x88>(a, b)),
+            order(_mm256_shuffle_ps::<0xdd>(a, b)),
+        )
+    }
+
+    /// [`Vector::deinterleave`] for 4 f64 lanes (AVX2): the low and the high elements of each
+    /// pair (`a0 b0 a2 b2`), then put in order.
+    ///
+    /// # Safety
+    /// As [`Vector::deinterleave`], with AVX2.
+    #[inline(always)]
+    unsafe fn deinterleave_f64x4(p: *const f64) -> (__m256d, __m256d) {
+        let (a, b) = (_mm256_loadu_pd(p), _mm256_loadu_pd(p.add(4)));
+        (
+            _mm256_permute4x64_pd::<0xd8>(_mm256_unpacklo_pd(a, b)),
+            _mm256_permute4x64_pd::<0xd8>(_mm256_unpackhi_pd(a, b)),
+        )
     }
 
     /// The 8 × 8 f32 transpose of [`Vector::transpose`] (AVX).
@@ -517,6 +603,47 @@ mod tests {
                     assert_eq!(o.to_f64(), i as f64, "n = {n}: element {i}");
                 }
             }
+        }
+    }
+
+    /// Splits `0, 1, …, 2·LANES − 1` into its even and odd elements.
+    fn deinterleaves<A: Real, V: Vector<A>>() {
+        let n = V::LANES;
+        let xs: Vec<A> = (0..2 * n).map(|i| A::from_f64(i as f64)).collect();
+        let mut out = vec![A::ZERO; 2 * n];
+        // SAFETY: the caller runs this at the level of `V`; `xs` and `out` hold 2·LANES.
+        unsafe {
+            let (even, odd) = V::deinterleave(xs.as_ptr());
+            even.store(out.as_mut_ptr());
+            odd.store(out.as_mut_ptr().add(n));
+        }
+        for l in 0..n {
+            assert_eq!(out[l].to_f64(), (2 * l) as f64, "even lane {l} of {n}");
+            assert_eq!(
+                out[n + l].to_f64(),
+                (2 * l + 1) as f64,
+                "odd lane {l} of {n}"
+            );
+        }
+    }
+
+    /// `deinterleave` of every vector type, at every level this CPU runs.
+    #[test]
+    fn deinterleave_splits_even_and_odd() {
+        fn all<A: Registers>(simd: SimdLevel) {
+            match simd {
+                SimdLevel::Avx512 => with_simd(simd, || {
+                    deinterleaves::<A, A::X512>();
+                    deinterleaves::<A, A::X256>();
+                }),
+                SimdLevel::Avx2Fma => with_simd(simd, || deinterleaves::<A, A::X256>()),
+                _ => {}
+            }
+            with_simd(simd, || deinterleaves::<A, Portable<A, 4>>());
+        }
+        for simd in SimdLevel::runnable() {
+            all::<f32>(simd);
+            all::<f64>(simd);
         }
     }
 

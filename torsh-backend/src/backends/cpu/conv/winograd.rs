@@ -39,7 +39,7 @@ use super::tile::{tile, Channels, Taps};
 use super::{
     out_of_memory, parallel_items, zeroed, Geometry, Job, Plan, Raw, Scratch, Wide, COL_BYTES,
 };
-use crate::backends::cpu::host::{with_simd, Ctx, Element, Real};
+use crate::backends::cpu::host::{with_simd, Ctx, Real};
 use crate::backends::cpu::simd::SimdLevel;
 use crate::backends::cpu::team::par_chunks_mut;
 use crate::backends::cpu::vector::{Portable, Registers, Vector};
@@ -47,10 +47,6 @@ use crate::error::Result;
 
 /// Positions of a 4×4 transform.
 const XI: usize = 16;
-
-/// Elements the output transform computes at a time (output channels), and lanes of the input
-/// transform's check of its inputs.
-const LANES: usize = 8;
 
 /// The fewest input and output channels the Winograd path is chosen for by default: below, the
 /// 16 GEMMs are too thin for their transforms to pay.
@@ -237,9 +233,10 @@ impl Tiling {
         self.tw + MAX_LANES
     }
 
-    /// Elements of a band: the input rows of a block of tile rows, each split in two.
+    /// Elements of a band: the input rows of a block of tile rows, each split in two, and one
+    /// padded row before its split.
     fn band_len(&self) -> usize {
-        (2 * self.rows + 2) * 2 * self.band_width()
+        (2 * self.rows + 3) * 2 * self.band_width()
     }
 }
 
@@ -255,7 +252,7 @@ struct Buffers<A> {
     /// otherwise).
     u: Vec<A>,
     /// The input rows of one channel of a block, zero-padded, each split into its even and odd
-    /// padded columns: `[2·rows + 2][2][band_width]`.
+    /// padded columns, `[2·rows + 2][2][band_width]`, then one padded row before its split.
     band: Vec<A>,
     /// Output positions of a work item at most.
     block_outputs: usize,
@@ -316,7 +313,7 @@ struct Run<'a, A> {
     /// Every block's transformed filters, `[block][16][C][CL]`, unless blocks transform their
     /// own.
     shared: Option<&'a [A]>,
-    /// The bias, zero past `K` and [`LANES`] elements beyond the last block.
+    /// The bias, zero past `K` to the end of the last block.
     bias: &'a [A],
     /// Buffers for the tasks of the team.
     pool: Mutex<Vec<Buffers<A>>>,
@@ -576,7 +573,7 @@ unsafe fn products<A: Real, V: Vector<A>, const P: usize>(
             let sums = tile::<A, V, 2, P>(&v[t0 * c..][..panel], &t.taps, &ch);
             for (p, s) in sums.iter().enumerate().take(range.end - t0) {
                 let dst = &mut m[((t0 - range.start + p) * XI + xi) * cl..][..cl];
-                // SAFETY: two vectors of LANES = cl / 2 elements fill `dst`.
+                // SAFETY: two vectors of V::LANES = cl / 2 elements fill `dst`.
                 s[0].store(dst.as_mut_ptr());
                 s[1].store(dst.as_mut_ptr().add(V::LANES));
             }
@@ -599,7 +596,7 @@ impl<T: Wide> Job<'_, T> {
                 None => return self.im2col_gemm(ctx),
             }
         };
-        let mut bias = zeroed(t.kblocks * t.cl + LANES)?;
+        let mut bias = zeroed(t.kblocks * t.cl)?;
         if let Some(b) = self.bias {
             bias[..g.k].copy_from_slice(b);
         }
@@ -735,11 +732,7 @@ impl<T: Wide> Job<'_, T> {
                 }
             };
             self.block_products(ctx.simd, u, v, range.clone(), t, m);
-            with_simd(
-                ctx.simd,
-                #[inline(always)]
-                || self.transform_output(first, nt, kb, range, t, m, run.bias),
-            );
+            self.transform_output(ctx.simd, first, nt, kb, range, t, m, run.bias);
         };
         let items = t.kblocks * t.chunks;
         match serial.as_deref_mut() {
@@ -859,13 +852,11 @@ impl<T: Wide> Job<'_, T> {
         }
     }
 
-    /// `Y = Aᵀ·M·A` of tiles `range` of the group whose first item is `first` (items of `nt`
-    /// tile rows), for block `kb` of output channels, plus the bias, into the output, with
-    /// `Aᵀ = [1 1 1 0; 0 1 −1 −1]`; `m` holds the block's products, `[tile − range.start][16][CL]`.
-    #[inline(always)]
+    /// [`transform_output`] on the vectors of `simd`.
     #[allow(clippy::too_many_arguments)]
     fn transform_output(
         &self,
+        simd: SimdLevel,
         first: usize,
         nt: usize,
         kb: usize,
@@ -874,56 +865,31 @@ impl<T: Wide> Job<'_, T> {
         m: &[T::Acc],
         bias: &[T::Acc],
     ) {
-        let g = &self.g;
-        let (tw, p, ow) = (t.tw, g.p(), g.ow);
-        let (k0, cl) = (kb * t.cl, t.cl);
-        let kn = cl.min(g.k - k0);
-        let per_item = nt * tw;
-        for tile in range.clone() {
-            let (img, th0) = t.item(first + tile / per_item);
-            let within = tile % per_item;
-            let (oy, ox) = (2 * (th0 + within / tw), 2 * (within % tw));
-            let (right, below) = (ox + 1 < ow, oy + 1 < g.oh);
-            let m = &m[(tile - range.start) * XI * cl..][..XI * cl];
-            for kk in (0..kn).step_by(LANES) {
-                let m = |xi: usize| lanes(&m[xi * cl + kk..]);
-                let mut s = [[[T::Acc::ZERO; LANES]; 4]; 2];
-                let [top, bottom] = &mut s;
-                for (j, (s0, s1)) in top.iter_mut().zip(bottom).enumerate() {
-                    let (m0, m1, m2, m3) = (m(j), m(4 + j), m(8 + j), m(12 + j));
-                    *s0 = add(add(m0, m1), m2);
-                    *s1 = sub(sub(m1, m2), m3);
-                }
-                let b = lanes(&bias[k0 + kk..]);
-                let y = [by_a(&s[0], b), by_a(&s[1], b)];
-                let base = (img * g.k + k0 + kk) * p + oy * ow + ox;
-                let [[y00, y01], [y10, y11]] = y;
-                for (l, (((y00, y01), y10), y11)) in y00
-                    .iter()
-                    .zip(y01)
-                    .zip(y10)
-                    .zip(y11)
-                    .take(kn - kk)
-                    .enumerate()
-                {
-                    let at = base + l * p;
-                    // SAFETY: the 2×2 outputs of this tile (clipped to the plane) of channel
-                    // k0 + kk + l lie inside the output; only this task writes them (tasks own
-                    // disjoint blocks of channels or pieces of tiles).
-                    unsafe {
-                        self.output.at(at).write(T::narrow(*y00));
-                        if right {
-                            self.output.at(at + 1).write(T::narrow(y01));
-                        }
-                        if below {
-                            self.output.at(at + ow).write(T::narrow(y10));
-                            if right {
-                                self.output.at(at + ow + 1).write(T::narrow(y11));
-                            }
-                        }
-                    }
-                }
-            }
+        let o = Products { first, nt, kb, m };
+        match simd {
+            // SAFETY (all arms): the vectors of `simd` inside `with_simd` at that level, which the
+            // CPU was detected to have (portable arrays need no target feature).
+            SimdLevel::Avx512 => with_simd(
+                SimdLevel::Avx512,
+                #[inline(always)]
+                || unsafe {
+                    transform_output::<T, <T::Acc as Registers>::X512>(self, o, range, t, bias)
+                },
+            ),
+            SimdLevel::Avx2Fma => with_simd(
+                SimdLevel::Avx2Fma,
+                #[inline(always)]
+                || unsafe {
+                    transform_output::<T, <T::Acc as Registers>::X256>(self, o, range, t, bias)
+                },
+            ),
+            level => with_simd(
+                level,
+                #[inline(always)]
+                || unsafe {
+                    transform_output::<T, Portable<T::Acc, PORTABLE_LANES>>(self, o, range, t, bias)
+                },
+            ),
         }
     }
 
@@ -977,13 +943,20 @@ unsafe fn transform_input<T: Wide, V: Vector<T::Acc>>(
     let (p, panel) = (t.p, g.c * t.p);
     let position = t.panels * panel;
     let zero = T::Acc::ZERO;
+    let pad = g.padding[1];
+    // Even (and odd) columns of a row that hold inputs, in whole vectors: within a half row, as
+    // the row's inputs reach at most one column past the last tile's.
+    let span = (pad + g.w).div_ceil(2).next_multiple_of(V::LANES);
     assert!(
-        V::LANES <= MAX_LANES && band.len() >= t.band_len() && x.nt <= t.rows,
+        V::LANES <= MAX_LANES && span <= twp && band.len() >= t.band_len() && x.nt <= t.rows,
         "a band too short for the item's vectors"
     );
+    let (band, line) = band.split_at_mut((2 * t.rows + 2) * 2 * twp);
+    let line = &mut line[..2 * span];
     // Σ 4·x·0 over the item's inputs: 0 while every input is finite and at most a quarter of the
     // largest finite value (then so is every V, a sum of four ±x), NaN otherwise.
-    let mut poison = [zero; LANES];
+    let (four, zero_v) = (V::splat(T::Acc::from_f64(4.0)), V::zero());
+    let mut poison = V::zero();
     // The runs of tiles within one panel: tile row, first tile of the row, offset in a
     // position's panels (but for the channel's) and length, at most `P`.
     let mut runs = Vec::with_capacity(x.nt * (tw / p + 2));
@@ -996,6 +969,10 @@ unsafe fn transform_input<T: Wide, V: Vector<T::Acc>>(
             t0 += len;
         }
     }
+    // The padding: rows above and below the plane, columns left and right of each row. Every
+    // channel writes the same columns of the same rows, so it stays zero.
+    band[..(2 * x.nt + 2) * 2 * twp].fill(zero);
+    line.fill(zero);
     for c in cs {
         // SAFETY: plane c of image img is inside the input, which nothing writes.
         let plane = unsafe { job.input.get((x.img * g.c + c) * hw, hw) };
@@ -1005,13 +982,24 @@ unsafe fn transform_input<T: Wide, V: Vector<T::Acc>>(
             .enumerate()
         {
             let iy = (2 * x.th0 + r) as isize - g.padding[0] as isize;
+            if !(0..g.h as isize).contains(&iy) {
+                continue;
+            }
+            // The padded row, then its even and odd columns.
+            let xs = &plane[iy as usize * g.w..][..g.w];
+            for (d, &s) in line[pad..pad + g.w].iter_mut().zip(xs) {
+                *d = s.widen();
+            }
             let (even, odd) = row.split_at_mut(twp);
-            even.fill(zero);
-            odd.fill(zero);
-            if (0..g.h as isize).contains(&iy) {
-                let xs = &plane[iy as usize * g.w..][..g.w];
-                split_columns(xs, g.padding[1], even, odd);
-                taint(row, &mut poison);
+            for q in (0..span).step_by(V::LANES) {
+                // SAFETY: columns 2q .. 2q + 2·V::LANES ≤ 2·span of the line, and lanes q ..
+                // q + V::LANES ≤ span ≤ twp of each half row.
+                let (e, o) = V::deinterleave(line.as_ptr().add(2 * q));
+                e.store(even.as_mut_ptr().add(q));
+                o.store(odd.as_mut_ptr().add(q));
+                poison = poison
+                    .add(e.mul(four).mul(zero_v))
+                    .add(o.mul(four).mul(zero_v));
             }
         }
         let out = v.ptr.wrapping_add(c * p);
@@ -1054,86 +1042,98 @@ unsafe fn transform_input<T: Wide, V: Vector<T::Acc>>(
             }
         }
     }
-    poison.iter().all(|&p| p == zero)
+    let mut lanes = [zero; MAX_LANES];
+    poison.store(lanes.as_mut_ptr());
+    lanes.iter().all(|&p| p == zero)
 }
 
-/// `Aᵀ` along a row of four sums, plus `b`: `[s0 + s1 + s2 + b, s1 − s2 − s3 + b]`.
-#[inline(always)]
-fn by_a<A: Real>(s: &[[A; LANES]; 4], b: [A; LANES]) -> [[A; LANES]; 2] {
-    [
-        add(add(add(s[0], s[1]), s[2]), b),
-        add(sub(sub(s[1], s[2]), s[3]), b),
-    ]
+/// One block's products over a piece of a group: the group's first item and its items' tile
+/// rows, the block of output channels, and the products, `[tile − range.start][16][CL]`.
+#[derive(Clone, Copy)]
+struct Products<'a, A> {
+    first: usize,
+    nt: usize,
+    kb: usize,
+    m: &'a [A],
 }
 
-/// The padded columns of input row `x` (left padding `pad`, zeros beyond the row) into `even`
-/// (columns 0, 2, 4, …) and `odd` (1, 3, 5, …), as far as their length reaches; both arrive zeroed.
+/// `Y = Aᵀ·M·A` of tiles `range` of the group of `o`, for its block of output channels, plus the
+/// bias, into the output, with `Aᵀ = [1 1 1 0; 0 1 −1 −1]`: computed on vectors of `V` along the
+/// channels, then written channel by channel (each channel's 2×2 outputs, clipped to the plane).
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`; only this task writes the outputs of these tiles and channels.
 #[inline(always)]
-fn split_columns<T: Element>(x: &[T], pad: usize, even: &mut [T::Acc], odd: &mut [T::Acc]) {
-    let width = even.len() + odd.len();
-    if pad >= width {
-        return;
-    }
-    // Input columns that land in the padded span.
-    let n = x.len().min(width - pad);
-    let (mut slot, mut ix) = (pad / 2, 0);
-    if pad % 2 == 1 && n > 0 {
-        odd[slot] = x[0].widen();
-        slot += 1;
-        ix = 1;
-    }
-    let count = (n - ix) / 2;
-    let xs = &x[ix..ix + 2 * count];
-    let (es, os) = (&mut even[slot..][..count], &mut odd[slot..][..count]);
-    for q in 0..count {
-        es[q] = xs[2 * q].widen();
-        os[q] = xs[2 * q + 1].widen();
-    }
-    if ix + 2 * count < n {
-        even[slot + count] = x[n - 1].widen();
-    }
-}
-
-/// Folds `4·x·0` of every `x` into `poison`, which stays 0 while each is finite and at most a
-/// quarter of the largest finite value, and turns NaN otherwise.
-#[inline(always)]
-fn taint<A: Real>(xs: &[A], poison: &mut [A; LANES]) {
-    let (four, zero) = (A::from_f64(4.0), A::ZERO);
-    let mut chunks = xs.chunks_exact(LANES);
-    for x in &mut chunks {
-        for l in 0..LANES {
-            poison[l] += x[l] * four * zero;
+unsafe fn transform_output<T: Wide, V: Vector<T::Acc>>(
+    job: &Job<'_, T>,
+    o: Products<'_, T::Acc>,
+    range: Range<usize>,
+    t: &Tiling,
+    bias: &[T::Acc],
+) {
+    let g = &job.g;
+    let (tw, p, ow) = (t.tw, g.p(), g.ow);
+    let (k0, cl) = (o.kb * t.cl, t.cl);
+    let kn = cl.min(g.k - k0);
+    let per_item = o.nt * tw;
+    assert!(
+        V::LANES <= MAX_LANES
+            && cl.is_multiple_of(V::LANES)
+            && bias.len() >= k0 + cl
+            && o.m.len() >= range.len() * XI * cl,
+        "products and bias of whole vectors"
+    );
+    for tile in range.clone() {
+        let (img, th0) = t.item(o.first + tile / per_item);
+        let within = tile % per_item;
+        let (oy, ox) = (2 * (th0 + within / tw), 2 * (within % tw));
+        let (right, below) = (ox + 1 < ow, oy + 1 < g.oh);
+        let m = o.m.as_ptr().add((tile - range.start) * XI * cl);
+        for kk in (0..kn).step_by(V::LANES) {
+            // SAFETY: lanes kk .. kk + V::LANES ≤ cl of a tile's position xi (checked above).
+            let m = |xi: usize| V::load(m.add(xi * cl + kk));
+            let (mut top, mut bottom) = ([V::zero(); 4], [V::zero(); 4]);
+            for j in 0..4 {
+                let (m0, m1, m2, m3) = (m(j), m(4 + j), m(8 + j), m(12 + j));
+                top[j] = m0.add(m1).add(m2);
+                bottom[j] = m1.sub(m2).sub(m3);
+            }
+            // SAFETY: k0 + kk + V::LANES ≤ k0 + cl ≤ bias.len() (checked above).
+            let b = V::load(bias.as_ptr().add(k0 + kk));
+            let by_a = |s: [V; 4]| {
+                [
+                    s[0].add(s[1]).add(s[2]).add(b),
+                    s[1].sub(s[2]).sub(s[3]).add(b),
+                ]
+            };
+            let ([y00, y01], [y10, y11]) = (by_a(top), by_a(bottom));
+            let mut y = [[T::Acc::ZERO; MAX_LANES]; 4];
+            for (v, y) in [y00, y01, y10, y11].into_iter().zip(&mut y) {
+                v.store(y.as_mut_ptr());
+            }
+            let base = (img * g.k + k0 + kk) * p + oy * ow + ox;
+            let [y00, y01, y10, y11] = &y;
+            let lanes = y00.iter().zip(y01).zip(y10).zip(y11);
+            for (l, (((&y00, &y01), &y10), &y11)) in lanes.take(V::LANES.min(kn - kk)).enumerate() {
+                let at = base + l * p;
+                // SAFETY: the 2×2 outputs of this tile (clipped to the plane) of channel
+                // k0 + kk + l lie inside the output; only this task writes them (tasks own
+                // disjoint blocks of channels or pieces of tiles).
+                unsafe {
+                    job.output.at(at).write(T::narrow(y00));
+                    if right {
+                        job.output.at(at + 1).write(T::narrow(y01));
+                    }
+                    if below {
+                        job.output.at(at + ow).write(T::narrow(y10));
+                        if right {
+                            job.output.at(at + ow + 1).write(T::narrow(y11));
+                        }
+                    }
+                }
+            }
         }
     }
-    for &x in chunks.remainder() {
-        poison[0] += x * four * zero;
-    }
-}
-
-/// `LANES` values from the start of `x`.
-#[inline(always)]
-fn lanes<A: Real>(x: &[A]) -> [A; LANES] {
-    let mut v = [A::ZERO; LANES];
-    v.copy_from_slice(&x[..LANES]);
-    v
-}
-
-/// `a + b`, lane by lane.
-#[inline(always)]
-fn add<A: Real>(mut a: [A; LANES], b: [A; LANES]) -> [A; LANES] {
-    for l in 0..LANES {
-        a[l] += b[l];
-    }
-    a
-}
-
-/// `a − b`, lane by lane.
-#[inline(always)]
-fn sub<A: Real>(mut a: [A; LANES], b: [A; LANES]) -> [A; LANES] {
-    for l in 0..LANES {
-        a[l] = a[l] - b[l];
-    }
-    a
 }
 
 #[cfg(test)]
