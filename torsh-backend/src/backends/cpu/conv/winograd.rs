@@ -336,6 +336,65 @@ const STAGED: usize = 16;
 /// Output channels of a block at most: two vectors of 16 lanes.
 const MAX_BLOCK: usize = 32;
 
+/// One step of the path written over a vector type, which [`on_vectors`] runs on the vectors of
+/// a SIMD level.
+trait Step<A> {
+    /// What the step returns.
+    type Out;
+    /// Runs the step on vectors of `V`.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`, and the step's own contract.
+    unsafe fn run<V: Vector<A>>(self) -> Self::Out;
+}
+
+/// `step` on the vectors of `simd`: 512-bit registers under AVX-512, 256-bit ones under AVX2,
+/// portable arrays of [`PORTABLE_LANES`] at every other level.
+///
+/// # Safety
+/// The step's own contract; the vectors' target features are this function's to provide.
+#[inline(always)]
+unsafe fn on_vectors<A: Registers, S: Step<A>>(simd: SimdLevel, step: S) -> S::Out {
+    match simd {
+        // SAFETY (all arms): the vectors of `simd` inside `with_simd` at that level, which the
+        // CPU was detected to have (portable arrays need no target feature); the step's own
+        // contract is the caller's.
+        SimdLevel::Avx512 => with_simd(
+            SimdLevel::Avx512,
+            #[inline(always)]
+            || unsafe { step.run::<A::X512>() },
+        ),
+        SimdLevel::Avx2Fma => with_simd(
+            SimdLevel::Avx2Fma,
+            #[inline(always)]
+            || unsafe { step.run::<A::X256>() },
+        ),
+        level => with_simd(
+            level,
+            #[inline(always)]
+            || unsafe { step.run::<Portable<A, PORTABLE_LANES>>() },
+        ),
+    }
+}
+
+/// [`filter_block`]'s arguments, as a [`Step`].
+struct FilterBlock<'a, A> {
+    weight: &'a [A],
+    g: &'a Geometry,
+    k0: usize,
+    cl: usize,
+    dst: &'a mut [A],
+}
+
+impl<A: Real> Step<A> for FilterBlock<'_, A> {
+    type Out = bool;
+
+    #[inline(always)]
+    unsafe fn run<V: Vector<A>>(self) -> bool {
+        filter_block::<A, V>(self.weight, self.g, self.k0, self.cl, self.dst)
+    }
+}
+
 /// [`filter_block`] on the vectors of `simd`.
 fn transform_filters<A: Registers>(
     simd: SimdLevel,
@@ -345,26 +404,15 @@ fn transform_filters<A: Registers>(
     cl: usize,
     dst: &mut [A],
 ) -> bool {
-    match simd {
-        // SAFETY (both x86 arms): the vectors of `simd`, inside `with_simd` at that level,
-        // which the CPU was detected to have.
-        SimdLevel::Avx512 => with_simd(
-            SimdLevel::Avx512,
-            #[inline(always)]
-            || unsafe { filter_block::<A, A::X512>(weight, g, k0, cl, dst) },
-        ),
-        SimdLevel::Avx2Fma => with_simd(
-            SimdLevel::Avx2Fma,
-            #[inline(always)]
-            || unsafe { filter_block::<A, A::X256>(weight, g, k0, cl, dst) },
-        ),
-        // SAFETY: portable arrays need no target feature.
-        level => with_simd(
-            level,
-            #[inline(always)]
-            || unsafe { filter_block::<A, Portable<A, PORTABLE_LANES>>(weight, g, k0, cl, dst) },
-        ),
-    }
+    let step = FilterBlock {
+        weight,
+        g,
+        k0,
+        cl,
+        dst,
+    };
+    // SAFETY: the filter transform has no contract beyond its vectors'.
+    unsafe { on_vectors(simd, step) }
 }
 
 /// The transformed filters `U = G·g·Gᵀ` of output channels `k0 .. k0 + cl` (zero past `K`),
@@ -782,28 +830,9 @@ impl<T: Wide> Job<'_, T> {
         t: &Tiling,
         m: &mut [T::Acc],
     ) {
-        match simd {
-            // SAFETY (both x86 arms): the tiles run on the registers of `simd`, inside
-            // `with_simd` at that level, which the CPU was detected to have.
-            SimdLevel::Avx512 => with_simd(
-                SimdLevel::Avx512,
-                #[inline(always)]
-                || unsafe { block_products::<_, <T::Acc as Registers>::X512>(u, v, range, t, m) },
-            ),
-            SimdLevel::Avx2Fma => with_simd(
-                SimdLevel::Avx2Fma,
-                #[inline(always)]
-                || unsafe { block_products::<_, <T::Acc as Registers>::X256>(u, v, range, t, m) },
-            ),
-            // SAFETY: portable arrays need no target feature.
-            level => with_simd(
-                level,
-                #[inline(always)]
-                || unsafe {
-                    block_products::<_, Portable<T::Acc, PORTABLE_LANES>>(u, v, range, t, m)
-                },
-            ),
-        }
+        let step = BlockProducts { u, v, range, t, m };
+        // SAFETY: the products have no contract beyond their vectors'.
+        unsafe { on_vectors(simd, step) }
     }
 
     /// [`transform_input`] on the vectors of `simd`.
@@ -824,32 +853,16 @@ impl<T: Wide> Job<'_, T> {
         band: &mut [T::Acc],
     ) -> bool {
         let x = Item { img, th0, nt, at };
-        match simd {
-            // SAFETY (all arms): as this function's, with the vectors of `simd` inside
-            // `with_simd` at that level, which the CPU was detected to have (portable arrays need
-            // no target feature).
-            SimdLevel::Avx512 => with_simd(
-                SimdLevel::Avx512,
-                #[inline(always)]
-                || unsafe {
-                    transform_input::<T, <T::Acc as Registers>::X512>(self, x, cs, t, v, band)
-                },
-            ),
-            SimdLevel::Avx2Fma => with_simd(
-                SimdLevel::Avx2Fma,
-                #[inline(always)]
-                || unsafe {
-                    transform_input::<T, <T::Acc as Registers>::X256>(self, x, cs, t, v, band)
-                },
-            ),
-            level => with_simd(
-                level,
-                #[inline(always)]
-                || unsafe {
-                    transform_input::<T, Portable<T::Acc, PORTABLE_LANES>>(self, x, cs, t, v, band)
-                },
-            ),
-        }
+        let step = InputTransform {
+            job: self,
+            x,
+            cs,
+            t,
+            v,
+            band,
+        };
+        // SAFETY: as this function's.
+        unsafe { on_vectors(simd, step) }
     }
 
     /// [`transform_output`] on the vectors of `simd`.
@@ -866,31 +879,15 @@ impl<T: Wide> Job<'_, T> {
         bias: &[T::Acc],
     ) {
         let o = Products { first, nt, kb, m };
-        match simd {
-            // SAFETY (all arms): the vectors of `simd` inside `with_simd` at that level, which the
-            // CPU was detected to have (portable arrays need no target feature).
-            SimdLevel::Avx512 => with_simd(
-                SimdLevel::Avx512,
-                #[inline(always)]
-                || unsafe {
-                    transform_output::<T, <T::Acc as Registers>::X512>(self, o, range, t, bias)
-                },
-            ),
-            SimdLevel::Avx2Fma => with_simd(
-                SimdLevel::Avx2Fma,
-                #[inline(always)]
-                || unsafe {
-                    transform_output::<T, <T::Acc as Registers>::X256>(self, o, range, t, bias)
-                },
-            ),
-            level => with_simd(
-                level,
-                #[inline(always)]
-                || unsafe {
-                    transform_output::<T, Portable<T::Acc, PORTABLE_LANES>>(self, o, range, t, bias)
-                },
-            ),
-        }
+        let step = OutputTransform {
+            job: self,
+            o,
+            range,
+            t,
+            bias,
+        };
+        // SAFETY: the callers give each task its own blocks of channels or pieces of tiles.
+        unsafe { on_vectors(simd, step) }
     }
 
     /// Output rows of tile rows `th0 .. th0 + nt` of image `img` by the im2col path.
@@ -908,6 +905,61 @@ impl<T: Wide> Job<'_, T> {
         let (plan, scratch) = b.fallback.as_mut().expect("set above");
         self.group_block(img, 0, p0, pb, plan, scratch);
         Ok(())
+    }
+}
+
+/// [`block_products`]' arguments, as a [`Step`].
+struct BlockProducts<'a, A> {
+    u: &'a [A],
+    v: &'a [A],
+    range: Range<usize>,
+    t: &'a Tiling,
+    m: &'a mut [A],
+}
+
+impl<A: Real> Step<A> for BlockProducts<'_, A> {
+    type Out = ();
+
+    #[inline(always)]
+    unsafe fn run<V: Vector<A>>(self) {
+        block_products::<A, V>(self.u, self.v, self.range, self.t, self.m)
+    }
+}
+
+/// [`transform_input`]'s arguments, as a [`Step`].
+struct InputTransform<'a, 'j, T: Wide> {
+    job: &'a Job<'j, T>,
+    x: Item,
+    cs: Range<usize>,
+    t: &'a Tiling,
+    v: Raw<T::Acc>,
+    band: &'a mut [T::Acc],
+}
+
+impl<T: Wide> Step<T::Acc> for InputTransform<'_, '_, T> {
+    type Out = bool;
+
+    #[inline(always)]
+    unsafe fn run<V: Vector<T::Acc>>(self) -> bool {
+        transform_input::<T, V>(self.job, self.x, self.cs, self.t, self.v, self.band)
+    }
+}
+
+/// [`transform_output`]'s arguments, as a [`Step`].
+struct OutputTransform<'a, 'j, T: Wide> {
+    job: &'a Job<'j, T>,
+    o: Products<'a, T::Acc>,
+    range: Range<usize>,
+    t: &'a Tiling,
+    bias: &'a [T::Acc],
+}
+
+impl<T: Wide> Step<T::Acc> for OutputTransform<'_, '_, T> {
+    type Out = ();
+
+    #[inline(always)]
+    unsafe fn run<V: Vector<T::Acc>>(self) {
+        transform_output::<T, V>(self.job, self.o, self.range, self.t, self.bias)
     }
 }
 
