@@ -1148,6 +1148,16 @@ fn sort(i: &mut Inputs) -> Result<Vec<Tensor>> {
         let (values, indices) = s.topk(k, 1, descending)?;
         out.extend([values, indices]);
     }
+    // Distinct random values in lines long enough that most elements are turned away by the
+    // first k seen, along the last dim and along a middle one.
+    let wide = i.normal(&[3, 301])?;
+    let deep = i.normal(&[2, 211, 3])?;
+    for descending in [false, true] {
+        let (values, indices) = wide.topk(7, 1, descending)?;
+        out.extend([values, indices]);
+        let (values, indices) = deep.topk(13, 1, descending)?;
+        out.extend([values, indices]);
+    }
     // The kernel itself on a strided view, indices only, the first 11 of each line of 13.
     let xt = x.t()?;
     let indices = b.empty(&[11, 5], DType::I64)?;
