@@ -878,6 +878,18 @@ fn cast_copy(i: &mut Inputs) -> Result<Vec<Tensor>> {
     for dtype in DType::ALL {
         out.push(x.transpose(0, 1)?.cast(dtype)?.cast(DType::F64)?);
     }
+    // Transposing copies wide enough for whole register tiles (16 × 16 f32) with ragged edges on
+    // both sides, of planes, and of 4- and 8-byte integers.
+    let wide = i.uniform(&[67, 35], -100.0, 100.0)?;
+    out.push(wide.t()?.contiguous()?);
+    out.push(
+        i.uniform(&[3, 19, 41], -100.0, 100.0)?
+            .transpose(1, 2)?
+            .contiguous()?,
+    );
+    for dtype in [DType::I32, DType::I64] {
+        out.push(wide.cast(dtype)?.t()?.contiguous()?);
+    }
     Ok(out)
 }
 

@@ -294,6 +294,16 @@ impl<T: bytemuck::Pod> Span<T> {
         self.ptr.add(at).write(value)
     }
 
+    /// The address of element `at`, as a raw pointer (no claim on the elements).
+    ///
+    /// # Safety
+    /// `at ≤ len`.
+    #[inline(always)]
+    pub(crate) unsafe fn ptr(self, at: usize) -> *mut T {
+        debug_assert!(at <= self.len);
+        self.ptr.add(at)
+    }
+
     /// True when `self` and `other` start at the same address (an exact in-place op).
     pub(crate) fn same_as<U>(&self, other: &Span<U>) -> bool {
         std::ptr::eq(self.ptr.cast::<u8>(), other.ptr.cast::<u8>())

@@ -12,7 +12,8 @@
 //!
 //! [`with_simd`]: super::host::with_simd
 
-use super::host::Real;
+use super::host::{with_simd, Real};
+use super::simd::SimdLevel;
 
 /// One SIMD register of `LANES` elements of `A`.
 ///
@@ -170,6 +171,51 @@ impl<A: Real, const N: usize> Vector<A> for Portable<A, N> {
                     .write(src.add(i * src_row + j).read());
             }
         }
+    }
+}
+
+/// Lanes of the portable vectors [`on_vectors`] runs a step on at levels without vector types
+/// here.
+pub(crate) const PORTABLE_LANES: usize = 4;
+
+/// A piece of a kernel written over a vector type, which [`on_vectors`] runs on the vectors of
+/// a SIMD level.
+pub(crate) trait Step<A> {
+    /// What the step returns.
+    type Out;
+    /// Runs the step on vectors of `V`.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`, and the step's own contract.
+    unsafe fn run<V: Vector<A>>(self) -> Self::Out;
+}
+
+/// `step` on the vectors of `simd`: 512-bit registers under AVX-512, 256-bit ones under AVX2,
+/// portable arrays of [`PORTABLE_LANES`] at every other level.
+///
+/// # Safety
+/// The step's own contract; the vectors' target features are this function's to provide.
+#[inline(always)]
+pub(crate) unsafe fn on_vectors<A: Registers, S: Step<A>>(simd: SimdLevel, step: S) -> S::Out {
+    match simd {
+        // SAFETY (all arms): the vectors of `simd` inside `with_simd` at that level, which the
+        // CPU was detected to have (portable arrays need no target feature); the step's own
+        // contract is the caller's.
+        SimdLevel::Avx512 => with_simd(
+            SimdLevel::Avx512,
+            #[inline(always)]
+            || unsafe { step.run::<A::X512>() },
+        ),
+        SimdLevel::Avx2Fma => with_simd(
+            SimdLevel::Avx2Fma,
+            #[inline(always)]
+            || unsafe { step.run::<A::X256>() },
+        ),
+        level => with_simd(
+            level,
+            #[inline(always)]
+            || unsafe { step.run::<Portable<A, PORTABLE_LANES>>() },
+        ),
     }
 }
 

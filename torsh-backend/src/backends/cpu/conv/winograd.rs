@@ -39,10 +39,10 @@ use super::tile::{tile, Channels, Taps};
 use super::{
     out_of_memory, parallel_items, zeroed, Geometry, Job, Plan, Raw, Scratch, Wide, COL_BYTES,
 };
-use crate::backends::cpu::host::{with_simd, Ctx, Real};
+use crate::backends::cpu::host::{Ctx, Real};
 use crate::backends::cpu::simd::SimdLevel;
 use crate::backends::cpu::team::par_chunks_mut;
-use crate::backends::cpu::vector::{Portable, Registers, Vector};
+use crate::backends::cpu::vector::{on_vectors, Registers, Step, Vector, PORTABLE_LANES};
 use crate::error::Result;
 
 /// Positions of a 4×4 transform.
@@ -67,9 +67,6 @@ const PRODUCT_TILES: [[usize; 4]; 2] = [[6, 5, 4, 3], [12, 10, 8, 6]];
 
 /// Lanes of the widest vector any level runs on here (16 f32 of AVX-512).
 const MAX_LANES: usize = 16;
-
-/// Lanes of the portable vectors the products run on at levels without vector types here.
-const PORTABLE_LANES: usize = 4;
 
 /// Whether `g` can take the Winograd path at all: a 3×3 window at stride 1 and dilation 1, one
 /// group, input channels, and transformed operands of bounded size.
@@ -335,47 +332,6 @@ const STAGED: usize = 16;
 
 /// Output channels of a block at most: two vectors of 16 lanes.
 const MAX_BLOCK: usize = 32;
-
-/// One step of the path written over a vector type, which [`on_vectors`] runs on the vectors of
-/// a SIMD level.
-trait Step<A> {
-    /// What the step returns.
-    type Out;
-    /// Runs the step on vectors of `V`.
-    ///
-    /// # Safety
-    /// As [`Vector`]'s methods for `V`, and the step's own contract.
-    unsafe fn run<V: Vector<A>>(self) -> Self::Out;
-}
-
-/// `step` on the vectors of `simd`: 512-bit registers under AVX-512, 256-bit ones under AVX2,
-/// portable arrays of [`PORTABLE_LANES`] at every other level.
-///
-/// # Safety
-/// The step's own contract; the vectors' target features are this function's to provide.
-#[inline(always)]
-unsafe fn on_vectors<A: Registers, S: Step<A>>(simd: SimdLevel, step: S) -> S::Out {
-    match simd {
-        // SAFETY (all arms): the vectors of `simd` inside `with_simd` at that level, which the
-        // CPU was detected to have (portable arrays need no target feature); the step's own
-        // contract is the caller's.
-        SimdLevel::Avx512 => with_simd(
-            SimdLevel::Avx512,
-            #[inline(always)]
-            || unsafe { step.run::<A::X512>() },
-        ),
-        SimdLevel::Avx2Fma => with_simd(
-            SimdLevel::Avx2Fma,
-            #[inline(always)]
-            || unsafe { step.run::<A::X256>() },
-        ),
-        level => with_simd(
-            level,
-            #[inline(always)]
-            || unsafe { step.run::<Portable<A, PORTABLE_LANES>>() },
-        ),
-    }
-}
 
 /// [`filter_block`]'s arguments, as a [`Step`].
 struct FilterBlock<'a, A> {

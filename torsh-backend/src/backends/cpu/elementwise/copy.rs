@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
+use crate::backends::cpu::vector::{on_vectors, Registers, Step, Vector};
 
 /// Sets every element to `value` (rounded once, as the reference rounds it).
 pub(crate) fn fill(mem: &mut HostMemory, d: &FillDesc, ctx: Ctx) -> Result<()> {
@@ -212,53 +213,137 @@ impl Transpose {
         at
     }
 
-    /// Copies `src` to `dst` (disjoint; the destination injective) on `ctx.threads` threads.
+    /// Copies `src` to `dst` (disjoint; the destination injective) on `ctx.threads` threads: by
+    /// register transposes of the level's vectors where the elements are 4 or 8 bytes wide and the
+    /// destination is dense along the columns (the bits move as they are), else element by element.
     fn run<E: bytemuck::Pod + Send + Sync>(&self, src: Span<E>, dst: Span<E>, ctx: Ctx) {
         let planes: usize = self.planes.iter().map(|p| p.0).product();
-        let rows = self.rows.0;
-        let bands = rows.div_ceil(TRANSPOSE_BLOCK);
+        let bands = self.rows.0.div_ceil(TRANSPOSE_BLOCK);
         let min_items = items_per_task(TRANSPOSE_BLOCK * self.cols.0);
+        let dense = self.cols.1[1] == 1;
         for_chunks(planes * bands, ctx.threads, min_items, |items| {
-            for item in items {
-                let at = self.plane_at(item / bands);
-                let r0 = (item % bands) * TRANSPOSE_BLOCK;
-                let band = r0..(r0 + TRANSPOSE_BLOCK).min(rows);
-                for c0 in (0..self.cols.0).step_by(TRANSPOSE_BLOCK) {
-                    let block = c0..(c0 + TRANSPOSE_BLOCK).min(self.cols.0);
-                    self.block(src, dst, at, band.clone(), block);
+            let tiles = Tiles {
+                plan: self,
+                src,
+                dst,
+                items,
+                bands,
+            };
+            // SAFETY: `Tiles::run`'s contract: the element size matches the vectors' lanes and
+            // the destination is dense along the columns.
+            unsafe {
+                match std::mem::size_of::<E>() {
+                    4 if dense => on_vectors::<f32, _>(ctx.simd, tiles),
+                    8 if dense => on_vectors::<f64, _>(ctx.simd, tiles),
+                    _ => tiles.by_elements(),
                 }
             }
         });
     }
+}
 
-    /// Copies rows `rows` × columns `cols` of the plane at offsets `[ps, pd]`, tile by tile.
+/// The work items `items` (plane and band of rows) of a [`Transpose`], block by block.
+struct Tiles<'a, E> {
+    plan: &'a Transpose,
+    src: Span<E>,
+    dst: Span<E>,
+    items: Range<usize>,
+    /// Bands of [`TRANSPOSE_BLOCK`] rows in a plane.
+    bands: usize,
+}
+
+impl<E: bytemuck::Pod> Tiles<'_, E> {
+    /// Calls `block(at, rows, cols)` for each block of the items: the plane's offsets, and the
+    /// rows and columns of the block.
     #[inline(always)]
-    fn block<E: bytemuck::Pod>(
-        &self,
-        src: Span<E>,
-        dst: Span<E>,
-        [ps, pd]: [usize; 2],
-        rows: Range<usize>,
-        cols: Range<usize>,
-    ) {
-        let row_ds = self.rows.1;
-        let [col_ss, col_ds] = self.cols.1;
+    fn each_block(&self, mut block: impl FnMut([usize; 2], Range<usize>, Range<usize>)) {
+        let (rows, cols) = (self.plan.rows.0, self.plan.cols.0);
+        for item in self.items.clone() {
+            let at = self.plan.plane_at(item / self.bands);
+            let r0 = (item % self.bands) * TRANSPOSE_BLOCK;
+            let band = r0..(r0 + TRANSPOSE_BLOCK).min(rows);
+            for c0 in (0..cols).step_by(TRANSPOSE_BLOCK) {
+                block(at, band.clone(), c0..(c0 + TRANSPOSE_BLOCK).min(cols));
+            }
+        }
+    }
+
+    /// Copies element `(r, c)` of the plane at offsets `[ps, pd]`.
+    ///
+    /// # Safety
+    /// `(r, c)` is inside the plane and one of the items' elements.
+    #[inline(always)]
+    unsafe fn element(&self, [ps, pd]: [usize; 2], r: usize, c: usize) {
+        let row_ds = self.plan.rows.1;
+        let [col_ss, col_ds] = self.plan.cols.1;
+        // SAFETY: both offsets lie inside their layouts' spans (the walk's dims are the layouts'
+        // own); the destination is injective and disjoint from the source, and element
+        // (plane, r, c) belongs to the calling task alone.
+        unsafe {
+            let v = self.src.read(ps + r + c * col_ss);
+            self.dst.write(pd + r * row_ds + c * col_ds, v);
+        }
+    }
+
+    /// Copies the items element by element, in tiles of [`TRANSPOSE_TILE`].
+    fn by_elements(self) {
         let (tile_rows, tile_cols) = TRANSPOSE_TILE;
-        for r0 in rows.clone().step_by(tile_rows) {
-            for c0 in cols.clone().step_by(tile_cols) {
-                for r in r0..(r0 + tile_rows).min(rows.end) {
-                    for c in c0..(c0 + tile_cols).min(cols.end) {
-                        // SAFETY: both offsets lie inside their layouts' spans (the walk's dims are
-                        // the layouts' own); the destination is injective and disjoint from the
-                        // source, and element (plane, r, c) belongs to the calling task alone.
-                        unsafe {
-                            let v = src.read(ps + r + c * col_ss);
-                            dst.write(pd + r * row_ds + c * col_ds, v);
+        self.each_block(|at, rows, cols| {
+            for r0 in rows.clone().step_by(tile_rows) {
+                for c0 in cols.clone().step_by(tile_cols) {
+                    for r in r0..(r0 + tile_rows).min(rows.end) {
+                        for c in c0..(c0 + tile_cols).min(cols.end) {
+                            // SAFETY: (r, c) is in the block, one of the items'.
+                            unsafe { self.element(at, r, c) };
                         }
                     }
                 }
             }
-        }
+        });
+    }
+}
+
+impl<A: Registers, E: bytemuck::Pod> Step<A> for Tiles<'_, E> {
+    type Out = ();
+
+    /// Copies the items in tiles of `LANES × LANES`, each whole tile by one register transpose
+    /// (source columns of `LANES` rows loaded, destination rows of `LANES` columns stored, every
+    /// cache line moved whole), the ragged edges element by element.
+    ///
+    /// # Safety
+    /// `E` has `A`'s size, and the destination is dense along the columns.
+    #[inline(always)]
+    unsafe fn run<V: Vector<A>>(self) {
+        let lanes = V::LANES;
+        let row_ds = self.plan.rows.1;
+        let col_ss = self.plan.cols.1[0];
+        self.each_block(|at @ [ps, pd], rows, cols| {
+            for r0 in rows.clone().step_by(lanes) {
+                for c0 in cols.clone().step_by(lanes) {
+                    if r0 + lanes <= rows.end && c0 + lanes <= cols.end {
+                        // SAFETY: the tile's source rows (fixed column, `lanes` rows from r0) and
+                        // destination rows (fixed row, `lanes` dense columns from c0) lie inside
+                        // their spans and belong to this task; E's bits are moved as A's, of
+                        // the same size, by permutes that keep every bit.
+                        unsafe {
+                            V::transpose(
+                                self.src.ptr(ps + r0 + c0 * col_ss).cast::<A>(),
+                                col_ss,
+                                self.dst.ptr(pd + r0 * row_ds + c0).cast::<A>(),
+                                row_ds,
+                            );
+                        }
+                        continue;
+                    }
+                    for r in r0..(r0 + lanes).min(rows.end) {
+                        for c in c0..(c0 + lanes).min(cols.end) {
+                            // SAFETY: (r, c) is in the block, one of the items'.
+                            unsafe { self.element(at, r, c) };
+                        }
+                    }
+                }
+            }
+        });
     }
 }
 
