@@ -1,5 +1,8 @@
-//! Gathering and scattering by index tensors on the CPU: every index is checked first (so a bad one
-//! leaves the output untouched), then the work is spread over the backend's threads.
+//! Gathering and scattering by index tensors on the CPU, spread over the backend's threads. A
+//! scatter checks every index first, so a bad one leaves the output untouched. A gather checks each
+//! output row's indices just before it gathers the row, while they are in cache, and reports the
+//! first bad index in the index's memory order after the pass; on that error the output's contents
+//! are unspecified (a gather writes nothing but its output).
 //!
 //! A gather writes its output in row-major order by runs along the last dim. Elements move as raw
 //! bits of their width, so every dtype gathers. A run whose index repeats along the last dim
@@ -10,6 +13,8 @@
 //! repeated indices assign (the last wins) or add (in the index's order) exactly as the reference
 //! does, whatever the thread count; additions accumulate in the dtype's compute type (f32 for f16 and
 //! bf16, rounded at each addition).
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::host::{for_chunks, with_simd, Ctx, Element, Real, Span};
 use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
@@ -71,12 +76,12 @@ fn check_all<I: IndexValue>(
 ) -> Result<()> {
     // SAFETY: the span is the index view's extent and nothing writes it during the op.
     let raw = unsafe { index.span.slice(0..index.span.len()) };
-    let bad = std::sync::atomic::AtomicBool::new(false);
+    let bad = AtomicBool::new(false);
     let limit = size as u64;
     for_chunks(raw.len(), ctx.threads, TASK_ELEMENTS, |range| {
         // As unsigned, a negative index is past every size.
         if raw[range].iter().any(|i| i.get() as u64 >= limit) {
-            bad.store(true, std::sync::atomic::Ordering::Relaxed);
+            bad.store(true, Ordering::Relaxed);
         }
     });
     if bad.into_inner() {
@@ -112,7 +117,9 @@ fn gather_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     let index = Strided::<I>::of(mem, op, &d.index)?;
     let out = Span::<W>::of(mem, op, d.output, n)?;
     let size = d.input.layout.shape()[d.dim];
-    check_all(op, &index, &d.index, size, ctx)?;
+    // As unsigned, a negative index is past every size.
+    let limit = size as u64;
+    let bad = AtomicBool::new(false);
     let rank = shape.len();
     let last = rank - 1;
     let len = shape[last];
@@ -122,54 +129,83 @@ fn gather_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     let row_run = dim != last && ix_last == 0 && in_last == 1;
     let min_rows = items_per_task(len);
     for_chunks(rows, ctx.threads, min_rows, |range| {
-        // The multi-index of the first row, then row by row.
-        let mut coord = vec![0usize; rank];
-        let mut rest = range.start;
-        for k in (0..last).rev() {
-            coord[k] = rest % shape[k];
-            rest /= shape[k];
-        }
-        for row in range {
-            let (mut at_in, mut at_ix) = (0usize, 0usize);
-            for (k, &c) in coord[..last].iter().enumerate() {
-                at_ix += c * index.strides[k];
-                if k != dim {
-                    at_in += c * input.strides[k];
+        with_simd(
+            ctx.simd,
+            #[inline(always)]
+            || {
+                // The multi-index of the first row, then row by row.
+                let mut coord = vec![0usize; rank];
+                let mut rest = range.start;
+                for k in (0..last).rev() {
+                    coord[k] = rest % shape[k];
+                    rest /= shape[k];
                 }
-            }
-            let first = row * len;
-            // SAFETY: every index was checked to lie in `0..size`, so each read is inside the input's
-            // extent; tasks write disjoint row ranges of the output, which overlaps no input.
-            unsafe {
-                if row_run {
-                    let from = at_in + index.span.read(at_ix).get() as usize * dim_stride;
-                    out.slice_mut(first..first + len)
-                        .copy_from_slice(input.span.slice(from..from + len));
-                } else if dim == last && ix_last == 1 && dim_stride == 1 {
-                    // A dense row gathered by a dense row of indices.
-                    let from = input.span.slice(at_in..at_in + size);
-                    let picks = index.span.slice(at_ix..at_ix + len);
-                    for (o, i) in out.slice_mut(first..first + len).iter_mut().zip(picks) {
-                        *o = *from.get_unchecked(i.get() as usize);
+                for row in range {
+                    let (mut at_in, mut at_ix) = (0usize, 0usize);
+                    for (k, &c) in coord[..last].iter().enumerate() {
+                        at_ix += c * index.strides[k];
+                        if k != dim {
+                            at_in += c * input.strides[k];
+                        }
                     }
-                } else if dim == last {
-                    for j in 0..len {
-                        let i = index.span.read(at_ix + j * ix_last).get() as usize;
-                        out.write(first + j, input.span.read(at_in + i * dim_stride));
+                    let first = row * len;
+                    if last > 0 {
+                        step(&mut coord[..last], &shape[..last]);
                     }
-                } else {
-                    for j in 0..len {
-                        let i = index.span.read(at_ix + j * ix_last).get() as usize;
-                        let from = at_in + i * dim_stride + j * in_last;
-                        out.write(first + j, input.span.read(from));
+                    // Without an early exit, so that a dense row of indices is checked a vector
+                    // at a time.
+                    // SAFETY: the row's indices are inside the index's extent, which nothing
+                    // writes.
+                    let out_of_range = unsafe {
+                        if row_run {
+                            index.span.read(at_ix).get() as u64 >= limit
+                        } else {
+                            (0..len).fold(false, |any, j| {
+                                any | (index.span.read(at_ix + j * ix_last).get() as u64 >= limit)
+                            })
+                        }
+                    };
+                    if out_of_range {
+                        bad.store(true, Ordering::Relaxed);
+                        continue;
+                    }
+                    // SAFETY: every index of the row was checked to lie in `0..size`, so each read
+                    // is inside the input's extent; tasks write disjoint row ranges of the output,
+                    // which overlaps no input.
+                    unsafe {
+                        if row_run {
+                            let from = at_in + index.span.read(at_ix).get() as usize * dim_stride;
+                            out.slice_mut(first..first + len)
+                                .copy_from_slice(input.span.slice(from..from + len));
+                        } else if dim == last && ix_last == 1 && dim_stride == 1 {
+                            // A dense row gathered by a dense row of indices.
+                            let from = input.span.slice(at_in..at_in + size);
+                            let picks = index.span.slice(at_ix..at_ix + len);
+                            for (o, i) in out.slice_mut(first..first + len).iter_mut().zip(picks) {
+                                *o = *from.get_unchecked(i.get() as usize);
+                            }
+                        } else if dim == last {
+                            for j in 0..len {
+                                let i = index.span.read(at_ix + j * ix_last).get() as usize;
+                                out.write(first + j, input.span.read(at_in + i * dim_stride));
+                            }
+                        } else {
+                            for j in 0..len {
+                                let i = index.span.read(at_ix + j * ix_last).get() as usize;
+                                let from = at_in + i * dim_stride + j * in_last;
+                                out.write(first + j, input.span.read(from));
+                            }
+                        }
                     }
                 }
-            }
-            if last > 0 {
-                step(&mut coord[..last], &shape[..last]);
-            }
-        }
+            },
+        )
     });
+    if bad.into_inner() {
+        // Some row held an index out of range (its output row is unwritten): the first in the
+        // index's memory order is the error.
+        check_all(op, &index, &d.index, size, ctx)?;
+    }
     Ok(())
 }
 

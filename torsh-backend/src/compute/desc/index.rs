@@ -3,7 +3,9 @@
 //! Index tensors hold `I32` or `I64` values; any other dtype is `DTypeMismatch`. An index outside
 //! `0..size` of the dim it indexes is [`BackendError::IndexOutOfRange`], naming the op, the value and
 //! the size. Backends whose ops complete before they return (the reference and the CPU) check every
-//! index before writing anything. A backend that runs ops asynchronously skips the bad elements,
+//! index of a scatter before writing anything; after a gather's error its output's contents are
+//! unspecified (the CPU checks each output row's indices as it gathers the row). A backend that
+//! runs ops asynchronously skips the bad elements,
 //! touching no memory outside the operands, and reports the error no later than the next
 //! `synchronize` or host read.
 
