@@ -9,7 +9,7 @@ use torsh_backend::ops::norm::BatchNormConfig;
 use torsh_backend::ops::optim::AdamState;
 use torsh_backend::ops::pool::Pool2dConfig;
 use torsh_backend::validation::{self, cases, run_case, Inputs, Outcome, ParityCase};
-use torsh_backend::{Backend, BackendType, DType, Result, Tensor};
+use torsh_backend::{Backend, BackendError, BackendType, DType, Result, Tensor};
 
 fn configurations() -> Vec<(String, Backend)> {
     let mut all = Vec::new();
@@ -41,6 +41,41 @@ fn every_parity_case_passes_in_every_configuration() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn a_gather_split_over_rows_reports_its_first_bad_index() {
+    // 512 rows of 300 gathered along the last dim, so that rows go to several tasks: a bad index
+    // late in the tensor and another, earlier in memory order, in a row of another task. The
+    // error names the earlier one, and a good index after it gathers as the reference does.
+    let (rows, cols) = (512, 300);
+    let reference = Backend::reference().unwrap();
+    for (name, cpu) in configurations() {
+        let x = cpu.randn(&[rows, cols], DType::F32).unwrap();
+        let mut picks: Vec<i64> = (0..rows * cols)
+            .map(|i| ((i * 7919) % cols) as i64)
+            .collect();
+        let good = cpu.from_slice(&picks, &[rows, cols]).unwrap();
+        let got = x.gather(1, &good).unwrap().to_vec::<f32>().unwrap();
+        let xr = reference
+            .from_slice(&x.to_vec::<f32>().unwrap(), &[rows, cols])
+            .unwrap();
+        let want = xr
+            .gather(1, &reference.from_slice(&picks, &[rows, cols]).unwrap())
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(got, want, "{name}");
+        picks[400 * cols + 17] = cols as i64 + 1;
+        picks[100 * cols + 250] = -5;
+        let bad = cpu.from_slice(&picks, &[rows, cols]).unwrap();
+        match x.gather(1, &bad) {
+            Err(BackendError::IndexOutOfRange { index, size, .. }) => {
+                assert_eq!((index, size), (-5, cols), "{name}")
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -1160,8 +1160,8 @@ fn sort(i: &mut Inputs) -> Result<Vec<Tensor>> {
         let (values, indices) = s.topk(k, 1, descending)?;
         out.extend([values, indices]);
     }
-    // Distinct random values in lines long enough that most elements are turned away by the
-    // first k seen, along the last dim and along a middle one.
+    // Distinct random values in lines of at least 8·k, which the CPU scans against the worst of
+    // the best k so far, along the last dim and along a middle one.
     let wide = i.normal(&[3, 301])?;
     let deep = i.normal(&[2, 211, 3])?;
     for descending in [false, true] {

@@ -25,7 +25,7 @@ use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
 use crate::compute::{check_index, DevicePtr, GatherDesc, ScatterDesc, ScatterReduce, StridedBuf};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{BackendError, Result};
 use crate::shape::contiguous_strides;
 
 /// An index element type.
@@ -203,8 +203,12 @@ fn gather_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
     });
     if bad.into_inner() {
         // Some row held an index out of range (its output row is unwritten): the first in the
-        // index's memory order is the error.
+        // index's memory order is the error, which the check finds.
         check_all(op, &index, &d.index, size, ctx)?;
+        return Err(BackendError::invalid(
+            op,
+            "a row's index was out of range but the check found none (internal error)",
+        ));
     }
     Ok(())
 }

@@ -5,11 +5,12 @@
 //! are. Keys compare as integer ranks ([`Rank`]) paired with their positions. Where only the first
 //! `k` of a line are wanted (`topk`), they are selected first and only they are sorted: by a scan
 //! against a tightening bound for a `k` much smaller than the line, else by a selection over the
-//! whole line. Strided or misaligned operands take the reference's kernel (the tensor API passes dense inputs).
-
-use half::{bf16, f16};
+//! whole line. Strided or misaligned operands take the reference's kernel (the tensor API passes
+//! dense inputs).
 
 use std::ops::{BitXor, Not};
+
+use half::{bf16, f16};
 
 use super::host::{for_chunks, with_simd, Ctx, Span};
 use super::select::Key;
