@@ -74,13 +74,16 @@ struct Operand<'a> {
 fn prepare<'a>(t: &'a Tensor, batch: &[usize]) -> Result<Operand<'a>> {
     let rank = t.rank();
     let (rows, cols) = (t.shape()[rank - 2], t.shape()[rank - 1]);
-    let mut full = batch.to_vec();
-    full.extend([rows, cols]);
+    let full = || {
+        let mut full = batch.to_vec();
+        full.extend([rows, cols]);
+        full
+    };
     // Already of the full shape (every 2-D operand, and batches that match): no view to build.
-    let view = if t.shape() == full.as_slice() {
+    let view = if rank == batch.len() + 2 && (batch.is_empty() || t.shape()[..rank - 2] == *batch) {
         Cow::Borrowed(t)
     } else {
-        Cow::Owned(t.broadcast_to(&full)?)
+        Cow::Owned(t.broadcast_to(&full())?)
     };
     let st = view.strides();
     let nb = batch.len();
@@ -96,7 +99,7 @@ fn prepare<'a>(t: &'a Tensor, batch: &[usize]) -> Result<Operand<'a>> {
         });
     }
     // Materialise a dense copy of the (broadcast) view: always expressible.
-    let dense = t.backend().empty(&full, t.dtype())?;
+    let dense = t.backend().empty(&full(), t.dtype())?;
     t.backend().compute().copy_strided(&CopyDesc {
         dtype: t.dtype(),
         src: view.strided_buf(),
@@ -153,9 +156,13 @@ impl Backend {
             &a2.shape()[..a2.rank() - 2],
             &b2.shape()[..b2.rank() - 2],
         )?;
-        let mut out_shape = batch.clone();
-        out_shape.extend([m, n]);
-        let out = self.empty(&out_shape, dtype)?;
+        let out = if batch.is_empty() {
+            self.empty(&[m, n], dtype)?
+        } else {
+            let mut out_shape = batch.clone();
+            out_shape.extend([m, n]);
+            self.empty(&out_shape, dtype)?
+        };
         let batch_count = product(&batch);
         if out.numel() > 0 {
             let pa = prepare(&a2, &batch)?;

@@ -1,5 +1,7 @@
 //! GEMM and GEMV on the `gemm` crate's microkernels (runtime-dispatched AVX-512 / AVX2+FMA / NEON),
-//! threaded on the backend's own team (module `team`).
+//! threaded on the backend's own team (module `team`). Each thread's block of an f32 or f64
+//! product small enough that packing would cost more than it saves runs on the register tiles of
+//! module `small_gemm` instead (x86-64 vector levels).
 //!
 //! The descriptors are column-major with leading dimensions; the `gemm` crate takes any row and column
 //! strides, so every transpose combination and leading dimension maps onto it without a copy. f32, f64
@@ -36,28 +38,61 @@ pub(crate) fn aligned(dtype: DType, ptrs: &[u64]) -> bool {
     ptrs.iter().all(|p| p % dtype.size_in_bytes() as u64 == 0)
 }
 
-/// One GEMM in the `gemm` crate's form: `dst = beta·dst + alpha·lhs·rhs`, all strides in elements.
+/// One GEMM in the `gemm` crate's form: `dst = beta·dst + alpha·lhs·rhs`, all strides `(row,
+/// column)` in elements, `dst` read only when `read_dst`; run at SIMD level `simd`.
 #[derive(Clone, Copy)]
-struct Call<T> {
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut T,
-    dst_strides: (isize, isize),
-    lhs: *const T,
-    lhs_strides: (isize, isize),
-    rhs: *const T,
-    rhs_strides: (isize, isize),
-    alpha: T,
-    beta: T,
-    read_dst: bool,
+pub(crate) struct Call<T> {
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) dst: *mut T,
+    pub(crate) dst_strides: (isize, isize),
+    pub(crate) lhs: *const T,
+    pub(crate) lhs_strides: (isize, isize),
+    pub(crate) rhs: *const T,
+    pub(crate) rhs_strides: (isize, isize),
+    pub(crate) alpha: T,
+    pub(crate) beta: T,
+    pub(crate) read_dst: bool,
+    pub(crate) simd: SimdLevel,
+}
+
+/// An element type [`Call`] runs: on the register tiles of module `small_gemm` where they take
+/// the product, else on the `gemm` crate.
+pub(crate) trait Element: Copy + 'static {
+    /// Runs `call` on the small-product tiles and returns true, or returns false without
+    /// touching anything when they do not take it.
+    ///
+    /// # Safety
+    /// As [`Call::run`].
+    unsafe fn small(call: &Call<Self>) -> bool;
+}
+
+impl Element for f32 {
+    unsafe fn small(call: &Call<f32>) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { super::small_gemm::run(call, call.simd) }
+    }
+}
+
+impl Element for f64 {
+    unsafe fn small(call: &Call<f64>) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { super::small_gemm::run(call, call.simd) }
+    }
+}
+
+impl Element for f16 {
+    unsafe fn small(_: &Call<f16>) -> bool {
+        false
+    }
 }
 
 // SAFETY: the pointers are only read (lhs, rhs) or written in disjoint blocks (dst, see
 // `Call::run`) by the tasks that share a call.
 unsafe impl<T> Sync for Call<T> {}
 
-impl<T: Copy + 'static> Call<T> {
+impl<T: Element> Call<T> {
     /// Runs the call in the blocks [`for_blocks`] makes of it for `parallelism` (on the calling
     /// thread for `Parallelism::None`), each block one single-threaded call of the crate.
     ///
@@ -102,6 +137,10 @@ impl<T: Copy + 'static> Call<T> {
     /// # Safety
     /// As [`Call::run`].
     unsafe fn run_here(self) {
+        // SAFETY: the caller's contract.
+        if unsafe { T::small(&self) } {
+            return;
+        }
         gemm::gemm(
             self.m,
             self.n,
@@ -126,6 +165,14 @@ impl<T: Copy + 'static> Call<T> {
     }
 }
 
+/// Whether [`for_blocks`] shares an `m × n` product out over `threads` threads: false when one
+/// block of its unit (64 rows or 12 columns) per thread would already cover it, so the whole
+/// product runs on the calling thread whatever the thread count.
+pub(crate) fn splits(m: usize, n: usize, threads: usize) -> bool {
+    let (len, unit) = if m >= n { (m, 64) } else { (n, 12) };
+    threads > 1 && len.div_ceil(threads).next_multiple_of(unit) < len
+}
+
 /// Runs `part(by_rows, start, len)` for each block of an `m × n` product, shared over the
 /// backend's team (module `team`): for `Parallelism::Rayon(threads)`, one block per thread of dst
 /// rows `start .. start + len` when `m ≥ n` (a multiple of 64 rows, the widest microkernel's), else
@@ -141,30 +188,31 @@ pub(crate) fn for_blocks(
         Parallelism::Rayon(threads) => threads.max(1),
         Parallelism::None => 1,
     };
+    if !splits(m, n, threads) {
+        return part(true, 0, m);
+    }
     let by_rows = m >= n;
     let (len, unit) = if by_rows { (m, 64) } else { (n, 12) };
     let block = len.div_ceil(threads).next_multiple_of(unit);
-    if threads == 1 || block >= len {
-        return part(true, 0, m);
-    }
     super::team::par_for(len.div_ceil(block), |b| {
         let start = b * block;
         part(by_rows, start, block.min(len - start))
     });
 }
 
-/// `C = alpha·op(A)·op(B) + beta·C`. The caller checked the regions and for aliasing, element
-/// alignment, `m, n, k > 0`, and holds the memory lock through `mem`.
+/// `C = alpha·op(A)·op(B) + beta·C` at SIMD level `simd`. The caller checked the regions and for
+/// aliasing, element alignment, `m, n, k > 0`, and holds the memory lock through `mem`.
 pub(crate) fn gemm(
     mem: &mut HostMemory,
     d: &GemmDesc,
     regions: [usize; 3],
     parallelism: Parallelism,
+    simd: SimdLevel,
 ) -> Result<()> {
     if d.dtype == DType::BF16 || (d.dtype == DType::F16 && f16_needs_widening(d.m, d.n, d.k)) {
-        return widened_gemm(mem, d, regions, parallelism);
+        return widened_gemm(mem, d, regions, parallelism, simd);
     }
-    let call = native(mem, d, regions)?;
+    let call = native(mem, d, regions, simd)?;
     // SAFETY: as `native` states.
     unsafe { call.run(parallelism) };
     Ok(())
@@ -199,7 +247,12 @@ impl Native {
 /// `d` as a call of the `gemm` crate, for a dtype [`Native`] takes (`Unsupported` for another). The
 /// caller checked the regions and for aliasing, element alignment, `m, n, k > 0`, and holds the
 /// memory lock through `mem` until the call has run.
-fn native(mem: &mut HostMemory, d: &GemmDesc, regions: [usize; 3]) -> Result<Native> {
+fn native(
+    mem: &mut HostMemory,
+    d: &GemmDesc,
+    regions: [usize; 3],
+    simd: SimdLevel,
+) -> Result<Native> {
     let a = mem.host_address(d.a, regions[0])?;
     let b = mem.host_address(d.b, regions[1])?;
     let c = mem.host_address(d.c, regions[2])?;
@@ -223,6 +276,7 @@ fn native(mem: &mut HostMemory, d: &GemmDesc, regions: [usize; 3]) -> Result<Nat
                 alpha: conv(d.alpha),
                 beta: conv(d.beta),
                 read_dst,
+                simd,
             }
         }};
     }
@@ -252,6 +306,7 @@ pub(crate) fn gemm_batches_across(
     mem: &mut HostMemory,
     desc: &BatchedGemmDesc,
     threads: usize,
+    simd: SimdLevel,
 ) -> Result<()> {
     let mut calls = Vec::new();
     calls
@@ -265,7 +320,7 @@ pub(crate) fn gemm_batches_across(
     for gemm in desc.batches() {
         let gemm = gemm?;
         let regions = crate::backends::reference::gemm_regions(&gemm)?;
-        calls.push(native(mem, &gemm, regions)?);
+        calls.push(native(mem, &gemm, regions, simd)?);
     }
     let per_task = gemm_work(&desc.gemm).per_task();
     super::host::for_chunks(calls.len(), threads, per_task, |range| {
@@ -333,6 +388,7 @@ fn widened_gemm(
     d: &GemmDesc,
     regions: [usize; 3],
     parallelism: Parallelism,
+    simd: SimdLevel,
 ) -> Result<()> {
     let a = widen(mem, d.dtype, d.a, regions[0])?;
     let b = widen(mem, d.dtype, d.b, regions[1])?;
@@ -357,6 +413,7 @@ fn widened_gemm(
             alpha: d.alpha as f32,
             beta: d.beta as f32,
             read_dst: d.beta != 0.0,
+            simd,
         }
         .run(parallelism);
     }
@@ -406,6 +463,8 @@ pub(crate) fn gemv(
                 alpha: conv(d.alpha),
                 beta: conv(d.beta),
                 read_dst,
+                // One column: the crate's matrix-vector path, not the small-product tiles.
+                simd: SimdLevel::Scalar,
             }
         }};
     }
@@ -462,6 +521,8 @@ fn widened_gemv(
             alpha: d.alpha as f32,
             beta: d.beta as f32,
             read_dst: d.beta != 0.0,
+            // One column: the crate's matrix-vector path, as in `gemv`.
+            simd: SimdLevel::Scalar,
         }
         .run(parallelism);
     }
@@ -502,7 +563,9 @@ impl OpImpl<BatchedGemmDesc> for CpuBackend {
         let whole = gemm_work(g).times(desc.batch_count).shares();
         if !parallel && native && whole && self.threads > 1 && desc.batch_count > 1 {
             return self.scalar.run(acc, |mem| {
-                self.on_team(true, |threads| gemm_batches_across(mem, desc, threads))
+                self.on_team(true, |threads| {
+                    gemm_batches_across(mem, desc, threads, self.simd)
+                })
             });
         }
         self.scalar.run(acc, |mem| {

@@ -27,6 +27,7 @@ mod reduce;
 mod scan;
 mod select;
 pub mod simd;
+mod small_gemm;
 mod sort;
 mod stream;
 mod team;
@@ -179,6 +180,15 @@ impl CpuBackend {
             && blas::aligned(d.dtype, &[d.a.0, d.b.0, d.c.0])
     }
 
+    /// Whether the SIMD GEMM of `d` can use more than the calling thread: this backend has
+    /// several, and the kernel that runs it shares it out (the `gemm` crate's and the small-product
+    /// tiles' blocks, [`blas::splits`], or the bf16 dot-product kernel). Where it cannot, the team
+    /// is not entered.
+    fn gemm_shares(&self, d: &GemmDesc) -> bool {
+        self.threads > 1
+            && ((self.bf16_dot && d.dtype == DType::BF16) || blas::splits(d.m, d.n, self.threads))
+    }
+
     /// GEMM on the team (`Some(true)`), on the calling thread alone (`Some(false)`), or as its work
     /// suggests (`None`: [`gemm_work`]).
     fn gemm_threaded(&self, desc: &GemmDesc, parallel: Option<bool>) -> Result<()> {
@@ -194,7 +204,8 @@ impl CpuBackend {
             acc.regions[1].bytes,
             acc.regions[2].bytes,
         ];
-        let parallel = parallel.unwrap_or_else(|| gemm_work(desc).shares());
+        let parallel =
+            self.gemm_shares(desc) && parallel.unwrap_or_else(|| gemm_work(desc).shares());
         self.scalar.run(acc, |mem| {
             self.on_team(parallel, |threads| {
                 self.gemm_kernel(mem, desc, regions, threads)
@@ -215,7 +226,7 @@ impl CpuBackend {
         if self.bf16_dot && desc.dtype == DType::BF16 {
             return bf16_gemm::gemm(mem, desc, regions, threads);
         }
-        blas::gemm(mem, desc, regions, parallelism(threads))
+        blas::gemm(mem, desc, regions, parallelism(threads), self.simd)
     }
 }
 
@@ -297,7 +308,7 @@ impl ComputeBackend for CpuBackend {
         info.api = if self.simd == SimdLevel::Scalar {
             "CPU: scalar reference kernels (SIMD off)".into()
         } else {
-            "CPU: SIMD kernels for every op (runtime dispatch; GEMM on the gemm crate) on a thread team"
+            "CPU: SIMD kernels for every op (runtime dispatch; GEMM on the gemm crate, small products on register tiles) on a thread team"
                 .into()
         };
         info.details = vec![

@@ -40,6 +40,12 @@ pub(crate) trait Vector<A>: Copy {
     /// # Safety
     /// See the trait; `p .. p + LANES` is readable.
     unsafe fn load(p: *const A) -> Self;
+    /// Lanes `0 .. n` from `p .. p + n` and zero in the others, reading nothing past them (a
+    /// masked load where the level has one).
+    ///
+    /// # Safety
+    /// See the trait; `n ≤ LANES` and `p .. p + n` is readable.
+    unsafe fn load_first(p: *const A, n: usize) -> Self;
     /// Writes the lanes to `p .. p + LANES`.
     ///
     /// # Safety
@@ -106,6 +112,15 @@ impl<A: Real, const N: usize> Vector<A> for Portable<A, N> {
     #[inline(always)]
     unsafe fn load(p: *const A) -> Self {
         Portable(p.cast::<[A; N]>().read_unaligned())
+    }
+
+    #[inline(always)]
+    unsafe fn load_first(p: *const A, n: usize) -> Self {
+        let mut lanes = [A::ZERO; N];
+        for (l, x) in lanes.iter_mut().enumerate().take(n) {
+            *x = p.add(l).read();
+        }
+        Portable(lanes)
     }
 
     #[inline(always)]
@@ -237,7 +252,8 @@ mod x86 {
     /// Implements [`Vector`] for a register type from its intrinsics.
     macro_rules! vector {
         ($doc:literal, $name:ident, $reg:ty, $elem:ty, $lanes:expr,
-         $zero:ident, $splat:ident, $load:ident, $store:ident, $store_first:ident, $fma:ident,
+         $zero:ident, $splat:ident, $load:ident, $load_first:ident, $store:ident,
+         $store_first:ident, $fma:ident,
          $deinterleave:ident, $add:ident, $sub:ident, $mul:ident, $transpose:ident) => {
             #[doc = $doc]
             #[derive(Clone, Copy)]
@@ -259,6 +275,11 @@ mod x86 {
                 #[inline(always)]
                 unsafe fn load(p: *const $elem) -> Self {
                     $name($load(p))
+                }
+
+                #[inline(always)]
+                unsafe fn load_first(p: *const $elem, n: usize) -> Self {
+                    $name($load_first(p, n))
                 }
 
                 #[inline(always)]
@@ -319,6 +340,7 @@ mod x86 {
         _mm512_setzero_ps,
         _mm512_set1_ps,
         _mm512_loadu_ps,
+        load_first_f32x16,
         _mm512_storeu_ps,
         store_first_f32x16,
         _mm512_fmadd_ps,
@@ -337,6 +359,7 @@ mod x86 {
         _mm256_setzero_ps,
         _mm256_set1_ps,
         _mm256_loadu_ps,
+        load_first_f32x8,
         _mm256_storeu_ps,
         store_first_f32x8,
         _mm256_fmadd_ps,
@@ -355,6 +378,7 @@ mod x86 {
         _mm512_setzero_pd,
         _mm512_set1_pd,
         _mm512_loadu_pd,
+        load_first_f64x8,
         _mm512_storeu_pd,
         store_first_f64x8,
         _mm512_fmadd_pd,
@@ -373,6 +397,7 @@ mod x86 {
         _mm256_setzero_pd,
         _mm256_set1_pd,
         _mm256_loadu_pd,
+        load_first_f64x4,
         _mm256_storeu_pd,
         store_first_f64x4,
         _mm256_fmadd_pd,
@@ -382,6 +407,45 @@ mod x86 {
         _mm256_mul_pd,
         transpose_f64x4
     );
+
+    /// [`Vector::load_first`] for 16 f32 lanes (AVX-512 F): one zero-masked load.
+    ///
+    /// # Safety
+    /// As [`Vector::load_first`], with AVX-512 F.
+    #[inline(always)]
+    unsafe fn load_first_f32x16(p: *const f32, n: usize) -> __m512 {
+        _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p)
+    }
+
+    /// [`Vector::load_first`] for 8 f64 lanes (AVX-512 F): one zero-masked load.
+    ///
+    /// # Safety
+    /// As [`Vector::load_first`], with AVX-512 F.
+    #[inline(always)]
+    unsafe fn load_first_f64x8(p: *const f64, n: usize) -> __m512d {
+        _mm512_maskz_loadu_pd(((1u32 << n) - 1) as __mmask8, p)
+    }
+
+    /// [`Vector::load_first`] for 8 f32 lanes (AVX): one masked load (masked lanes read as zero
+    /// and do not fault), lanes below `n` selected as in [`store_first_f32x8`].
+    ///
+    /// # Safety
+    /// As [`Vector::load_first`], with AVX2.
+    #[inline(always)]
+    unsafe fn load_first_f32x8(p: *const f32, n: usize) -> __m256 {
+        let index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), index))
+    }
+
+    /// [`Vector::load_first`] for 4 f64 lanes (AVX), as [`load_first_f32x8`].
+    ///
+    /// # Safety
+    /// As [`Vector::load_first`], with AVX2.
+    #[inline(always)]
+    unsafe fn load_first_f64x4(p: *const f64, n: usize) -> __m256d {
+        let index = _mm256_setr_epi64x(0, 1, 2, 3);
+        _mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), index))
+    }
 
     /// [`Vector::store_first`] for 16 f32 lanes (AVX-512 F): one masked store.
     ///
@@ -649,6 +713,43 @@ mod tests {
                     assert_eq!(o.to_f64(), i as f64, "n = {n}: element {i}");
                 }
             }
+        }
+    }
+
+    /// Loads the first `n` of the `LANES` values `1, 2, …` for every `n`, the `n` taken from the
+    /// end of a buffer (a read past it would leave the allocation), and checks that the other
+    /// lanes are zero.
+    fn loads_first<A: Real, V: Vector<A>>() {
+        for n in 0..=V::LANES {
+            let values: Vec<A> = (1..=n).map(|l| A::from_f64(l as f64)).collect();
+            let mut out = vec![A::from_f64(f64::NAN); V::LANES];
+            // SAFETY: the caller runs this at the level of `V`; `values` holds `n` elements and
+            // `out` LANES.
+            unsafe { V::load_first(values.as_ptr(), n).store(out.as_mut_ptr()) };
+            for (l, &o) in out.iter().enumerate() {
+                let want = if l < n { (l + 1) as f64 } else { 0.0 };
+                assert_eq!(o.to_f64(), want, "n = {n} of {}: lane {l}", V::LANES);
+            }
+        }
+    }
+
+    /// `load_first` of every vector type, at every level this CPU runs.
+    #[test]
+    fn load_first_reads_only_its_lanes() {
+        fn all<A: Registers>(simd: SimdLevel) {
+            match simd {
+                SimdLevel::Avx512 => with_simd(simd, || {
+                    loads_first::<A, A::X512>();
+                    loads_first::<A, A::X256>();
+                }),
+                SimdLevel::Avx2Fma => with_simd(simd, || loads_first::<A, A::X256>()),
+                _ => {}
+            }
+            with_simd(simd, || loads_first::<A, Portable<A, 4>>());
+        }
+        for simd in SimdLevel::runnable() {
+            all::<f32>(simd);
+            all::<f64>(simd);
         }
     }
 
