@@ -224,6 +224,7 @@ unsafe fn tile<A: Real, V: Vector<A>, const R: usize, const VECTORS: usize>(
                 }
             }
         }
+        let scaled = p.alpha != A::ONE;
         let alpha = V::splat(p.alpha);
         let beta = V::splat(p.beta);
         for (r, acc) in acc.iter().enumerate() {
@@ -231,7 +232,7 @@ unsafe fn tile<A: Real, V: Vector<A>, const R: usize, const VECTORS: usize>(
             for (v, &acc) in acc.iter().enumerate() {
                 let at = out.add(v * V::LANES);
                 let lanes = if v == VECTORS - 1 { last } else { V::LANES };
-                let mut value = acc.mul(alpha);
+                let mut value = if scaled { acc.mul(alpha) } else { acc };
                 if p.read_dst {
                     let old = if lanes < V::LANES {
                         V::load_first(at, lanes)
@@ -291,6 +292,8 @@ mod tests {
             cast(&random(c_len, 3))
         };
         let mut c = c0.clone();
+        // Both the scaled store and the unscaled one (alpha 1, every matmul's).
+        let alpha = if transposed { 1.0 } else { 0.75 };
         let signed = |(r, s): (usize, usize)| (r as isize, s as isize);
         let call = Call {
             m,
@@ -302,7 +305,7 @@ mod tests {
             lhs_strides: signed(a_strides),
             rhs: b.as_ptr(),
             rhs_strides: signed(b_strides),
-            alpha: A::from_f64(0.75),
+            alpha: A::from_f64(alpha),
             beta: A::from_f64(beta),
             read_dst: beta != 0.0,
             simd,
@@ -325,7 +328,7 @@ mod tests {
                     beta * c0[c_at].to_f64()
                 };
                 got.push(c[c_at].to_f64());
-                want.push(0.75 * sum + old);
+                want.push(alpha * sum + old);
                 written[c_at] = true;
             }
         }
