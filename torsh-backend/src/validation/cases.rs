@@ -194,7 +194,15 @@ pub fn find(op: &str) -> Option<ParityCase> {
 
 fn matmul(i: &mut Inputs) -> Result<Vec<Tensor>> {
     let mut out = Vec::new();
-    for &(m, k, n) in &[(1, 1, 1), (7, 13, 5), (17, 3, 31), (33, 65, 9)] {
+    // (13, 128, 67): whole four-vector column blocks, a masked tail and a row remainder on the
+    // CPU's small-product tiles, at their largest inner dimension.
+    for &(m, k, n) in &[
+        (1, 1, 1),
+        (7, 13, 5),
+        (17, 3, 31),
+        (33, 65, 9),
+        (13, 128, 67),
+    ] {
         let a = i.normal(&[m, k])?;
         let b = i.normal(&[k, n])?;
         out.push(a.matmul(&b)?);
