@@ -220,7 +220,7 @@ impl Tiling {
 
     /// Elements of one block's transformed filters, `[16][C][CL]`.
     fn block_len(&self, g: &Geometry) -> usize {
-        XI * g.c * self.cl
+        XI * position_stride(g.c, self.cl)
     }
 
     /// Length of the even (and of the odd) padded columns of a band row: the tiles of a row,
@@ -326,6 +326,14 @@ fn raw<A>(v: &mut [A]) -> Raw<A> {
     }
 }
 
+/// Elements between the starts of two positions of one block's transformed filters: the
+/// position's `C · CL` values and a cache line's worth of unused skew. Without the skew, the
+/// filter transform's 16 stores of one channel land `C · CL` elements apart (32 KiB for 256
+/// channels), a multiple of the L1 cache's set stride, and evict one another.
+fn position_stride(c: usize, cl: usize) -> usize {
+    c * cl + 16
+}
+
 /// Input channels [`filter_block`] stages at a time: their `9 · 16` taps are whole blocks of
 /// every vector width's lanes.
 const STAGED: usize = 16;
@@ -372,10 +380,12 @@ fn transform_filters<A: Registers>(
 }
 
 /// The transformed filters `U = G·g·Gᵀ` of output channels `k0 .. k0 + cl` (zero past `K`),
-/// `[16][C][cl]`, into `dst`, with `G = [1 0 0; ½ ½ ½; ½ −½ ½; 0 0 1]`; false when a weight is
-/// not finite or larger than a quarter of the largest finite value (a transformed value is at
-/// most 2.25 times the largest weight in magnitude, so below that bound none overflows). `dst`
-/// holds at least `16·C·cl` elements; `cl` is a multiple of `V::LANES`, at most [`MAX_BLOCK`].
+/// `[16][C][cl]` with positions [`position_stride`] apart, into `dst`, with
+/// `G = [1 0 0; ½ ½ ½; ½ −½ ½; 0 0 1]`; false when a weight is not finite or larger than a
+/// quarter of the largest finite value (a transformed value is at most 2.25 times the largest
+/// weight in magnitude, so below that bound none overflows). `dst` holds at least
+/// `16 · position_stride(C, cl)` elements; `cl` is a multiple of `V::LANES`, at most
+/// [`MAX_BLOCK`].
 ///
 /// The filters of [`STAGED`] input channels at a time are first copied lane-minor
 /// (`stage[c][tap][lane]`, a transposition of the weights' `[k][c][tap]`, in blocks of
@@ -394,7 +404,7 @@ unsafe fn filter_block<A: Real, V: Vector<A>>(
 ) -> bool {
     assert!(cl.is_multiple_of(V::LANES) && cl <= MAX_BLOCK && V::LANES <= 16);
     let c = g.c;
-    let plane = c * cl;
+    let plane = position_stride(c, cl);
     let dst = &mut dst[..XI * plane];
     let span_c = STAGED;
     let mut stage = [A::ZERO; 9 * STAGED * MAX_BLOCK];
@@ -562,13 +572,14 @@ unsafe fn products<A: Real, V: Vector<A>, const P: usize>(
     assert_eq!(cl, t.cl, "the tiling's channels are two vectors");
     let c = t.taps.terms();
     let (u_len, panel) = (c * cl, c * P);
+    let stride = position_stride(c, cl);
     assert_eq!(P, t.p, "the tiling's panels");
     let m = &mut m[..range.len() * XI * cl];
     for xi in 0..XI {
         let ch = Channels {
             k0: 0,
             lanes: cl,
-            weights: &u[xi * u_len..][..u_len],
+            weights: &u[xi * stride..][..u_len],
             bias: None,
         };
         let v = &v[xi * t.panels * panel..][..t.panels * panel];
