@@ -327,9 +327,11 @@ fn raw<A>(v: &mut [A]) -> Raw<A> {
 }
 
 /// Elements between the starts of two positions of one block's transformed filters: the
-/// position's `C · CL` values and a cache line's worth of unused skew. Without the skew, the
-/// filter transform's 16 stores of one channel land `C · CL` elements apart (32 KiB for 256
-/// channels), a multiple of the L1 cache's set stride, and evict one another.
+/// position's `C · CL` values and 16 elements of unused skew (one 64-byte cache line of f32,
+/// two of f64; a multiple of every vector width, so each position stays as aligned as the
+/// first). Without the skew, the filter transform's 16 stores of one channel land `C · CL`
+/// elements apart (32 KiB for 256 channels of f32), a multiple of the L1 cache's set stride,
+/// and evict one another.
 fn position_stride(c: usize, cl: usize) -> usize {
     c * cl + 16
 }
