@@ -11,9 +11,21 @@ count of the run (intra_op_num_threads), inputs and preallocated outputs bound w
 as ours is (a warm-up run, then repeats of k back-to-back runs lasting at least --min-repeat-s, the
 median per run), and prints ours, onnxruntime and ours / onnxruntime per shape and thread count.
 
+    python3 benches/onnxruntime_peer.py --serve
+
+With --serve it is the peer `torsh-backend bench --backend cpu` starts itself, so that ours and
+onnxruntime are timed interleaved, repeat by repeat, in the same minutes of a shared machine. It
+answers one JSON object per line read on stdin:
+  {"prepare": ROW, "threads": N, "target_s": T} -> {"prepared": GRAPH} | {"skip": WHY} | {"error": E}
+  {"batch": K}                                   -> {"seconds": S} | {"error": E}
+where ROW has the fields of a RESULTS.json row (section, op, variant, dtype, dims) and S is the wall
+time of K back-to-back runs of the prepared case. It prints {"ready": true, "onnxruntime": VERSION}
+first and exits at the end of stdin.
+
 Attention is measured three ways where onnxruntime has them, and its best is kept: the
 MatMul-Mul-(Add mask)-Softmax-MatMul graph, the com.microsoft MultiHeadAttention contrib op, and the
-ONNX Attention op (opset 23). No GPU and no PyTorch: `pip install -r benches/requirements.txt`.
+ONNX Attention op (opset 23); --serve keeps the fastest of a short first measurement. No GPU and no
+PyTorch: `pip install -r benches/requirements.txt`.
 Exit status: 0 when every case ran; 1 when onnxruntime or its inputs are missing (said on stderr).
 """
 
@@ -23,6 +35,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -336,19 +349,105 @@ def runner(g: Graph, threads: int) -> Callable[[], None]:
     return lambda: sess.run_with_iobinding(binding)
 
 
+def coverage(row: dict) -> tuple[list[Graph], str | None]:
+    """The graphs that measure `row` on onnxruntime, or none and why it is not covered."""
+    if row["op"] in NOT_COVERED and row.get("variant") != "transposed":
+        return [], NOT_COVERED[row["op"]]
+    graphs = graphs_for(row)
+    if not graphs:
+        return [], f"no ONNX graph here for {row['op']} {row['dtype']}"
+    return graphs, None
+
+
+def first_line(e: Exception) -> str:
+    """An exception in one short line."""
+    text = str(e).splitlines()[0][:200] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def serve() -> int:
+    """The co-process peer of `torsh-backend bench` (see the module's doc): prepares one case at a
+    time and times batches of it on request."""
+    def say(obj: dict) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    say({"ready": True, "onnxruntime": ort.__version__, "onnx": onnx.__version__,
+         "numpy": np.__version__})
+    run, graph = None, None
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if "prepare" in req:
+                if graph is not None:
+                    graph.keep.clear()
+                run, graph = None, None
+                graphs, why = coverage(req["prepare"])
+                if why:
+                    say({"skip": why})
+                    continue
+                threads = int(req.get("threads") or 1)
+                target = float(req.get("target_s") or 0.02)
+                best, errors = None, []
+                for g in graphs:
+                    try:
+                        r = runner(g, threads)
+                        # With one graph there is nothing to choose; with several, a short
+                        # measurement of each picks the one to time.
+                        t = measure(r, 3, target) if len(graphs) > 1 else 0.0
+                    except Exception as e:  # onnxruntime raises its own types
+                        errors.append(f"{g.how}: {first_line(e)}")
+                        g.keep.clear()
+                        continue
+                    if best is None or t < best[0]:
+                        if best is not None:
+                            best[2].keep.clear()
+                        best = (t, r, g)
+                    else:
+                        g.keep.clear()
+                if best is None:
+                    say({"error": "; ".join(errors)})
+                    continue
+                _, run, graph = best
+                say({"prepared": graph.how, "other_graphs_failed": errors})
+            elif "batch" in req:
+                if run is None:
+                    say({"error": "no case prepared"})
+                    continue
+                k = int(req["batch"])
+                start = time.perf_counter()
+                for _ in range(k):
+                    run()
+                say({"seconds": time.perf_counter() - start})
+            else:
+                say({"error": f"unknown request: {line.strip()[:80]}"})
+        except Exception as e:  # a bad request or a failing run: said, and the loop goes on
+            say({"error": first_line(e)})
+    return 0
+
+
 def work(row: dict) -> float:
     return row["flops"] if row.get("flops") else row["bytes"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", help="the JSON of `torsh-backend bench --backend cpu --json`")
+    parser.add_argument("results", nargs="?",
+                        help="the JSON of `torsh-backend bench --backend cpu --json`")
+    parser.add_argument("--serve", action="store_true",
+                        help="be the co-process peer of `torsh-backend bench` (JSON lines)")
     parser.add_argument("--json", help="also write onnxruntime's figures and the ratios here")
     parser.add_argument("--repeats", type=int, default=None,
                         help="repeats per case (default: the run's)")
     parser.add_argument("--min-repeat-s", type=float, default=None,
                         help="minimum seconds of one repeat (default: the run's)")
     args = parser.parse_args()
+    if args.serve:
+        return serve()
+    if not args.results:
+        parser.error("RESULTS.json is needed without --serve")
     try:
         with open(args.results) as f:
             doc = json.load(f)
@@ -372,12 +471,9 @@ def main() -> int:
     for row in doc.get("results", []):
         if row.get("error") or row.get("throughput") is None:
             continue
-        if row["op"] in NOT_COVERED and row.get("variant") != "transposed":
-            skipped.setdefault(row["op"], NOT_COVERED[row["op"]])
-            continue
-        graphs = graphs_for(row)
-        if not graphs:
-            skipped.setdefault(f"{row['op']} {row['dtype']}", "no ONNX graph here")
+        graphs, why = coverage(row)
+        if why:
+            skipped.setdefault(f"{row['op']} {row['dtype']}", why)
             continue
         threads = row.get("threads") or 1
         if (row["section"], threads) != table:

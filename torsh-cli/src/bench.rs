@@ -3,14 +3,16 @@
 //! fraction of the machine's measured ceiling.
 //!
 //! Peers: on CUDA, cuBLAS called directly; on the CPU, for GEMM, OpenBLAS (loaded at run time), the
-//! `gemm` crate and `matrixmultiply`, with ours on SIMD off as a baseline (the other sections' peer,
-//! onnxruntime, runs from `scripts/bench-cpu.sh` on the JSON). On the CPU every case runs once per
-//! thread count (`--threads`, default 1 and all cores), peers at the same count, and the ceilings
-//! (FMA peak FLOP/s, copy bandwidth) are measured first for each count. Elsewhere the ceiling is the
-//! copy bandwidth of the run's own memcpy case.
+//! `gemm` crate and `matrixmultiply`, with ours on SIMD off as a baseline, and outside GEMM
+//! onnxruntime, in a co-process (`onnxruntime.rs`; "n/a" with the reason where it is not installed).
+//! On the CPU every case runs once per thread count (`--threads`, default 1 and all cores), peers at
+//! the same count, and the ceilings (FMA peak FLOP/s, copy bandwidth) are measured first for each
+//! count. Elsewhere the ceiling is the copy bandwidth of the run's own memcpy case.
 //!
 //! Timing: one warm-up call, then each repeat runs the op `k` times back to back; the time per op is the
-//! repeat's time over `k`, with `k` chosen so that a repeat lasts at least [`TARGET_S`]. Where the
+//! repeat's time over `k`, with `k` chosen so that a repeat lasts at least [`TARGET_S`]. On the CPU,
+//! ours and the peers of a case are timed interleaved: one repeat of each per round, so that a
+//! shared machine's load moves both alike ([`measure_interleaved`]). Where the
 //! backend's events time device work (CUDA events; WebGPU timestamp queries) a repeat is timed by
 //! events recorded around it (ours on the backend's default stream, cuBLAS on its own stream, the
 //! naive WGSL peer on ours); elsewhere by the wall clock up to one `synchronize()`. The median over
@@ -23,6 +25,7 @@ mod fma;
 mod gemm_crate;
 mod mmul;
 mod naive_wgsl;
+mod onnxruntime;
 mod openblas;
 mod peers;
 mod plan;
@@ -44,7 +47,7 @@ use torsh_backend::{Backend, BackendType, DType};
 use cases::{Case, Op, Runner, Section, Target};
 use ceiling::Ceilings;
 use cublas::Cublas;
-use peers::{CpuPass, CpuPeers, PeerError, PeerResult};
+use peers::{CpuPass, CpuPeers, PeerError, PeerResult, PeerRun};
 use plan::Scale;
 
 pub use mmul::{child as peer_child, ChildArgs as PeerChildArgs};
@@ -122,6 +125,19 @@ fn wall_clock(
     }
 }
 
+/// A side of [`measure_interleaved`] timed on the host clock, from before the first of `k` calls of
+/// `run` to after `sync` returns.
+fn wall_side<'s>(mut run: Runner<'s>, sync: impl Fn() -> Result<(), String> + 's) -> Side<'s> {
+    Box::new(move |k| {
+        let start = Instant::now();
+        for _ in 0..k {
+            run()?;
+        }
+        sync()?;
+        Ok(start.elapsed().as_secs_f64())
+    })
+}
+
 /// Whether `backend`'s events time device work (CUDA; WebGPU with timestamp queries): two events
 /// recorded back to back can be timed.
 fn events_are_timed(backend: &Backend) -> bool {
@@ -147,6 +163,10 @@ fn device_events(backend: &Backend) -> impl Fn(&mut Runner<'_>, usize) -> Result
     }
 }
 
+/// One side of an interleaved measurement: runs a batch of `k` back-to-back calls and returns its
+/// seconds.
+type Side<'s> = Box<dyn FnMut(usize) -> Result<f64, String> + 's>;
+
 /// Runs `run` after one warm-up call: `repeats` repeats of `k` back-to-back calls, each timed by
 /// `time_batch`; `k` grows until one repeat lasts `target` seconds.
 fn measure(
@@ -155,41 +175,73 @@ fn measure(
     repeats: usize,
     target: f64,
 ) -> Result<Timing, String> {
-    time_batch(run, 1)?;
-    let mut batch = |k: usize| time_batch(run, k);
-    let mut k = 1;
-    let mut per_op = Vec::with_capacity(repeats);
-    // Grow k until one repeat lasts `target`; that repeat is the first measured one.
-    loop {
-        let t = batch(k)?;
-        if t >= target || k >= MAX_K {
-            per_op.push(t / k as f64);
-            break;
+    let side: Side<'_> = Box::new(|k| time_batch(run, k));
+    measure_interleaved(vec![side], repeats, target)
+        .pop()
+        .unwrap_or_else(|| Err("nothing measured".into()))
+}
+
+/// Measures several sides of one case (ours and peers) interleaved: each is warmed up and its `k`
+/// grown until a repeat lasts `target` seconds (that repeat is its first), then the remaining
+/// repeats run round by round, one repeat of each side per round, the side that starts a round
+/// rotating. So every side's median comes from the same minutes of a shared machine. A side that
+/// fails is left out of later rounds; its result is the error. Returns one result per side, in
+/// order.
+fn measure_interleaved(
+    mut sides: Vec<Side<'_>>,
+    repeats: usize,
+    target: f64,
+) -> Vec<Result<Timing, String>> {
+    let mut per_op: Vec<Result<(usize, Vec<f64>), String>> = sides
+        .iter_mut()
+        .map(|batch| {
+            batch(1)?;
+            let mut k = 1;
+            loop {
+                let t = batch(k)?;
+                if t >= target || k >= MAX_K {
+                    return Ok((k, vec![t / k as f64]));
+                }
+                let grow = if t > 0.0 {
+                    (target * 1.2 / t).ceil()
+                } else {
+                    100.0
+                };
+                k = ((k as f64) * grow.clamp(2.0, 100.0)).min(MAX_K as f64) as usize;
+            }
+        })
+        .collect();
+    let n = sides.len();
+    for round in 1..repeats {
+        for i in (0..n).map(|j| (j + round) % n) {
+            if let Ok((k, times)) = &mut per_op[i] {
+                match sides[i](*k) {
+                    Ok(t) => times.push(t / *k as f64),
+                    Err(e) => per_op[i] = Err(e),
+                }
+            }
         }
-        let grow = if t > 0.0 {
-            (target * 1.2 / t).ceil()
-        } else {
-            100.0
-        };
-        k = ((k as f64) * grow.clamp(2.0, 100.0)).min(MAX_K as f64) as usize;
     }
-    while per_op.len() < repeats {
-        per_op.push(batch(k)? / k as f64);
-    }
-    per_op.sort_by(f64::total_cmp);
-    let n = per_op.len();
-    let median = if n % 2 == 1 {
-        per_op[n / 2]
-    } else {
-        (per_op[n / 2 - 1] + per_op[n / 2]) / 2.0
-    };
-    Ok(Timing {
-        median,
-        min: per_op[0],
-        max: per_op[n - 1],
-        k,
-        repeats: n,
-    })
+    per_op
+        .into_iter()
+        .map(|r| {
+            let (k, mut times) = r?;
+            times.sort_by(f64::total_cmp);
+            let n = times.len();
+            let median = if n % 2 == 1 {
+                times[n / 2]
+            } else {
+                (times[n / 2 - 1] + times[n / 2]) / 2.0
+            };
+            Ok(Timing {
+                median,
+                min: times[0],
+                max: times[n - 1],
+                k,
+                repeats: n,
+            })
+        })
+        .collect()
 }
 
 /// Our side of one case on `backend`.
@@ -367,6 +419,9 @@ fn run_case(ctx: &Context<'_>, pass: &Pass<'_>, peers: &Peers, case: &Case) -> M
             .map_or(String::new(), |n| format!(" ({n} thread(s))"))
     );
     bar.set_message(label.clone());
+    if let (Some(cpu), Some(pass_peers), Target::Main) = (&peers.cpu, &pass.cpu, case.target) {
+        return run_cpu_case(ctx, pass, cpu, pass_peers, case, &label);
+    }
     let kind = pass.backend.backend_type();
     let (name, ours) = match case.target {
         Target::Main => (
@@ -420,16 +475,75 @@ fn run_case(ctx: &Context<'_>, pass: &Pass<'_>, peers: &Peers, case: &Case) -> M
         });
         bar.inc(1);
     }
-    if let (Some(cpu), Some(pass_peers)) = (&peers.cpu, &pass.cpu) {
-        for peer in cpu.of(case) {
-            bar.set_message(format!("{label} ({})", peer.key()));
-            results.push(pass_peers.run(peer, case, repeats, target));
-            bar.inc(1);
-        }
-    }
     Measured {
         case: *case,
         backend: name,
+        threads: pass.threads,
+        ours,
+        peers: results,
+    }
+}
+
+/// Measures `case` on a CPU pass: ours and each peer's side interleaved, repeat by repeat (see
+/// [`measure_interleaved`]); matrixmultiply, which measures itself in a child process, first.
+fn run_cpu_case(
+    ctx: &Context<'_>,
+    pass: &Pass<'_>,
+    cpu: &CpuPeers,
+    pass_peers: &CpuPass<'_>,
+    case: &Case,
+    label: &str,
+) -> Measured {
+    let (repeats, target, bar) = (ctx.options.repeats, ctx.target, &ctx.bar);
+    let backend = &pass.backend;
+    let peers = cpu.of(case);
+    // Each peer's timing, or the index of its side in `sides` (ours is side 0).
+    let mut slots: Vec<Result<Result<Timing, PeerError>, usize>> = Vec::new();
+    let mut sides: Vec<Side<'_>> = Vec::new();
+    let ours_error = match case.prepare(backend) {
+        Ok(run) => {
+            sides.push(wall_side(run, || {
+                backend.synchronize().map_err(|e| e.to_string())
+            }));
+            None
+        }
+        Err(e) => Some(e.to_string()),
+    };
+    for &peer in &peers {
+        bar.set_message(format!("{label} (preparing {})", peer.key()));
+        slots.push(match pass_peers.prepare(peer, case, repeats, target) {
+            PeerRun::Interleaved(side) => {
+                sides.push(side);
+                Err(sides.len() - 1)
+            }
+            PeerRun::Done(timing) => Ok(timing),
+        });
+    }
+    bar.set_message(format!(
+        "{label} (ours and {} peer(s))",
+        sides.len().saturating_sub(1)
+    ));
+    let mut timings = measure_interleaved(sides, repeats, target);
+    let ours = match ours_error {
+        Some(e) => Err(e),
+        None => timings[0].clone(),
+    };
+    let results = peers
+        .iter()
+        .zip(slots)
+        .map(|(&peer, slot)| {
+            let timing = match slot {
+                Ok(t) => t,
+                Err(i) => std::mem::replace(&mut timings[i], Err(String::new()))
+                    .map_err(PeerError::Failed),
+            };
+            pass_peers.result(peer, timing)
+        })
+        .collect();
+    bar.inc(1 + peers.len() as u64);
+    Measured {
+        case: *case,
+        backend: backend.backend_type().name().to_string(),
         threads: pass.threads,
         ours,
         peers: results,
@@ -542,7 +656,10 @@ pub fn run(options: Options) -> ExitCode {
     let gemm_selected = selected.iter().any(|c| c.section() == Section::Gemm);
     let peers = Peers {
         cublas: (kind == BackendType::Cuda && gemm_selected).then(|| Cublas::new(ordinal)),
-        cpu: (kind == BackendType::Cpu).then(|| CpuPeers::start(coretype_note)),
+        cpu: (kind == BackendType::Cpu).then(|| {
+            let outside_gemm = selected.iter().any(|c| c.section() != Section::Gemm);
+            CpuPeers::start(coretype_note, outside_gemm)
+        }),
         naive_wgsl: kind == BackendType::WebGpu,
     };
     let counts = match kind {
@@ -676,6 +793,48 @@ mod tests {
         assert!(t.min < t.median && t.median < t.max, "{t:?}");
         assert!(t.median > 200e-6 && t.median < 210e-6, "{t:?}");
         assert_eq!(calls, 2 + 3 * t.k, "warm-up, calibration, then the repeats");
+    }
+
+    #[test]
+    fn measure_interleaved_takes_one_repeat_of_each_side_per_round() {
+        use std::cell::RefCell;
+        // Simulated clocks: side 0 takes 100 µs a call, side 1 300 µs; side 2 fails on its fourth
+        // batch (after the warm-up and two calibration batches: its first repeat of the rounds).
+        let log = RefCell::new(Vec::new());
+        let batches = RefCell::new([0usize; 3]);
+        let side = |i: usize, per_call: f64| -> Side<'_> {
+            let (log, batches) = (&log, &batches);
+            Box::new(move |k| {
+                let n = {
+                    let mut b = batches.borrow_mut();
+                    b[i] += 1;
+                    b[i]
+                };
+                log.borrow_mut().push((i, k));
+                if i == 2 && n == 4 {
+                    return Err("lost the device".into());
+                }
+                Ok(k as f64 * per_call)
+            })
+        };
+        let sides = vec![side(0, 100e-6), side(1, 300e-6), side(2, 200e-6)];
+        let timings = measure_interleaved(sides, 4, 0.001);
+        let t0 = timings[0].as_ref().unwrap();
+        let t1 = timings[1].as_ref().unwrap();
+        assert_eq!((t0.repeats, t1.repeats), (4, 4));
+        assert!((t0.median - 100e-6).abs() < 1e-12 && (t1.median - 300e-6).abs() < 1e-12);
+        assert!(t0.k as f64 * 100e-6 >= 0.001 && t1.k as f64 * 300e-6 >= 0.001);
+        assert_eq!(timings[2], Err("lost the device".to_string()));
+        // After each side's warm-up and calibration, the rounds rotate who goes first; the failed
+        // side is left out once it has failed.
+        let log = log.into_inner();
+        let rounds: Vec<usize> = log
+            .iter()
+            .skip_while(|&&(i, _)| i != 2)
+            .skip_while(|&&(i, _)| i == 2)
+            .map(|&(i, _)| i)
+            .collect();
+        assert_eq!(rounds, vec![1, 2, 0, 0, 1, 0, 1]);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! - `torsh-backend bench [--backend KIND] [--op NAME]... [--quick] [--repeats N] [--threads N,...]
 //!   [--json FILE] [--plot FILE.svg]`: times GEMM, memory-bound ops, attention, conv2d and fused Adam on
 //!   one backend, beside the peers measured in the same run (CUDA: cuBLAS; CPU: OpenBLAS, the `gemm`
-//!   crate, `matrixmultiply`), against the machine's measured ceilings; see `bench.rs`.
+//!   crate, `matrixmultiply`, onnxruntime where installed), against the machine's measured
+//!   ceilings; see `bench.rs`.
 
 mod bench;
 

@@ -394,6 +394,97 @@ fn bench_on_the_cpu_runs_the_gemm_peers_at_each_thread_count_and_draws_a_chart()
     }
 }
 
+/// The onnxruntime peer's protocol, driven against a stand-in script: a prepared case is timed by
+/// the peer's own clock and becomes the best peer, a failing case and a peer that dies are errors
+/// of that row only, and uncovered cases are skipped with the peer's reason.
+#[test]
+fn bench_on_the_cpu_times_the_onnxruntime_peer_in_its_co_process() {
+    let fake = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/fake_onnxruntime_peer.py"
+    );
+    let path = std::env::temp_dir().join(format!("torsh-bench-ort-{}.json", std::process::id()));
+    let mut args = vec!["bench", "--backend", "cpu", "--quick", "--threads", "1"];
+    for op in ["exp", "tanh", "gelu_backward", "dropout"] {
+        args.extend(["--op", op]);
+    }
+    args.extend(["--json", path.to_str().unwrap()]);
+    let out = run(&args, &[("TORSH_BENCH_ONNXRUNTIME", fake)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("onnxruntime 0.0-fake"), "{text}");
+    assert!(text.contains("interleaved"), "{text}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&path).expect("the JSON file"))
+        .expect("the JSON file parses");
+    std::fs::remove_file(&path).ok();
+    let rows = doc["results"].as_array().expect("a results array");
+    let peer_of = |op: &str| {
+        let row = rows
+            .iter()
+            .find(|r| r["op"] == op && r["dtype"] == "f32")
+            .unwrap_or_else(|| panic!("no {op} row"));
+        assert!(row["error"].is_null(), "ours failed: {row}");
+        let peer = row["peers"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["key"] == "onnxruntime"))
+            .unwrap_or_else(|| panic!("no onnxruntime entry: {row}"))
+            .clone();
+        (row.clone(), peer)
+    };
+    let (exp, peer) = peer_of("exp");
+    assert_eq!(peer["status"], "measured", "{exp}");
+    assert!(
+        (peer["median_s"].as_f64().unwrap() - 1e-3).abs() < 1e-12,
+        "{peer}"
+    );
+    assert_eq!(exp["best_peer"], "onnxruntime");
+    let ratio = exp["ours_over_best_peer"].as_f64().unwrap();
+    let expected = 1e-3 / exp["median_s"].as_f64().unwrap();
+    assert!((ratio - expected).abs() <= 1e-9 * expected, "{exp}");
+
+    let (_, tanh) = peer_of("tanh");
+    assert_eq!(tanh["status"], "failed");
+    assert!(
+        tanh["error"].as_str().unwrap().contains("fake failure"),
+        "{tanh}"
+    );
+    let (_, backward) = peer_of("gelu_backward");
+    assert_eq!(backward["status"], "skipped");
+    assert!(backward["error"]
+        .as_str()
+        .unwrap()
+        .contains("fake: no gelu_backward"));
+    let (_, died) = peer_of("dropout");
+    assert_eq!(died["status"], "failed");
+    let why = died["error"].as_str().unwrap();
+    assert!(
+        why.contains("exited") && why.contains("exiting on purpose"),
+        "{why}"
+    );
+
+    // Turned off, the peer is named as missing and no row has it.
+    let off = run(
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--quick",
+            "--threads",
+            "1",
+            "--op",
+            "exp",
+        ],
+        &[("TORSH_BENCH_ONNXRUNTIME", "off")],
+    );
+    let text = String::from_utf8_lossy(&off.stdout);
+    assert!(off.status.success(), "{text}");
+    assert!(text.contains("onnxruntime not here: turned off"), "{text}");
+}
+
 #[test]
 fn bench_on_webgpu_with_lowered_bindings_measures_the_column_sum_in_two_passes() {
     let required =

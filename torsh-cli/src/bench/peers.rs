@@ -3,13 +3,18 @@
 //!
 //! On the CPU the GEMM cases have four: OpenBLAS (loaded at run time), the `gemm` crate called directly,
 //! `matrixmultiply` (in a child process, see `mmul.rs`), and ours with SIMD off ("scalar", a baseline:
-//! it is not a peer in the ratio). Each runs at the thread count of the pass.
+//! it is not a peer in the ratio). The other sections have onnxruntime, in a co-process (see
+//! `onnxruntime.rs`). Each runs at the thread count of the pass, and all but matrixmultiply are
+//! timed interleaved with ours, repeat by repeat.
+
+use std::cell::RefCell;
 
 use torsh_backend::{Backend, DType};
 
 use super::cases::{Case, Op};
+use super::onnxruntime::OnnxRuntime;
 use super::openblas::OpenBlas;
-use super::{gemm_crate, measure, mmul, wall_clock, Timing};
+use super::{gemm_crate, mmul, wall_side, Side, Timing};
 
 /// The largest GEMM dimension the scalar baseline is run at; beyond it, it takes too long.
 pub const SCALAR_MAX_DIM: usize = 256;
@@ -57,10 +62,13 @@ pub struct PeerResult {
     pub timing: Result<Timing, PeerError>,
 }
 
-/// The CPU peers of one run: OpenBLAS loaded once, and what was set up for it.
+/// The CPU peers of one run: OpenBLAS loaded once, onnxruntime's co-process started once, and what
+/// was set up for them.
 pub struct CpuPeers {
     /// The library, or why it could not be loaded.
     openblas: Result<OpenBlas, String>,
+    /// onnxruntime, or why it could not be started.
+    onnxruntime: Result<RefCell<OnnxRuntime>, String>,
     /// What the run set in its environment for the peers.
     pub notes: Vec<String>,
 }
@@ -76,6 +84,8 @@ pub enum CpuPeer {
     Matrixmultiply,
     /// Ours with `enable_simd(false)`.
     Scalar,
+    /// onnxruntime's CPU execution provider, outside GEMM.
+    OnnxRuntime,
 }
 
 impl CpuPeer {
@@ -86,16 +96,22 @@ impl CpuPeer {
             CpuPeer::GemmCrate => "gemm",
             CpuPeer::Matrixmultiply => "matrixmultiply",
             CpuPeer::Scalar => "scalar",
+            CpuPeer::OnnxRuntime => "onnxruntime",
         }
     }
 }
 
 impl CpuPeers {
-    /// Loads OpenBLAS; `coretype` is what `openblas::set_coretype` set, called earlier, before any
-    /// thread started.
-    pub fn start(coretype: Option<String>) -> CpuPeers {
+    /// Loads OpenBLAS and, when `onnxruntime` is set, starts onnxruntime's co-process; `coretype`
+    /// is what `openblas::set_coretype` set, called earlier, before any thread started.
+    pub fn start(coretype: Option<String>, onnxruntime: bool) -> CpuPeers {
         CpuPeers {
             openblas: OpenBlas::load(),
+            onnxruntime: if onnxruntime {
+                OnnxRuntime::start().map(RefCell::new)
+            } else {
+                Err("no case outside GEMM selected".into())
+            },
             notes: coretype.into_iter().collect(),
         }
     }
@@ -112,6 +128,10 @@ impl CpuPeers {
                 "matrixmultiply crate (threading; MATMUL_NUM_THREADS per child process)".into()
             }
             CpuPeer::Scalar => "ours scalar: Backend::cpu().enable_simd(false)".into(),
+            CpuPeer::OnnxRuntime => match &self.onnxruntime {
+                Ok(o) => o.borrow().name.clone(),
+                Err(_) => "onnxruntime".into(),
+            },
         }
     }
 
@@ -130,9 +150,19 @@ impl CpuPeers {
             "baseline (GEMM up to {SCALAR_MAX_DIM}): {}",
             self.name(CpuPeer::Scalar)
         ));
+        lines.push(match &self.onnxruntime {
+            Ok(_) => format!(
+                "peer of the other sections: {}, in a co-process (benches/onnxruntime_peer.py)",
+                self.name(CpuPeer::OnnxRuntime)
+            ),
+            Err(e) => format!(
+                "peer of the other sections: onnxruntime not here: {e} (pip install -r \
+                 benches/requirements.txt)"
+            ),
+        });
         lines.push(
-            "peers of the other sections: onnxruntime, through scripts/bench-cpu.sh on this run's \
-             JSON"
+            "peers are timed interleaved with ours, one repeat of each per round (matrixmultiply: \
+             in a child process, after ours)"
                 .into(),
         );
         lines.extend(self.notes.iter().cloned());
@@ -145,13 +175,21 @@ impl CpuPeers {
         if self.openblas.is_ok() {
             peers.insert(0, CpuPeer::OpenBlas);
         }
+        if self.onnxruntime.is_ok() {
+            peers.push(CpuPeer::OnnxRuntime);
+        }
         peers.into_iter().map(|p| self.name(p)).collect()
     }
 
-    /// The peers of `case`, in the order they are measured (none outside GEMM).
+    /// The peers of `case`, in the order they are measured: the GEMM peers, or onnxruntime outside
+    /// GEMM when it is here (it says which cases it has no counterpart for).
     pub fn of(&self, case: &Case) -> Vec<CpuPeer> {
         if !matches!(case.op, Op::Matmul { .. }) {
-            return Vec::new();
+            return if self.onnxruntime.is_ok() {
+                vec![CpuPeer::OnnxRuntime]
+            } else {
+                Vec::new()
+            };
         }
         let dt = case.dtype;
         let mut peers = Vec::new();
@@ -199,34 +237,62 @@ pub struct CpuPass<'p> {
     scalar: Result<Backend, String>,
 }
 
+/// How a peer's side of a case is measured.
+pub enum PeerRun<'r> {
+    /// A batch timer, measured interleaved with ours (`measure_interleaved`).
+    Interleaved(Side<'r>),
+    /// Measured on its own already (matrixmultiply, in a child process), or why it was not.
+    Done(Result<Timing, PeerError>),
+}
+
 impl CpuPass<'_> {
-    /// Measures `peer` on `case` (a GEMM case) as `measure` does ours.
-    pub fn run(&self, peer: CpuPeer, case: &Case, repeats: usize, target: f64) -> PeerResult {
+    /// The result of `peer` with `timing`.
+    pub fn result(&self, peer: CpuPeer, timing: Result<Timing, PeerError>) -> PeerResult {
         PeerResult {
             key: peer.key(),
             name: self.peers.name(peer),
             baseline: peer == CpuPeer::Scalar,
-            timing: self.timing(peer, case, repeats, target),
+            timing,
         }
     }
 
-    /// The timing of [`CpuPass::run`].
-    fn timing(
+    /// Prepares `peer`'s side of `case` at this pass's thread count: a batch timer for the peers in
+    /// this process and onnxruntime's co-process, or the timing of matrixmultiply, measured now in
+    /// a child process (`repeats` repeats of at least `target` seconds).
+    pub fn prepare(&self, peer: CpuPeer, case: &Case, repeats: usize, target: f64) -> PeerRun<'_> {
+        match self.side(peer, case, repeats, target) {
+            Ok(run) => run,
+            Err(e) => PeerRun::Done(Err(e)),
+        }
+    }
+
+    /// The work of [`CpuPass::prepare`].
+    fn side(
         &self,
         peer: CpuPeer,
         case: &Case,
         repeats: usize,
         target: f64,
-    ) -> Result<Timing, PeerError> {
-        let Op::Matmul { m, n, k } = case.op else {
-            return Err(PeerError::Skipped("GEMM only".into()));
-        };
+    ) -> Result<PeerRun<'_>, PeerError> {
         let failed = PeerError::Failed;
-        let timed = |run: &mut super::cases::Runner<'_>| {
-            measure(run, &wall_clock(&|| Ok(())), repeats, target).map_err(failed)
+        let gemm_dims = || match case.op {
+            Op::Matmul { m, n, k } => Ok((m, n, k)),
+            _ => Err(PeerError::Skipped("GEMM only".into())),
         };
-        match peer {
+        let run = match peer {
+            CpuPeer::OnnxRuntime => {
+                let ort = self
+                    .peers
+                    .onnxruntime
+                    .as_ref()
+                    .map_err(|e| PeerError::NotFound(e.clone()))?;
+                ort.borrow_mut().prepare(case, self.threads, target)?;
+                return Ok(PeerRun::Interleaved(Box::new(move |k| {
+                    ort.borrow_mut().batch(k)
+                })));
+            }
             CpuPeer::OpenBlas => {
+                let (m, n, k) = gemm_dims()?;
                 let blas = self
                     .peers
                     .openblas
@@ -235,30 +301,30 @@ impl CpuPass<'_> {
                 if let Some(Err(why)) = blas.supports(case.dtype) {
                     return Err(PeerError::Skipped(why));
                 }
-                timed(
-                    &mut blas
-                        .gemm(case.dtype, m, n, k, self.threads)
-                        .map_err(failed)?,
-                )
+                blas.gemm(case.dtype, m, n, k, self.threads)
+                    .map_err(failed)?
             }
             CpuPeer::GemmCrate => {
+                let (m, n, k) = gemm_dims()?;
                 let pool = self.pool.as_ref().map_err(|e| failed(e.clone()))?;
-                let mut run =
-                    gemm_crate::gemm(case.dtype, m, n, k, self.threads, pool).map_err(failed)?;
-                timed(&mut run)
+                gemm_crate::gemm(case.dtype, m, n, k, self.threads, pool).map_err(failed)?
             }
             CpuPeer::Matrixmultiply => {
-                mmul::measure_in_child(case.dtype, (m, n, k), self.threads, repeats, target)
-                    .map_err(failed)
+                let dims = gemm_dims()?;
+                return Ok(PeerRun::Done(
+                    mmul::measure_in_child(case.dtype, dims, self.threads, repeats, target)
+                        .map_err(failed),
+                ));
             }
             CpuPeer::Scalar => {
+                let (m, n, k) = gemm_dims()?;
                 if m.max(n).max(k) > SCALAR_MAX_DIM {
                     return Err(PeerError::Skipped("too slow".into()));
                 }
                 let backend = self.scalar.as_ref().map_err(|e| failed(e.clone()))?;
-                let mut run = case.prepare(backend).map_err(|e| failed(e.to_string()))?;
-                timed(&mut run)
+                case.prepare(backend).map_err(|e| failed(e.to_string()))?
             }
-        }
+        };
+        Ok(PeerRun::Interleaved(wall_side(run, || Ok(()))))
     }
 }
