@@ -17,9 +17,11 @@ With --serve it is the peer `torsh-backend bench --backend cpu` starts itself, s
 onnxruntime are timed interleaved, repeat by repeat, in the same minutes of a shared machine. It
 answers one JSON object per line read on stdin:
   {"prepare": ROW, "threads": N, "target_s": T} -> {"prepared": GRAPH} | {"skip": WHY} | {"error": E}
-  {"batch": K}                                   -> {"seconds": S} | {"error": E}
+  {"batch": K}                            -> {"seconds": S, "quiesced_s": Q} | {"error": E}
 where ROW has the fields of a RESULTS.json row (section, op, variant, dtype, dims) and S is the wall
-time of K back-to-back runs of the prepared case. It prints {"ready": true, "onnxruntime": VERSION}
+time of K back-to-back runs of the prepared case. Before it answers, it waits (Q seconds) until
+onnxruntime's intra-op workers have stopped spinning, so that they do not share the cores with the
+bench's next repeat of ours; within a batch onnxruntime keeps its default spinning. It prints {"ready": true, "onnxruntime": VERSION}
 first and exits at the end of stdin.
 
 Attention is measured three ways where onnxruntime has them, and its best is kept: the
@@ -365,6 +367,26 @@ def first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+# How long `quiesce` waits at most, and the window over which it reads the process's CPU time.
+QUIESCE_MAX_S = 1.0
+QUIESCE_WINDOW_S = 0.005
+
+
+def quiesce() -> float:
+    """Waits until onnxruntime's intra-op workers have stopped spinning (they spin for tens of
+    milliseconds after a run before they block) and returns the seconds waited: until this
+    process's CPU time grows by less than a tenth of a window over one window, at most
+    QUIESCE_MAX_S. So the bench's next repeat of ours does not share the cores with them, while
+    onnxruntime keeps its default spinning within a batch."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < QUIESCE_MAX_S:
+        cpu = time.process_time()
+        time.sleep(QUIESCE_WINDOW_S)
+        if time.process_time() - cpu < 0.1 * QUIESCE_WINDOW_S:
+            break
+    return time.perf_counter() - start
+
+
 def serve() -> int:
     """The co-process peer of `torsh-backend bench` (see the module's doc): prepares one case at a
     time and times batches of it on request."""
@@ -411,6 +433,7 @@ def serve() -> int:
                     say({"error": "; ".join(errors)})
                     continue
                 _, run, graph = best
+                quiesce()
                 say({"prepared": graph.how, "other_graphs_failed": errors})
             elif "batch" in req:
                 if run is None:
@@ -420,7 +443,8 @@ def serve() -> int:
                 start = time.perf_counter()
                 for _ in range(k):
                     run()
-                say({"seconds": time.perf_counter() - start})
+                seconds = time.perf_counter() - start
+                say({"seconds": seconds, "quiesced_s": quiesce()})
             else:
                 say({"error": f"unknown request: {line.strip()[:80]}"})
         except Exception as e:  # a bad request or a failing run: said, and the loop goes on
