@@ -44,7 +44,7 @@ use crate::compute::op::OpImpl;
 use crate::compute::ComputeBackend;
 use crate::compute::{AttentionBackwardDesc, AttentionDesc};
 use crate::error::Result;
-use tile::{product, Out, Rhs, NR_16, NR_32};
+use tile::{product, Out, Rhs, NR_16, NR_32, NR_4V};
 
 /// The op name in errors.
 const OP: &str = "attention";
@@ -327,11 +327,12 @@ where
     }
 }
 
-/// Rows of a register tile of the products ([`tile`]) at `simd`: two vector registers of `A` (16
-/// f32 on AVX2, 32 on AVX-512; two SSE or NEON registers otherwise).
+/// Rows of a register tile of the products ([`tile`]) at `simd`: four vector registers of `A` on
+/// AVX-512 (64 f32, 32 f64), two on AVX2 (16 f32; two SSE or NEON registers otherwise). A
+/// smaller query block halves it (see `typed`).
 fn tile_rows<A>(simd: SimdLevel) -> usize {
     let bytes = match simd {
-        SimdLevel::Avx512 => 128,
+        SimdLevel::Avx512 => 256,
         SimdLevel::Avx2Fma => 64,
         _ => 32,
     };
@@ -342,7 +343,7 @@ impl<T: Wide> Flash<T>
 where
     T::Acc: Exp + Element,
 {
-    /// [`Self::item`] with tiles of `mr` rows: one or two vectors `V` where `mr` is, else a
+    /// [`Self::item`] with tiles of `mr` rows: four, two or one vectors `V` where `mr` is, else a
     /// portable array of `mr` lanes (4 to 32).
     ///
     /// # Safety
@@ -356,6 +357,7 @@ where
         s: &mut Scratch<T::Acc>,
     ) {
         match mr {
+            _ if mr == 4 * V::LANES => self.item::<V, 4, NR_4V>(head, block, s),
             _ if mr == 2 * V::LANES => self.item::<V, 2, NR>(head, block, s),
             _ if mr == V::LANES => self.item::<V, 1, NR>(head, block, s),
             32 => self.item::<Portable<T::Acc, 32>, 1, NR>(head, block, s),
@@ -789,8 +791,8 @@ mod tests {
     #[test]
     fn every_register_tile_width_matches_the_reference() {
         // The tiles' rows per SIMD level (two registers: 8 f32 at NEON's width, which the plain
-        // build takes here, 16 with AVX2, 32 with AVX-512; half as many f64) and their narrowing
-        // for short query blocks. Only the levels this CPU has are run.
+        // build takes here, 16 with AVX2; four with AVX-512: 64; half as many f64) and their
+        // narrowing for short query blocks. Only the levels this CPU has are run.
         for simd in SimdLevel::runnable() {
             for (sizes, scale) in PROBLEMS {
                 for dtype in [DType::F32, DType::F64] {

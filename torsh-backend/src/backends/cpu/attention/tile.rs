@@ -6,8 +6,9 @@
 //! one read at any strides (a key block read as its transpose, or a value block). A tile holds
 //! `MR = NV · V::LANES` rows (`NV` vector registers [`Vector`] of the level, one or two) × `NR`
 //! columns (up to `NR`) in registers: per step `t`, `NV` vector loads of `L[t]` and `NR`
-//! broadcast elements of `R` make `MR · NR` multiply-adds, a GEMM microkernel's shape. `NR` is
-//! [`NR_16`] with 16 vector registers and [`NR_32`] with AVX-512's 32.
+//! broadcast elements of `R` make `MR · NR` multiply-adds, a GEMM microkernel's shape. With 16
+//! vector registers a tile is two vectors × [`NR_16`] columns; with AVX-512's 32, four vectors ×
+//! [`NR_4V`] columns (two × [`NR_32`] where the query block has at most two vectors of rows).
 //!
 //! Rows run in whole tiles up to the operands' padded row count (`ld`, a multiple of `MR`): the
 //! lanes past the caller's rows compute values it never reads.
@@ -18,8 +19,14 @@ use crate::backends::cpu::vector::Vector;
 /// The most columns of a register tile with 16 vector registers (12 accumulators of two vectors).
 pub(super) const NR_16: usize = 6;
 
-/// The most columns of a register tile with 32 vector registers (AVX-512).
+/// The most columns of a two-vector register tile with 32 vector registers (AVX-512).
 pub(super) const NR_32: usize = 8;
+
+/// The most columns of a four-vector register tile with 32 vector registers (AVX-512): 24
+/// accumulators, the four row vectors and a broadcast take 29 of them. Per step, 4 loads and 6
+/// broadcasts feed 24 multiply-adds (the two-vector tile's 2 and 8 feed 16), so the address
+/// arithmetic and loads no longer crowd the multiply-adds out of the front end.
+pub(super) const NR_4V: usize = 6;
 
 /// The right operand: `R[t, j] = data[t · t_stride + j · j_stride]`.
 #[derive(Clone, Copy)]
