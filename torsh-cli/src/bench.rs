@@ -128,14 +128,7 @@ fn wall_clock(
 /// A side of [`measure_interleaved`] timed on the host clock, from before the first of `k` calls of
 /// `run` to after `sync` returns.
 fn wall_side<'s>(mut run: Runner<'s>, sync: impl Fn() -> Result<(), String> + 's) -> Side<'s> {
-    Box::new(move |k| {
-        let start = Instant::now();
-        for _ in 0..k {
-            run()?;
-        }
-        sync()?;
-        Ok(start.elapsed().as_secs_f64())
-    })
+    Box::new(move |k| wall_clock(&sync)(&mut run, k))
 }
 
 /// Whether `backend`'s events time device work (CUDA; WebGPU with timestamp queries): two events

@@ -466,6 +466,57 @@ fn bench_on_the_cpu_times_the_onnxruntime_peer_in_its_co_process() {
         "{why}"
     );
 
+    // A peer that stops answering is stopped after the timeout: its row is an error, and the
+    // run ends.
+    let started = std::time::Instant::now();
+    let hung = run(
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--quick",
+            "--threads",
+            "1",
+            "--op",
+            "exp",
+            "--json",
+            path.to_str().unwrap(),
+        ],
+        &[
+            ("TORSH_BENCH_ONNXRUNTIME", fake),
+            ("TORSH_BENCH_ONNXRUNTIME_TIMEOUT_S", "1"),
+            ("FAKE_PEER_HANG", "1"),
+        ],
+    );
+    assert!(
+        hung.status.success(),
+        "{}",
+        String::from_utf8_lossy(&hung.stderr)
+    );
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "the timeout ended the wait"
+    );
+    let doc: Value = serde_json::from_slice(&std::fs::read(&path).expect("the JSON file"))
+        .expect("the JSON file parses");
+    std::fs::remove_file(&path).ok();
+    let exp = doc["results"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["op"] == "exp" && r["dtype"] == "f32"))
+        .expect("an exp row");
+    let peer = exp["peers"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["key"] == "onnxruntime"))
+        .expect("an onnxruntime entry");
+    assert_eq!(peer["status"], "failed", "{peer}");
+    assert!(
+        peer["error"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer within"),
+        "{peer}"
+    );
+
     // Turned off, the peer is named as missing and no row has it.
     let off = run(
         &[

@@ -8,12 +8,17 @@
 //! in the same minutes of a shared machine.
 //!
 //! Environment: `PYTHON` (default `python3`) runs the script; `TORSH_BENCH_ONNXRUNTIME` names another
-//! script speaking the same protocol, or `off` to run without this peer. Without Python, the script
-//! or onnxruntime, the peer is "not found" with the reason, and the run goes on without it.
+//! script speaking the same protocol, or `off` to run without this peer;
+//! `TORSH_BENCH_ONNXRUNTIME_TIMEOUT_S` bounds the wait for one answer (default [`TIMEOUT_S`]): a peer
+//! that does not answer in time is killed, and its cases from then on are errors. Without Python,
+//! the script or onnxruntime, the peer is "not found" with the reason, and the run goes on without
+//! it.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -29,14 +34,21 @@ const SCRIPT: &str = concat!(
 /// How much of the co-process's stderr is kept for error messages.
 const STDERR_KEPT: usize = 4096;
 
+/// Seconds the bench waits for one answer by default: preparing the largest case (three attention
+/// graphs at S2048, each measured briefly) takes a few seconds; a batch lasts about a repeat.
+pub const TIMEOUT_S: f64 = 120.0;
+
 /// The co-process, started and ready.
 pub struct OnnxRuntime {
     /// The process.
     child: Child,
     /// Its stdin: one request per line.
     stdin: ChildStdin,
-    /// Its stdout: one answer per line.
-    stdout: BufReader<ChildStdout>,
+    /// Its stdout, one answer per line, read by a thread (so that a wait can time out); the
+    /// channel closes when stdout does.
+    answers: Receiver<std::io::Result<String>>,
+    /// The longest wait for one answer.
+    timeout: Duration,
     /// The tail of its stderr, collected by a thread.
     stderr: Arc<Mutex<String>>,
     /// `onnxruntime X.Y.Z (onnx ..., numpy ...)`, from its first line.
@@ -89,10 +101,24 @@ impl OnnxRuntime {
                 }
             }
         });
+        let (send, answers) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let timeout = std::env::var("TORSH_BENCH_ONNXRUNTIME_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or(TIMEOUT_S);
         let mut peer = OnnxRuntime {
             child,
             stdin,
-            stdout: BufReader::new(stdout),
+            answers,
+            timeout: Duration::from_secs_f64(timeout),
             stderr,
             name: String::new(),
         };
@@ -110,29 +136,37 @@ impl OnnxRuntime {
         Ok(peer)
     }
 
-    /// Reads one answer line; `Err` when the process has gone or the line is not JSON, with what it
-    /// wrote on stderr.
+    /// Reads one answer line; `Err` when the process has gone, has not answered within the
+    /// timeout (it is then killed) or the line is not JSON, with what it wrote on stderr.
     fn answer(&mut self) -> Result<Value, String> {
-        let mut line = String::new();
-        let read = self.stdout.read_line(&mut line);
-        match read {
-            Ok(0) | Err(_) => {
+        let line = match self.answers.recv_timeout(self.timeout) {
+            Ok(Ok(line)) => line,
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err(format!(
+                    "the onnxruntime peer did not answer within {:?} and was stopped: {}",
+                    self.timeout,
+                    self.stderr_tail()
+                ));
+            }
+            Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => {
                 // Gone: wait for it, so that its stderr has been drained.
                 let status = self.child.wait().map(|s| s.to_string());
-                std::thread::sleep(std::time::Duration::from_millis(50));
-                Err(format!(
+                std::thread::sleep(Duration::from_millis(50));
+                return Err(format!(
                     "the onnxruntime peer exited ({}): {}",
                     status.unwrap_or_else(|e| e.to_string()),
                     self.stderr_tail()
-                ))
+                ));
             }
-            Ok(_) => serde_json::from_str(&line).map_err(|e| {
-                format!(
-                    "the onnxruntime peer's answer is not JSON ({e}): {}",
-                    line.trim()
-                )
-            }),
-        }
+        };
+        serde_json::from_str(&line).map_err(|e| {
+            format!(
+                "the onnxruntime peer's answer is not JSON ({e}): {}",
+                line.trim()
+            )
+        })
     }
 
     /// The last lines of the co-process's stderr, on one line.

@@ -162,7 +162,7 @@ impl CpuPeers {
         });
         lines.push(
             "peers are timed interleaved with ours, one repeat of each per round (matrixmultiply: \
-             in a child process, after ours)"
+             in a child process, before the rounds)"
                 .into(),
         );
         lines.extend(self.notes.iter().cloned());
