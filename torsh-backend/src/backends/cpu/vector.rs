@@ -189,6 +189,58 @@ impl<A: Real, const N: usize> Vector<A> for Portable<A, N> {
     }
 }
 
+/// `dst[j · dst_row + i] = src[i · src_row + j]` for `i < rows`, `j < cols`: the transpose of a
+/// `rows × cols` block, by [`Vector::transpose`] in whole `LANES × LANES` tiles and element by
+/// element at the ragged edges. Panics, before writing anything, when `src` or `dst` is shorter
+/// than the block reaches or the two strides do not keep the rows of a tile apart.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`.
+#[inline(always)]
+pub(crate) unsafe fn transpose_block<A: Copy, V: Vector<A>>(
+    src: &[A],
+    src_row: usize,
+    dst: &mut [A],
+    dst_row: usize,
+    rows: usize,
+    cols: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(
+        src_row >= cols
+            && dst_row >= rows
+            && src.len() >= (rows - 1) * src_row + cols
+            && dst.len() >= (cols - 1) * dst_row + rows,
+        "a transposed block outside its operands"
+    );
+    let l = V::LANES;
+    for i0 in (0..rows).step_by(l) {
+        for j0 in (0..cols).step_by(l) {
+            if i0 + l <= rows && j0 + l <= cols {
+                // SAFETY: the tile's rows i0 .. i0 + l of src (columns j0 .. j0 + l) and rows
+                // j0 .. j0 + l of dst (columns i0 .. i0 + l) lie inside the slices, checked above;
+                // src and dst are distinct borrows.
+                unsafe {
+                    V::transpose(
+                        src.as_ptr().add(i0 * src_row + j0),
+                        src_row,
+                        dst.as_mut_ptr().add(j0 * dst_row + i0),
+                        dst_row,
+                    );
+                }
+                continue;
+            }
+            for i in i0..(i0 + l).min(rows) {
+                for j in j0..(j0 + l).min(cols) {
+                    dst[j * dst_row + i] = src[i * src_row + j];
+                }
+            }
+        }
+    }
+}
+
 /// Lanes of the portable vectors [`on_vectors`] runs a step on at levels without vector types
 /// here.
 pub(crate) const PORTABLE_LANES: usize = 4;
@@ -688,7 +740,7 @@ impl Registers for f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Portable, Registers, Vector};
+    use super::{transpose_block, Portable, Registers, Vector};
     use crate::backends::cpu::host::{with_simd, Real};
     use crate::backends::cpu::simd::SimdLevel;
 
@@ -809,6 +861,60 @@ mod tests {
                 _ => {}
             }
             with_simd(simd, || stores_first::<A, Portable<A, 4>>());
+        }
+        for simd in SimdLevel::runnable() {
+            all::<f32>(simd);
+            all::<f64>(simd);
+        }
+    }
+
+    /// `transpose_block` of blocks of odd sizes around `LANES` (whole tiles, ragged edges and
+    /// blocks smaller than one tile), with strides wider than the block, into a destination of
+    /// NaN: every element of the block lands transposed and nothing else is written.
+    fn transposes<A: Real, V: Vector<A>>() {
+        let l = V::LANES;
+        for (rows, cols) in [
+            (1, 1),
+            (l, l),
+            (l + 3, 2 * l + 1),
+            (2 * l, 5),
+            (3, l),
+            (7, 1),
+        ] {
+            let (src_row, dst_row) = (cols + 2, rows + 1);
+            let src: Vec<A> = (0..rows * src_row)
+                .map(|i| A::from_f64(i as f64 + 0.5))
+                .collect();
+            let mut dst = vec![A::from_f64(f64::NAN); cols * dst_row];
+            // SAFETY: the caller runs this at the level of `V`.
+            unsafe { transpose_block::<A, V>(&src, src_row, &mut dst, dst_row, rows, cols) };
+            for j in 0..cols {
+                for i in 0..dst_row {
+                    let got = dst[j * dst_row + i].to_f64();
+                    if i < rows {
+                        let want = (i * src_row + j) as f64 + 0.5;
+                        assert_eq!(got, want, "{rows}×{cols} of {l} lanes: ({i}, {j})");
+                    } else {
+                        assert!(got.is_nan(), "{rows}×{cols}: padding ({i}, {j}) written");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `transpose_block` on every vector type, at every level this CPU runs.
+    #[test]
+    fn transpose_block_moves_every_element() {
+        fn all<A: Registers>(simd: SimdLevel) {
+            match simd {
+                SimdLevel::Avx512 => with_simd(simd, || {
+                    transposes::<A, A::X512>();
+                    transposes::<A, A::X256>();
+                }),
+                SimdLevel::Avx2Fma => with_simd(simd, || transposes::<A, A::X256>()),
+                _ => {}
+            }
+            with_simd(simd, || transposes::<A, Portable<A, 4>>());
         }
         for simd in SimdLevel::runnable() {
             all::<f32>(simd);

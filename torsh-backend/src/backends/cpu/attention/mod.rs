@@ -36,7 +36,7 @@ use super::conv::{out_of_memory, parallel_items, zeroed, Raw, Wide};
 use super::cost::Work;
 use super::host::{with_float, with_simd, Ctx, Element, Real};
 use super::simd::SimdLevel;
-use super::vector::{Portable, Registers, Vector};
+use super::vector::{transpose_block, Portable, Registers, Vector};
 use super::vmath;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{attention as reference, memory::HostMemory};
@@ -382,7 +382,7 @@ where
         let (bq, ld, dim) = (self.bq, self.ld, self.dim);
         let i0 = block * bq;
         let rows = bq.min(self.sq - i0);
-        self.load_q(head, i0, rows, s);
+        self.load_q::<V>(head, i0, rows, s);
         s.m[..rows].fill(T::Acc::NEG_INFINITY);
         s.l[..rows].fill(T::Acc::ZERO);
         s.acc.fill(T::Acc::ZERO);
@@ -417,32 +417,44 @@ where
             product::<_, V, NV, NR>(&s.s, values, cols, dim, &mut s.acc, ld, rescale);
             j0 += cols;
         }
-        self.store(head, i0, rows, s);
+        self.store::<V>(head, i0, rows, s);
     }
 
     /// Writes `scale · Q[head, i0 .. i0 + rows]` into `s.qt` (column-major, `ld` rows), zero in
-    /// the rows past `rows`.
+    /// the rows past `rows`: f32 and f64 by register transposes of whole tiles of `V`, the half
+    /// types a widened row at a time.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
     #[inline(always)]
-    fn load_q(&self, head: usize, i0: usize, rows: usize, s: &mut Scratch<T::Acc>) {
+    unsafe fn load_q<V: Vector<T::Acc>>(
+        &self,
+        head: usize,
+        i0: usize,
+        rows: usize,
+        s: &mut Scratch<T::Acc>,
+    ) {
         let (ld, dim) = (self.ld, self.dim);
-        for i in 0..rows {
-            // SAFETY: row i0 + i of this head lies inside Q, which nothing writes.
-            let src = unsafe { self.q.get((head * self.sq + i0 + i) * dim, dim) };
-            let row: &[T::Acc] = match T::as_acc(src) {
-                Some(row) => row,
-                None => {
+        // SAFETY: rows i0 .. i0 + rows of this head lie inside Q, which nothing writes.
+        let src = unsafe { self.q.get((head * self.sq + i0) * dim, rows * dim) };
+        match T::as_acc(src) {
+            // SAFETY: as this function's.
+            Some(q) => unsafe { transpose_block::<_, V>(q, dim, &mut s.qt, ld, rows, dim) },
+            None => {
+                for (i, src) in src.chunks_exact(dim).enumerate() {
                     T::widen_slice(src, &mut s.row);
-                    &s.row
+                    for (col, &x) in s.qt.chunks_exact_mut(ld).zip(&s.row) {
+                        col[i] = x;
+                    }
                 }
-            };
-            for (col, &x) in s.qt.chunks_exact_mut(ld).zip(row) {
-                col[i] = x * self.scale;
             }
         }
-        if rows < ld {
-            for col in s.qt.chunks_exact_mut(ld) {
-                col[rows..].fill(T::Acc::ZERO);
+        for col in s.qt.chunks_exact_mut(ld) {
+            let (q, pad) = col.split_at_mut(rows);
+            for x in q {
+                *x = *x * self.scale;
             }
+            pad.fill(T::Acc::ZERO);
         }
     }
 
@@ -469,9 +481,20 @@ where
         (&kw[..len], &vw[..len])
     }
 
-    /// `O[head, i0 .. i0 + rows] = acc / l`, rounded.
+    /// `O[head, i0 .. i0 + rows] = acc / l`, rounded: the accumulator's rows are scaled in place,
+    /// then f32 and f64 are written by register transposes of whole tiles of `V`, the half types
+    /// a narrowed row at a time.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
     #[inline(always)]
-    fn store(&self, head: usize, i0: usize, rows: usize, s: &mut Scratch<T::Acc>) {
+    unsafe fn store<V: Vector<T::Acc>>(
+        &self,
+        head: usize,
+        i0: usize,
+        rows: usize,
+        s: &mut Scratch<T::Acc>,
+    ) {
         let (ld, dim) = (self.ld, self.dim);
         for (inv, &l) in s.part[..rows].iter_mut().zip(&s.l[..rows]) {
             *inv = T::Acc::ONE / l;
@@ -483,19 +506,21 @@ where
                 *o = T::Acc::from_f64(m.to_f64() + l.to_f64().ln());
             }
         }
-        for i in 0..rows {
-            let inv = s.part[i];
-            // SAFETY: row i0 + i of this head is written by this item only.
-            let dst = unsafe { self.o.get_mut((head * self.sq + i0 + i) * dim, dim) };
-            let row = |out: &mut [T::Acc]| {
-                for (o, col) in out.iter_mut().zip(s.acc.chunks_exact(ld)) {
-                    *o = col[i] * inv;
-                }
-            };
-            match T::as_acc_mut(dst) {
-                Some(out) => row(out),
-                None => {
-                    row(&mut s.row);
+        for col in s.acc.chunks_exact_mut(ld) {
+            for (x, &inv) in col[..rows].iter_mut().zip(&s.part[..rows]) {
+                *x = *x * inv;
+            }
+        }
+        // SAFETY: rows i0 .. i0 + rows of this head are written by this item only.
+        let dst = unsafe { self.o.get_mut((head * self.sq + i0) * dim, rows * dim) };
+        match T::as_acc_mut(dst) {
+            // SAFETY: as this function's.
+            Some(out) => unsafe { transpose_block::<_, V>(&s.acc, ld, out, dim, dim, rows) },
+            None => {
+                for (i, dst) in dst.chunks_exact_mut(dim).enumerate() {
+                    for (o, col) in s.row.iter_mut().zip(s.acc.chunks_exact(ld)) {
+                        *o = col[i];
+                    }
                     T::narrow_slice(&s.row, dst);
                 }
             }
