@@ -1,7 +1,9 @@
-//! Dense device-to-device copies: `memcpy` in chunks spread over the backend's threads.
+//! Dense device-to-device copies: `memcpy` in chunks spread over the backend's threads, with
+//! streaming stores for copies of [`worth_streaming`] size.
 
 use super::cost::{FLOPS_PER_BYTE, TEAM_WORK};
 use super::host::{for_chunks, Ctx, Span};
+use super::stream::{worth_streaming, Streamer};
 use crate::backends::reference::memory::HostMemory;
 use crate::compute::DevicePtr;
 use crate::error::Result;
@@ -21,11 +23,14 @@ pub(crate) fn device_to_device(
 ) -> Result<()> {
     let from = Span::<u8>::of(mem, "copy_dtod", src, bytes)?;
     let to = Span::<u8>::of(mem, "copy_dtod", dst, bytes)?;
+    let stream = worth_streaming(bytes);
     for_chunks(bytes, ctx.threads, TASK_BYTES, |range| {
         // SAFETY: the regions are disjoint (checked by the caller) and each task copies its own range.
-        unsafe {
-            to.slice_mut(range.clone())
-                .copy_from_slice(from.slice(range))
+        let (src, dst) = unsafe { (from.slice(range.clone()), to.slice_mut(range)) };
+        if stream {
+            Streamer::new().copy(src, dst);
+        } else {
+            dst.copy_from_slice(src);
         }
     });
     Ok(())

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backends::cpu::cost::TASK_ELEMENTS;
+use crate::backends::cpu::stream::{worth_streaming, Streamer};
 
 /// `aᵇ` in the compute type.
 trait Pow: Real {
@@ -46,6 +47,19 @@ pub(super) enum Operand<T> {
     },
     /// One value for every element (a scalar `rhs`).
     Const(T),
+}
+
+impl<T> Operand<T> {
+    /// Whether the output is this operand's memory.
+    fn is_output(&self) -> bool {
+        matches!(
+            self,
+            Operand::View {
+                is_output: true,
+                ..
+            }
+        )
+    }
 }
 
 /// [`binary`] for element type `T`.
@@ -144,7 +158,8 @@ fn minimum<R: Real>(a: R, b: R) -> R {
     }
 }
 
-/// `out[i] = f(a[i], b[i])` over the walk `dims` (operand 0 `a`, operand 1 `b`), threaded.
+/// `out[i] = f(a[i], b[i])` over the walk `dims` (operand 0 `a`, operand 1 `b`), threaded; an output
+/// of [`worth_streaming`] size that is neither operand is written with streaming stores.
 fn zip<T: Lanes>(
     dims: &Dims<2>,
     a: Operand<T>,
@@ -154,18 +169,22 @@ fn zip<T: Lanes>(
     f: impl Fn(T::Acc, T::Acc) -> T::Acc + Copy + Send + Sync,
 ) {
     let (_, [sa, sb]) = dims.inner();
+    let stream =
+        !a.is_output() && !b.is_output() && worth_streaming(out.len() * std::mem::size_of::<T>());
     for_chunks(dims.numel(), ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]
             || {
                 let mut bufs = (scratch::<T::Acc>(), scratch::<T::Acc>());
+                let mut streamer = stream.then(Streamer::new);
                 dims.runs(
                     range,
                     #[inline(always)]
                     |at, [pa, pb], len| {
                         let (ra, rb) = (Run::of(a, pa, sa), Run::of(b, pb, sb));
-                        zip_run(ra, rb, out, at..at + len, &mut bufs, f);
+                        let r = at..at + len;
+                        zip_run(ra, rb, out, r, &mut bufs, streamer.as_mut(), f);
                     },
                 );
             },
@@ -254,7 +273,8 @@ impl<T: Lanes> Run<T> {
 }
 
 /// One run of [`zip`]: output elements `r` from runs `a` and `b`. Dense, scalar and in-place runs of
-/// f32 and f64 loop directly; everything else goes through the scratch blocks `bufs`.
+/// f32 and f64 loop directly; everything else goes through the scratch blocks `bufs`. With a
+/// `streamer` (never when an operand is the output), the output is written by it.
 #[inline(always)]
 fn zip_run<T: Lanes>(
     a: Run<T>,
@@ -262,8 +282,39 @@ fn zip_run<T: Lanes>(
     out: Span<T>,
     r: Range<usize>,
     bufs: &mut ([T::Acc; BLOCK], [T::Acc; BLOCK]),
+    streamer: Option<&mut Streamer>,
     f: impl Fn(T::Acc, T::Acc) -> T::Acc,
 ) {
+    if let Some(streamer) = streamer {
+        let mut narrow = [<T as bytemuck::Zeroable>::zeroed(); BLOCK];
+        // SAFETY: this task owns output elements `r` and makes no other slice of them; no operand
+        // is the output, and inputs never overlap it.
+        let ys = unsafe { out.slice_mut(r.clone()) };
+        streamer.blocks(
+            ys,
+            &mut narrow,
+            #[inline(always)]
+            |k, ys| {
+                // SAFETY: as above; no task writes the inputs.
+                if T::DIRECT && unsafe { zip_inputs(a.skip(k), b.skip(k), ys, &f) } {
+                    return;
+                }
+                let n = ys.len();
+                let (ba, bb) = (&mut bufs.0[..n], &mut bufs.1[..n]);
+                let block = r.start + k..r.start + k + n;
+                // SAFETY: as above; no task writes the inputs.
+                unsafe {
+                    a.skip(k).read(out, block.clone(), ba);
+                    b.skip(k).read(out, block, bb);
+                }
+                for (x, &y) in ba.iter_mut().zip(bb.iter()) {
+                    *x = f(*x, y);
+                }
+                T::store(ba, ys);
+            },
+        );
+        return;
+    }
     if T::DIRECT && zip_direct(a, b, out, r.clone(), &f) {
         return;
     }
@@ -300,18 +351,6 @@ fn zip_direct<T: Lanes>(
     // than the output itself never overlap the output, so nothing writes them.
     unsafe {
         match (a, b, a.splat(), b.splat()) {
-            (Run::Dense(sa, pa), Run::Dense(sb, pb), ..) => map2(
-                sa.slice(pa..pa + len),
-                sb.slice(pb..pb + len),
-                out.slice_mut(r),
-                f,
-            ),
-            (Run::Dense(sa, pa), _, _, Some(y)) => {
-                map1(sa.slice(pa..pa + len), out.slice_mut(r), |x| f(x, y))
-            }
-            (_, Run::Dense(sb, pb), Some(x), _) => {
-                map1(sb.slice(pb..pb + len), out.slice_mut(r), |y| f(x, y))
-            }
             (Run::Output, Run::Dense(sb, pb), ..) => {
                 update(out.slice_mut(r), sb.slice(pb..pb + len), f)
             }
@@ -321,6 +360,33 @@ fn zip_direct<T: Lanes>(
             (Run::Output, _, _, Some(y)) => update1(out.slice_mut(r), |o| f(o, y)),
             (_, Run::Output, Some(x), _) => update1(out.slice_mut(r), |o| f(x, o)),
             (Run::Output, Run::Output, ..) => update1(out.slice_mut(r), |o| f(o, o)),
+            (Run::Output, ..) | (_, Run::Output, ..) => false,
+            _ => zip_inputs(a, b, out.slice_mut(r), f),
+        }
+    }
+}
+
+/// `ys[i] = f(a[i], b[i])` for f32 and f64 when neither run is the output and one is dense, the
+/// other dense or repeated; false for the combinations (and types) this does not handle.
+///
+/// # Safety
+/// No task writes the elements the runs read while this runs.
+#[inline(always)]
+unsafe fn zip_inputs<T: Lanes>(
+    a: Run<T>,
+    b: Run<T>,
+    ys: &mut [T],
+    f: &impl Fn(T::Acc, T::Acc) -> T::Acc,
+) -> bool {
+    let len = ys.len();
+    // SAFETY: the caller's.
+    unsafe {
+        match (a, b, a.splat(), b.splat()) {
+            (Run::Dense(sa, pa), Run::Dense(sb, pb), ..) => {
+                map2(sa.slice(pa..pa + len), sb.slice(pb..pb + len), ys, f)
+            }
+            (Run::Dense(sa, pa), _, _, Some(y)) => map1(sa.slice(pa..pa + len), ys, |x| f(x, y)),
+            (_, Run::Dense(sb, pb), Some(x), _) => map1(sb.slice(pb..pb + len), ys, |y| f(x, y)),
             _ => false,
         }
     }

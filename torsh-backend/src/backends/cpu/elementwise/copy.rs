@@ -2,9 +2,11 @@
 
 use super::*;
 use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
+use crate::backends::cpu::stream::{worth_streaming, Streamer};
 use crate::backends::cpu::vector::{on_vectors, Registers, Step, Vector};
 
-/// Sets every element to `value` (rounded once, as the reference rounds it).
+/// Sets every element to `value` (rounded once, as the reference rounds it); outputs of
+/// [`worth_streaming`] size with streaming stores.
 pub(crate) fn fill(mem: &mut HostMemory, d: &FillDesc, ctx: Ctx) -> Result<()> {
     with_float!(d.dtype, T => fill_t::<T>(mem, d, ctx), _ => reference::fill(mem, d))
 }
@@ -13,19 +15,27 @@ pub(crate) fn fill(mem: &mut HostMemory, d: &FillDesc, ctx: Ctx) -> Result<()> {
 fn fill_t<T: Lanes>(mem: &mut HostMemory, d: &FillDesc, ctx: Ctx) -> Result<()> {
     let out = Span::<T>::of(mem, "fill", d.ptr, d.len)?;
     let v = T::from_f64(d.value);
+    let stream = worth_streaming(d.len * std::mem::size_of::<T>());
     for_chunks(d.len, ctx.threads, TASK_ELEMENTS, |range| {
         // SAFETY: this task owns `range` of the output.
+        let ys = unsafe { out.slice_mut(range) };
+        if stream {
+            let mut block = [v; BLOCK];
+            Streamer::new().blocks(ys, &mut block, |_, _| {});
+            return;
+        }
         with_simd(
             ctx.simd,
             #[inline(always)]
-            || unsafe { out.slice_mut(range) }.fill(v),
+            || ys.fill(v),
         )
     });
     Ok(())
 }
 
 /// Copies one strided view into another: whole rows where both are dense along their innermost
-/// (merged) dim, element by element otherwise; threaded over element ranges.
+/// (merged) dim (streamed past the cache when the copy is of [`worth_streaming`] size), element by
+/// element otherwise; threaded over element ranges.
 pub(crate) fn copy_strided(mem: &mut HostMemory, d: &CopyDesc, ctx: Ctx) -> Result<()> {
     match d.dtype.size_in_bytes() {
         1 => copy_t::<u8>(mem, d, ctx),
@@ -67,14 +77,24 @@ fn copy_t<E: bytemuck::Pod + Send + Sync>(
             return Ok(());
         }
     }
+    // Streamed where runs span whole lines of memory (a few KiB each), not just their heads.
+    let elem = std::mem::size_of::<E>();
+    let stream = ss == 1
+        && ds == 1
+        && inner * elem >= STREAM_RUN_BYTES
+        && worth_streaming(dims.numel() * elem);
     for_chunks(dims.numel(), ctx.threads, TASK_ELEMENTS, |range| {
+        let mut streamer = stream.then(Streamer::new);
         dims.runs(range, |_, [ps, pd], len| {
             // SAFETY: the destination is injective (checked) and disjoint from the source, and this
             // task writes only the destination elements of its own walk range.
             unsafe {
                 if ss == 1 && ds == 1 {
-                    dst.slice_mut(pd..pd + len)
-                        .copy_from_slice(src.slice(ps..ps + len));
+                    let (xs, ys) = (src.slice(ps..ps + len), dst.slice_mut(pd..pd + len));
+                    match streamer.as_mut() {
+                        Some(s) => s.copy(xs, ys),
+                        None => ys.copy_from_slice(xs),
+                    }
                 } else {
                     let xs = src.slice(ps..ps + (len - 1) * ss + 1);
                     for k in 0..len {
@@ -86,6 +106,10 @@ fn copy_t<E: bytemuck::Pod + Send + Sync>(
     });
     Ok(())
 }
+
+/// Dense runs of at least this many bytes are streamed past the cache in a copy of
+/// [`worth_streaming`] size; shorter ones would write too many lines partly with ordinary stores.
+const STREAM_RUN_BYTES: usize = 4096;
 
 /// Dense runs up to this many bytes are copied row by row by [`copy_short_runs`].
 const SHORT_RUN_BYTES: usize = 256;

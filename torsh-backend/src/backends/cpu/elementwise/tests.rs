@@ -11,6 +11,7 @@ use super::{
 };
 use crate::backends::cpu::cost::TASK_ELEMENTS;
 use crate::backends::cpu::simd::SimdLevel;
+use crate::backends::cpu::stream::{worth_streaming, STREAM_BYTES};
 use crate::compute::UnaryBackwardDesc;
 use crate::rng::HostRng;
 use crate::shape::Layout;
@@ -847,4 +848,131 @@ fn dims_merge_and_walk_runs() {
     // A scalar-like view of rank 0.
     let scalar = Dims::<2>::new(&[], [&[], &[]]);
     assert_eq!(scalar.numel(), 1);
+}
+
+/// Elements of `dtype` just past the output size written with streaming stores, odd so that the
+/// last block and the tasks' ranges end mid-line.
+fn streamed_len(dtype: DType) -> usize {
+    let n = STREAM_BYTES / dtype.size_in_bytes() + 1237;
+    assert!(worth_streaming(n * dtype.size_in_bytes()));
+    n
+}
+
+#[test]
+fn streamed_unary_and_binary_outputs_match_the_reference() {
+    for_threads(|ctx| {
+        for dtype in FLOATS {
+            let mut mem = HostMemory::default();
+            let n = streamed_len(dtype);
+            let (rows, cols) = (n / 1031, 1031);
+            let a = upload(&mut mem, dtype, &values(n, 21, -3.0, 3.0));
+            let b = upload(&mut mem, dtype, &values(n, 22, -3.0, 3.0));
+            for op in [UnaryOp::Exp, UnaryOp::Gelu] {
+                check_unary(&mut mem, op, dtype, StridedBuf::contiguous(a, &[n]), ctx);
+            }
+            let dense = |ptr| StridedBuf::contiguous(ptr, &[n]);
+            let out = fresh(&mut mem, dtype, n);
+            let ops = (dense(a), dense(b));
+            check_binary(
+                &mut mem,
+                BinaryOp::Mul,
+                dtype,
+                dense(a),
+                dense(b),
+                ops,
+                out,
+                ctx,
+                "streamed",
+            );
+            let out = fresh(&mut mem, dtype, n);
+            let ops = (dense(a), Value::Scalar(0.75));
+            let what = "streamed, scalar rhs";
+            check_binary(
+                &mut mem,
+                BinaryOp::Sub,
+                dtype,
+                dense(a),
+                Value::Scalar(0.75),
+                ops,
+                out,
+                ctx,
+                what,
+            );
+            // A row broadcast over a matrix: runs of one row each, streamed one after another.
+            let m = rows * cols;
+            let lhs = StridedBuf::contiguous(a, &[rows, cols]);
+            let row = StridedBuf {
+                ptr: b,
+                layout: Layout::new(vec![rows, cols], vec![0, 1], 3).unwrap(),
+            };
+            let out = fresh(&mut mem, dtype, m);
+            let ops = (lhs.clone(), row.clone());
+            check_binary(
+                &mut mem,
+                BinaryOp::Add,
+                dtype,
+                lhs,
+                row,
+                ops,
+                out,
+                ctx,
+                "streamed, row rhs",
+            );
+        }
+    });
+}
+
+#[test]
+fn streamed_fills_and_copies_match_the_reference() {
+    for_threads(|ctx| {
+        for dtype in FLOATS {
+            let mut mem = HostMemory::default();
+            let len = streamed_len(dtype);
+            let (mine, theirs) = (fresh(&mut mem, dtype, len), fresh(&mut mem, dtype, len));
+            let desc = |ptr| FillDesc {
+                dtype,
+                ptr,
+                len,
+                value: -1.0 / 3.0,
+            };
+            fill(&mut mem, &desc(mine), ctx).unwrap();
+            reference::fill(&mut mem, &desc(theirs)).unwrap();
+            assert_same(
+                &mem,
+                dtype,
+                mine,
+                theirs,
+                len,
+                &format!("streamed fill {dtype}"),
+            );
+            // Dense rows of 4 KiB and more into a narrowed destination that starts off a line.
+            let cols = 4096 / dtype.size_in_bytes() + 13;
+            let rows = len / cols;
+            let src = upload(&mut mem, dtype, &values(rows * cols, 23, -1.0, 1.0));
+            let dst = Layout::new(vec![rows, cols], vec![cols + 3, 1], 5).unwrap();
+            let span = dst.offset() + (rows - 1) * (cols + 3) + cols;
+            let (mine, theirs) = (fresh(&mut mem, dtype, span), fresh(&mut mem, dtype, span));
+            let desc = |ptr| CopyDesc {
+                dtype,
+                src: StridedBuf::contiguous(src, &[rows, cols]),
+                dst: StridedBuf {
+                    ptr,
+                    layout: dst.clone(),
+                },
+            };
+            copy_strided(&mut mem, &desc(mine), ctx).unwrap();
+            reference::copy_strided(&mut mem, &desc(theirs)).unwrap();
+            let what = format!("streamed strided copy {dtype}");
+            // The gaps between rows stay as the allocation left them in both.
+            assert_same(&mem, dtype, mine, theirs, span, &what);
+            // A device-to-device copy into a destination three bytes off its allocation's start.
+            let bytes = len * dtype.size_in_bytes();
+            let src = upload(&mut mem, dtype, &values(len, 24, -1.0, 1.0));
+            let dst = mem.alloc(bytes + 3).unwrap();
+            let to = dst.offset(3).unwrap();
+            crate::backends::cpu::copy::device_to_device(&mut mem, to, src, bytes, ctx).unwrap();
+            let (got, want) = (mem.bytes(to, bytes).unwrap(), mem.bytes(src, bytes).unwrap());
+            assert!(got == want, "streamed copy_dtod of {bytes} bytes ({dtype})");
+        }
+    });
 }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backends::cpu::cost::TASK_ELEMENTS;
+use crate::backends::cpu::stream::{worth_streaming, Streamer};
 
 /// `match $op { $pattern => map($x, $out, $ctx, |v| ...), ... }`, each closure marked
 /// `#[inline(always)]`. The closures are not redundant: passed as fn items, the ops are called
@@ -124,7 +125,8 @@ fn relu<R: Real>(x: R) -> R {
     }
 }
 
-/// `out[i] = f(x[i])` over every element, threaded.
+/// `out[i] = f(x[i])` over every element, threaded; an output of [`worth_streaming`] size that is not
+/// the input is written with streaming stores.
 fn map<T: Lanes>(
     x: &View<T>,
     out: Span<T>,
@@ -132,22 +134,24 @@ fn map<T: Lanes>(
     f: impl Fn(T::Acc) -> T::Acc + Copy + Send + Sync,
 ) {
     let in_place = out.same_as(&x.span());
+    let stream = !in_place && worth_streaming(out.len() * std::mem::size_of::<T>());
     for_chunks(out.len(), ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]
-            || map_range(x, out, range, in_place, f),
+            || map_range(x, out, range, in_place, stream, f),
         )
     });
 }
 
-/// [`map`] over elements `range`.
+/// [`map`] over elements `range`, with streaming stores when `stream` (never in place).
 #[inline(always)]
 fn map_range<T: Lanes>(
     x: &View<T>,
     out: Span<T>,
     range: Range<usize>,
     in_place: bool,
+    stream: bool,
     f: impl Fn(T::Acc) -> T::Acc,
 ) {
     let span = x.span();
@@ -172,6 +176,10 @@ fn map_range<T: Lanes>(
         // SAFETY: the output does not overlap the input (the checks allow only exact in-place) and
         // this task owns `range` of the output.
         let (xs, ys) = unsafe { (span.slice(range.clone()), out.slice_mut(range)) };
+        if stream {
+            map_streamed(xs, ys, f);
+            return;
+        }
         if let (Some(xs), Some(ys)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
             for (y, &v) in ys.iter_mut().zip(xs) {
                 *y = f(v);
@@ -196,6 +204,38 @@ fn map_range<T: Lanes>(
             T::store(b, unsafe { out.slice_mut(r) });
         }
     }
+}
+
+/// `ys[i] = f(xs[i])` (equal lengths), each block built in L1 and streamed past the cache.
+#[inline(always)]
+fn map_streamed<T: Lanes>(xs: &[T], ys: &mut [T], f: impl Fn(T::Acc) -> T::Acc) {
+    let mut streamer = Streamer::new();
+    let mut buf = scratch::<T::Acc>();
+    if let (Some(xs), Some(ys)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
+        streamer.blocks(
+            ys,
+            &mut buf,
+            #[inline(always)]
+            |at, b| {
+                for (o, &v) in b.iter_mut().zip(&xs[at..]) {
+                    *o = f(v);
+                }
+            },
+        );
+        return;
+    }
+    let mut narrow = [<T as bytemuck::Zeroable>::zeroed(); BLOCK];
+    streamer.blocks(
+        ys,
+        &mut narrow,
+        #[inline(always)]
+        |at, b| {
+            let w = &mut buf[..b.len()];
+            T::load(&xs[at..at + b.len()], w);
+            apply(w, &f);
+            T::store(w, b);
+        },
+    );
 }
 
 /// `b[i] = f(b[i])`.
