@@ -971,7 +971,10 @@ fn streamed_fills_and_copies_match_the_reference() {
             let dst = mem.alloc(bytes + 3).unwrap();
             let to = dst.offset(3).unwrap();
             crate::backends::cpu::copy::device_to_device(&mut mem, to, src, bytes, ctx).unwrap();
-            let (got, want) = (mem.bytes(to, bytes).unwrap(), mem.bytes(src, bytes).unwrap());
+            let (got, want) = (
+                mem.bytes(to, bytes).unwrap(),
+                mem.bytes(src, bytes).unwrap(),
+            );
             assert!(got == want, "streamed copy_dtod of {bytes} bytes ({dtype})");
         }
     });

@@ -7,7 +7,9 @@
 //!
 //! With `inner == 1` every row is contiguous: one pass for the max, one that stores `exp(x − m)` and
 //! sums it, one that scales (log-softmax: sum only, then one pass writing `x − m − ln s`), threaded
-//! over rows, each row prefetching the next during its exponentials; f32 and f64 rows past
+//! over rows, each row prefetching the next during its exponentials (for an output of 16 MiB and
+//! more, f32 and f64 rows store `exp(x − m)` in a scratch row and the last pass streams the scaled
+//! row past the cache, `cpu/stream.rs`); f32 and f64 rows past
 //! [`LONG_ROW_BYTES`] take each block's own max and sum while it is in cache and are scaled block
 //! by block ([`long_row`]); a few very long rows are instead split across threads pass by pass
 //! when there are fewer than two per thread. With `inner > 1`
@@ -25,6 +27,7 @@ use super::super::elementwise::Lanes;
 use super::super::host::{for_chunks, with_float, with_simd, Ahead, Ctx, Real, Span, BLOCK};
 use super::super::vmath;
 use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
+use crate::backends::cpu::stream::{worth_streaming, Streamer};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
@@ -308,18 +311,23 @@ pub(in crate::backends::cpu) fn widened<'a, T: Lanes>(
 
 // inner == 1: contiguous rows.
 
-/// Every row of `[outer, len]`, threaded over rows.
+/// Every row of `[outer, len]`, threaded over rows; an output of [`worth_streaming`] size is
+/// written with streaming stores (rows of f32 and f64 up to [`LONG_ROW_BYTES`]).
 fn rows<T: Lanes>(x: Span<T>, y: Span<T>, sh: Shape, ctx: Ctx)
 where
     T::Acc: Exp,
 {
     let len = sh.len;
+    let stream = T::DIRECT && worth_streaming(sh.outer * len * std::mem::size_of::<T>());
     for_chunks(sh.outer, ctx.threads, items_per_task(len), |rows| {
         with_simd(
             ctx.simd,
             #[inline(always)]
             || {
-                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { len }];
+                let staged = !T::DIRECT || stream;
+                let mut buf = vec![<T::Acc as Real>::ZERO; if staged { len } else { 0 }];
+                let mut block = scratch_row::<T>();
+                let mut streamer = stream.then(Streamer::new);
                 let last = rows.end.saturating_sub(1);
                 for r in rows {
                     let range = r * len..(r + 1) * len;
@@ -332,7 +340,8 @@ where
                     } else {
                         &[]
                     };
-                    row(xs, ys, next, &mut buf, sh.log);
+                    let out = streamer.as_mut().map(|s| (s, &mut block[..]));
+                    row(xs, ys, next, &mut buf, sh.log, out);
                 }
             },
         )
@@ -341,9 +350,17 @@ where
 
 /// One row: straight from `xs` into `ys` for f32 and f64, through `buf` (the row's length) for
 /// the half types. `next` (the next row, or empty) is prefetched during the exponential pass.
+/// With a streamer and its block buffer (f32 and f64, `buf` the row's length), the output is
+/// built in `buf` and the final pass streams it out.
 #[inline(always)]
-fn row<T: Lanes>(xs: &[T], ys: &mut [T], next: &[T], buf: &mut [T::Acc], log: bool)
-where
+fn row<T: Lanes>(
+    xs: &[T],
+    ys: &mut [T],
+    next: &[T],
+    buf: &mut [T::Acc],
+    log: bool,
+    stream: Option<(&mut Streamer, &mut [T::Acc])>,
+) where
     T::Acc: Exp,
 {
     let ahead = Ahead::new(next);
@@ -355,13 +372,45 @@ where
         if log {
             let s = sum_of(xa, |v| (v - m).vexp_shifted(), ahead);
             let c = <T::Acc as Real>::from_f64(s.ln());
-            for (y, &v) in ya.iter_mut().zip(xa) {
-                *y = v - m - c;
+            match stream {
+                Some((streamer, block)) => streamer.blocks(
+                    ya,
+                    block,
+                    #[inline(always)]
+                    |at, b| {
+                        for (y, &v) in b.iter_mut().zip(&xa[at..]) {
+                            *y = v - m - c;
+                        }
+                    },
+                ),
+                None => {
+                    for (y, &v) in ya.iter_mut().zip(xa) {
+                        *y = v - m - c;
+                    }
+                }
             }
         } else {
-            let inv = <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, ya, ahead));
-            for y in ya {
-                *y = *y * inv;
+            match stream {
+                Some((streamer, block)) => {
+                    let e = &mut buf[..xa.len()];
+                    let inv = <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, e, ahead));
+                    streamer.blocks(
+                        ya,
+                        block,
+                        #[inline(always)]
+                        |at, b| {
+                            for (y, &v) in b.iter_mut().zip(&e[at..]) {
+                                *y = v * inv;
+                            }
+                        },
+                    );
+                }
+                None => {
+                    let inv = <T::Acc as Real>::from_f64(1.0 / exp_store(xa, m, ya, ahead));
+                    for y in ya {
+                        *y = *y * inv;
+                    }
+                }
             }
         }
         return;
@@ -707,6 +756,25 @@ pub(super) mod tests {
                     for log in [false, true] {
                         check(&vals, (o, l, n), dtype, log, ctx);
                     }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn rows_of_a_streamed_output_match_the_reference() {
+        // Rows of 4099 elements (an odd tail in every block), past the streaming size in f32 and
+        // f64; a row of −∞ but one and a row with NaN among them.
+        let (outer, len) = (1027, 4099);
+        let mut vals = HostRng::new(4).uniform_vec(outer * len, -20.0, 20.0);
+        vals[5 * len..6 * len].fill(f64::NEG_INFINITY);
+        vals[5 * len + 17] = 1.0;
+        vals[9 * len + 4000] = f64::NAN;
+        for_threads(|ctx| {
+            for dtype in [DType::F32, DType::F64] {
+                assert!(worth_streaming(outer * len * dtype.size_in_bytes()));
+                for log in [false, true] {
+                    check(&vals, (outer, len, 1), dtype, log, ctx);
                 }
             }
         });
