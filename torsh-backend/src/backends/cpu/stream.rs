@@ -18,9 +18,10 @@ pub(crate) fn worth_streaming(bytes: usize) -> bool {
     bytes >= STREAM_BYTES
 }
 
-/// Bytes of the blocks a kernel builds in L1 before streaming them out ([`Streamer::blocks`]): 1 KiB,
-/// so that the loads of one block overlap the streamed stores of the one before. Blocks of 2 KiB and
-/// more alternate long read and write phases; on one thread an 8 KiB block streamed 25 % slower.
+/// Bytes of the blocks a kernel builds in L1 before streaming them out ([`Streamer::blocks`]):
+/// 1 KiB, so that the loads of one block overlap the streamed stores of the one before. Blocks of
+/// 2 KiB and more alternate long read and write phases; on one thread an 8 KiB block streamed 25 %
+/// slower.
 pub(crate) const BLOCK_BYTES: usize = 1024;
 
 /// The streaming stores of one task: [`Streamer::copy`] writes past the cache without ordering the

@@ -263,6 +263,7 @@ where
                 _ => store(
                     ys,
                     &mut out,
+                    None,
                     #[inline(always)]
                     |ys| input_grad(ys, (dys, xs, ws), terms),
                 ),
@@ -602,6 +603,7 @@ where
                         store(
                             ys,
                             &mut buf,
+                            None,
                             #[inline(always)]
                             |ys| {
                                 for ((y, &dy), &x) in ys.iter_mut().zip(dys).zip(xs) {
@@ -662,6 +664,7 @@ where
                         store(
                             ys,
                             &mut buf,
+                            None,
                             #[inline(always)]
                             |ys| {
                                 for i in 0..ys.len() {

@@ -22,6 +22,7 @@ use super::reduce::{
     acc_of, as_acc_mut, columns, lane_state, lanes, Grid, Matrices, Moments, Source,
 };
 use crate::backends::cpu::cost::items_per_task;
+use crate::backends::cpu::stream::{worth_streaming, Streamer, BLOCK_BYTES};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
@@ -58,18 +59,45 @@ impl<A: Real> Centre<A> {
     }
 }
 
-/// Writes `f(ys)` into `dst`: directly when `T` is its own compute type, else through `buf` (at
-/// least `dst.len()` long) and one rounding.
+/// Writes `f(ys)` into `dst`: directly when `T` is its own compute type (with a `streamer`, built
+/// in `buf` and streamed out), else through `buf` (at least `dst.len()` long) and one rounding.
 #[inline(always)]
-fn store<T: Element>(dst: &mut [T], buf: &mut [T::Acc], f: impl FnOnce(&mut [T::Acc])) {
+fn store<T: Element>(
+    dst: &mut [T],
+    buf: &mut [T::Acc],
+    streamer: Option<&mut Streamer>,
+    f: impl FnOnce(&mut [T::Acc]),
+) {
     let len = dst.len();
-    match as_acc_mut(dst) {
-        Some(ys) => f(ys),
-        None => {
+    match (as_acc_mut(dst), streamer) {
+        (Some(ys), Some(streamer)) => {
+            let b = &mut buf[..len];
+            f(b);
+            streamer.copy(b, ys);
+        }
+        (Some(ys), None) => f(ys),
+        (None, _) => {
             f(&mut buf[..len]);
             narrow_into(&buf[..len], dst);
         }
     }
+}
+
+/// Elements of the blocks an output is written in: [`BLOCK`], or with streaming stores
+/// [`BLOCK_BYTES`] of `T` (see [`Streamer::blocks`]).
+fn block_len<T>(stream: bool) -> usize {
+    if stream {
+        (BLOCK_BYTES / std::mem::size_of::<T>()).clamp(1, BLOCK)
+    } else {
+        BLOCK
+    }
+}
+
+/// Whether an output of `n` elements of `T` is streamed past the cache: f32 and f64 outputs of
+/// [`worth_streaming`] size.
+fn streams<T: Element>(n: usize) -> bool {
+    std::mem::size_of::<T>() == std::mem::size_of::<T::Acc>()
+        && worth_streaming(n * std::mem::size_of::<T>())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,11 +184,12 @@ where
         saved: Saved::of(mem, OP, d.saved_mean, d.saved_invstd, d.rows)?,
     };
     let min_rows = items_per_task(d.cols);
+    let stream = streams::<T>(n);
     for_chunks(d.rows, ctx.threads, min_rows, |rows| {
         with_simd(
             ctx.simd,
             #[inline(always)]
-            || layer_norm_rows(&op, rows),
+            || layer_norm_rows(&op, rows, stream),
         )
     });
     Ok(())
@@ -176,9 +205,9 @@ fn optional<T: Element>(
     p.map(|p| Span::of(mem, op, p, len)).transpose()
 }
 
-/// Normalises rows `rows`.
+/// Normalises rows `rows`, with streaming stores when `stream`.
 #[inline(always)]
-fn layer_norm_rows<T: Element>(op: &LayerNorm<T>, rows: Range<usize>)
+fn layer_norm_rows<T: Element>(op: &LayerNorm<T>, rows: Range<usize>, stream: bool)
 where
     T::Acc: Element,
 {
@@ -192,6 +221,8 @@ where
     let b = b.map(|b| acc_of(b, &mut bbuf));
     let mut scratch = vec![<T::Acc as Real>::ZERO; BLOCK];
     let mut ybuf = vec![<T::Acc as Real>::ZERO; BLOCK];
+    let mut streamer = stream.then(Streamer::new);
+    let step = block_len::<T>(stream);
     for r in rows {
         let base = r * cols;
         let m: Moments = lane_state(&op.x, base, cols, &mut scratch);
@@ -204,7 +235,7 @@ where
         let inv = <T::Acc as Real>::from_f64(inv_f64);
         let mut c0 = 0;
         while c0 < cols {
-            let len = (cols - c0).min(BLOCK);
+            let len = (cols - c0).min(step);
             let at = base + c0..base + c0 + len;
             // SAFETY: the input is only read, and the output never overlaps it.
             let xs = unsafe { op.x.load(at.start, len, &mut scratch) };
@@ -214,6 +245,7 @@ where
             store(
                 ys,
                 &mut ybuf,
+                streamer.as_mut(),
                 #[inline(always)]
                 |ys| normalise_row(xs, ys, centre, inv, wc, bc),
             );
@@ -395,7 +427,8 @@ fn update_running<T: Element>(rm: Span<T>, rv: Span<T>, moments: &[Moments], mom
     }
 }
 
-/// Normalises each `(sample, channel)` run of `s` elements, runs split across threads.
+/// Normalises each `(sample, channel)` run of `s` elements, runs split across threads; an output of
+/// [`worth_streaming`] size in f32 or f64 with streaming stores.
 fn normalise_runs<T: Element>(
     x: Span<T>,
     y: Span<T>,
@@ -406,6 +439,8 @@ fn normalise_runs<T: Element>(
 ) {
     let c = affine.len();
     let min_runs = items_per_task(s);
+    let stream = streams::<T>(n * c * s);
+    let step = block_len::<T>(stream);
     for_chunks(n * c, ctx.threads, min_runs, |runs| {
         with_simd(
             ctx.simd,
@@ -413,12 +448,13 @@ fn normalise_runs<T: Element>(
             || {
                 let mut scratch = vec![<T::Acc as Real>::ZERO; BLOCK];
                 let mut ybuf = vec![<T::Acc as Real>::ZERO; BLOCK];
+                let mut streamer = stream.then(Streamer::new);
                 for j in runs {
                     let f = affine[j % c];
                     let mut start = j * s;
                     let end = start + s;
                     while start < end {
-                        let len = (end - start).min(BLOCK);
+                        let len = (end - start).min(step);
                         // SAFETY: the input is only read, and the output never overlaps it.
                         let xs = unsafe { x.load(start, len, &mut scratch) };
                         // SAFETY: this task owns runs `runs` of the output.
@@ -426,6 +462,7 @@ fn normalise_runs<T: Element>(
                         store(
                             ys,
                             &mut ybuf,
+                            streamer.as_mut(),
                             #[inline(always)]
                             |ys| {
                                 for (y, &x) in ys.iter_mut().zip(xs) {
@@ -442,7 +479,7 @@ fn normalise_runs<T: Element>(
 }
 
 /// Normalises each sample's `c · s` row with per-column coefficients (short spatial runs), rows
-/// split across threads.
+/// split across threads; an output of [`worth_streaming`] size in f32 or f64 with streaming stores.
 fn normalise_rows<T: Element>(
     x: Span<T>,
     y: Span<T>,
@@ -461,6 +498,8 @@ fn normalise_rows<T: Element>(
     let (hi, lo) = (expand(|a| a.centre.hi), expand(|a| a.centre.lo));
     let (scale, shift) = (expand(|a| a.scale), expand(|a| a.shift));
     let min_rows = items_per_task(width);
+    let stream = streams::<T>(n * width);
+    let step = block_len::<T>(stream);
     for_chunks(n, ctx.threads, min_rows, |rows| {
         with_simd(
             ctx.simd,
@@ -468,10 +507,11 @@ fn normalise_rows<T: Element>(
             || {
                 let mut scratch = vec![<T::Acc as Real>::ZERO; BLOCK];
                 let mut ybuf = vec![<T::Acc as Real>::ZERO; BLOCK];
+                let mut streamer = stream.then(Streamer::new);
                 for r in rows {
                     let mut c0 = 0;
                     while c0 < width {
-                        let len = (width - c0).min(BLOCK);
+                        let len = (width - c0).min(step);
                         let start = r * width + c0;
                         // SAFETY: the input is only read, and the output never overlaps it.
                         let xs = unsafe { x.load(start, len, &mut scratch) };
@@ -482,6 +522,7 @@ fn normalise_rows<T: Element>(
                         store(
                             ys,
                             &mut ybuf,
+                            streamer.as_mut(),
                             #[inline(always)]
                             |ys| {
                                 let it = ys.iter_mut().zip(xs).zip(coef.0).zip(coef.1);
@@ -624,7 +665,7 @@ mod tests {
     /// Batch norm of `[n, c, s]` against the reference in training (with and without running
     /// statistics) and inference, with and without weight and bias, on every float dtype with 1 and
     /// 2 threads; compares the output and the running statistics.
-    fn check_batch_norm(n: usize, c: usize, s: usize, seed: u64) {
+    fn check_batch_norm(n: usize, c: usize, s: usize, seed: u64, dtypes: &[DType]) {
         let x: Vec<f64> = random(n * c * s, seed)
             .iter()
             .map(|v| 3.0 * v + 0.5)
@@ -635,7 +676,7 @@ mod tests {
             random(c, seed + 3),
         );
         let rv: Vec<f64> = random(c, seed + 4).iter().map(|v| 1.0 + v.abs()).collect();
-        for dtype in DType::FLOATS {
+        for &dtype in dtypes {
             let mut mem = HostMemory::default();
             let xp = upload(&mut mem, dtype, &x);
             let wp = upload(&mut mem, dtype, &w);
@@ -695,16 +736,28 @@ mod tests {
 
     #[test]
     fn batch_norm_short_runs_match_the_reference() {
-        check_batch_norm(2, 3, 1, 10);
-        check_batch_norm(7, 3, 1, 11);
-        check_batch_norm(5, 3, 12, 12);
-        check_batch_norm(3000, 17, 1, 13);
+        check_batch_norm(2, 3, 1, 10, &DType::FLOATS);
+        check_batch_norm(7, 3, 1, 11, &DType::FLOATS);
+        check_batch_norm(5, 3, 12, 12, &DType::FLOATS);
+        check_batch_norm(3000, 17, 1, 13, &DType::FLOATS);
     }
 
     #[test]
     fn batch_norm_long_runs_match_the_reference() {
-        check_batch_norm(4, 3, 100, 14);
-        check_batch_norm(64, 5, 200, 15);
-        check_batch_norm(3, 2, 70_001, 16);
+        check_batch_norm(4, 3, 100, 14, &DType::FLOATS);
+        check_batch_norm(64, 5, 200, 15, &DType::FLOATS);
+        check_batch_norm(3, 2, 70_001, 16, &DType::FLOATS);
+    }
+
+    #[test]
+    fn streamed_norm_outputs_match_the_reference() {
+        // Outputs just past the streaming size in f32 and f64, odd lengths throughout: layer norm
+        // rows, batch norm's long (sample, channel) runs and its short-run rows.
+        let wide = [DType::F32, DType::F64];
+        assert!(streams::<f32>(1027 * 4099) && streams::<f64>(1027 * 4099));
+        check_layer_norm(1027, 4099, 0.0, 1e-5, 7, &wide);
+        check_batch_norm(2, 3, 700_001, 17, &wide);
+        check_batch_norm(140_001, 5, 6, 18, &wide);
+        assert!(streams::<f32>(140_001 * 5 * 6) && !streams::<half::bf16>(1 << 24));
     }
 }
