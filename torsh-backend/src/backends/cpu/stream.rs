@@ -18,6 +18,11 @@ pub(crate) fn worth_streaming(bytes: usize) -> bool {
     bytes >= STREAM_BYTES
 }
 
+/// The shortest contiguous run of an output, in bytes, that a kernel writing the output run by run
+/// streams: shorter runs would write many lines partly with ordinary stores and partly streamed,
+/// and an ordinary store to a line still being combined flushes it half written.
+pub(crate) const STREAM_RUN_BYTES: usize = 4096;
+
 /// Bytes of the blocks a kernel builds in L1 before streaming them out ([`Streamer::blocks`]):
 /// 1 KiB, so that the loads of one block overlap the streamed stores of the one before. Blocks of
 /// 2 KiB and more alternate long read and write phases; on one thread an 8 KiB block streamed 25 %

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::backends::cpu::cost::TASK_ELEMENTS;
-use crate::backends::cpu::stream::{worth_streaming, Streamer};
+use crate::backends::cpu::stream::{worth_streaming, Streamer, STREAM_RUN_BYTES};
 
 /// `aᵇ` in the compute type.
 trait Pow: Real {
@@ -159,7 +159,8 @@ fn minimum<R: Real>(a: R, b: R) -> R {
 }
 
 /// `out[i] = f(a[i], b[i])` over the walk `dims` (operand 0 `a`, operand 1 `b`), threaded; an output
-/// of [`worth_streaming`] size that is neither operand is written with streaming stores.
+/// of [`worth_streaming`] size that is neither operand, walked in runs of [`STREAM_RUN_BYTES`] or
+/// more, is written with streaming stores.
 fn zip<T: Lanes>(
     dims: &Dims<2>,
     a: Operand<T>,
@@ -168,23 +169,32 @@ fn zip<T: Lanes>(
     ctx: Ctx,
     f: impl Fn(T::Acc, T::Acc) -> T::Acc + Copy + Send + Sync,
 ) {
-    let (_, [sa, sb]) = dims.inner();
-    let stream =
-        !a.is_output() && !b.is_output() && worth_streaming(out.len() * std::mem::size_of::<T>());
+    let (inner, [sa, sb]) = dims.inner();
+    let elem = std::mem::size_of::<T>();
+    let stream = !a.is_output()
+        && !b.is_output()
+        && inner * elem >= STREAM_RUN_BYTES
+        && worth_streaming(out.len() * elem);
     for_chunks(dims.numel(), ctx.threads, TASK_ELEMENTS, |range| {
         with_simd(
             ctx.simd,
             #[inline(always)]
             || {
                 let mut bufs = (scratch::<T::Acc>(), scratch::<T::Acc>());
-                let mut streamer = stream.then(Streamer::new);
+                let mut streamer = stream.then(|| {
+                    (
+                        Streamer::new(),
+                        [<T as bytemuck::Zeroable>::zeroed(); BLOCK],
+                    )
+                });
                 dims.runs(
                     range,
                     #[inline(always)]
                     |at, [pa, pb], len| {
                         let (ra, rb) = (Run::of(a, pa, sa), Run::of(b, pb, sb));
                         let r = at..at + len;
-                        zip_run(ra, rb, out, r, &mut bufs, streamer.as_mut(), f);
+                        let streamed = streamer.as_mut().map(|(s, block)| (s, &mut block[..]));
+                        zip_run(ra, rb, out, r, &mut bufs, streamed, f);
                     },
                 );
             },
@@ -274,7 +284,8 @@ impl<T: Lanes> Run<T> {
 
 /// One run of [`zip`]: output elements `r` from runs `a` and `b`. Dense, scalar and in-place runs of
 /// f32 and f64 loop directly; everything else goes through the scratch blocks `bufs`. With a
-/// `streamer` (never when an operand is the output), the output is written by it.
+/// streamer and its block buffer (never when an operand is the output), the output is written by
+/// it.
 #[inline(always)]
 fn zip_run<T: Lanes>(
     a: Run<T>,
@@ -282,17 +293,16 @@ fn zip_run<T: Lanes>(
     out: Span<T>,
     r: Range<usize>,
     bufs: &mut ([T::Acc; BLOCK], [T::Acc; BLOCK]),
-    streamer: Option<&mut Streamer>,
+    streamer: Option<(&mut Streamer, &mut [T])>,
     f: impl Fn(T::Acc, T::Acc) -> T::Acc,
 ) {
-    if let Some(streamer) = streamer {
-        let mut narrow = [<T as bytemuck::Zeroable>::zeroed(); BLOCK];
+    if let Some((streamer, narrow)) = streamer {
         // SAFETY: this task owns output elements `r` and makes no other slice of them; no operand
         // is the output, and inputs never overlap it.
         let ys = unsafe { out.slice_mut(r.clone()) };
         streamer.blocks(
             ys,
-            &mut narrow,
+            narrow,
             #[inline(always)]
             |k, ys| {
                 // SAFETY: as above; no task writes the inputs.

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
-use crate::backends::cpu::stream::{worth_streaming, Streamer};
+use crate::backends::cpu::stream::{worth_streaming, Streamer, STREAM_RUN_BYTES};
 use crate::backends::cpu::vector::{on_vectors, Registers, Step, Vector};
 
 /// Sets every element to `value` (rounded once, as the reference rounds it); outputs of
@@ -106,10 +106,6 @@ fn copy_t<E: bytemuck::Pod + Send + Sync>(
     });
     Ok(())
 }
-
-/// Dense runs of at least this many bytes are streamed past the cache in a copy of
-/// [`worth_streaming`] size; shorter ones would write too many lines partly with ordinary stores.
-const STREAM_RUN_BYTES: usize = 4096;
 
 /// Dense runs up to this many bytes are copied row by row by [`copy_short_runs`].
 const SHORT_RUN_BYTES: usize = 256;

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::backends::cpu::cost::TASK_ELEMENTS;
 use crate::backends::cpu::simd::SimdLevel;
-use crate::backends::cpu::stream::{worth_streaming, STREAM_BYTES};
+use crate::backends::cpu::stream::{worth_streaming, STREAM_BYTES, STREAM_RUN_BYTES};
 use crate::compute::UnaryBackwardDesc;
 use crate::rng::HostRng;
 use crate::shape::Layout;
@@ -864,7 +864,7 @@ fn streamed_unary_and_binary_outputs_match_the_reference() {
         for dtype in FLOATS {
             let mut mem = HostMemory::default();
             let n = streamed_len(dtype);
-            let (rows, cols) = (n / 1031, 1031);
+            let (rows, cols) = (n / 2053, 2053);
             let a = upload(&mut mem, dtype, &values(n, 21, -3.0, 3.0));
             let b = upload(&mut mem, dtype, &values(n, 22, -3.0, 3.0));
             for op in [UnaryOp::Exp, UnaryOp::Gelu] {
@@ -898,7 +898,9 @@ fn streamed_unary_and_binary_outputs_match_the_reference() {
                 ctx,
                 what,
             );
-            // A row broadcast over a matrix: runs of one row each, streamed one after another.
+            // A row broadcast over a matrix: runs of one row each (past `STREAM_RUN_BYTES` in every
+            // dtype), streamed one after another.
+            assert!(cols * dtype.size_in_bytes() >= STREAM_RUN_BYTES);
             let m = rows * cols;
             let lhs = StridedBuf::contiguous(a, &[rows, cols]);
             let row = StridedBuf {
