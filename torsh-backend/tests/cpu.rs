@@ -79,6 +79,43 @@ fn a_gather_split_over_rows_reports_its_first_bad_index() {
 }
 
 #[test]
+fn a_large_gather_along_rows_matches_the_reference() {
+    // Past 16 MiB of output, in rows of at least 4 KiB in every dtype: the dense-row gather streams
+    // its output a block at a time and reads each input row in order first. Input rows are wider
+    // than the index rows, and the row count is odd, so blocks and tasks end mid-row.
+    let (rows, cols, wide) = (4099, 2053, 2111);
+    let reference = Backend::reference().unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let picks: Vec<i64> = (0..rows * cols)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % wide as u64) as i64
+        })
+        .collect();
+    let narrow: Vec<i32> = picks.iter().map(|&i| i as i32).collect();
+    for (name, cpu) in configurations() {
+        for dtype in [DType::F32, DType::F64, DType::F16] {
+            let x = cpu.randn(&[rows, wide], dtype).unwrap();
+            let xr = reference
+                .from_f64(&x.to_vec_f64().unwrap(), &[rows, wide], dtype)
+                .unwrap();
+            let (index, index_ref) = if dtype == DType::F64 {
+                let i = cpu.from_slice(&narrow, &[rows, cols]).unwrap();
+                (i, reference.from_slice(&narrow, &[rows, cols]).unwrap())
+            } else {
+                let i = cpu.from_slice(&picks, &[rows, cols]).unwrap();
+                (i, reference.from_slice(&picks, &[rows, cols]).unwrap())
+            };
+            let got = x.gather(1, &index).unwrap().to_vec_f64().unwrap();
+            let want = xr.gather(1, &index_ref).unwrap().to_vec_f64().unwrap();
+            assert!(got == want, "{name}, {dtype}: the gathers differ");
+        }
+    }
+}
+
+#[test]
 fn device_info_reports_threads_and_simd_level() {
     for (name, cpu) in configurations() {
         let info = cpu.device_info();
