@@ -25,6 +25,7 @@ mod optim;
 mod pool;
 mod reduce;
 mod scan;
+mod scratch;
 mod select;
 pub mod simd;
 mod small_gemm;

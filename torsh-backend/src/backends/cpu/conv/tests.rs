@@ -367,6 +367,29 @@ fn winograd_matches_the_reference() {
 }
 
 #[test]
+fn winograd_reads_nothing_that_kept_scratch_held() {
+    // Every kind of scratch kept between calls holds NaN before each call: the input transform's
+    // padding, the products and the filters must all be written before they are read. One group
+    // whose blocks transform their own filters (one thread), shared out by pieces of tiles (two),
+    // and whole groups per thread, with tiles ending mid-panel.
+    let cases = [
+        (Case::new([1, 40, 14, 14], 40, [3, 3]), [1, 1]),
+        (Case::new([5, 16, 11, 13], 20, [3, 3]), [1, 1]),
+        (Case::new([1, 24, 61, 67], 32, [3, 3]), [0, 1]),
+    ];
+    for (case, padding) in cases {
+        let case = Case { padding, ..case };
+        for threads in [1, 2] {
+            for dtype in [DType::F32, DType::F64] {
+                winograd::keep_poisoned_scratch(f32::NAN, 1 << 16);
+                winograd::keep_poisoned_scratch(f64::NAN, 1 << 16);
+                check(case, dtype, threads);
+            }
+        }
+    }
+}
+
+#[test]
 fn direct_kernel_matches_the_reference() {
     // First layers: an RGB 7×7/2 stem whose output rows end in a short tile, a 5×5 grey layer of
     // two images, 11×11/4 with output channels past a register block, asymmetric windows,

@@ -21,7 +21,10 @@
 //! at least two groups per thread the threads take whole groups instead. The filters are
 //! transformed once per call, except when one group in one piece is the whole convolution (a
 //! single small image): then each block of output channels transforms its own filters just
-//! before its products, which read them from the cache instead of from memory.
+//! before its products, which read them from the cache instead of from memory. The transformed
+//! input and filters and the products' buffers are kept between calls (`scratch`): every element
+//! of them is written before it is read, so a call neither allocates nor zeroes them when the
+//! previous call's fit.
 //!
 //! Non-finite values: a group's image or block with an input that is not finite, or larger than
 //! a quarter of the type's largest finite value (so that a transform might overflow), is computed
@@ -33,13 +36,13 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 use super::tile::{tile, Channels, Taps};
 use super::{
     out_of_memory, parallel_items, zeroed, Geometry, Job, Plan, Raw, Scratch, Wide, COL_BYTES,
 };
 use crate::backends::cpu::host::{Ctx, Real};
+use crate::backends::cpu::scratch;
 use crate::backends::cpu::simd::SimdLevel;
 use crate::backends::cpu::team::par_chunks_mut;
 use crate::backends::cpu::vector::{on_vectors, Registers, Step, Vector, PORTABLE_LANES};
@@ -258,48 +261,114 @@ struct Buffers<A> {
 }
 
 impl<A: Real> Buffers<A> {
-    /// Buffers for `g` tiled by `t`, with a group's transformed input when `with_v`.
+    /// Buffers for `g` tiled by `t`, with a group's transformed input when `with_v`: kept ones
+    /// (see `scratch`) resized, else new ones, zeroed where they grow. `OutOfMemory` when they
+    /// cannot be allocated.
     fn new(g: &Geometry, t: &Tiling, with_v: bool) -> Result<Buffers<A>> {
-        Ok(Buffers {
-            v: if with_v {
-                zeroed(t.v_len(g))?
-            } else {
-                Vec::new()
-            },
-            m: zeroed(t.chunk_tiles() * XI * t.cl)?,
-            u: if t.fused {
-                zeroed(t.block_len(g))?
-            } else {
-                Vec::new()
-            },
-            band: zeroed(t.band_len())?,
-            block_outputs: 2 * t.rows * g.ow,
+        let mut b = scratch::take::<Buffers<A>>().unwrap_or_else(|| Buffers {
+            v: Vec::new(),
+            m: Vec::new(),
+            u: Vec::new(),
+            band: Vec::new(),
+            block_outputs: 0,
             fallback: None,
-        })
+        });
+        // Each part is written before it is read (the input transform zeroes the padding of a
+        // group's last panel in `v`): what a kept buffer holds does not matter.
+        if with_v {
+            resize(&mut b.v, t.v_len(g))?;
+        }
+        resize(&mut b.m, t.chunk_tiles() * XI * t.cl)?;
+        if t.fused {
+            resize(&mut b.u, t.block_len(g))?;
+        }
+        resize(&mut b.band, t.band_len())?;
+        b.block_outputs = 2 * t.rows * g.ow;
+        b.fallback = None;
+        Ok(b)
+    }
+
+    /// Keeps these buffers for a later call (see `scratch`), without the im2col path's, which
+    /// fit one geometry only.
+    fn keep(mut self) {
+        self.fallback = None;
+        let elements = self.v.capacity() + self.m.capacity() + self.u.capacity();
+        let bytes = (elements + self.band.capacity()) * std::mem::size_of::<A>();
+        scratch::keep(self, bytes);
     }
 }
 
-/// A set of [`Buffers`] taken from a pool (or made, when the pool is empty) and given back when
-/// dropped; `buffers` is `None` when making them failed.
-struct Lease<'a, A> {
-    pool: &'a Mutex<Vec<Buffers<A>>>,
+/// Sets the length of `v` to `n`, zeroing the elements it gains; `OutOfMemory` when it cannot
+/// grow.
+fn resize<A: Real>(v: &mut Vec<A>, n: usize) -> Result<()> {
+    v.try_reserve_exact(n.saturating_sub(v.len()))
+        .map_err(|_| out_of_memory::<A>(n))?;
+    v.resize(n, A::ZERO);
+    Ok(())
+}
+
+/// The transformed input of a call whose groups run one after another (`INPUT`), or its
+/// transformed filters (`FILTERS`), kept between calls (see `scratch`) by kind.
+struct Kept<A, const KIND: u8>(Vec<A>);
+
+/// [`Kept`]'s kinds.
+const INPUT: u8 = 0;
+const FILTERS: u8 = 1;
+
+impl<A: Real, const KIND: u8> Kept<A, KIND> {
+    /// `n` elements, kept ones where there are (their values are unspecified), zero where they
+    /// grow; `OutOfMemory` when they cannot be allocated.
+    fn take(n: usize) -> Result<Vec<A>> {
+        let mut v = scratch::take::<Kept<A, KIND>>().map_or_else(Vec::new, |k| k.0);
+        resize(&mut v, n)?;
+        Ok(v)
+    }
+
+    /// Keeps `v` for a later [`Kept::take`].
+    fn keep(v: Vec<A>) {
+        let bytes = v.capacity() * std::mem::size_of::<A>();
+        scratch::keep(Kept::<A, KIND>(v), bytes);
+    }
+}
+
+/// Fills the store of kept scratch (see `scratch`) with buffers of every kind this path keeps for
+/// `A`, `elements` long and each holding `nan`: a later call must read nothing a kept buffer held.
+#[cfg(test)]
+pub(super) fn keep_poisoned_scratch<A: Real>(nan: A, elements: usize) {
+    for _ in 0..4 {
+        Kept::<A, INPUT>::keep(vec![nan; elements]);
+        Kept::<A, FILTERS>::keep(vec![nan; elements]);
+        let b = Buffers {
+            v: vec![nan; elements],
+            m: vec![nan; elements],
+            u: vec![nan; elements],
+            band: vec![nan; elements],
+            block_outputs: 0,
+            fallback: None,
+        };
+        b.keep();
+    }
+}
+
+/// A set of [`Buffers`] for one task, kept (see `scratch`) when dropped; `buffers` is `None`
+/// when making them failed.
+struct Lease<A: Real> {
     buffers: Option<Buffers<A>>,
 }
 
-impl<'a, A> Lease<'a, A> {
-    fn take(pool: &'a Mutex<Vec<Buffers<A>>>, make: impl FnOnce() -> Result<Buffers<A>>) -> Self {
-        let free = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+impl<A: Real> Lease<A> {
+    /// Buffers as [`Buffers::new`] makes them.
+    fn take(g: &Geometry, t: &Tiling, with_v: bool) -> Self {
         Lease {
-            pool,
-            buffers: free.or_else(|| make().ok()),
+            buffers: Buffers::new(g, t, with_v).ok(),
         }
     }
 }
 
-impl<A> Drop for Lease<'_, A> {
+impl<A: Real> Drop for Lease<A> {
     fn drop(&mut self) {
         if let Some(b) = self.buffers.take() {
-            self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+            b.keep();
         }
     }
 }
@@ -312,8 +381,6 @@ struct Run<'a, A> {
     shared: Option<&'a [A]>,
     /// The bias, zero past `K` to the end of the last block.
     bias: &'a [A],
-    /// Buffers for the tasks of the team.
-    pool: Mutex<Vec<Buffers<A>>>,
     /// Set when a block's own filter transform was not finite.
     bad_filter: AtomicBool,
 }
@@ -621,13 +688,12 @@ impl<T: Wide> Job<'_, T> {
             t: &t,
             shared: shared.as_deref(),
             bias: &bias,
-            pool: Mutex::new(Vec::new()),
             bad_filter: AtomicBool::new(false),
         };
         if t.outer {
             let serial = Ctx { threads: 1, ..ctx };
             parallel_items(t.groups, ctx.threads).try_for_each_init(
-                || Lease::take(&run.pool, || Buffers::new(g, &t, true)),
+                || Lease::take(g, &t, true),
                 |lease, group| {
                     let b = lease
                         .buffers
@@ -640,20 +706,33 @@ impl<T: Wide> Job<'_, T> {
                 },
             )?;
         } else if ctx.threads > 1 {
-            let mut v = zeroed(t.v_len(g))?;
-            let v = raw(&mut v);
+            let mut v = Kept::<_, INPUT>::take(t.v_len(g))?;
             for group in 0..t.groups {
-                self.winograd_group(group, &run, ctx, v, None)?;
+                self.winograd_group(group, &run, ctx, raw(&mut v), None)?;
             }
+            Kept::<_, INPUT>::keep(v);
         } else {
-            let mut b = Buffers::new(g, &t, true)?;
+            let mut lease = Lease::take(g, &t, true);
+            let b = lease
+                .buffers
+                .as_mut()
+                .ok_or_else(|| out_of_memory::<T::Acc>(t.v_len(g)))?;
             let mut v = std::mem::take(&mut b.v);
-            let v = raw(&mut v);
+            let mut done = Ok(());
             for group in 0..t.groups {
-                self.winograd_group(group, &run, ctx, v, Some(&mut b))?;
+                done = self.winograd_group(group, &run, ctx, raw(&mut v), Some(b));
+                if done.is_err() {
+                    break;
+                }
             }
+            b.v = v;
+            done?;
         }
-        if run.bad_filter.into_inner() {
+        let bad_filter = run.bad_filter.into_inner();
+        if let Some(u) = shared {
+            Kept::<_, FILTERS>::keep(u);
+        }
+        if bad_filter {
             return self.im2col_gemm(ctx);
         }
         Ok(())
@@ -664,7 +743,7 @@ impl<T: Wide> Job<'_, T> {
     fn filters(&self, t: &Tiling, ctx: Ctx) -> Result<Option<Vec<T::Acc>>> {
         let g = &self.g;
         let len = t.block_len(g);
-        let mut u = zeroed(t.kblocks * len)?;
+        let mut u = Kept::<_, FILTERS>::take(t.kblocks * len)?;
         let finite = AtomicBool::new(true);
         let block = |kb: usize, dst: &mut [T::Acc]| {
             let ok = transform_filters(ctx.simd, self.weight, g, kb * t.cl, t.cl, dst);
@@ -679,7 +758,12 @@ impl<T: Wide> Job<'_, T> {
                 .enumerate()
                 .for_each(|(kb, dst)| block(kb, dst));
         }
-        Ok(finite.into_inner().then_some(u))
+        if finite.into_inner() {
+            Ok(Some(u))
+        } else {
+            Kept::<_, FILTERS>::keep(u);
+            Ok(None)
+        }
     }
 
     /// Group `group`: its input transform into `v` (`[16][panels][C][P]`), then its products and
@@ -755,7 +839,7 @@ impl<T: Wide> Job<'_, T> {
         match serial.as_deref_mut() {
             Some(b) => (0..items).for_each(|item| block(item, b)),
             None => parallel_items(items, ctx.threads).try_for_each_init(
-                || Lease::take(&run.pool, || Buffers::new(g, t, false)),
+                || Lease::take(g, t, false),
                 |lease, item| {
                     let b = lease
                         .buffers
@@ -775,7 +859,7 @@ impl<T: Wide> Job<'_, T> {
         let b = match serial {
             Some(b) => b,
             None => lease
-                .insert(Lease::take(&run.pool, || Buffers::new(g, t, false)))
+                .insert(Lease::take(g, t, false))
                 .buffers
                 .as_mut()
                 .ok_or_else(|| out_of_memory::<T::Acc>(t.chunk_tiles() * XI * t.cl))?,
@@ -949,7 +1033,8 @@ struct Item {
 ///
 /// # Safety
 /// As [`Vector`]'s methods for `V`; `v` holds a group's `[16][panels][C][P]` elements, whose
-/// channels `cs` no other task reads or writes meanwhile. Only the item's tiles are written.
+/// channels `cs` no other task reads or writes meanwhile. Only the item's tiles are written, and
+/// zeros past them to the end of their last panel.
 #[inline(always)]
 unsafe fn transform_input<T: Wide, V: Vector<T::Acc>>(
     job: &Job<'_, T>,
@@ -1060,6 +1145,17 @@ unsafe fn transform_input<T: Wide, V: Vector<T::Acc>>(
                     }
                 }
                 l += n;
+            }
+        }
+        // The tiles past the item's in its last panel are zero, as the products read a panel
+        // whole (the group's next item, if any, overwrites them).
+        let end = x.at + x.nt * tw;
+        if !end.is_multiple_of(p) {
+            let (to, n) = (end / p * panel + end % p, p - end % p);
+            for xi in 0..XI {
+                // SAFETY: tiles `end ..` of the panel, inside it, of channel c: this task's.
+                unsafe { std::slice::from_raw_parts_mut(out.wrapping_add(xi * position + to), n) }
+                    .fill(zero);
             }
         }
     }
