@@ -320,6 +320,17 @@ fn check_all(case: Case) {
 }
 
 #[test]
+fn wide_pointwise_matches_the_reference() {
+    // More output channels than one `NO_REPACK_COLS` block, which a pointwise product on one
+    // thread computes whole; two images, so that two threads take a block of positions each.
+    check_all(Case::new([2, 70, 13, 11], 67, [1, 1]));
+    check_all(Case {
+        bias: false,
+        ..Case::new([1, 70, 13, 11], 67, [1, 1])
+    });
+}
+
+#[test]
 fn padded_3x3_matches_the_reference() {
     // Short output rows gather their patches through a table; rows of 32 or more copy segments.
     for input in [[2, 5, 9, 11], [1, 3, 5, 37]] {
