@@ -223,32 +223,59 @@ fn copy_gbps(bytes: usize, threads: usize) -> Option<f64> {
     (best.is_finite() && best > 0.0).then(|| 2.0 * bytes as f64 / best / 1e9)
 }
 
-/// Copies `src` into `dst` (equal lengths): on x86-64 the 16-byte-aligned middle of `dst` with
-/// streaming stores (SSE2) and a store fence, so that no destination line is read before it is
-/// written; elsewhere `copy_from_slice`.
+/// Copies `src` into `dst` (equal lengths): on x86-64 the aligned middle of `dst` with the widest
+/// streaming stores the CPU has (a 64-byte line a store with AVX-512F, else 16 bytes with SSE2),
+/// as the library's streamed outputs are written, and a store fence, so that no destination line
+/// is read before it is written; elsewhere `copy_from_slice`.
 fn stream_copy(src: &[u8], dst: &mut [u8]) {
     assert_eq!(src.len(), dst.len(), "stream_copy of unequal lengths");
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        let wide = std::arch::is_x86_feature_detected!("avx512f");
+        let align = if wide { 64 } else { 16 };
         let n = dst.len();
-        let head = dst.as_ptr().align_offset(16).min(n);
-        let body = (n - head) / 16 * 16;
+        let head = dst.as_ptr().align_offset(align).min(n);
+        let body = (n - head) / align * align;
         dst[..head].copy_from_slice(&src[..head]);
-        for i in (head..head + body).step_by(16) {
-            // SAFETY: `i + 16 ≤ n` for both slices; `dst + i` is 16-byte aligned; SSE2 is part of
-            // x86-64.
-            unsafe {
-                let v = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
-                _mm_stream_si128(dst.as_mut_ptr().add(i).cast::<__m128i>(), v);
+        if wide {
+            // SAFETY: AVX-512F was detected; the range is inside both slices and `dst + head`
+            // is 64-byte aligned.
+            unsafe { stream_lines(&src[head..head + body], &mut dst[head..head + body]) };
+        } else {
+            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+            for i in (head..head + body).step_by(16) {
+                // SAFETY: `i + 16 ≤ n` for both slices; `dst + i` is 16-byte aligned; SSE2 is
+                // part of x86-64.
+                unsafe {
+                    let v = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
+                    _mm_stream_si128(dst.as_mut_ptr().add(i).cast::<__m128i>(), v);
+                }
             }
         }
         dst[head + body..].copy_from_slice(&src[head + body..]);
         // SAFETY: SSE is part of x86-64; orders the streamed stores before the thread's later ones.
-        unsafe { _mm_sfence() };
+        unsafe { std::arch::x86_64::_mm_sfence() };
     }
     #[cfg(not(target_arch = "x86_64"))]
     dst.copy_from_slice(src);
+}
+
+/// `dst = src` (equal lengths, a multiple of 64 bytes, `dst` 64-byte aligned), a streaming store
+/// of a whole line at a time (unfenced).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream_lines(src: &[u8], dst: &mut [u8]) {
+    use std::arch::x86_64::{__m512i, _mm512_loadu_si512, _mm512_stream_si512};
+    for (s, d) in src.chunks_exact(64).zip(dst.chunks_exact_mut(64)) {
+        // SAFETY: 64 bytes of each; `d` is 64-byte aligned (the caller's contract).
+        unsafe {
+            let v = _mm512_loadu_si512(s.as_ptr().cast::<__m512i>());
+            _mm512_stream_si512(d.as_mut_ptr().cast::<__m512i>(), v);
+        }
+    }
 }
 
 /// `len` bytes of `value`, on transparent huge pages where Linux grants them (`MADV_HUGEPAGE` before

@@ -146,8 +146,9 @@ fn gather_typed<W: bytemuck::Pod + Send + Sync, I: IndexValue>(
             ctx.simd,
             #[inline(always)]
             || {
-                let mut streamer =
-                    stream.then(|| (Streamer::new(), vec![W::zeroed(); BLOCK_BYTES / width]));
+                // A line more than a block, so that the block can start on a line.
+                let block = (BLOCK_BYTES + LINE_BYTES) / width;
+                let mut streamer = stream.then(|| (Streamer::new(), vec![W::zeroed(); block]));
                 // The multi-index of the first row, then row by row.
                 let mut coord = vec![0usize; rank];
                 let mut rest = range.start;

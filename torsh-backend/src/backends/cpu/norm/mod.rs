@@ -22,7 +22,7 @@ use super::reduce::{
     acc_of, as_acc_mut, columns, lane_state, lanes, Grid, Matrices, Moments, Source,
 };
 use crate::backends::cpu::cost::items_per_task;
-use crate::backends::cpu::stream::{worth_streaming, Streamer, BLOCK_BYTES};
+use crate::backends::cpu::stream::{on_a_line, worth_streaming, Streamer, BLOCK_BYTES};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
@@ -71,7 +71,7 @@ fn store<T: Element>(
     let len = dst.len();
     match (as_acc_mut(dst), streamer) {
         (Some(ys), Some(streamer)) => {
-            let b = &mut buf[..len];
+            let b = &mut on_a_line(buf, len)[..len];
             f(b);
             streamer.copy(b, ys);
         }
