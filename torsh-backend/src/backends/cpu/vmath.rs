@@ -3,6 +3,12 @@
 //! few ulp (at most 6) over its whole domain (tests below measure the worst case against f64), propagates NaN, and gives the IEEE
 //! answers at ±∞ — except [`exp_nonpositive_f32`], the softmax's exponential, whose documented
 //! domain is `x ≤ 0` and which flushes results below 2⁻¹²⁶ towards 0.
+//!
+//! Where an instruction the compiler does not reach from this scalar source makes a function much
+//! cheaper, module `avx512` has its explicit vector form on the same reduction and polynomial.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
 
 /// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude below 2²² to the nearest integer.
 pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
@@ -23,11 +29,11 @@ fn round_parts(x: f32) -> (f32, i32) {
 }
 
 /// log₂ e.
-const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split so that `n · LN2_HI` is exact for integral `|n| < 2⁹` (Cephes' constants).
-const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
 /// ln 2 − [`LN2_HI`].
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
 
 /// `x − n·ln 2` for an integral `n`, `|n| < 2⁹`, with no rounding error from the first product.
 #[inline(always)]
@@ -41,19 +47,24 @@ pub(crate) fn reduce_ln2(x: f32, n: f32) -> f32 {
 /// f32).
 #[inline(always)]
 pub(crate) fn exp_reduced(r: f32) -> f32 {
-    horner(
-        r,
-        [
-            1.0,
-            1.0,
-            0.499_999_94,
-            0.166_665_21,
-            4.166_839e-2,
-            8.368_745e-3,
-            1.381_454e-3,
-        ],
-    )
+    horner(r, EXP_REDUCED)
 }
+
+/// The coefficients of [`exp_reduced`]'s polynomial, constant term first.
+pub(crate) const EXP_REDUCED: [f32; 7] = [
+    1.0,
+    1.0,
+    0.499_999_94,
+    0.166_665_21,
+    4.166_839e-2,
+    8.368_745e-3,
+    1.381_454e-3,
+];
+
+/// The largest argument [`exp_f32`] computes (above, every result is +∞).
+pub(crate) const EXP_MAX: f32 = 89.0;
+/// The smallest argument [`exp_f32`] computes (below, every result rounds to 0).
+pub(crate) const EXP_MIN: f32 = -104.0;
 
 /// eˣ in f32, within 2 ulp, subnormal results included (the reduction and polynomial of
 /// [`exp_reduced`] on `r = x − n·ln 2`, `|r| ≤ ln 2 / 2`). 2ⁿ is applied as `2^(n∓64)·2^(±64)`
@@ -61,7 +72,7 @@ pub(crate) fn exp_reduced(r: f32) -> f32 {
 /// for every `n` in [−150, 128] and the result is rounded once, to a subnormal or to ∞ alike.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
-    let clamped = x.clamp(-104.0, 89.0);
+    let clamped = x.clamp(EXP_MIN, EXP_MAX);
     let negative = clamped < 0.0;
     // 1.5 · 2²³ + 127 ± 64: the rounding leaves n + 127 ± 64 in the low mantissa bits.
     let magic = if negative {

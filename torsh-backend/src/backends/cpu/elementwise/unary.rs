@@ -11,9 +11,78 @@ use crate::backends::cpu::stream::{worth_streaming, Streamer};
 macro_rules! map_by_op {
     ($op:expr, $x:expr, $out:expr, $ctx:expr, { $($pat:pat => |$v:ident| $f:expr),* $(,)? }) => {
         match $op {
-            $($pat => map($x, $out, $ctx, #[inline(always)] move |$v| $f),)*
+            $($pat => map($x, $out, $ctx, Each(#[inline(always)] move |$v| $f)),)*
         }
     };
+}
+
+/// A function applied element by element to a block of compute-type values.
+trait Elementwise<A>: Copy + Send + Sync {
+    /// `ys[i] = f(xs[i])` for `i < min(xs.len(), ys.len())`.
+    fn block(&self, xs: &[A], ys: &mut [A]);
+    /// `b[i] = f(b[i])`.
+    fn block_in_place(&self, b: &mut [A]);
+    /// [`Elementwise::block`] with the output written by unfenced streaming stores (the caller
+    /// fences), where the function has such a form and `ys` suits it; `false`, writing nothing,
+    /// elsewhere.
+    #[inline(always)]
+    fn block_streamed(&self, _xs: &[A], _ys: &mut [A]) -> bool {
+        false
+    }
+}
+
+/// A scalar function as an [`Elementwise`]: loops the compiler vectorises inside `with_simd`.
+#[derive(Clone, Copy)]
+struct Each<F>(F);
+
+impl<A: Copy, F: Fn(A) -> A + Copy + Send + Sync> Elementwise<A> for Each<F> {
+    #[inline(always)]
+    fn block(&self, xs: &[A], ys: &mut [A]) {
+        for (y, &v) in ys.iter_mut().zip(xs) {
+            *y = (self.0)(v);
+        }
+    }
+
+    #[inline(always)]
+    fn block_in_place(&self, b: &mut [A]) {
+        for v in b {
+            *v = (self.0)(*v);
+        }
+    }
+}
+
+/// eˣ on AVX-512 registers ([`vmath::avx512::exp`]): made only where the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct ExpAvx512(());
+
+#[cfg(target_arch = "x86_64")]
+impl ExpAvx512 {
+    /// The function, when `simd` is AVX-512 (detected on this CPU).
+    fn at(simd: SimdLevel) -> Option<ExpAvx512> {
+        (simd == SimdLevel::Avx512).then_some(ExpAvx512(()))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Elementwise<f32> for ExpAvx512 {
+    #[inline(always)]
+    fn block(&self, xs: &[f32], ys: &mut [f32]) {
+        // SAFETY: an `ExpAvx512` exists only where the CPU has AVX-512F (`at`).
+        unsafe { vmath::avx512::exp(xs, ys) }
+    }
+
+    #[inline(always)]
+    fn block_in_place(&self, b: &mut [f32]) {
+        // SAFETY: as in `block`.
+        unsafe { vmath::avx512::exp_in_place(b) }
+    }
+
+    #[inline(always)]
+    fn block_streamed(&self, xs: &[f32], ys: &mut [f32]) -> bool {
+        // SAFETY: as in `block`.
+        unsafe { vmath::avx512::exp_streamed(xs, ys) }
+    }
 }
 
 /// `output[i] = op(input[i])`.
@@ -48,6 +117,11 @@ fn unary_f32<T: Lanes<Acc = f32>>(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx)
         return reference::unary(mem, d);
     };
     let x = &x;
+    #[cfg(target_arch = "x86_64")]
+    if let (UnaryOp::Exp, Some(exp)) = (d.op, ExpAvx512::at(ctx.simd)) {
+        map(x, out, ctx, exp);
+        return Ok(());
+    }
     map_by_op!(d.op, x, out, ctx, {
         UnaryOp::Neg => |v| neg::<f32>(v),
         UnaryOp::Abs => |v| f32::abs(v),
@@ -127,12 +201,7 @@ fn relu<R: Real>(x: R) -> R {
 
 /// `out[i] = f(x[i])` over every element, threaded; an output of [`worth_streaming`] size that is not
 /// the input is written with streaming stores.
-fn map<T: Lanes>(
-    x: &View<T>,
-    out: Span<T>,
-    ctx: Ctx,
-    f: impl Fn(T::Acc) -> T::Acc + Copy + Send + Sync,
-) {
+fn map<T: Lanes>(x: &View<T>, out: Span<T>, ctx: Ctx, f: impl Elementwise<T::Acc>) {
     let in_place = out.same_as(&x.span());
     let stream = !in_place && worth_streaming(out.len() * std::mem::size_of::<T>());
     for_chunks(out.len(), ctx.threads, TASK_ELEMENTS, |range| {
@@ -152,7 +221,7 @@ fn map_range<T: Lanes>(
     range: Range<usize>,
     in_place: bool,
     stream: bool,
-    f: impl Fn(T::Acc) -> T::Acc,
+    f: impl Elementwise<T::Acc>,
 ) {
     let span = x.span();
     if in_place {
@@ -160,16 +229,14 @@ fn map_range<T: Lanes>(
         // the only slice of that memory the task makes.
         let ys = unsafe { out.slice_mut(range) };
         if let Some(ys) = T::as_acc_mut(ys) {
-            for y in ys {
-                *y = f(*y);
-            }
+            f.block_in_place(ys);
             return;
         }
         let mut buf = scratch::<T::Acc>();
         for ys in ys.chunks_mut(BLOCK) {
             let b = &mut buf[..ys.len()];
             T::load(ys, b);
-            apply(b, &f);
+            f.block_in_place(b);
             T::store(b, ys);
         }
     } else if x.is_contiguous() {
@@ -181,16 +248,14 @@ fn map_range<T: Lanes>(
             return;
         }
         if let (Some(xs), Some(ys)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
-            for (y, &v) in ys.iter_mut().zip(xs) {
-                *y = f(v);
-            }
+            f.block(xs, ys);
             return;
         }
         let mut buf = scratch::<T::Acc>();
         for (xs, ys) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
             let b = &mut buf[..xs.len()];
             T::load(xs, b);
-            apply(b, &f);
+            f.block_in_place(b);
             T::store(b, ys);
         }
     } else {
@@ -199,7 +264,7 @@ fn map_range<T: Lanes>(
             let b = &mut buf[..r.len()];
             // SAFETY: nothing writes the input while this runs (the output is disjoint from it).
             unsafe { x.gather(r.start, b) };
-            apply(b, &f);
+            f.block_in_place(b);
             // SAFETY: this task owns `range` of the output.
             T::store(b, unsafe { out.slice_mut(r) });
         }
@@ -208,19 +273,19 @@ fn map_range<T: Lanes>(
 
 /// `ys[i] = f(xs[i])` (equal lengths), each block built in L1 and streamed past the cache.
 #[inline(always)]
-fn map_streamed<T: Lanes>(xs: &[T], ys: &mut [T], f: impl Fn(T::Acc) -> T::Acc) {
+fn map_streamed<T: Lanes>(xs: &[T], ys: &mut [T], f: impl Elementwise<T::Acc>) {
     let mut streamer = Streamer::new();
     let mut buf = scratch::<T::Acc>();
     if let (Some(xs), Some(ys)) = (T::as_acc(xs), T::as_acc_mut(ys)) {
+        // Straight from the registers where the function can (the streamer's drop fences).
+        if f.block_streamed(xs, ys) {
+            return;
+        }
         streamer.blocks(
             ys,
             &mut buf,
             #[inline(always)]
-            |at, b| {
-                for (o, &v) in b.iter_mut().zip(&xs[at..]) {
-                    *o = f(v);
-                }
-            },
+            |at, b| f.block(&xs[at..at + b.len()], b),
         );
         return;
     }
@@ -232,18 +297,10 @@ fn map_streamed<T: Lanes>(xs: &[T], ys: &mut [T], f: impl Fn(T::Acc) -> T::Acc) 
         |at, b| {
             let w = &mut buf[..b.len()];
             T::load(&xs[at..at + b.len()], w);
-            apply(w, &f);
+            f.block_in_place(w);
             T::store(w, b);
         },
     );
-}
-
-/// `b[i] = f(b[i])`.
-#[inline(always)]
-fn apply<A: Copy>(b: &mut [A], f: &impl Fn(A) -> A) {
-    for v in b {
-        *v = f(*v);
-    }
 }
 
 impl OpImpl<UnaryDesc> for CpuBackend {
