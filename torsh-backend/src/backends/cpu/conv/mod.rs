@@ -8,6 +8,9 @@
 //!   vectorised along the output width, that sums each tile of an output row over the taps in
 //!   registers: at stride 1 tiles of up to 64 columns with the taps of a row unrolled for rows of 3, 5
 //!   and 7 taps (dilation 1), at other strides runs of [`RUN`] columns in interleaved partial sums.
+//!   Square 3×3, 5×5 and 7×7 windows at stride 1 and dilation 1 (f32, f64) run [`DW_ROWS`] output
+//!   rows per tile instead ([`RowTiles`], typed vectors of the level), loading each input row once
+//!   for all the rows whose window holds it.
 //!   A single group of one input channel takes the first-layer kernel below when its window has
 //!   at least 25 taps, else on small planes the GEMM path.
 //! - **first layers** (one group of at most 4 input channels, at least 25 multiply-adds per output,
@@ -45,6 +48,8 @@ use super::blas;
 use super::cost::Work;
 use super::host::{with_float, with_simd, Ctx, Element, Real};
 use super::team::Items;
+use super::vector::{on_vectors, Step, Vector};
+use super::SimdLevel;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{conv as reference, memory::HostMemory};
 use crate::compute::op::OpImpl;
@@ -1069,7 +1074,7 @@ impl<T: Wide> Job<'_, T> {
             with_simd(
                 ctx.simd,
                 #[inline(always)]
-                || self.depthwise_band(plane, rows, band),
+                || self.depthwise_band(plane, rows, band, ctx.simd),
             );
         };
         if threaded {
@@ -1092,11 +1097,46 @@ impl<T: Wide> Job<'_, T> {
         }
     }
 
+    /// Output rows `oy .. oy + DW_ROWS` of output plane `plane` of a stride-1 depthwise
+    /// convolution of a square 3×3, 5×5 or 7×7 window at dilation 1 and an f32 or f64 output, in
+    /// register tiles of `DW_ROWS` rows ([`RowTiles`]) on the vectors of `simd`. Returns `false`
+    /// for another window or when a tile would read past the padded rows (having written some
+    /// columns, or none): the caller then writes the rows whole with the one-row tiles.
+    #[inline(always)]
+    fn depthwise_rows(
+        &self,
+        view: &BandView<'_, T::Acc>,
+        plane: usize,
+        oy: usize,
+        simd: SimdLevel,
+    ) -> bool {
+        let g = &self.g;
+        if !T::NATIVE || !matches!(g.s, 3 | 5 | 7) || view.taps.len() != g.s * g.s {
+            return false;
+        }
+        let outs: [*mut T::Acc; DW_ROWS] = std::array::from_fn(|j| {
+            self.output
+                .at((plane * g.oh + oy + j) * g.ow)
+                .cast::<T::Acc>()
+        });
+        let step = RowTiles { view, g, oy, outs };
+        // SAFETY: `RowTiles`' contract: output rows oy .. oy + DW_ROWS of this plane exist (the
+        // caller's band holds them), are f32 or f64 (`T::NATIVE`) and are written by this item
+        // only.
+        unsafe { on_vectors(simd, step) }
+    }
+
     /// Output rows `rows` of output plane `plane` (image · K + channel) of a depthwise convolution:
     /// loads the input rows they read into `band` (widened, zero-padded), then accumulates each
     /// output row [`RUN`] columns at a time in registers over every tap.
     #[inline(always)]
-    fn depthwise_band(&self, plane: usize, rows: std::ops::Range<usize>, band: &mut Band<T::Acc>) {
+    fn depthwise_band(
+        &self,
+        plane: usize,
+        rows: std::ops::Range<usize>,
+        band: &mut Band<T::Acc>,
+        simd: SimdLevel,
+    ) {
         let g = &self.g;
         let (img, ch) = (plane / g.k, plane % g.k);
         let cin = ch / g.kg(); // The group of the channel is its input channel.
@@ -1115,7 +1155,13 @@ impl<T: Wide> Job<'_, T> {
         // tile when the stride is 1 or 2), then one at a time.
         let sw = g.stride[1];
         let mut vector_end = if sw <= 2 { g.ow } else { g.ow - g.ow % RUN };
-        for oy in rows {
+        let mut oy = rows.start;
+        if sw == 1 && g.dilation == [1, 1] && g.r == g.s {
+            while oy + DW_ROWS <= rows.end && self.depthwise_rows(&view, plane, oy, simd) {
+                oy += DW_ROWS;
+            }
+        }
+        for oy in oy..rows.end {
             // SAFETY: output row oy of this plane is written by this item only.
             let out = unsafe { self.output.get_mut((plane * g.oh + oy) * g.ow, g.ow) };
             let acc_row: &mut [T::Acc] = match T::as_acc_mut(out) {
@@ -1168,6 +1214,11 @@ impl<T: Wide> Job<'_, T> {
         band.out = half_row;
     }
 }
+
+/// Output rows a stride-1 depthwise tile of a square window spans ([`RowTiles`]):
+/// each input row it loads serves up to this many of them, so a 3×3 window loads an input vector
+/// once per two multiply-adds instead of once per one.
+const DW_ROWS: usize = 4;
 
 /// Padded input elements a depthwise work item holds at most (its band of output rows is cut to
 /// fit, down to one row): 256 KiB of f32, so the band stays in the L2 cache.
@@ -1356,6 +1407,127 @@ impl<A: Real> BandView<'_, A> {
     }
 }
 
+/// [`DW_ROWS`] output rows of a stride-1 depthwise convolution of a square `K × K` window
+/// (`K = g.s`) at dilation 1, as a [`Step`] on vectors: each tile is `DW_ROWS` rows × up to
+/// [`TILE_VECTORS`] vectors of columns of accumulators in registers, which start at the bias. Each
+/// of the `DW_ROWS + K − 1` input rows a tile reads is loaded once per tap column and added to
+/// every row of the tile whose window holds it, by tap row within each output row, so every
+/// output is the same sum in the same order as [`BandView::unit_block`]'s.
+struct RowTiles<'v, 'a, A> {
+    view: &'v BandView<'a, A>,
+    g: &'v Geometry,
+    /// The first output row.
+    oy: usize,
+    /// The output rows, `OW` elements each.
+    outs: [*mut A; DW_ROWS],
+}
+
+/// Vectors of columns a [`RowTiles`] tile spans at most, with 32 vector registers (AVX-512) and
+/// with 16: `DW_ROWS ×` this many accumulators, beside the vectors of one input row.
+const TILE_VECTORS: [usize; 2] = [2, 4];
+
+impl<A: Real> RowTiles<'_, '_, A> {
+    /// The tile of `NV` vectors of columns from `c0`, for a `K`-tap window. Returns `false`,
+    /// writing nothing, when its reads would pass the padded rows.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`; the struct's outputs are valid for `OW` elements each
+    /// and written by this thread only.
+    #[inline(always)]
+    unsafe fn tile<V: Vector<A>, const NV: usize, const K: usize>(&self, c0: usize) -> bool {
+        let (g, view) = (self.g, self.view);
+        if c0 + NV * V::LANES + K - 1 > view.wp {
+            return false;
+        }
+        let mut acc = [[V::splat(view.bias); NV]; DW_ROWS];
+        for t in 0..DW_ROWS + K - 1 {
+            // Input row `oy + t − ph`: tap row `t − j` of output row `oy + j`.
+            let Some(row) = view.row(g, self.oy, t) else {
+                continue;
+            };
+            let p = row.as_ptr().add(c0);
+            for si in 0..K {
+                // SAFETY: c0 + si + NV·LANES ≤ wp = row.len() (checked above).
+                let x: [V; NV] = std::array::from_fn(|v| V::load(p.add(si + v * V::LANES)));
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    if t >= j && t - j < K {
+                        let w = V::splat(view.taps[(t - j) * K + si]);
+                        for (a, &x) in acc.iter_mut().zip(&x) {
+                            *a = x.mul_add(w, *a);
+                        }
+                    }
+                }
+            }
+        }
+        for (acc, &out) in acc.iter().zip(&self.outs) {
+            for (v, a) in acc.iter().enumerate() {
+                let col = c0 + v * V::LANES;
+                // SAFETY: columns below OW of an output row (the caller's contract).
+                if col + V::LANES <= g.ow {
+                    a.store(out.add(col));
+                } else if col < g.ow {
+                    a.store_first(out.add(col), g.ow - col);
+                }
+            }
+        }
+        true
+    }
+
+    /// Every column of the rows, in tiles of `NV` vectors (fewer for the last), for a `K`-tap
+    /// window. Returns `false` when a tile would read past the padded rows (the columns before it
+    /// are written).
+    ///
+    /// # Safety
+    /// As [`RowTiles::tile`].
+    #[inline(always)]
+    unsafe fn columns<V: Vector<A>, const NV: usize, const K: usize>(&self) -> bool {
+        let lanes = V::LANES;
+        let mut c0 = 0;
+        while c0 < self.g.ow {
+            let left = (self.g.ow - c0).div_ceil(lanes).min(NV);
+            let done = match left {
+                1 => self.tile::<V, 1, K>(c0),
+                2 => self.tile::<V, 2, K>(c0),
+                3 if NV >= 3 => self.tile::<V, 3, K>(c0),
+                _ => self.tile::<V, NV, K>(c0),
+            };
+            if !done {
+                return false;
+            }
+            c0 += left * lanes;
+        }
+        true
+    }
+
+    /// [`RowTiles::columns`] for the window of `g`.
+    ///
+    /// # Safety
+    /// As [`RowTiles::tile`].
+    #[inline(always)]
+    unsafe fn window<V: Vector<A>, const NV: usize>(&self) -> bool {
+        match self.g.s {
+            3 => self.columns::<V, NV, 3>(),
+            5 => self.columns::<V, NV, 5>(),
+            7 => self.columns::<V, NV, 7>(),
+            _ => false,
+        }
+    }
+}
+
+impl<A: Real> Step<A> for RowTiles<'_, '_, A> {
+    type Out = bool;
+
+    #[inline(always)]
+    unsafe fn run<V: Vector<A>>(self) -> bool {
+        // Registers of the level: 32 where a vector is 64 bytes (AVX-512), else 16.
+        if V::LANES * std::mem::size_of::<A>() >= 64 {
+            self.window::<V, { TILE_VECTORS[1] }>()
+        } else {
+            self.window::<V, { TILE_VECTORS[0] }>()
+        }
+    }
+}
+
 /// The width of the next stride-1 depthwise tile with `left` output columns to go: the widest of
 /// 64, 32, 16 and 8 that is at most a third wider than `left` (so a row of 56 is one tile of 64,
 /// a row of 28 one of 32), 8 below that. A tile of 64 f32 is eight AVX2 or four AVX-512 registers;
@@ -1368,14 +1540,14 @@ fn unit_tile_width(left: usize) -> usize {
         .unwrap_or(8)
 }
 
-/// `out[start + l] = tile[l]` for the lanes inside `out`.
+/// `out[start + l] = tile[l]` for the lanes inside `out`; a last partial tile in fixed-size
+/// chunks ([`copy_run`]), not a library call per row.
 #[inline(always)]
 fn store_tile<A: Real, const W: usize>(tile: &[A; W], out: &mut [A], start: usize) {
     if let Some(dst) = out.get_mut(start..start + W) {
         dst.copy_from_slice(tile);
     } else if let Some(dst) = out.get_mut(start..) {
-        let n = dst.len();
-        dst.copy_from_slice(&tile[..n]);
+        copy_run(tile, dst);
     }
 }
 

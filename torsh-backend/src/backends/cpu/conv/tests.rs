@@ -117,10 +117,13 @@ fn check(case: Case, dtype: DType, threads: usize) {
     for algorithm in algorithms {
         // The direct kernel's and the Winograd products' tiles are typed vectors of the level:
         // every level this CPU runs.
+        // So are the depthwise kernel's tiles of several rows.
+        let depthwise = case.groups == c && c > 0;
         let levels = match algorithm {
             Algorithm::Direct | Algorithm::DirectTiled(_) | Algorithm::Winograd => {
                 SimdLevel::runnable()
             }
+            Algorithm::Auto if depthwise => SimdLevel::runnable(),
             _ => vec![SimdLevel::detect()],
         };
         for simd in levels {
@@ -709,6 +712,27 @@ fn unit_stride_depthwise_tiles_match_the_reference() {
                 dilation,
                 bias: width % 2 == 0,
                 ..Case::new([1, 3, 4, width], 3 * (1 + width % 2), kernel)
+            });
+        }
+    }
+}
+
+#[test]
+fn multi_row_depthwise_tiles_match_the_reference() {
+    // Stride-1 square windows of 3, 5 and 7 taps at dilation 1 run several output rows per
+    // register tile (f32 and f64): heights that leave every remainder of rows to the one-row
+    // tiles, vertical padding on either side or none, widths past one and several vectors, and
+    // channel multipliers of 1 and 2; on 2 threads the bands split the rows as well.
+    for height in [1, 2, 3, 4, 5, 6, 7, 9, 13] {
+        for (k, padding) in [(3, [1, 1]), (3, [0, 2]), (5, [2, 2]), (7, [3, 1])] {
+            if height + 2 * padding[0] < k {
+                continue;
+            }
+            check_all(Case {
+                groups: 2,
+                padding,
+                bias: height % 2 == 1,
+                ..Case::new([2, 2, height, 3 + 7 * height], 2 * (1 + height % 2), [k, k])
             });
         }
     }
