@@ -9,7 +9,8 @@
 //! or 16 with AVX-512's 32) in registers, summing over the group's input channels and the window's
 //! taps: per tap, the `CL` weights (one or two vector loads) and `P` broadcast inputs make `CL·P`
 //! multiply-adds — a GEMM microkernel's shape, with the input read in place of a packed panel. The
-//! tile is written out transposed, a row of `P` pixels per channel. Its registers are typed
+//! tile is written out transposed, a row of `P` pixels per channel, through register transposes
+//! ([`Transposed`]). Its registers are typed
 //! vectors of the level ([`Vector`]), not arrays left to the compiler, which vectorised some tile
 //! sizes along the pixels or not at all.
 //!
@@ -30,6 +31,8 @@
 //! Every output is the same sum as the reference's in another order (input channel, then tap row,
 //! then tap column), so the results differ from it by rounding only; a non-finite input reaches
 //! exactly the outputs whose window reads it.
+
+use std::mem::MaybeUninit;
 
 use super::tile::{tile, Channels, Taps};
 use super::{fill_zero, gather_run, out_of_memory, parallel_items, zeroed, Geometry, Job, Wide};
@@ -336,7 +339,7 @@ impl<T: Wide> Job<'_, T> {
         let g = &self.g;
         let (img, b) = (item / l.bands, item % l.bands);
         let rows = b * l.band_rows..g.oh.min((b + 1) * l.band_rows);
-        self.load_band(img, rows.clone(), l, band);
+        self.load_band::<V>(img, rows.clone(), l, band);
         let (kg, crs, cl) = (g.kg(), g.crs(), l.cl);
         let blocks = kg.div_ceil(cl);
         let group_rows = g.cg * l.height * l.row_len(g);
@@ -418,36 +421,16 @@ impl<T: Wide> Job<'_, T> {
             // The layout sizes the band for every tile: this slice is in bounds.
             let x = &band.rows[base + c0..][..l.taps.reach()];
             let sums = tile::<_, V, NV, P>(x, &l.taps, ch);
-            // The tile through memory, `acc[p][c]`, for the per-channel rows below.
-            let mut acc = std::mem::MaybeUninit::<[[T::Acc; CL]; P]>::uninit();
-            let first = acc.as_mut_ptr().cast::<T::Acc>();
-            for (p, sums) in sums.iter().enumerate() {
-                for (v, s) in sums.iter().enumerate() {
-                    // SAFETY: vector v of pixel p covers elements p·CL + v·LANES .. + LANES of
-                    // the P·CL.
-                    s.store(first.add(p * CL + v * V::LANES));
-                }
-            }
-            // SAFETY: the P·NV vectors of LANES = CL / NV elements wrote all P·CL elements.
-            let acc = acc.assume_init();
             let n = P.min(g.ow - c0);
             let at = ((img * g.k + ch.k0) * g.oh + oy) * g.ow + c0;
+            let rows = Transposed::<T::Acc>::of::<V, CL, NV, P>(&sums);
             for kb in 0..ch.lanes {
                 // SAFETY: row oy of channel k0 + kb, columns c0 .. c0 + n, lies inside the output
                 // and is written by this item only (items own disjoint bands of output rows).
                 let out = self.output.get_mut(at + kb * plane, n);
                 match T::as_acc_mut(out) {
-                    // Element by element: gathering the row into an array first would read it back
-                    // wider than it was written, which the store buffer cannot forward.
-                    Some(out) => {
-                        for (o, acc) in out.iter_mut().zip(&acc) {
-                            *o = acc[kb];
-                        }
-                    }
-                    None => {
-                        let row: [T::Acc; P] = std::array::from_fn(|p| acc[p][kb]);
-                        T::narrow_slice(&row[..n], out);
-                    }
+                    Some(out) => rows.store::<V>(kb, out),
+                    None => T::narrow_slice(&rows.row(kb)[..n], out),
                 }
             }
             c0 += P;
@@ -455,9 +438,13 @@ impl<T: Wide> Job<'_, T> {
     }
 
     /// Loads into `band` the padded rows of image `img` that output rows `rows` read (from padded
-    /// row `rows.start · sh`), widened, zero outside the image, and split into phases.
+    /// row `rows.start · sh`), widened, zero outside the image, and split into phases (at stride
+    /// 2 by [`even_run`] on vectors of `V`).
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
     #[inline(always)]
-    fn load_band(
+    unsafe fn load_band<V: Vector<T::Acc>>(
         &self,
         img: usize,
         rows: std::ops::Range<usize>,
@@ -495,13 +482,136 @@ impl<T: Wide> Job<'_, T> {
                     let (left, rest) = phase.split_at_mut(lo);
                     let (mid, right) = rest.split_at_mut(hi - lo);
                     fill_zero(left);
-                    if !mid.is_empty() {
-                        gather_run(&src[p + lo * sw - pw..], sw, mid);
+                    let from = &src[p + lo * sw - pw..];
+                    if sw == 2 {
+                        // SAFETY: the caller's contract.
+                        unsafe { even_run::<_, V>(from, mid) };
+                    } else if !mid.is_empty() {
+                        gather_run(from, sw, mid);
                     }
                     fill_zero(right);
                 }
             }
         }
+    }
+}
+
+/// The most channels and pixels a [`Transposed`] tile holds, each (pixels rounded up to whole
+/// vectors).
+const TRANSPOSED: usize = 32;
+
+/// A register tile of `P` pixels × `CL` channels turned into `CL` rows of pixels, through two
+/// buffers on the stack and [`Vector::transpose`]s of `LANES × LANES` blocks, so that each channel's
+/// pixels are stored as vectors. Stored lane by lane, the compiler turned the strided reads into
+/// gathers, which on a Zen 4 core took a seventh of a 7×7/2 first layer's time.
+struct Transposed<A> {
+    /// `[channel][pv]`: channel `c`'s pixels from `c · pv`, the first `P` of them the tile's;
+    /// the `CL` rows are written, the rest of the buffer is not.
+    rows: [MaybeUninit<A>; TRANSPOSED * TRANSPOSED],
+    /// Channels: rows written.
+    cl: usize,
+    /// Pixels per row: `P` rounded up to whole vectors.
+    pv: usize,
+}
+
+impl<A: Real> Transposed<A> {
+    /// The rows of the tile `sums[p][v]` (channels `v · LANES ..` of pixel `p`).
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
+    #[inline(always)]
+    unsafe fn of<V: Vector<A>, const CL: usize, const NV: usize, const P: usize>(
+        sums: &[[V; NV]; P],
+    ) -> Transposed<A> {
+        let lanes = V::LANES;
+        let pv = P.div_ceil(lanes) * lanes;
+        assert!(
+            CL == NV * lanes && CL <= TRANSPOSED && pv <= TRANSPOSED,
+            "a tile too large to transpose"
+        );
+        // `[pixel][CL]`: the tile's pixels, then zero up to `pv` (nothing is read past them).
+        let mut tile = [MaybeUninit::<A>::uninit(); TRANSPOSED * TRANSPOSED];
+        let at = tile.as_mut_ptr().cast::<A>();
+        for p in 0..pv {
+            for v in 0..NV {
+                let s = sums.get(p).map_or(V::zero(), |s| s[v]);
+                // SAFETY: p·CL + v·LANES + LANES ≤ pv·CL ≤ the buffer (asserted above).
+                unsafe { s.store(at.add(p * CL + v * lanes)) };
+            }
+        }
+        let mut rows = [MaybeUninit::<A>::uninit(); TRANSPOSED * TRANSPOSED];
+        for i0 in (0..pv).step_by(lanes) {
+            for j0 in (0..CL).step_by(lanes) {
+                // SAFETY: block rows i0 .. i0 + LANES ≤ pv of `tile` (row stride CL, written
+                // above) and rows j0 .. j0 + LANES ≤ CL of `rows` (row stride pv) lie inside the
+                // buffers.
+                unsafe {
+                    V::transpose(
+                        at.add(i0 * CL + j0),
+                        CL,
+                        rows.as_mut_ptr().cast::<A>().add(j0 * pv + i0),
+                        pv,
+                    )
+                };
+            }
+        }
+        Transposed { rows, cl: CL, pv }
+    }
+
+    /// Channel `c`'s pixels (`pv` of them). Panics when `c` is not a channel of the tile.
+    #[inline(always)]
+    fn row(&self, c: usize) -> &[A] {
+        assert!(c < self.cl, "a channel outside the tile");
+        let row = &self.rows[c * self.pv..][..self.pv];
+        // SAFETY: rows below `cl` were written whole by the transposes (`of`); `MaybeUninit<A>`
+        // has `A`'s layout.
+        unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<A>(), row.len()) }
+    }
+
+    /// Writes the first `out.len() ≤ pv` pixels of channel `c` to `out` as vectors of `V` (the
+    /// last one masked).
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`, whose lanes divide `pv`.
+    #[inline(always)]
+    unsafe fn store<V: Vector<A>>(&self, c: usize, out: &mut [A]) {
+        let (row, n) = (self.row(c), out.len().min(self.pv));
+        for v0 in (0..n).step_by(V::LANES) {
+            // SAFETY: v0 + LANES ≤ pv elements of the row are read; lanes below n of `out`
+            // written.
+            unsafe {
+                let x = V::load(row.as_ptr().add(v0));
+                if v0 + V::LANES <= n {
+                    x.store(out.as_mut_ptr().add(v0));
+                } else {
+                    x.store_first(out.as_mut_ptr().add(v0), n - v0);
+                }
+            }
+        }
+    }
+}
+
+/// `dst[j] = src[2·j]`, `src` holding at least `2·dst.len() − 1` elements: [`gather_run`] at
+/// stride 2 as two loads and a permute per vector of `V` ([`Vector::deinterleave`]), the rest
+/// element by element. Left to the compiler, the strided loop became gathers, which on a Zen 4
+/// core took a sixth of a 7×7/2 first layer's time.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`.
+#[inline(always)]
+unsafe fn even_run<A: Real, V: Vector<A>>(src: &[A], dst: &mut [A]) {
+    let (n, lanes) = (dst.len(), V::LANES);
+    let mut i = 0;
+    while i + lanes <= n && 2 * (i + lanes) <= src.len() {
+        // SAFETY: `2·i + 2·LANES ≤ src.len()` elements are read, `i + LANES ≤ n` written.
+        unsafe {
+            let (even, _) = V::deinterleave(src.as_ptr().add(2 * i));
+            even.store(dst.as_mut_ptr().add(i));
+        }
+        i += lanes;
+    }
+    for (j, d) in dst[i..].iter_mut().enumerate() {
+        *d = src[2 * (i + j)];
     }
 }
 
