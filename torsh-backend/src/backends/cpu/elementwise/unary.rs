@@ -51,37 +51,44 @@ impl<A: Copy, F: Fn(A) -> A + Copy + Send + Sync> Elementwise<A> for Each<F> {
     }
 }
 
-/// eˣ on AVX-512 registers ([`vmath::avx512::exp`]): made only where the CPU has AVX-512F.
+/// A function with an AVX-512 form ([`vmath::avx512`]), on its registers: made only where the
+/// CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-struct ExpAvx512(());
+struct Avx512(vmath::avx512::Func);
 
 #[cfg(target_arch = "x86_64")]
-impl ExpAvx512 {
-    /// The function, when `simd` is AVX-512 (detected on this CPU).
-    fn at(simd: SimdLevel) -> Option<ExpAvx512> {
-        (simd == SimdLevel::Avx512).then_some(ExpAvx512(()))
+impl Avx512 {
+    /// The AVX-512 form of `op`, when it has one and `simd` is AVX-512 (detected on this CPU).
+    fn of(op: UnaryOp, simd: SimdLevel) -> Option<Avx512> {
+        use vmath::avx512::Func;
+        let f = match op {
+            UnaryOp::Exp => Func::Exp,
+            UnaryOp::Sigmoid => Func::Sigmoid,
+            _ => return None,
+        };
+        (simd == SimdLevel::Avx512).then_some(Avx512(f))
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Elementwise<f32> for ExpAvx512 {
+impl Elementwise<f32> for Avx512 {
     #[inline(always)]
     fn block(&self, xs: &[f32], ys: &mut [f32]) {
-        // SAFETY: an `ExpAvx512` exists only where the CPU has AVX-512F (`at`).
-        unsafe { vmath::avx512::exp(xs, ys) }
+        // SAFETY: an `Avx512` exists only where the CPU has AVX-512F (`of`).
+        unsafe { vmath::avx512::map(self.0, xs, ys) }
     }
 
     #[inline(always)]
     fn block_in_place(&self, b: &mut [f32]) {
         // SAFETY: as in `block`.
-        unsafe { vmath::avx512::exp_in_place(b) }
+        unsafe { vmath::avx512::map_in_place(self.0, b) }
     }
 
     #[inline(always)]
     fn block_streamed(&self, xs: &[f32], ys: &mut [f32]) -> bool {
         // SAFETY: as in `block`.
-        unsafe { vmath::avx512::exp_streamed(xs, ys) }
+        unsafe { vmath::avx512::map_streamed(self.0, xs, ys) }
     }
 }
 
@@ -118,8 +125,8 @@ fn unary_f32<T: Lanes<Acc = f32>>(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx)
     };
     let x = &x;
     #[cfg(target_arch = "x86_64")]
-    if let (UnaryOp::Exp, Some(exp)) = (d.op, ExpAvx512::at(ctx.simd)) {
-        map(x, out, ctx, exp);
+    if let Some(f) = Avx512::of(d.op, ctx.simd) {
+        map(x, out, ctx, f);
         return Ok(());
     }
     map_by_op!(d.op, x, out, ctx, {

@@ -1,16 +1,19 @@
 //! AVX-512 forms of `vmath` functions whose best instruction sequence the compiler does not reach
 //! from the scalar source: a block of f32 at a time, on explicit vectors.
 //!
-//! [`exp`] applies 2ⁿ with `vscalefps`, which multiplies by a power of two given as a float and
-//! rounds once, subnormal and infinite results included. The scalar [`exp_f32`](super::exp_f32)
-//! builds the power from the exponent bits in two factors chosen by the sign, to keep it normal:
-//! about 18 instructions a vector against 12 here, on the same reduction and polynomial.
+//! eˣ ([`Func::Exp`]) applies 2ⁿ with `vscalefps`, which multiplies by a power of two given as a
+//! float and rounds once, subnormal and infinite results included. The scalar
+//! [`exp_f32`](super::exp_f32) builds the power from the exponent bits in two factors chosen by
+//! the sign, to keep it normal: about 18 instructions a vector against 12 here, on the same
+//! reduction and polynomial. The sigmoid ([`Func::Sigmoid`]) is the scalar one's formula on that
+//! exponential.
 
 use std::arch::x86_64::{
-    __m512, __mmask16, _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps,
-    _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_ps, _mm512_roundscale_ps,
-    _mm512_scalef_ps, _mm512_set1_ps, _mm512_storeu_ps, _mm512_stream_ps, _MM_FROUND_NO_EXC,
-    _MM_FROUND_TO_NEAREST_INT,
+    __m512, __mmask16, _mm512_abs_ps, _mm512_add_ps, _mm512_cmp_ps_mask, _mm512_div_ps,
+    _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_loadu_ps, _mm512_mask_blend_ps,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_ps,
+    _mm512_roundscale_ps, _mm512_scalef_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    _mm512_stream_ps, _mm512_sub_ps, _CMP_LT_OQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT,
 };
 
 use super::{EXP_MAX, EXP_MIN, EXP_REDUCED, LN2_HI, LN2_LO, LOG2E};
@@ -51,7 +54,56 @@ fn first(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
-/// `n` exponentials from `src` to `dst` (which may be `src`, each vector being read before it is
+/// [`sigmoid_f32`](super::sigmoid_f32)'s `num / (1 + e)`, `e = e^−|x|` and `num` 1 for `x ≥ 0`,
+/// `e` below, in every lane (within 3 ulp; NaN kept, 0 at −∞, 1 at +∞).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sigmoid16(x: __m512) -> __m512 {
+    let one = _mm512_set1_ps(1.0);
+    // SAFETY: the caller's CPU contract.
+    let e = unsafe { exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x))) };
+    let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_setzero_ps());
+    _mm512_div_ps(
+        _mm512_mask_blend_ps(negative, one, e),
+        _mm512_add_ps(one, e),
+    )
+}
+
+/// A function with an AVX-512 form here, as the `vmath` function of the same name computes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Func {
+    /// eˣ ([`exp_f32`](super::exp_f32)).
+    Exp,
+    /// 1/(1 + e⁻ˣ) ([`sigmoid_f32`](super::sigmoid_f32)).
+    Sigmoid,
+}
+
+/// [`Func::Exp`] as a const parameter.
+const EXP: u8 = 0;
+/// [`Func::Sigmoid`] as a const parameter.
+const SIGMOID: u8 = 1;
+
+/// The function `F` ([`EXP`] or [`SIGMOID`]) in every lane.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn apply<const F: u8>(x: __m512) -> __m512 {
+    // SAFETY: the caller's CPU contract.
+    unsafe {
+        if F == SIGMOID {
+            sigmoid16(x)
+        } else {
+            exp16(x)
+        }
+    }
+}
+
+/// `n` values of `F` from `src` to `dst` (which may be `src`, each vector being read before it is
 /// written): whole vectors with streaming stores when `STREAM` (unfenced; `dst` 64-byte aligned),
 /// else ordinary ones, and a last partial vector with masked loads and an ordinary masked store.
 ///
@@ -60,13 +112,13 @@ fn first(n: usize) -> __mmask16 {
 /// the same pointer or do not overlap; with `STREAM`, `dst` is 64-byte aligned.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn exp_run<const STREAM: bool>(src: *const f32, dst: *mut f32, n: usize) {
+unsafe fn run<const F: u8, const STREAM: bool>(src: *const f32, dst: *mut f32, n: usize) {
     let mut i = 0;
     // SAFETY: every access is to lanes `i .. i + 16 ≤ n`, or to the masked lanes below `n` (a
     // masked load or store touches no other lane); with `STREAM` `dst + i` is 64-byte aligned.
     unsafe {
         while i + LANES <= n {
-            let v = exp16(_mm512_loadu_ps(src.add(i)));
+            let v = apply::<F>(_mm512_loadu_ps(src.add(i)));
             if STREAM {
                 _mm512_stream_ps(dst.add(i), v);
             } else {
@@ -76,49 +128,65 @@ unsafe fn exp_run<const STREAM: bool>(src: *const f32, dst: *mut f32, n: usize) 
         }
         if i < n {
             let m = first(n - i);
-            let v = exp16(_mm512_maskz_loadu_ps(m, src.add(i)));
+            let v = apply::<F>(_mm512_maskz_loadu_ps(m, src.add(i)));
             _mm512_mask_storeu_ps(dst.add(i), m, v);
         }
     }
 }
 
-/// `ys[i] = eˣⁱ` for `i < min(xs.len(), ys.len())`, as [`exp_f32`](super::exp_f32) computes it.
+/// [`run`] for `f`.
+///
+/// # Safety
+/// As [`run`].
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn run_func<const STREAM: bool>(f: Func, src: *const f32, dst: *mut f32, n: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match f {
+            Func::Exp => run::<EXP, STREAM>(src, dst, n),
+            Func::Sigmoid => run::<SIGMOID, STREAM>(src, dst, n),
+        }
+    }
+}
+
+/// `ys[i] = f(xs[i])` for `i < min(xs.len(), ys.len())`.
 ///
 /// # Safety
 /// The CPU has AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn exp(xs: &[f32], ys: &mut [f32]) {
+pub(crate) unsafe fn map(f: Func, xs: &[f32], ys: &mut [f32]) {
     // SAFETY: both slices hold the `n` elements and do not overlap (a shared and an exclusive
     // borrow); the caller's CPU contract.
-    unsafe { exp_run::<false>(xs.as_ptr(), ys.as_mut_ptr(), xs.len().min(ys.len())) }
+    unsafe { run_func::<false>(f, xs.as_ptr(), ys.as_mut_ptr(), xs.len().min(ys.len())) }
 }
 
-/// [`exp`] with streaming stores: `ys[i] = eˣⁱ` for `i < min(xs.len(), ys.len())`, each whole
-/// 64-byte line of `ys` written past the cache straight from the register (unfenced: the caller
-/// fences, as `Streamer` does), a last partial line with an ordinary masked store. Returns
+/// [`map`] with streaming stores: `ys[i] = f(xs[i])` for `i < min(xs.len(), ys.len())`, each
+/// whole 64-byte line of `ys` written past the cache straight from the register (unfenced: the
+/// caller fences, as `Streamer` does), a last partial line with an ordinary masked store. Returns
 /// `false`, writing nothing, when `ys` does not start on a 64-byte line.
 ///
 /// # Safety
 /// The CPU has AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn exp_streamed(xs: &[f32], ys: &mut [f32]) -> bool {
+pub(crate) unsafe fn map_streamed(f: Func, xs: &[f32], ys: &mut [f32]) -> bool {
     if ys.as_ptr().cast::<u8>().align_offset(64) != 0 {
         return false;
     }
-    // SAFETY: as in `exp`, and `ys` starts on a line (checked above).
-    unsafe { exp_run::<true>(xs.as_ptr(), ys.as_mut_ptr(), xs.len().min(ys.len())) };
+    // SAFETY: as in `map`, and `ys` starts on a line (checked above).
+    unsafe { run_func::<true>(f, xs.as_ptr(), ys.as_mut_ptr(), xs.len().min(ys.len())) };
     true
 }
 
-/// `b[i] = eᵇⁱ` in place, as [`exp`].
+/// `b[i] = f(b[i])`, as [`map`].
 ///
 /// # Safety
 /// The CPU has AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn exp_in_place(b: &mut [f32]) {
+pub(crate) unsafe fn map_in_place(f: Func, b: &mut [f32]) {
     let p = b.as_mut_ptr();
     // SAFETY: source and destination are the one slice; the caller's CPU contract.
-    unsafe { exp_run::<false>(p, p, b.len()) }
+    unsafe { run_func::<false>(f, p, p, b.len()) }
 }
 
 #[cfg(test)]
@@ -130,19 +198,24 @@ mod tests {
         std::arch::is_x86_feature_detected!("avx512f")
     }
 
-    /// `exp` over `xs`, through both entry points, checked to agree.
-    fn exp_of(xs: &[f32]) -> Vec<f32> {
+    /// `f` over `xs`, through both entry points, checked to agree.
+    fn map_of(f: Func, xs: &[f32]) -> Vec<f32> {
         let mut ys = vec![f32::NAN; xs.len()];
         let mut b = xs.to_vec();
         // SAFETY: the callers checked for AVX-512F.
         unsafe {
-            exp(xs, &mut ys);
-            exp_in_place(&mut b);
+            map(f, xs, &mut ys);
+            map_in_place(f, &mut b);
         }
         for (y, v) in ys.iter().zip(&b) {
             assert_eq!(y.to_bits(), v.to_bits());
         }
         ys
+    }
+
+    /// `exp` over `xs`.
+    fn exp_of(xs: &[f32]) -> Vec<f32> {
+        map_of(Func::Exp, xs)
     }
 
     #[test]
@@ -202,28 +275,30 @@ mod tests {
     }
 
     #[test]
-    fn exp_streamed_matches_exp_on_lines_and_declines_off_them() {
+    fn streamed_forms_match_on_lines_and_decline_off_them() {
         if !avx512() {
             return;
         }
-        for n in [0, 1, 15, 16, 17, 100, 1000] {
-            let xs: Vec<f32> = (0..n).map(|i| (i as f32) * 0.173 - 80.0).collect();
-            let mut buf = vec![f32::NAN; n + 48];
-            // `ys` starts on a 64-byte line.
-            let line = buf.as_ptr().align_offset(64);
-            let ys = &mut buf[line..];
-            let mut want = vec![0.0f32; n];
-            // SAFETY: checked for AVX-512F above; the sfence orders the streamed stores.
-            unsafe {
-                exp(&xs, &mut want);
-                assert!(exp_streamed(&xs, &mut ys[..n]));
-                std::arch::x86_64::_mm_sfence();
-                assert!(!exp_streamed(&xs, &mut ys[1..n + 1]));
+        for f in [Func::Exp, Func::Sigmoid] {
+            for n in [0, 1, 15, 16, 17, 100, 1000] {
+                let xs: Vec<f32> = (0..n).map(|i| (i as f32) * 0.173 - 80.0).collect();
+                let mut buf = vec![f32::NAN; n + 48];
+                // `ys` starts on a 64-byte line.
+                let line = buf.as_ptr().align_offset(64);
+                let ys = &mut buf[line..];
+                let mut want = vec![0.0f32; n];
+                // SAFETY: checked for AVX-512F above; the sfence orders the streamed stores.
+                unsafe {
+                    map(f, &xs, &mut want);
+                    assert!(map_streamed(f, &xs, &mut ys[..n]));
+                    std::arch::x86_64::_mm_sfence();
+                    assert!(!map_streamed(f, &xs, &mut ys[1..n + 1]));
+                }
+                for i in 0..n {
+                    assert_eq!(ys[i].to_bits(), want[i].to_bits(), "{f:?}, n {n}, i {i}");
+                }
+                assert!(ys[n..].iter().all(|y| y.is_nan()), "{f:?} wrote past {n}");
             }
-            for i in 0..n {
-                assert_eq!(ys[i].to_bits(), want[i].to_bits(), "n {n}, i {i}");
-            }
-            assert!(ys[n..].iter().all(|y| y.is_nan()), "wrote past {n}");
         }
     }
 
@@ -236,11 +311,60 @@ mod tests {
             let xs: Vec<f32> = (0..n).map(|i| (i as f32) * 0.37 - 9.0).collect();
             let mut ys = vec![f32::NAN; n + 7];
             // SAFETY: checked for AVX-512F above.
-            unsafe { exp(&xs, &mut ys[..n]) };
+            unsafe { map(Func::Exp, &xs, &mut ys[..n]) };
             for (i, &x) in xs.iter().enumerate() {
                 assert!(ulp_error(ys[i], (x as f64).exp()) <= 2, "n {n}, i {i}");
             }
             assert!(ys[n..].iter().all(|y| y.is_nan()), "wrote past {n}");
+        }
+    }
+
+    #[test]
+    fn sigmoid_matches_the_scalar_form_within_three_ulp() {
+        if !avx512() {
+            return;
+        }
+        let sigmoid64 = |x: f64| {
+            if x >= 0.0 {
+                1.0 / (1.0 + (-x).exp())
+            } else {
+                x.exp() / (1.0 + x.exp())
+            }
+        };
+        let xs: Vec<f32> = sweep(-110.0, 100.0).chain(sweep(-5.0, 5.0)).collect();
+        let ys = map_of(Func::Sigmoid, &xs);
+        for (&x, &y) in xs.iter().zip(&ys) {
+            assert!(
+                ulp_error(y, sigmoid64(x as f64)) <= 3,
+                "sigmoid({x}) = {y:e}"
+            );
+        }
+        // Specials in every lane, among ordinary values.
+        let specials = [
+            (f32::NAN, f32::NAN),
+            (f32::INFINITY, 1.0),
+            (f32::NEG_INFINITY, 0.0),
+            (0.0, 0.5),
+            (-0.0, 0.5),
+            (-200.0, 0.0),
+            (200.0, 1.0),
+        ];
+        let ordinary = super::super::sigmoid_f32(0.5);
+        for &(x, want) in &specials {
+            for lane in 0..LANES {
+                let mut xs = vec![0.5f32; LANES + 3];
+                xs[lane] = x;
+                let ys = map_of(Func::Sigmoid, &xs);
+                let y = ys[lane];
+                assert!(
+                    y.to_bits() == want.to_bits() || (want.is_nan() && y.is_nan()),
+                    "sigmoid({x}) = {y} in lane {lane}"
+                );
+                assert!(ys
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &y)| i == lane || ulp_error(y, ordinary as f64) <= 1));
+            }
         }
     }
 }
