@@ -1440,25 +1440,13 @@ impl<A: Real> RowTiles<'_, '_, A> {
             return false;
         }
         let mut acc = [[V::splat(view.bias); NV]; DW_ROWS];
-        for t in 0..DW_ROWS + K - 1 {
-            // Input row `oy + t − ph`: tap row `t − j` of output row `oy + j`.
-            let Some(row) = view.row(g, self.oy, t) else {
-                continue;
-            };
-            let p = row.as_ptr().add(c0);
-            for si in 0..K {
-                // SAFETY: c0 + si + NV·LANES ≤ wp = row.len() (checked above).
-                let x: [V; NV] = std::array::from_fn(|v| V::load(p.add(si + v * V::LANES)));
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    if t >= j && t - j < K {
-                        let w = V::splat(view.taps[(t - j) * K + si]);
-                        for (a, &x) in acc.iter_mut().zip(&x) {
-                            *a = x.mul_add(w, *a);
-                        }
-                    }
-                }
-            }
+        // Input row by input row, each a separate instance, so that which output rows and taps
+        // it meets is known at compile time (a loop over the rows kept a branch per output row).
+        macro_rules! input_rows {
+            ($($t:literal)*) => { $( self.input_row::<V, NV, K, $t>(c0, &mut acc); )* };
         }
+        const _: () = assert!(DW_ROWS + 7 - 1 <= 10, "input rows past the unrolled ones");
+        input_rows!(0 1 2 3 4 5 6 7 8 9);
         for (acc, &out) in acc.iter().zip(&self.outs) {
             for (v, a) in acc.iter().enumerate() {
                 let col = c0 + v * V::LANES;
@@ -1471,6 +1459,41 @@ impl<A: Real> RowTiles<'_, '_, A> {
             }
         }
         true
+    }
+
+    /// Adds input row `T` of a tile (`oy + T − ph`, if not padding) at columns `c0 ..` to the
+    /// accumulators of every output row `j` whose window holds it, as its tap row `T − j`; nothing
+    /// for `T ≥ DW_ROWS + K − 1`.
+    ///
+    /// # Safety
+    /// As [`RowTiles::tile`], with `c0 + NV·LANES + K − 1` within the padded row and `K·K` taps.
+    #[inline(always)]
+    unsafe fn input_row<V: Vector<A>, const NV: usize, const K: usize, const T: usize>(
+        &self,
+        c0: usize,
+        acc: &mut [[V; NV]; DW_ROWS],
+    ) {
+        if T >= DW_ROWS + K - 1 {
+            return;
+        }
+        let (g, view) = (self.g, self.view);
+        let Some(row) = view.row(g, self.oy, T) else {
+            return;
+        };
+        let p = row.as_ptr().add(c0);
+        for si in 0..K {
+            // SAFETY: c0 + si + NV·LANES ≤ wp = row.len() (the caller's contract).
+            let x: [V; NV] = std::array::from_fn(|v| V::load(p.add(si + v * V::LANES)));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                if T >= j && T - j < K {
+                    // SAFETY: (T − j)·K + si < K·K = taps.len() (the caller's contract).
+                    let w = V::splat(*view.taps.get_unchecked((T - j) * K + si));
+                    for (a, &x) in acc.iter_mut().zip(&x) {
+                        *a = x.mul_add(w, *a);
+                    }
+                }
+            }
+        }
     }
 
     /// Every column of the rows, in tiles of `NV` vectors (fewer for the last), for a `K`-tap
