@@ -482,12 +482,15 @@ impl<T: Wide> Job<'_, T> {
                     let (left, rest) = phase.split_at_mut(lo);
                     let (mid, right) = rest.split_at_mut(hi - lo);
                     fill_zero(left);
-                    let from = &src[p + lo * sw - pw..];
-                    if sw == 2 {
-                        // SAFETY: the caller's contract.
-                        unsafe { even_run::<_, V>(from, mid) };
-                    } else if !mid.is_empty() {
-                        gather_run(from, sw, mid);
+                    // An empty run may start past the row (a phase wholly in the right padding).
+                    if !mid.is_empty() {
+                        let from = &src[p + lo * sw - pw..];
+                        if sw == 2 {
+                            // SAFETY: the caller's contract.
+                            unsafe { even_run::<_, V>(from, mid) };
+                        } else {
+                            gather_run(from, sw, mid);
+                        }
                     }
                     fill_zero(right);
                 }

@@ -446,6 +446,18 @@ fn direct_kernel_matches_the_reference() {
             padding: [3, 3],
             ..Case::new([1, 3, 29, 31], 37, [7, 7])
         },
+        // Rows narrower than the padding, so that some stride phases lie wholly in it.
+        Case {
+            stride: [2, 3],
+            padding: [2, 2],
+            bias: false,
+            ..Case::new([3, 3, 6, 1], 3, [3, 4])
+        },
+        Case {
+            stride: [2, 2],
+            padding: [1, 3],
+            ..Case::new([1, 3, 3, 1], 5, [3, 7])
+        },
     ];
     for case in cases {
         for dtype in DTYPES {
