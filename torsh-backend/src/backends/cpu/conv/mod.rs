@@ -1111,7 +1111,8 @@ impl<T: Wide> Job<'_, T> {
         simd: SimdLevel,
     ) -> bool {
         let g = &self.g;
-        if !T::NATIVE || !matches!(g.s, 3 | 5 | 7) || view.taps.len() != g.s * g.s {
+        let square = matches!(g.s, 3 | 5 | 7) && g.r == g.s && view.taps.len() == g.s * g.s;
+        if !T::NATIVE || !square || g.stride != [1, 1] || g.dilation != [1, 1] {
             return false;
         }
         let outs: [*mut T::Acc; DW_ROWS] = std::array::from_fn(|j| {
@@ -1156,7 +1157,7 @@ impl<T: Wide> Job<'_, T> {
         let sw = g.stride[1];
         let mut vector_end = if sw <= 2 { g.ow } else { g.ow - g.ow % RUN };
         let mut oy = rows.start;
-        if sw == 1 && g.dilation == [1, 1] && g.r == g.s {
+        if g.stride == [1, 1] {
             while oy + DW_ROWS <= rows.end && self.depthwise_rows(&view, plane, oy, simd) {
                 oy += DW_ROWS;
             }

@@ -748,6 +748,17 @@ fn multi_row_depthwise_tiles_match_the_reference() {
             });
         }
     }
+    // Vertical strides other than 1 with stride 1 along the row take the one-row tiles.
+    for stride in [[2, 1], [3, 1], [1, 2]] {
+        for k in [3, 5] {
+            check_all(Case {
+                groups: 3,
+                stride,
+                padding: [2, 1],
+                ..Case::new([1, 3, 17, 23], 3, [k, k])
+            });
+        }
+    }
 }
 
 #[test]
