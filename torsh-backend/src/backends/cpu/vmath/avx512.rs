@@ -194,8 +194,14 @@ mod tests {
     use super::super::tests::{sweep, ulp_error};
     use super::*;
 
+    /// Whether this CPU runs the forms; when it does not, says so on stderr, since the calling
+    /// test then checks nothing (the scalar forms are tested in `vmath`).
     fn avx512() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
+        let has = std::arch::is_x86_feature_detected!("avx512f");
+        if !has {
+            eprintln!("skipped: this CPU has no AVX-512F, which the forms under test need");
+        }
+        has
     }
 
     /// `f` over `xs`, through both entry points, checked to agree.
