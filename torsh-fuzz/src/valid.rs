@@ -922,13 +922,17 @@ fn attention(rng: &mut Rng) -> Case {
     let q = view(rng, &[batch, heads, sq, d], Values::Normal);
     let k = view(rng, &[batch, heads, skv, d], Values::Normal);
     let v = view(rng, &[batch, heads, skv, d], Values::Normal);
-    case(
+    let c = case(
         "attention",
         format!("causal {causal}"),
         dtype,
         vec![q, k, v],
         move |_, t| Ok(vec![t[0].attention(&t[1], &t[2], causal)?]),
-    )
+    );
+    // Each score sums `d` products, and each output is a mean of V's normal values (|v| < 4)
+    // weighted by probabilities summing to 1: where those values cancel, an output near 0 is
+    // judged by its absolute error.
+    with_terms(c, d as f64 + 4.0)
 }
 
 fn adam(rng: &mut Rng) -> Case {
