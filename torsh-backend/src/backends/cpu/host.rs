@@ -463,6 +463,11 @@ impl<'a> Ahead<'a> {
         Ahead::new::<u8>(&[])
     }
 
+    /// Bytes left to prefetch.
+    pub(crate) fn len(&self) -> usize {
+        self.left
+    }
+
     /// Prefetches the next `bytes` bytes (fewer at the end) into L1.
     #[inline(always)]
     pub(crate) fn step(&mut self, bytes: usize) {

@@ -48,6 +48,9 @@ const PIXELS: [usize; 2] = [6, 12];
 /// Output pixels of a register tile of one vector of channels, with 16 and with 32 registers.
 const PIXELS_NARROW: [usize; 2] = [8, 16];
 
+/// Pixels of a row's cut-short last tile, or twice as many (see [`Job::block_row`]).
+const TAIL: usize = 4;
+
 /// The most input channels per group the direct kernel is the default for.
 pub(super) const MAX_CHANNELS: usize = 4;
 
@@ -415,25 +418,54 @@ impl<T: Wide> Job<'_, T> {
     ) {
         assert_eq!(CL, NV * V::LANES, "a tile of whole vectors");
         let g = &self.g;
-        let plane = g.oh * g.ow;
         let mut c0 = 0;
         while c0 < g.ow {
-            // The layout sizes the band for every tile: this slice is in bounds.
-            let x = &band.rows[base + c0..][..l.taps.reach()];
-            let sums = tile::<_, V, NV, P>(x, &l.taps, ch);
-            let n = P.min(g.ow - c0);
-            let at = ((img * g.k + ch.k0) * g.oh + oy) * g.ow + c0;
-            let rows = Transposed::<T::Acc>::of::<V, CL, NV, P>(&sums);
-            for kb in 0..ch.lanes {
-                // SAFETY: row oy of channel k0 + kb, columns c0 .. c0 + n, lies inside the output
-                // and is written by this item only (items own disjoint bands of output rows).
-                let out = self.output.get_mut(at + kb * plane, n);
-                match T::as_acc_mut(out) {
-                    Some(out) => rows.store::<V>(kb, out),
-                    None => T::narrow_slice(&rows.row(kb)[..n], out),
+            let at = (img, oy, base + c0, c0);
+            // The row's last tile is cut to `TAIL` or `2·TAIL` pixels where its pixels fit, so
+            // that it computes few pixels past the row (a 112-pixel row on tiles of 12 computes
+            // 112, not 120).
+            match g.ow - c0 {
+                n if n >= P => self.tile_out::<V, CL, NV, P>(at, ch, l, band),
+                n if n <= TAIL && TAIL < P => self.tile_out::<V, CL, NV, TAIL>(at, ch, l, band),
+                n if n <= 2 * TAIL && 2 * TAIL < P => {
+                    self.tile_out::<V, CL, NV, { 2 * TAIL }>(at, ch, l, band)
                 }
+                _ => self.tile_out::<V, CL, NV, P>(at, ch, l, band),
             }
             c0 += P;
+        }
+    }
+
+    /// The register tile of `P` pixels from output column `c0` of row `oy` of image `img`, for
+    /// one block of `CL = NV · V::LANES` output channels, written out where it lies inside the
+    /// row; `x0` is where its first pixel reads the block's first tap in the loaded band.
+    ///
+    /// # Safety
+    /// As [`Vector`]'s methods for `V`.
+    #[inline(always)]
+    unsafe fn tile_out<V: Vector<T::Acc>, const CL: usize, const NV: usize, const P: usize>(
+        &self,
+        (img, oy, x0, c0): (usize, usize, usize, usize),
+        ch: &Channels<'_, T::Acc>,
+        l: &Layout,
+        band: &Band<T::Acc>,
+    ) {
+        let g = &self.g;
+        // The layout sizes the band for every tile: this slice is in bounds.
+        let x = &band.rows[x0..][..l.taps.reach()];
+        let sums = tile::<_, V, NV, P>(x, &l.taps, ch);
+        let n = P.min(g.ow - c0);
+        let plane = g.oh * g.ow;
+        let at = ((img * g.k + ch.k0) * g.oh + oy) * g.ow + c0;
+        let rows = Transposed::<T::Acc>::of::<V, CL, NV, P>(&sums);
+        for kb in 0..ch.lanes {
+            // SAFETY: row oy of channel k0 + kb, columns c0 .. c0 + n, lies inside the output
+            // and is written by this item only (items own disjoint bands of output rows).
+            let out = self.output.get_mut(at + kb * plane, n);
+            match T::as_acc_mut(out) {
+                Some(out) => rows.store::<V>(kb, out),
+                None => T::narrow_slice(&rows.row(kb)[..n], out),
+            }
         }
     }
 

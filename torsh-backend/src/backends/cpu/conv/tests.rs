@@ -446,6 +446,18 @@ fn direct_kernel_matches_the_reference() {
             padding: [3, 3],
             ..Case::new([1, 3, 29, 31], 37, [7, 7])
         },
+        // Rows whose last tile of two vectors of channels is cut short to 8 pixels (19 = 12 + 7
+        // on AVX-512) or left whole (22 = 12 + 10).
+        Case {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Case::new([1, 3, 11, 37], 37, [7, 7])
+        },
+        Case {
+            stride: [2, 2],
+            padding: [3, 3],
+            ..Case::new([1, 3, 9, 43], 20, [7, 7])
+        },
         // Rows narrower than the padding, so that some stride phases lie wholly in it.
         Case {
             stride: [2, 3],
