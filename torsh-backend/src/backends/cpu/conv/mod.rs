@@ -1114,7 +1114,10 @@ impl<T: Wide> Job<'_, T> {
         let first = first.min(end);
         // SAFETY: rows first .. end ≤ H of the input plane lie inside the input, which nothing
         // writes.
-        unsafe { self.input.get(((img * g.c + cin) * g.h + first) * g.w, (end - first) * g.w) }
+        unsafe {
+            self.input
+                .get(((img * g.c + cin) * g.h + first) * g.w, (end - first) * g.w)
+        }
     }
 
     /// Output rows `oy .. oy + DW_ROWS` of output plane `plane` of a stride-1 depthwise
