@@ -1072,9 +1072,9 @@ impl<T: Wide> Job<'_, T> {
         let rows_of = |b: usize| b * band_rows..g.oh.min((b + 1) * band_rows);
         let run = |item: usize, band: &mut Band<T::Acc>| {
             let (plane, b) = (item / bands, item % bands);
-            // The input the next item reads, brought into the L2 cache while this one computes
-            // (a job's items are consecutive): loaded at the item's start, it came from memory
-            // or L3 at about two fifths of a one-thread N1 call's time.
+            // The input the next item reads, prefetched while this one computes (a job's items
+            // are consecutive), so that a layer whose input comes from memory does not wait for
+            // it at the item's start.
             let ahead = match item + 1 < items {
                 true => self.depthwise_input((item + 1) / bands, rows_of((item + 1) % bands)),
                 false => &[],
