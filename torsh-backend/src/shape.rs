@@ -4,7 +4,14 @@
 //! Strides and offsets count elements, not bytes, and are never negative. A stride of 0 repeats an
 //! element (broadcasting).
 
+use smallvec::SmallVec;
+
 use crate::error::{BackendError, Result};
+
+/// The dims or strides of a [`Layout`]: up to four held inline, so that making a tensor or a view
+/// of rank ≤ 4 allocates nothing for its layout. (Four keeps a tensor within 128 bytes, which
+/// moves inline; a larger one is moved by a call to `memcpy`.)
+type Dims = SmallVec<[usize; 4]>;
 
 /// Number of elements of `shape`, or `SizeOverflow` if the product does not fit in `usize`.
 pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
@@ -18,7 +25,12 @@ pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
 /// Row-major (C-order) strides of `shape`; saturates instead of overflowing (callers check sizes
 /// with [`checked_numel`] first).
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
+    dense_strides(shape).into_vec()
+}
+
+/// [`contiguous_strides`] in a layout's inline storage.
+fn dense_strides(shape: &[usize]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![0; shape.len()];
     let mut acc = 1usize;
     for (s, &d) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
@@ -76,8 +88,8 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
 /// A strided view of a buffer: element `idx` lives at `offset + Σ idx[d] · strides[d]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: Dims,
+    strides: Dims,
     offset: usize,
 }
 
@@ -86,8 +98,8 @@ impl Layout {
     /// [`checked_numel`] (tensor constructors do).
     pub fn contiguous(shape: &[usize]) -> Self {
         Layout {
-            shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            shape: Dims::from_slice(shape),
+            strides: dense_strides(shape),
             offset: 0,
         }
     }
@@ -102,8 +114,8 @@ impl Layout {
             ));
         }
         let layout = Layout {
-            shape,
-            strides,
+            shape: Dims::from_vec(shape),
+            strides: Dims::from_vec(strides),
             offset,
         };
         layout.span_elements()?;
@@ -111,21 +123,25 @@ impl Layout {
     }
 
     /// The dims.
+    #[inline]
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
     /// Element strides, one per dim.
+    #[inline]
     pub fn strides(&self) -> &[usize] {
         &self.strides
     }
 
     /// Offset of element `[0, 0, ...]` in elements from the buffer start.
+    #[inline]
     pub fn offset(&self) -> usize {
         self.offset
     }
 
     /// Number of dims.
+    #[inline]
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
@@ -183,8 +199,8 @@ impl Layout {
         }
         if self.is_contiguous() || n == 0 {
             return Ok(Some(Layout {
-                shape: new_shape.to_vec(),
-                strides: contiguous_strides(new_shape),
+                shape: Dims::from_slice(new_shape),
+                strides: dense_strides(new_shape),
                 offset: self.offset,
             }));
         }
@@ -195,14 +211,14 @@ impl Layout {
     /// itself contiguous (the rule PyTorch's `view` uses).
     fn reshape_strided(&self, new_shape: &[usize]) -> Option<Layout> {
         // Drop size-1 dims of the old view: their strides do not matter.
-        let old: Vec<(usize, usize)> = self
+        let old: SmallVec<[(usize, usize); 4]> = self
             .shape
             .iter()
             .zip(&self.strides)
             .filter(|(&d, _)| d != 1)
             .map(|(&d, &s)| (d, s))
             .collect();
-        let mut new_strides = vec![0usize; new_shape.len()];
+        let mut new_strides: Dims = smallvec::smallvec![0; new_shape.len()];
         let (mut oi, mut ni) = (0usize, 0usize);
         while ni < new_shape.len() {
             if new_shape[ni] == 1 {
@@ -242,7 +258,7 @@ impl Layout {
             return None;
         }
         Some(Layout {
-            shape: new_shape.to_vec(),
+            shape: Dims::from_slice(new_shape),
             strides: new_strides,
             offset: self.offset,
         })
@@ -345,7 +361,7 @@ impl Layout {
             ));
         }
         let lead = shape.len() - self.rank();
-        let mut strides = vec![0usize; shape.len()];
+        let mut strides: Dims = smallvec::smallvec![0; shape.len()];
         for (i, &target) in shape.iter().enumerate().skip(lead) {
             let (d, s) = (self.shape[i - lead], self.strides[i - lead]);
             strides[i] = if d == target {
@@ -363,7 +379,7 @@ impl Layout {
             };
         }
         Ok(Layout {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             offset: self.offset,
         })
@@ -531,5 +547,44 @@ mod tests {
         assert_eq!(u.squeeze(3).unwrap(), l);
         assert!(l.squeeze(0).is_err());
         assert!(normalize_axis("t", -4, 3).is_err());
+    }
+
+    /// Layouts past the inline rank (four) move their dims to the heap and back without a change
+    /// in meaning: each view of a rank-6 layout visits the elements the same view of rank-4
+    /// parts predicts, and equality and hashing ignore where the dims are stored.
+    #[test]
+    fn layouts_beyond_the_inline_rank() {
+        use std::hash::{BuildHasher, RandomState};
+        let l = Layout::contiguous(&[2, 1, 3, 1, 2, 2]);
+        assert_eq!(l.strides(), &[12, 12, 4, 4, 2, 1]);
+        assert_eq!(indices(&l), (0..24).collect::<Vec<_>>());
+        let p = l.permute(&[5, 4, 3, 2, 1, 0]).unwrap();
+        assert_eq!(p.shape(), &[2, 2, 1, 3, 1, 2]);
+        assert_eq!(p.strides(), &[1, 2, 4, 4, 12, 12]);
+        // Rank 6 reshaped to rank 2 and back: the inline form and the heap form of one layout.
+        let flat = l.reshape(&[6, 4]).unwrap().unwrap();
+        assert_eq!(flat.strides(), &[4, 1]);
+        let back = flat.reshape(&[2, 1, 3, 1, 2, 2]).unwrap().unwrap();
+        assert_eq!(back, l);
+        let hash = RandomState::new();
+        assert_eq!(hash.hash_one(&back), hash.hash_one(&l));
+        // Growing a rank-4 layout past four dims, and shrinking it again.
+        let four = Layout::contiguous(&[3, 1, 2, 2]);
+        let six = four.unsqueeze(0).unwrap().unsqueeze(-1).unwrap();
+        assert_eq!(six.shape(), &[1, 3, 1, 2, 2, 1]);
+        assert_eq!(six.squeeze(0).unwrap().squeeze(4).unwrap(), four);
+        let wide = Layout::contiguous(&[3, 1])
+            .broadcast_to(&[2, 2, 2, 2, 3, 4])
+            .unwrap();
+        assert_eq!(wide.strides(), &[0, 0, 0, 0, 1, 0]);
+        assert_eq!(indices(&wide).len(), 192);
+        let strided = Layout::new(vec![2, 2, 2, 2, 2], vec![32, 16, 8, 4, 2], 1).unwrap();
+        assert_eq!(strided.span_elements().unwrap(), 64);
+        assert!(!strided.is_contiguous());
+        let merged = strided.reshape(&[4, 2, 4]);
+        assert!(
+            merged.unwrap().is_some(),
+            "rows of stride 2 merge into one dim"
+        );
     }
 }
