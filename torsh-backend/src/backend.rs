@@ -6,7 +6,7 @@
 //! their backend alive. Ops live in [`crate::ops`], one file per family, as methods on `Backend`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backends::reference::ReferenceBackend;
@@ -65,10 +65,37 @@ struct Inner {
     draws: AtomicU64,
     /// The caching pool tensors allocate from, once [`Backend::memory_pool`] set one.
     pool: Mutex<Option<MemoryPool>>,
+    /// True once `pool` holds a pool, which is never taken out again: read without the lock, so
+    /// that tensors of a backend without a pool are made and dropped without locking `pool`.
+    pooled: AtomicBool,
     /// Mixed precision for matmul, conv2d and attention, once enabled.
     amp: Mutex<Option<MixedPrecisionConfig>>,
-    /// The autotuner's switch, table and cache file.
+    /// True while `amp` holds a configuration, read without the lock by every op it applies to.
+    amp_on: AtomicBool,
+    /// The autotuner's table and cache file.
     tuner: Mutex<Autotuner>,
+    /// The autotuner's switch, read without locking `tuner` by every op with variants.
+    tuning: AtomicBool,
+}
+
+impl Inner {
+    /// A backend's state around `compute`: no pool, mixed precision off, autotuner off.
+    fn new(compute: Arc<dyn ComputeBackend>, custom: bool, config: BackendConfig) -> Inner {
+        Inner {
+            tap: Tap::new(Arc::clone(&compute)),
+            compute,
+            custom,
+            config,
+            seed: AtomicU64::new(DEFAULT_SEED),
+            draws: AtomicU64::new(0),
+            pool: Mutex::new(None),
+            pooled: AtomicBool::new(false),
+            amp: Mutex::new(None),
+            amp_on: AtomicBool::new(false),
+            tuner: Mutex::new(Autotuner::default()),
+            tuning: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -238,17 +265,7 @@ impl Backend {
         let config = BackendConfig::new(compute.backend_type());
         let compute: Arc<dyn ComputeBackend> = Arc::from(compute);
         Ok(Backend {
-            inner: Arc::new(Inner {
-                tap: Tap::new(Arc::clone(&compute)),
-                compute,
-                custom: true,
-                config,
-                seed: AtomicU64::new(DEFAULT_SEED),
-                draws: AtomicU64::new(0),
-                pool: Mutex::new(None),
-                amp: Mutex::new(None),
-                tuner: Mutex::new(Autotuner::default()),
-            }),
+            inner: Arc::new(Inner::new(compute, true, config)),
         })
     }
 
@@ -309,6 +326,7 @@ impl Backend {
                 old.release_all(self.compute());
             }
             *slot = Some(MemoryPool::new(config, self.compute())?);
+            self.inner.pooled.store(true, Ordering::Release);
         }
         Ok(self)
     }
@@ -320,17 +338,25 @@ impl Backend {
     /// with a [`LossScaler`](crate::LossScaler) built by [`LossScaler::from_config`](crate::LossScaler::from_config).
     pub fn enable_mixed_precision(self, config: MixedPrecisionConfig) -> Result<Backend> {
         config.validate()?;
-        *self.inner.amp.lock().unwrap_or_else(|e| e.into_inner()) = Some(config);
+        let mut amp = self.inner.amp.lock().unwrap_or_else(|e| e.into_inner());
+        *amp = Some(config);
+        self.inner.amp_on.store(true, Ordering::Release);
+        drop(amp);
         Ok(self)
     }
 
     /// Turns mixed precision off again.
     pub fn disable_mixed_precision(&self) {
-        *self.inner.amp.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let mut amp = self.inner.amp.lock().unwrap_or_else(|e| e.into_inner());
+        *amp = None;
+        self.inner.amp_on.store(false, Ordering::Release);
     }
 
     /// The mixed-precision settings in force, if any.
     pub fn mixed_precision(&self) -> Option<MixedPrecisionConfig> {
+        if !self.inner.amp_on.load(Ordering::Acquire) {
+            return None;
+        }
         *self.inner.amp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -377,6 +403,9 @@ impl Backend {
     /// with NaN bytes (debug builds, or `TORSH_POISON=1`) as the backends fill fresh allocations, so a
     /// reused block cannot pass off a previous tensor's values as an op's output.
     pub(crate) fn alloc_storage(&self, bytes: usize) -> Result<crate::compute::DevicePtr> {
+        if !self.inner.pooled.load(Ordering::Acquire) {
+            return self.compute().alloc(bytes);
+        }
         let mut slot = self.pool();
         let Some(pool) = slot.as_mut() else {
             return self.compute().alloc(bytes);
@@ -401,6 +430,10 @@ impl Backend {
 
     /// Returns a tensor's memory: to the pool when it came from it.
     pub(crate) fn free_storage(&self, ptr: crate::compute::DevicePtr) -> Result<()> {
+        // A pointer the pool owns was allocated after `pooled` was set.
+        if !self.inner.pooled.load(Ordering::Acquire) {
+            return self.compute().free(ptr);
+        }
         if let Some(pool) = self.pool().as_mut() {
             if pool.owns(ptr) {
                 return pool.free(self.compute(), ptr);
@@ -429,6 +462,16 @@ impl Backend {
     /// such as the autotuner's trial runs).
     pub(crate) fn unrecorded(&self) -> &dyn ComputeBackend {
         self.inner.compute.as_ref()
+    }
+
+    /// Whether the autotuner is on ([`Backend::enable_autotuning`]).
+    pub(crate) fn tuning(&self) -> bool {
+        self.inner.tuning.load(Ordering::Acquire)
+    }
+
+    /// Turns the autotuner on or off.
+    pub(crate) fn set_tuning(&self, on: bool) {
+        self.inner.tuning.store(on, Ordering::Release);
     }
 
     /// The autotuner's state.
@@ -606,17 +649,7 @@ fn build(config: BackendConfig) -> Result<Backend> {
     compute.init()?;
     let compute: Arc<dyn ComputeBackend> = Arc::from(compute);
     Ok(Backend {
-        inner: Arc::new(Inner {
-            tap: Tap::new(Arc::clone(&compute)),
-            compute,
-            custom: false,
-            config,
-            seed: AtomicU64::new(DEFAULT_SEED),
-            draws: AtomicU64::new(0),
-            pool: Mutex::new(None),
-            amp: Mutex::new(None),
-            tuner: Mutex::new(Autotuner::default()),
-        }),
+        inner: Arc::new(Inner::new(compute, false, config)),
     })
 }
 

@@ -145,7 +145,6 @@ struct Revisit {
 /// One backend's tuning state.
 #[derive(Debug)]
 pub(crate) struct Autotuner {
-    enabled: bool,
     /// Choices of keys met in this process (a hit is a hash of the key, no formatting).
     table: HashMap<TuneKey, TunedChoice>,
     /// Choices loaded from the cache file for keys not met yet, by their text form.
@@ -161,7 +160,6 @@ pub(crate) struct Autotuner {
 impl Default for Autotuner {
     fn default() -> Self {
         Autotuner {
-            enabled: false,
             table: HashMap::new(),
             stored: BTreeMap::new(),
             schedule: HashMap::new(),
@@ -551,7 +549,7 @@ impl Backend {
     /// backend time them on first use of each shape bucket and then use the fastest that gives the
     /// default's answer. Choices made so far are kept when it is turned off.
     pub fn enable_autotuning(self, on: bool) -> Backend {
-        self.tuner().enabled = on;
+        self.set_tuning(on);
         self
     }
 
@@ -649,7 +647,7 @@ impl Backend {
     /// variants.
     pub(crate) fn run_tunable(&self, op: &TunableOp) -> Result<()> {
         let device = self.compute();
-        if !self.tuner().enabled {
+        if !self.tuning() {
             return op.run_default(device);
         }
         let variants = device.variants(op);
