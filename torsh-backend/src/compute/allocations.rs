@@ -156,7 +156,8 @@ impl AllocationTable {
     }
 }
 
-/// A hash map keyed by device addresses, with [`AddressHasher`].
+/// A hash map keyed by device addresses (or other `u64` keys the backend makes itself, such as
+/// size classes), with [`AddressHasher`].
 pub(crate) type AddressMap<V> =
     std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<AddressHasher>>;
 

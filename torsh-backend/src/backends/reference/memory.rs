@@ -2,10 +2,8 @@
 //! checked by an [`AllocationTable`], an optional cache that recycles freed buffers, and conversion of
 //! elements to and from f64 (`crate::dtype::{decode, encode}`).
 
-use std::collections::BTreeMap;
-
 use crate::compute::allocations::AddressMap;
-use crate::compute::{AllocationTable, DevicePtr, StridedBuf};
+use crate::compute::{Accesses, AllocationTable, DevicePtr, StridedBuf};
 use crate::dtype::{decode, encode, DType};
 use crate::error::{BackendError, Result};
 
@@ -45,8 +43,9 @@ impl std::fmt::Debug for Buffer {
 /// of the same sizes touches pages the process already has instead of faulting fresh ones in (a fresh
 /// allocation per call measured about 10× slower than a reused buffer for large tensors).
 struct Recycler {
-    /// Buffers by line capacity (a size class).
-    free: BTreeMap<usize, Vec<Vec<Line>>>,
+    /// Buffers by line capacity (a size class), in a map with the allocation table's cheap hash:
+    /// a tensor's drop and the next allocation of its size each look one class up.
+    free: AddressMap<Vec<Vec<Line>>>,
     /// Bytes held in `free`.
     cached_bytes: usize,
     /// Most bytes `free` may hold; beyond it freed buffers go back to the system allocator.
@@ -80,7 +79,7 @@ impl Recycler {
     /// with its capacity, so that a steady cycle of allocations and frees of one size allocates
     /// nothing here (at most one bucket per size class ever used stays behind).
     fn take(&mut self, class: usize) -> Option<Vec<Line>> {
-        let lines = self.free.get_mut(&class)?.pop()?;
+        let lines = self.free.get_mut(&(class as u64))?.pop()?;
         self.cached_bytes -= class * 64;
         Some(lines)
     }
@@ -92,7 +91,7 @@ impl Recycler {
             return;
         }
         self.cached_bytes += bytes;
-        self.free.entry(lines.len()).or_default().push(lines);
+        self.free.entry(lines.len() as u64).or_default().push(lines);
     }
 }
 
@@ -113,7 +112,7 @@ impl HostMemory {
     pub fn recycling(limit_bytes: usize, poison: bool) -> HostMemory {
         HostMemory {
             recycler: Some(Recycler {
-                free: BTreeMap::new(),
+                free: AddressMap::default(),
                 cached_bytes: 0,
                 limit_bytes,
                 poison,
@@ -162,16 +161,36 @@ impl HostMemory {
         Ok(())
     }
 
+    /// The base and offset of the live allocation holding the `bytes` bytes at `ptr`, as
+    /// [`AllocationTable::check`] finds them and with its errors. An allocation's own base
+    /// pointer, what every dense tensor passes, is found by one hash lookup; any other pointer
+    /// takes the table's ordered search.
+    fn locate(&self, ptr: DevicePtr, bytes: usize) -> Result<(DevicePtr, usize)> {
+        match self.buffers.get(&ptr.0) {
+            Some(buf) if bytes <= buf.len => Ok((ptr, 0)),
+            _ => self.table.check(ptr, bytes),
+        }
+    }
+
+    /// Checks every region of an op against the live allocations, then for aliasing, as
+    /// [`AllocationTable::check_accesses`] does and with its errors.
+    pub fn check_accesses(&self, accesses: &Accesses) -> Result<()> {
+        for r in &accesses.regions {
+            self.locate(r.ptr, r.bytes)?;
+        }
+        accesses.check_aliasing()
+    }
+
     /// The `bytes` bytes at `ptr`, after a bounds check.
     pub fn bytes(&self, ptr: DevicePtr, bytes: usize) -> Result<&[u8]> {
-        let (base, off) = self.table.check(ptr, bytes)?;
+        let (base, off) = self.locate(ptr, bytes)?;
         let buf = self.buffer(base)?;
         Ok(&buf.bytes()[off..off + bytes])
     }
 
     /// The `bytes` bytes at `ptr`, mutably, after a bounds check.
     pub fn bytes_mut(&mut self, ptr: DevicePtr, bytes: usize) -> Result<&mut [u8]> {
-        let (base, off) = self.table.check(ptr, bytes)?;
+        let (base, off) = self.locate(ptr, bytes)?;
         let buf = self
             .buffers
             .get_mut(&base.0)
@@ -186,7 +205,7 @@ impl HostMemory {
     /// The address comes from `Vec::as_mut_ptr`, which creates no reference to the buffer, so several
     /// addresses into one buffer (two input views of one allocation) stay valid together.
     pub fn host_address(&mut self, ptr: DevicePtr, bytes: usize) -> Result<*mut u8> {
-        let (base, off) = self.table.check(ptr, bytes)?;
+        let (base, off) = self.locate(ptr, bytes)?;
         let buf = self
             .buffers
             .get_mut(&base.0)
@@ -351,6 +370,61 @@ mod tests {
         mem.free(b).unwrap();
         mem.free(c).unwrap();
         assert!(mem.cached_bytes() <= 200_000, "{}", mem.cached_bytes());
+    }
+
+    /// Base pointers take the hash lookup, every other pointer the table's search: both give the
+    /// table's answers, errors included, for in-bounds, past-the-end, interior and freed pointers.
+    #[test]
+    fn pointer_checks_agree_with_the_table() {
+        use crate::compute::{Access, InPlace};
+        let mut mem = HostMemory::recycling(1 << 20, false);
+        let a = mem.alloc(100).unwrap();
+        let b = mem.alloc(64).unwrap();
+        let inside = DevicePtr(a.0 + 40);
+        let cases = [
+            (a, 100),
+            (a, 101),
+            (a, 0),
+            (inside, 60),
+            (inside, 61),
+            (b, 64),
+            (b, 65),
+        ];
+        for (ptr, bytes) in cases {
+            let table = mem.table.check(ptr, bytes).map_err(|e| e.to_string());
+            let located = mem.locate(ptr, bytes).map_err(|e| e.to_string());
+            assert_eq!(located, table, "{ptr:?} + {bytes}");
+            let address = mem.host_address(ptr, bytes);
+            assert_eq!(address.is_ok(), table.is_ok(), "{ptr:?} + {bytes}");
+            assert_eq!(mem.bytes(ptr, bytes).is_ok(), table.is_ok());
+        }
+        assert!(matches!(
+            mem.bytes(a, 101),
+            Err(BackendError::OutOfBounds {
+                allocation_size: 100,
+                ..
+            })
+        ));
+        let mut acc = Accesses::new("t", InPlace::Forbidden);
+        acc.push("x", a, 100, Access::Read, true);
+        acc.push("y", b, 64, Access::Write, true);
+        assert!(mem.check_accesses(&acc).is_ok());
+        acc.push("z", inside, 61, Access::Read, false);
+        assert!(matches!(
+            mem.check_accesses(&acc),
+            Err(BackendError::OutOfBounds { .. })
+        ));
+        mem.free(a).unwrap();
+        for ptr in [a, inside] {
+            assert!(matches!(
+                mem.host_address(ptr, 1),
+                Err(BackendError::InvalidPointer { .. })
+            ));
+        }
+        // A buffer reused from the cache is found at its new address only.
+        let c = mem.alloc(100).unwrap();
+        assert!(mem.host_address(c, 100).is_ok());
+        assert!(mem.bytes(a, 1).is_err());
     }
 
     #[test]

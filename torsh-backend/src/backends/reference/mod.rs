@@ -96,7 +96,7 @@ impl ReferenceBackend {
         kernel: impl FnOnce(&mut HostMemory) -> Result<()>,
     ) -> Result<()> {
         let mut mem = self.memory()?;
-        mem.table.check_accesses(&acc)?;
+        mem.check_accesses(&acc)?;
         kernel(&mut mem)
     }
 }
