@@ -91,6 +91,7 @@ impl Tensor {
     }
 
     /// The dims.
+    #[inline]
     pub fn shape(&self) -> &[usize] {
         self.layout.shape()
     }
@@ -101,26 +102,31 @@ impl Tensor {
     }
 
     /// Number of dims.
+    #[inline]
     pub fn rank(&self) -> usize {
         self.layout.rank()
     }
 
     /// Number of elements.
+    #[inline]
     pub fn numel(&self) -> usize {
         self.layout.numel()
     }
 
     /// The element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// The strided layout (shape, strides and offset in elements).
+    #[inline]
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
 
     /// Element strides.
+    #[inline]
     pub fn strides(&self) -> &[usize] {
         self.layout.strides()
     }
@@ -131,6 +137,7 @@ impl Tensor {
     }
 
     /// The backend that owns the memory.
+    #[inline]
     pub fn backend(&self) -> &Backend {
         &self.storage.backend
     }
@@ -154,6 +161,7 @@ impl Tensor {
     }
 
     /// Pointer to element `[0, 0, ...]`; only meaningful to a kernel when the view is contiguous.
+    #[inline]
     pub fn data_ptr(&self) -> DevicePtr {
         self.backend().graph_tap().note_used(self);
         DevicePtr(self.storage.ptr.0 + (self.layout.offset() * self.dtype.size_in_bytes()) as u64)

@@ -82,6 +82,7 @@ impl Accesses {
     }
 
     /// Adds a region.
+    #[inline]
     pub fn push(
         &mut self,
         name: &'static str,

@@ -213,17 +213,20 @@ impl StridedBuf {
     }
 }
 
+#[inline]
 pub(crate) fn mul(op: &'static str, a: usize, b: usize) -> Result<usize> {
     a.checked_mul(b)
         .ok_or_else(|| BackendError::overflow(op, format!("{a} × {b} overflows")))
 }
 
+#[inline]
 pub(crate) fn add(op: &'static str, a: usize, b: usize) -> Result<usize> {
     a.checked_add(b)
         .ok_or_else(|| BackendError::overflow(op, format!("{a} + {b} overflows")))
 }
 
 /// Bytes of a column-major `rows × cols` matrix with leading dimension `ld`.
+#[inline]
 pub(crate) fn matrix_bytes(
     op: &'static str,
     rows: usize,
@@ -265,6 +268,7 @@ pub(crate) fn check_output_shape(
     }
 }
 
+#[inline]
 pub(crate) fn check_ld(op: &'static str, name: &str, ld: usize, rows: usize) -> Result<()> {
     if ld < rows.max(1) {
         return Err(BackendError::invalid(

@@ -73,13 +73,19 @@ impl Tap {
         self.recording.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// True when the calling thread is capturing through this tap.
+    /// True when the calling thread is capturing through this tap. Inline, like the other
+    /// checks every op makes: without a capture under way it is one atomic load.
+    #[inline]
     pub fn capturing_here(&self) -> bool {
-        self.active.load(Ordering::Acquire)
-            && self
-                .lock()
-                .as_ref()
-                .is_some_and(|r| r.thread == std::thread::current().id())
+        self.active.load(Ordering::Acquire) && self.capturing_thread()
+    }
+
+    /// Whether the capture under way is the calling thread's.
+    #[cold]
+    fn capturing_thread(&self) -> bool {
+        self.lock()
+            .as_ref()
+            .is_some_and(|r| r.thread == std::thread::current().id())
     }
 
     /// Starts recording the calling thread's calls. `GraphCapture` while a capture is under way.
@@ -114,10 +120,15 @@ impl Tap {
     }
 
     /// Notes an allocation made by the capturing thread.
+    #[inline]
     pub fn note_created(&self, storage: &Arc<Storage>) {
-        if !self.active.load(Ordering::Acquire) {
-            return;
+        if self.active.load(Ordering::Acquire) {
+            self.record_created(storage);
         }
+    }
+
+    #[cold]
+    fn record_created(&self, storage: &Arc<Storage>) {
         let mut slot = self.lock();
         if let Some(rec) = slot.as_mut() {
             if rec.thread == std::thread::current().id() {
@@ -130,10 +141,15 @@ impl Tap {
     /// Notes that the capturing thread handed `tensor`'s memory to an op. Memory made before the
     /// capture becomes an input, known by the view it was first used through; a later view of the
     /// same memory must stay within that view's bytes, since a replay fills only those.
+    #[inline]
     pub fn note_used(&self, tensor: &Tensor) {
-        if !self.active.load(Ordering::Acquire) {
-            return;
+        if self.active.load(Ordering::Acquire) {
+            self.record_used(tensor);
         }
+    }
+
+    #[cold]
+    fn record_used(&self, tensor: &Tensor) {
         let mut slot = self.lock();
         let Some(rec) = slot.as_mut() else { return };
         if rec.thread != std::thread::current().id()
