@@ -180,7 +180,9 @@ fn zip<T: Lanes>(
             ctx.simd,
             #[inline(always)]
             || {
-                let mut bufs = (scratch::<T::Acc>(), scratch::<T::Acc>());
+                // Made on a run's first use: the direct loops of f32 and f64 never need them,
+                // and zeroing them costs more than a short op's whole work.
+                let mut bufs = None;
                 let mut streamer = stream.then(|| {
                     (
                         Streamer::new(),
@@ -282,8 +284,12 @@ impl<T: Lanes> Run<T> {
     }
 }
 
+/// The two scratch blocks a binary op's task widens its operands into.
+type Scratch<A> = ([A; BLOCK], [A; BLOCK]);
+
 /// One run of [`zip`]: output elements `r` from runs `a` and `b`. Dense, scalar and in-place runs of
-/// f32 and f64 loop directly; everything else goes through the scratch blocks `bufs`. With a
+/// f32 and f64 loop directly; everything else goes through the scratch blocks `bufs`, made (zeroed)
+/// on first use. With a
 /// streamer and its block buffer (never when an operand is the output), the output is written by
 /// it.
 #[inline(always)]
@@ -292,7 +298,7 @@ fn zip_run<T: Lanes>(
     b: Run<T>,
     out: Span<T>,
     r: Range<usize>,
-    bufs: &mut ([T::Acc; BLOCK], [T::Acc; BLOCK]),
+    bufs: &mut Option<Scratch<T::Acc>>,
     streamer: Option<(&mut Streamer, &mut [T])>,
     f: impl Fn(T::Acc, T::Acc) -> T::Acc,
 ) {
@@ -310,6 +316,7 @@ fn zip_run<T: Lanes>(
                     return;
                 }
                 let n = ys.len();
+                let bufs = bufs.get_or_insert_with(|| (scratch(), scratch()));
                 let (ba, bb) = (&mut bufs.0[..n], &mut bufs.1[..n]);
                 let block = r.start + k..r.start + k + n;
                 // SAFETY: as above; no task writes the inputs.
@@ -328,6 +335,7 @@ fn zip_run<T: Lanes>(
     if T::DIRECT && zip_direct(a, b, out, r.clone(), &f) {
         return;
     }
+    let bufs = bufs.get_or_insert_with(|| (scratch(), scratch()));
     for block in blocks(r.clone()) {
         let k = block.start - r.start;
         let n = block.len();
