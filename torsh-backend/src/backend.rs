@@ -338,10 +338,11 @@ impl Backend {
     /// with a [`LossScaler`](crate::LossScaler) built by [`LossScaler::from_config`](crate::LossScaler::from_config).
     pub fn enable_mixed_precision(self, config: MixedPrecisionConfig) -> Result<Backend> {
         config.validate()?;
-        let mut amp = self.inner.amp.lock().unwrap_or_else(|e| e.into_inner());
-        *amp = Some(config);
-        self.inner.amp_on.store(true, Ordering::Release);
-        drop(amp);
+        {
+            let mut amp = self.inner.amp.lock().unwrap_or_else(|e| e.into_inner());
+            *amp = Some(config);
+            self.inner.amp_on.store(true, Ordering::Release);
+        }
         Ok(self)
     }
 

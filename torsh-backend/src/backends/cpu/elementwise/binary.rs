@@ -289,9 +289,8 @@ type Scratch<A> = ([A; BLOCK], [A; BLOCK]);
 
 /// One run of [`zip`]: output elements `r` from runs `a` and `b`. Dense, scalar and in-place runs of
 /// f32 and f64 loop directly; everything else goes through the scratch blocks `bufs`, made (zeroed)
-/// on first use. With a
-/// streamer and its block buffer (never when an operand is the output), the output is written by
-/// it.
+/// on first use. With a streamer and its block buffer (never when an operand is the output), the
+/// output is written by it.
 #[inline(always)]
 fn zip_run<T: Lanes>(
     a: Run<T>,
