@@ -4,10 +4,14 @@
 //! window one tap at a time: for tap `(r, s)` the output columns whose input column is inside the
 //! image form one range, so the inner loop runs branch-free along the output width (contiguous loads
 //! for stride 1). Padding never enters a max; a NaN in a window makes its max NaN; averages divide by
-//! the full window or by the number of real elements, as the descriptor says. A max that also writes
-//! its positions searches [`LANES`] windows side by side, flattened over every plane, when no
-//! window needs clipping (small planes cost no more per window than large ones), and otherwise
-//! walks each window tap by tap.
+//! the full window or by the number of real elements, as the descriptor says.
+//!
+//! A pool without padding whose window columns do not overlap (2×2/2 and the like: [`Flat`])
+//! instead runs on blocks of output rows taken from as many planes as a block holds, in passes
+//! of whole vectors, so that a plane of 8 × 8 costs no more per element than a large one; with
+//! positions, each tap is one pass over the block's windows in window order. A max with positions
+//! whose windows overlap searches [`LANES`] windows side by side, flattened over every plane,
+//! when no window needs clipping, and otherwise walks each window tap by tap.
 //!
 //! The gradients split by planes: each task zeroes a plane of the input gradient and adds every
 //! window's gradient into it (max: at the position its index names) in row-major window order, the
@@ -15,9 +19,10 @@
 
 use std::ops::Range;
 
-use super::host::{for_chunks, with_float, with_simd, Ctx, Element, Real, Span};
-use super::reduce::{as_acc_mut, Source};
+use super::host::{for_chunks, widen_into, with_float, with_simd, Ctx, Element, Real, Span};
+use super::reduce::{as_acc, as_acc_mut, Source};
 use super::stream::{stream_copy, worth_streaming};
+use super::vector::{on_vectors, Step, Vector};
 use crate::backends::cpu::cost::items_per_task;
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, pool as reference};
@@ -64,6 +69,22 @@ fn max_with_indices<T: Element>(
     let at = Span::<i64>::of(mem, OP, indices, n * c * oh * ow)?;
     let ([kh, kw], [sh, sw], [ph, pw]) = (d.kernel, d.stride, d.padding);
     let min_rows = items_per_task(ow * kh * kw);
+    if let Some(flat) = Flat::of(d) {
+        for_chunks(n * c * oh, ctx.threads, min_rows, |out_rows| {
+            let task = FlatPositions {
+                x,
+                y,
+                at,
+                g: &flat,
+                rows: out_rows,
+            };
+            // SAFETY: `FlatPositions` reads the input and writes output rows `out_rows` of both
+            // outputs, which this task owns; `Flat::of` checked that every window lies inside
+            // its plane.
+            unsafe { on_vectors(ctx.simd, task) }
+        });
+        return Ok(());
+    }
     // Without padding, and with every window inside its plane (true unless the descriptor's output
     // is smaller than its input allows), the windows need no clipping.
     if ph == 0 && pw == 0 && (oh - 1) * sh + kh <= h && (ow - 1) * sw + kw <= w {
@@ -603,6 +624,21 @@ fn typed<T: Element>(mem: &mut HostMemory, d: &Pool2dDesc, ctx: Ctx) -> Result<(
     let [_, _, oh, ow] = d.output_shape;
     let x = Span::<T>::of(mem, OP, d.input, n * c * h * w)?;
     let y = Span::<T>::of(mem, OP, d.output, n * c * oh * ow)?;
+    if let Some(flat) = Flat::of(d) {
+        let min_rows = items_per_task((ow * flat.kernel[0] * flat.kernel[1]).max(1));
+        for_chunks(n * c * oh, ctx.threads, min_rows, |out_rows| {
+            let task = FlatRows {
+                x,
+                y,
+                g: &flat,
+                rows: out_rows,
+            };
+            // SAFETY: `FlatRows` reads the input and writes output rows `out_rows`, which this
+            // task owns; `Flat::of` checked that every window lies inside its plane.
+            unsafe { on_vectors(ctx.simd, task) }
+        });
+        return Ok(());
+    }
     let rows = Axis {
         size: h,
         out: oh,
@@ -662,6 +698,523 @@ fn typed<T: Element>(mem: &mut HostMemory, d: &Pool2dDesc, ctx: Ctx) -> Result<(
         )
     });
     Ok(())
+}
+
+/// Input elements of the row-pooled block [`FlatRows`] works on at a time (16 KiB of f32).
+const FLAT_BLOCK: usize = 4096;
+
+/// A pool without padding whose windows all lie inside their planes and whose columns do not
+/// overlap (`kw ≤ sw`, `ow·sw ≤ w`): the 2×2/2 pool of most networks. It runs in two passes over
+/// a block of output rows, from as many planes as the block holds. First each output row's `kh`
+/// input rows are pooled column by column into one row of `ow·sw` columns; in those rows, laid
+/// end to end, output `i` of the block (counted over all its rows) reads columns
+/// `i·sw .. i·sw + kw`, so the second pass runs on whole vectors however short a row is.
+#[derive(Clone, Copy, Debug)]
+struct Flat {
+    /// Input rows and columns per plane.
+    input: [usize; 2],
+    /// Output rows and columns per plane.
+    output: [usize; 2],
+    /// Window rows and columns.
+    kernel: [usize; 2],
+    /// Window strides (rows, columns).
+    stride: [usize; 2],
+    /// Average (sum, then divide by the window) rather than max.
+    avg: bool,
+}
+
+impl Flat {
+    /// The geometry of `d` when it is such a pool (and its output not empty), else `None`.
+    fn of(d: &Pool2dDesc) -> Option<Flat> {
+        let [_, _, h, w] = d.input_shape;
+        let [_, _, oh, ow] = d.output_shape;
+        let ([kh, kw], [sh, sw]) = (d.kernel, d.stride);
+        let rows_inside = (oh.checked_sub(1)?)
+            .checked_mul(sh)
+            .and_then(|r| r.checked_add(kh))
+            .is_some_and(|r| r <= h);
+        let columns_apart = ow.checked_mul(sw).is_some_and(|c| c <= w) && kw <= sw;
+        let flat =
+            d.padding == [0, 0] && kh > 0 && kw > 0 && ow > 0 && rows_inside && columns_apart;
+        flat.then_some(Flat {
+            input: [h, w],
+            output: [oh, ow],
+            kernel: [kh, kw],
+            stride: [sh, sw],
+            avg: matches!(d.kind, PoolKind::Avg { .. }),
+        })
+    }
+}
+
+/// Runs of consecutive output rows within one plane, from output row `k` (counted over every
+/// plane), without a division per run.
+struct PlaneRuns {
+    /// Output rows per plane.
+    oh: usize,
+    /// The next run's plane and its first row in the plane.
+    plane: usize,
+    oy: usize,
+}
+
+impl PlaneRuns {
+    /// Runs from output row `k`.
+    fn from(k: usize, oh: usize) -> PlaneRuns {
+        PlaneRuns {
+            oh,
+            plane: k / oh,
+            oy: k % oh,
+        }
+    }
+
+    /// The next run of at most `rows` output rows: its plane, its first row and its length.
+    #[inline(always)]
+    fn next(&mut self, rows: usize) -> (usize, usize, usize) {
+        let run = (self.plane, self.oy, (self.oh - self.oy).min(rows));
+        self.oy += run.2;
+        if self.oy == self.oh {
+            (self.plane, self.oy) = (self.plane + 1, 0);
+        }
+        run
+    }
+}
+
+/// The input of a run of `rows` output rows of a [`Flat`] pool starting at output row `oy` of
+/// `plane`, in the compute type: every tap row of every window, as a slice starting at the first
+/// window's first element, with the step between input rows. Borrowed in place when the element
+/// type is the compute type, else widened into `widened`, rows cut to the `ow·sw` columns used.
+///
+/// # Safety
+/// The run's windows lie inside `x` ([`Flat::of`]), and no task writes the input meanwhile.
+#[inline(always)]
+unsafe fn run_input<'a, T: Element>(
+    x: Span<T>,
+    g: &Flat,
+    (plane, oy, rows): (usize, usize, usize),
+    widened: &'a mut Vec<T::Acc>,
+) -> (&'a [T::Acc], usize) {
+    let ([h, w], [_, ow], [kh, _], [sh, sw]) = (g.input, g.output, g.kernel, g.stride);
+    let width = ow * sw;
+    let input_rows = (rows - 1) * sh + kh;
+    let first = plane * h * w + oy * sh * w;
+    // SAFETY: the caller's contract.
+    let input = unsafe { x.slice(first..first + (input_rows - 1) * w + width) };
+    match as_acc(input) {
+        Some(a) => (a, w),
+        None => {
+            widened.resize(input_rows * width, <T::Acc as Real>::ZERO);
+            for (r, dst) in widened.chunks_exact_mut(width).enumerate() {
+                widen_into(&input[r * w..r * w + width], dst);
+            }
+            (&widened[..], width)
+        }
+    }
+}
+
+/// Outputs `range` of `y` as the compute type: in place when the element type is the compute
+/// type, else `narrow`, resized to the range, for [`narrow_outputs`] to round into `y`.
+///
+/// # Safety
+/// `range` is inside `y`, and no other slice of it lives or is written while this one lives.
+#[inline(always)]
+unsafe fn outputs_in_acc<T: Element>(
+    y: Span<T>,
+    range: Range<usize>,
+    narrow: &mut Vec<T::Acc>,
+) -> &mut [T::Acc] {
+    let len = range.len();
+    // SAFETY: the caller's contract.
+    match as_acc_mut(unsafe { y.slice_mut(range) }) {
+        Some(out) => out,
+        None => {
+            narrow.resize(len, <T::Acc as Real>::ZERO);
+            narrow
+        }
+    }
+}
+
+/// Rounds `narrow` into outputs `range` of `y` when [`outputs_in_acc`] gave it for them (the
+/// element type is not the compute type); nothing otherwise.
+///
+/// # Safety
+/// As [`outputs_in_acc`].
+#[inline(always)]
+unsafe fn narrow_outputs<T: Element>(y: Span<T>, range: Range<usize>, narrow: &[T::Acc]) {
+    if as_acc::<T>(&[]).is_none() {
+        // SAFETY: the caller's contract.
+        super::host::narrow_into(narrow, unsafe { y.slice_mut(range) });
+    }
+}
+
+/// Output rows `rows` (counted over every plane) of a [`Flat`] pool of `x` into `y`.
+struct FlatRows<'a, T> {
+    x: Span<T>,
+    y: Span<T>,
+    g: &'a Flat,
+    rows: Range<usize>,
+}
+
+impl<T: Element> Step<T::Acc> for FlatRows<'_, T> {
+    type Out = ();
+
+    /// # Safety
+    /// The geometry is [`Flat::of`] the descriptor `x` and `y` belong to (so every window of
+    /// every output row lies inside `x`), `rows` is inside the output, and no other task reads or
+    /// writes those output rows meanwhile.
+    #[inline(always)]
+    unsafe fn run<V: Vector<T::Acc>>(self) {
+        let FlatRows { x, y, g, rows } = self;
+        let ([_, ow], [kh, kw], [sh, sw]) = (g.output, g.kernel, g.stride);
+        let zero = <T::Acc as Real>::ZERO;
+        let width = ow * sw;
+        let block = (FLAT_BLOCK / width).clamp(1, rows.len().max(1));
+        // Each pooled row is stored as whole vectors (past its end, into the next row's place);
+        // the column pass reads up to two vectors past the block's last output.
+        let mut pooled = vec![zero; block * width + 2 * V::LANES];
+        // The input widened to the compute type, for element types narrower than it.
+        let mut widened = Vec::new();
+        // The block's outputs in the compute type, likewise.
+        let mut narrow = Vec::new();
+        let mut runs = PlaneRuns::from(rows.start, g.output[0]);
+        let mut start = rows.start;
+        while start < rows.end {
+            let end = (start + block).min(rows.end);
+            let mut done = 0;
+            while start + done < end {
+                let run = runs.next(end - start - done);
+                // SAFETY: the run's windows lie inside the input (the caller's contract).
+                let (input, row_step) = unsafe { run_input(x, g, run, &mut widened) };
+                let geometry = RowPass {
+                    rows: run.2,
+                    taps: kh,
+                    width,
+                    row_step,
+                    window_step: sh * row_step,
+                };
+                // SAFETY: at this level (the caller's); `pooled` holds the block's rows and two
+                // vectors more.
+                unsafe {
+                    pool_rows::<T::Acc, V>(&mut pooled[done * width..], input, geometry, g.avg)
+                };
+                done += run.2;
+            }
+            // SAFETY: output rows `start .. end` are this task's (the caller's contract).
+            let dst = unsafe { outputs_in_acc(y, start * ow..end * ow, &mut narrow) };
+            // SAFETY: at this level; `pooled` holds the block's rows and two vectors more.
+            unsafe { pool_columns::<T::Acc, V>(dst, &pooled, sw, kw, g.avg) };
+            if g.avg {
+                let window = <T::Acc as Real>::from_f64((kh * kw) as f64);
+                for a in dst.iter_mut() {
+                    *a = *a / window;
+                }
+            }
+            // SAFETY: as above.
+            unsafe { narrow_outputs(y, start * ow..end * ow, &narrow) };
+            start = end;
+        }
+    }
+}
+
+/// Output rows `rows` (counted over every plane) of a [`Flat`] max pool of `x` into `y`, with
+/// each window's position in its plane into `at`: the first largest tap in row-major window
+/// order, or the last NaN, as the reference. Each tap row of a block is copied into its own
+/// buffer, rows end to end, so that every tap `(r, s)` is one strided pass over all the block's
+/// outputs, in window order.
+struct FlatPositions<'a, T> {
+    x: Span<T>,
+    y: Span<T>,
+    at: Span<i64>,
+    g: &'a Flat,
+    rows: Range<usize>,
+}
+
+impl<T: Element> Step<T::Acc> for FlatPositions<'_, T> {
+    type Out = ();
+
+    /// # Safety
+    /// As [`FlatRows::run`], for both outputs.
+    #[inline(always)]
+    unsafe fn run<V: Vector<T::Acc>>(self) {
+        let FlatPositions { x, y, at, g, rows } = self;
+        let ([_, w], [_, ow], [kh, kw], [sh, sw]) = (g.input, g.output, g.kernel, g.stride);
+        let zero = <T::Acc as Real>::ZERO;
+        let width = ow * sw;
+        let block = (FLAT_BLOCK / (kh * width)).clamp(1, rows.len().max(1));
+        // Tap row `r` of the block's output rows, end to end, each row stored as whole vectors.
+        let region = block * width + V::LANES;
+        let mut tap_rows = vec![zero; kh * region];
+        let mut widened = Vec::new();
+        let mut narrow = Vec::new();
+        // Per output of the block: the chosen tap's offset from its window's first element.
+        let mut chosen = vec![0i64; block * ow];
+        // Each output column's first window element, from its row's start.
+        let columns: Vec<i64> = (0..ow).map(|ox| (ox * sw) as i64).collect();
+        // The first row in its plane of each run of the block, and the run's length.
+        let mut block_runs = Vec::new();
+        let mut runs = PlaneRuns::from(rows.start, g.output[0]);
+        let mut start = rows.start;
+        while start < rows.end {
+            let end = (start + block).min(rows.end);
+            let outs = (end - start) * ow;
+            block_runs.clear();
+            let mut done = 0;
+            while start + done < end {
+                let run = runs.next(end - start - done);
+                // SAFETY: the run's windows lie inside the input (the caller's contract).
+                let (input, row_step) = unsafe { run_input(x, g, run, &mut widened) };
+                for (r, dst) in tap_rows.chunks_exact_mut(region).enumerate() {
+                    let geometry = RowPass {
+                        rows: run.2,
+                        taps: 1,
+                        width,
+                        row_step,
+                        window_step: sh * row_step,
+                    };
+                    // SAFETY: at this level (the caller's); `dst` holds the block's rows and a
+                    // vector more.
+                    unsafe {
+                        pool_rows::<T::Acc, V>(
+                            &mut dst[done * width..],
+                            &input[r * row_step..],
+                            geometry,
+                            false,
+                        )
+                    };
+                }
+                block_runs.push((run.1, run.2));
+                done += run.2;
+            }
+            let chosen = &mut chosen[..outs];
+            // SAFETY: output rows `start .. end` are this task's (the caller's contract).
+            let best = unsafe { outputs_in_acc(y, start * ow..end * ow, &mut narrow) };
+            for r in 0..kh {
+                let row = &tap_rows[r * region..r * region + outs * sw];
+                for s in 0..kw {
+                    let tap = ((r * w + s) as i64, r + s == 0);
+                    search_tap(best, chosen, row, (sw, s), tap);
+                }
+            }
+            // SAFETY: as above.
+            unsafe { narrow_outputs(y, start * ow..end * ow, &narrow) };
+            // SAFETY: as above.
+            let is = unsafe { at.slice_mut(start * ow..end * ow) };
+            let mut outputs = is.chunks_exact_mut(ow).zip(chosen.chunks_exact(ow));
+            for &(oy, len) in &block_runs {
+                for ((is, chosen), oy) in outputs.by_ref().take(len).zip(oy..) {
+                    let row_start = (oy * sh * w) as i64;
+                    for ((p, &c), &t) in is.iter_mut().zip(&columns).zip(chosen) {
+                        *p = row_start + c + t;
+                    }
+                }
+            }
+            start = end;
+        }
+    }
+}
+
+/// The geometry of a [`pool_rows`] pass: `rows` output rows of `width` columns, each pooling
+/// `taps` input rows `row_step` apart, the first input row of output row `i` at
+/// `i·window_step`.
+#[derive(Clone, Copy)]
+struct RowPass {
+    rows: usize,
+    taps: usize,
+    width: usize,
+    row_step: usize,
+    window_step: usize,
+}
+
+/// Pools the taps of each output row of `input` column by column into `dst` (output row `i` at
+/// `i·width`): their sum when `sum`, else their max (NaN if any is NaN); a single tap is copied.
+/// Rows are written in whole vectors, the last up to one vector past its end; `input` is read
+/// only inside the rows.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`. Panics when the pass has no rows or taps, `input` is shorter
+/// than its rows, or `dst` shorter than its rows with the last rounded up to whole vectors.
+#[inline(always)]
+unsafe fn pool_rows<A: Real, V: Vector<A>>(dst: &mut [A], input: &[A], g: RowPass, sum: bool) {
+    let lanes = V::LANES;
+    let RowPass {
+        rows,
+        taps,
+        width,
+        row_step,
+        window_step,
+    } = g;
+    assert!(
+        rows > 0
+            && taps > 0
+            && input.len() >= (rows - 1) * window_step + (taps - 1) * row_step + width
+            && dst.len() >= (rows - 1) * width + width.div_ceil(lanes) * lanes,
+        "pooled rows outside their buffers"
+    );
+    let (s, d) = (input.as_ptr(), dst.as_mut_ptr());
+    if width <= lanes {
+        // One vector per row: a loop over rows alone.
+        for i in 0..rows {
+            // SAFETY: row `i`'s window and `dst[i·width .. i·width + lanes]` are inside (checked
+            // above).
+            unsafe {
+                pool_window::<A, V>(s.add(i * window_step), 0, g, sum).store(d.add(i * width))
+            };
+        }
+        return;
+    }
+    for i in 0..rows {
+        let mut j = 0;
+        while j < width {
+            // SAFETY: `j < width`: as above.
+            unsafe {
+                pool_window::<A, V>(s.add(i * window_step), j, g, sum).store(d.add(i * width + j))
+            };
+            j += lanes;
+        }
+    }
+}
+
+/// Columns `j .. min(j + LANES, width)` of the window at `p` (its `taps` rows `row_step`
+/// apart), pooled as [`pool_rows`] does; the lanes past `width` are zero.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`; `j < width` and every tap row of the window holds `width`
+/// readable elements.
+#[inline(always)]
+unsafe fn pool_window<A: Real, V: Vector<A>>(p: *const A, j: usize, g: RowPass, sum: bool) -> V {
+    let left = g.width - j;
+    // SAFETY: the caller's contract.
+    let load = |q: *const A| unsafe {
+        if left >= V::LANES {
+            V::load(q.add(j))
+        } else {
+            V::load_first(q.add(j), left)
+        }
+    };
+    let mut v = load(p);
+    for r in 1..g.taps {
+        // SAFETY: as above.
+        let x = load(unsafe { p.add(r * g.row_step) });
+        // SAFETY: the caller's contract.
+        v = unsafe {
+            if sum {
+                v.add(x)
+            } else {
+                v.max(x)
+            }
+        };
+    }
+    v
+}
+
+/// One tap of a max search over windows `i` whose tap `(r, s)` is `row[i·sw + s]`: where it is
+/// larger than `best` or NaN, it becomes the best and its offset (`tap.0`) the chosen one. The
+/// window's first tap (`tap.1`) starts the search instead.
+#[inline(always)]
+fn search_tap<A: Real>(
+    best: &mut [A],
+    chosen: &mut [i64],
+    row: &[A],
+    (sw, s): (usize, usize),
+    tap: (i64, bool),
+) {
+    match (sw, s) {
+        (1, 0) => search_column::<A, 1, 0>(best, chosen, row, tap),
+        (2, 0) => search_column::<A, 2, 0>(best, chosen, row, tap),
+        (2, 1) => search_column::<A, 2, 1>(best, chosen, row, tap),
+        _ => {
+            let columns = row.chunks_exact(sw).map(|group| group[s]);
+            search_values(best, chosen, columns, tap)
+        }
+    }
+}
+
+/// [`search_tap`] for a stride and a column known at compile time (so that the strided loads
+/// vectorise).
+#[inline(always)]
+fn search_column<A: Real, const SW: usize, const S: usize>(
+    best: &mut [A],
+    chosen: &mut [i64],
+    row: &[A],
+    tap: (i64, bool),
+) {
+    let (groups, _) = row.as_chunks::<SW>();
+    search_values(best, chosen, groups.iter().map(|g| g[S]), tap)
+}
+
+/// [`search_tap`] over the tap's values in window order.
+#[inline(always)]
+fn search_values<A: Real>(
+    best: &mut [A],
+    chosen: &mut [i64],
+    values: impl Iterator<Item = A>,
+    (offset, first): (i64, bool),
+) {
+    let outs = best.iter_mut().zip(chosen.iter_mut()).zip(values);
+    if first {
+        for ((b, c), v) in outs {
+            (*b, *c) = (v, offset);
+        }
+    } else {
+        for ((b, c), v) in outs {
+            let take = (v > *b) | v.is_nan();
+            *b = if take { v } else { *b };
+            *c = if take { offset } else { *c };
+        }
+    }
+}
+
+/// Output `i` of `dst` pools `pooled[i·sw .. i·sw + kw]` (sum when `sum`, else max with NaN
+/// propagated): deinterleaved whole vectors for `sw = 2`, a copy for `sw = kw = 1`, element by
+/// element otherwise.
+///
+/// # Safety
+/// As [`Vector`]'s methods for `V`. Panics when `kw > sw` or `pooled` holds fewer than
+/// `dst.len()·sw + 2·LANES` elements.
+#[inline(always)]
+unsafe fn pool_columns<A: Real, V: Vector<A>>(
+    dst: &mut [A],
+    pooled: &[A],
+    sw: usize,
+    kw: usize,
+    sum: bool,
+) {
+    let (n, lanes) = (dst.len(), V::LANES);
+    assert!(
+        kw <= sw && pooled.len() >= n * sw + 2 * lanes,
+        "column pass past its rows"
+    );
+    if sw == 2 {
+        let (p, d) = (pooled.as_ptr(), dst.as_mut_ptr());
+        let mut i = 0;
+        while i < n {
+            // SAFETY: `i < n`, so `pooled[2i .. 2i + 2·lanes]` is inside (checked above), and
+            // `dst[i .. i + min(lanes, n − i)]` is.
+            unsafe {
+                let (even, odd) = V::deinterleave(p.add(2 * i));
+                let v = match (kw, sum) {
+                    (1, _) => even,
+                    (_, true) => even.add(odd),
+                    (_, false) => even.max(odd),
+                };
+                if n - i >= lanes {
+                    v.store(d.add(i));
+                } else {
+                    v.store_first(d.add(i), n - i);
+                }
+            }
+            i += lanes;
+        }
+    } else if sw == 1 {
+        dst.copy_from_slice(&pooled[..n]);
+    } else {
+        for (i, o) in dst.iter_mut().enumerate() {
+            let taps = &pooled[i * sw..i * sw + kw];
+            *o = taps[1..].iter().fold(taps[0], |m, &v| match sum {
+                true => m + v,
+                false if (v > m) | v.is_nan() => v,
+                false => m,
+            });
+        }
+    }
 }
 
 /// Calls `f(inputs, outputs)` for every tap of output row `oy` whose input row is real: `inputs`
@@ -844,6 +1397,7 @@ impl OpImpl<Pool2dBackwardDesc> for CpuBackend {
 mod tests {
     use super::*;
     use crate::backends::cpu::reduce::tests::{check, on_threads, random, upload};
+    use crate::backends::cpu::SimdLevel;
     use crate::dtype::DType;
 
     /// Max, average with and without padding in the count, on every float dtype with 1 and 2
@@ -892,14 +1446,19 @@ mod tests {
                 reference::pool2d(&mut mem, &desc(want_ptr)).unwrap();
                 let want = mem.load_dense(dtype, want_ptr, m).unwrap();
                 for threads in [1, 2] {
-                    let got_ptr = mem.alloc(m * dtype.size_in_bytes()).unwrap();
-                    on_threads(threads, |ctx| pool2d(&mut mem, &desc(got_ptr), ctx)).unwrap();
-                    let got = mem.load_dense(dtype, got_ptr, m).unwrap();
-                    let what = format!(
-                        "{kind:?} {dtype} {shape:?} k {kernel:?} s {stride:?} p {padding:?}, {threads} thread(s)"
-                    );
-                    check(dtype, &got, &want, &what);
-                    mem.free(got_ptr).unwrap();
+                    for simd in SimdLevel::runnable() {
+                        let got_ptr = mem.alloc(m * dtype.size_in_bytes()).unwrap();
+                        on_threads(threads, |ctx| {
+                            pool2d(&mut mem, &desc(got_ptr), Ctx { simd, ..ctx })
+                        })
+                        .unwrap();
+                        let got = mem.load_dense(dtype, got_ptr, m).unwrap();
+                        let what = format!(
+                            "{kind:?} {dtype} {shape:?} k {kernel:?} s {stride:?} p {padding:?}, {threads} thread(s), {simd:?}"
+                        );
+                        check(dtype, &got, &want, &what);
+                        mem.free(got_ptr).unwrap();
+                    }
                 }
             }
         }
@@ -914,6 +1473,17 @@ mod tests {
             .collect()
     }
 
+    /// What a positions test's input holds besides random values.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Fill {
+        Random,
+        /// Every 29th element NaN.
+        Nans,
+        /// Values rounded to the five integers −2 ..= 2, so most windows hold their largest value
+        /// more than once and only the first may be chosen.
+        Ties,
+    }
+
     /// The max pool with positions, and both gradients, on every float dtype with 1 and 2 threads,
     /// against the reference: positions exactly, values within the dtype's bound.
     fn check_indices_and_gradients(
@@ -921,14 +1491,16 @@ mod tests {
         kernel: [usize; 2],
         stride: [usize; 2],
         padding: [usize; 2],
-        nans: bool,
+        fill: Fill,
     ) {
         let n: usize = shape.iter().product();
         let mut x = random(n, (3 * n + kernel[1]) as u64);
-        if nans {
-            for v in x.iter_mut().skip(5).step_by(29) {
-                *v = f64::NAN;
-            }
+        match fill {
+            Fill::Random => {}
+            Fill::Nans => x.iter_mut().skip(5).step_by(29).for_each(|v| *v = f64::NAN),
+            Fill::Ties => x
+                .iter_mut()
+                .for_each(|v| *v = (*v * 2.0).round().clamp(-2.0, 2.0)),
         }
         let out_shape = Pool2dDesc::expected_output_shape(shape, kernel, stride, padding).unwrap();
         let m: usize = out_shape.iter().product();
@@ -960,10 +1532,25 @@ mod tests {
                 let what = format!(
                     "{dtype} {shape:?} k {kernel:?} s {stride:?} p {padding:?}, {threads} thread(s)"
                 );
-                let (got, got_ix) = (mem.alloc(m * size).unwrap(), mem.alloc(m * 8).unwrap());
-                on_threads(threads, |ctx| pool2d(&mut mem, &forward(got, got_ix), ctx)).unwrap();
-                assert_eq!(load_i64(&mem, got_ix, m), want_ix, "positions, {what}");
-                check(dtype, &mem.load_dense(dtype, got, m).unwrap(), &want, &what);
+                // Every SIMD level into fresh (poisoned) outputs; the gradients below read the
+                // last level's positions.
+                let mut got_ix = None;
+                for simd in SimdLevel::runnable() {
+                    let (got, ix) = (mem.alloc(m * size).unwrap(), mem.alloc(m * 8).unwrap());
+                    on_threads(threads, |ctx| {
+                        pool2d(&mut mem, &forward(got, ix), Ctx { simd, ..ctx })
+                    })
+                    .unwrap();
+                    assert_eq!(
+                        load_i64(&mem, ix, m),
+                        want_ix,
+                        "positions, {what}, {simd:?}"
+                    );
+                    let got = mem.load_dense(dtype, got, m).unwrap();
+                    check(dtype, &got, &want, &format!("{what}, {simd:?}"));
+                    got_ix = Some(ix);
+                }
+                let got_ix = got_ix.unwrap();
                 for kind in [
                     PoolKind::Max,
                     PoolKind::Avg {
@@ -1012,9 +1599,68 @@ mod tests {
             ([1, 1, 1, 1], [1, 1], [1, 1], [0, 0]),
             ([2, 4, 64, 65], [3, 3], [2, 2], [1, 1]),
         ] {
-            check_indices_and_gradients(shape, kernel, stride, padding, false);
+            check_indices_and_gradients(shape, kernel, stride, padding, Fill::Random);
         }
-        check_indices_and_gradients([2, 3, 9, 8], [3, 3], [1, 2], [1, 1], true);
+        check_indices_and_gradients([2, 3, 9, 8], [3, 3], [1, 2], [1, 1], Fill::Nans);
+    }
+
+    /// The [`Flat`] geometries (no padding, columns apart) with positions: many small planes, a
+    /// window narrower than its stride, a stride of 3, rows wider than a vector with a ragged
+    /// end, and rows split between tasks and blocks in mid-plane; with NaN and with ties.
+    #[test]
+    fn flat_pools_find_the_reference_positions() {
+        for (shape, kernel, stride) in [
+            ([32, 8, 8, 8], [2, 2], [2, 2]),
+            ([3, 5, 7, 9], [2, 2], [2, 2]),
+            ([2, 3, 9, 8], [3, 1], [2, 2]),
+            ([2, 3, 9, 11], [2, 3], [1, 3]),
+            ([1, 2, 11, 70], [2, 2], [2, 2]),
+            ([2, 3, 130, 102], [2, 2], [2, 2]),
+        ] {
+            assert!(flat(shape, kernel, stride, [0, 0]).is_some(), "{shape:?}");
+            for fill in [Fill::Random, Fill::Nans, Fill::Ties] {
+                check_indices_and_gradients(shape, kernel, stride, [0, 0], fill);
+            }
+        }
+    }
+
+    /// [`Flat::of`] the max pool of `shape` with this window.
+    fn flat(
+        shape: [usize; 4],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    ) -> Option<Flat> {
+        let output_shape =
+            Pool2dDesc::expected_output_shape(shape, kernel, stride, padding).unwrap();
+        let p = crate::compute::DevicePtr(64);
+        Flat::of(&Pool2dDesc {
+            kind: PoolKind::Max,
+            dtype: DType::F32,
+            input: p,
+            input_shape: shape,
+            output: p,
+            output_shape,
+            kernel,
+            stride,
+            padding,
+            indices: None,
+        })
+    }
+
+    /// The two-pass kernel takes only windows without padding whose columns do not overlap.
+    #[test]
+    fn flat_pools_are_unpadded_with_columns_apart() {
+        let shape = [2, 3, 9, 8];
+        assert!(flat(shape, [2, 2], [2, 2], [0, 0]).is_some());
+        assert!(flat(shape, [1, 1], [1, 1], [0, 0]).is_some());
+        assert!(flat(shape, [3, 2], [1, 2], [0, 0]).is_some());
+        // Padding, overlapping columns, and a stride that leaves a row's last columns unused
+        // past its width (`ow·sw > w`).
+        assert!(flat(shape, [2, 2], [2, 2], [1, 1]).is_none());
+        assert!(flat(shape, [3, 3], [2, 2], [0, 0]).is_none());
+        assert!(flat(shape, [2, 2], [1, 1], [0, 0]).is_none());
+        assert!(flat([1, 1, 4, 7], [2, 1], [2, 3], [0, 0]).is_none());
     }
 
     #[test]
@@ -1077,6 +1723,24 @@ mod tests {
         check_pool([1, 2, 17, 31], [4, 5], [3, 2], [2, 2], false);
     }
 
+    /// The [`Flat`] geometries of `flat_pools_find_the_reference_positions`, for max and both
+    /// averages, with and without NaN.
+    #[test]
+    fn flat_pools_match_the_reference() {
+        for (shape, kernel, stride) in [
+            ([32, 8, 8, 8], [2, 2], [2, 2]),
+            ([3, 5, 7, 9], [2, 2], [2, 2]),
+            ([2, 3, 9, 8], [3, 1], [2, 2]),
+            ([2, 3, 9, 11], [2, 3], [1, 3]),
+            ([1, 2, 11, 70], [2, 2], [2, 2]),
+            ([2, 3, 130, 102], [2, 2], [2, 2]),
+        ] {
+            assert!(flat(shape, kernel, stride, [0, 0]).is_some(), "{shape:?}");
+            check_pool(shape, kernel, stride, [0, 0], false);
+            check_pool(shape, kernel, stride, [0, 0], true);
+        }
+    }
+
     #[test]
     fn large_planes_split_across_threads() {
         check_pool([2, 4, 64, 65], [3, 3], [2, 2], [1, 1], false);
@@ -1091,7 +1755,7 @@ mod tests {
         assert!(super::worth_streaming(shape.iter().product::<usize>() * 4));
         // Max-pool planes of this size are streamed too.
         const { assert!(256 * 257 * 4 <= super::STREAM_PLANE_BYTES) };
-        check_indices_and_gradients(shape, [2, 2], [2, 2], [0, 0], false);
+        check_indices_and_gradients(shape, [2, 2], [2, 2], [0, 0], Fill::Random);
     }
 
     #[test]

@@ -83,6 +83,11 @@ pub(crate) trait Vector<A>: Copy {
     /// # Safety
     /// See the trait.
     unsafe fn mul(self, a: Self) -> Self;
+    /// The larger of `self` and `a` per lane, NaN where either is NaN.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn max(self, a: Self) -> Self;
     /// Writes the transpose of the `LANES × LANES` block at `src` (row `i` at `src + i·src_row`)
     /// to `dst` (row `j` at `dst + j·dst_row`): `dst[j][i] = src[i][j]`.
     ///
@@ -174,6 +179,15 @@ impl<A: Real, const N: usize> Vector<A> for Portable<A, N> {
     unsafe fn mul(mut self, a: Self) -> Self {
         for (x, &y) in self.0.iter_mut().zip(&a.0) {
             *x = *x * y;
+        }
+        self
+    }
+
+    #[inline(always)]
+    unsafe fn max(mut self, a: Self) -> Self {
+        for (x, &y) in self.0.iter_mut().zip(&a.0) {
+            // A NaN `x` stays: no comparison with it is true.
+            *x = if (y > *x) | y.is_nan() { y } else { *x };
         }
         self
     }
@@ -306,7 +320,8 @@ mod x86 {
         ($doc:literal, $name:ident, $reg:ty, $elem:ty, $lanes:expr,
          $zero:ident, $splat:ident, $load:ident, $load_first:ident, $store:ident,
          $store_first:ident, $fma:ident,
-         $deinterleave:ident, $add:ident, $sub:ident, $mul:ident, $transpose:ident) => {
+         $deinterleave:ident, $add:ident, $sub:ident, $mul:ident, $max:ident,
+         $transpose:ident) => {
             #[doc = $doc]
             #[derive(Clone, Copy)]
             pub(crate) struct $name($reg);
@@ -371,6 +386,11 @@ mod x86 {
                 }
 
                 #[inline(always)]
+                unsafe fn max(self, a: Self) -> Self {
+                    $name($max(self.0, a.0))
+                }
+
+                #[inline(always)]
                 unsafe fn transpose(
                     src: *const $elem,
                     src_row: usize,
@@ -400,6 +420,7 @@ mod x86 {
         _mm512_add_ps,
         _mm512_sub_ps,
         _mm512_mul_ps,
+        max_f32x16,
         transpose_f32x16
     );
     vector!(
@@ -419,6 +440,7 @@ mod x86 {
         _mm256_add_ps,
         _mm256_sub_ps,
         _mm256_mul_ps,
+        max_f32x8,
         transpose_f32x8
     );
     vector!(
@@ -438,6 +460,7 @@ mod x86 {
         _mm512_add_pd,
         _mm512_sub_pd,
         _mm512_mul_pd,
+        max_f64x8,
         transpose_f64x8
     );
     vector!(
@@ -457,6 +480,7 @@ mod x86 {
         _mm256_add_pd,
         _mm256_sub_pd,
         _mm256_mul_pd,
+        max_f64x4,
         transpose_f64x4
     );
 
@@ -538,6 +562,47 @@ mod x86 {
         let index = _mm256_setr_epi64x(0, 1, 2, 3);
         let mask = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), index);
         _mm256_maskstore_pd(p, mask, v)
+    }
+
+    /// [`Vector::max`] for 16 f32 lanes (AVX-512 F). `vmaxps` returns its second operand when
+    /// either is NaN, so `max(b, a)` keeps a NaN `a`; lanes where `b` is NaN then take `b`.
+    ///
+    /// # Safety
+    /// As [`Vector::max`], with AVX-512 F.
+    #[inline(always)]
+    unsafe fn max_f32x16(a: __m512, b: __m512) -> __m512 {
+        let m = _mm512_max_ps(b, a);
+        _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(b, b), b)
+    }
+
+    /// [`Vector::max`] for 8 f64 lanes (AVX-512 F), as [`max_f32x16`].
+    ///
+    /// # Safety
+    /// As [`Vector::max`], with AVX-512 F.
+    #[inline(always)]
+    unsafe fn max_f64x8(a: __m512d, b: __m512d) -> __m512d {
+        let m = _mm512_max_pd(b, a);
+        _mm512_mask_mov_pd(m, _mm512_cmp_pd_mask::<_CMP_UNORD_Q>(b, b), b)
+    }
+
+    /// [`Vector::max`] for 8 f32 lanes (AVX), as [`max_f32x16`] with a blend.
+    ///
+    /// # Safety
+    /// As [`Vector::max`], with AVX.
+    #[inline(always)]
+    unsafe fn max_f32x8(a: __m256, b: __m256) -> __m256 {
+        let m = _mm256_max_ps(b, a);
+        _mm256_blendv_ps(m, b, _mm256_cmp_ps::<_CMP_UNORD_Q>(b, b))
+    }
+
+    /// [`Vector::max`] for 4 f64 lanes (AVX), as [`max_f32x8`].
+    ///
+    /// # Safety
+    /// As [`Vector::max`], with AVX.
+    #[inline(always)]
+    unsafe fn max_f64x4(a: __m256d, b: __m256d) -> __m256d {
+        let m = _mm256_max_pd(b, a);
+        _mm256_blendv_pd(m, b, _mm256_cmp_pd::<_CMP_UNORD_Q>(b, b))
     }
 
     /// [`Vector::deinterleave`] for 16 f32 lanes (AVX-512 F): two two-source permutes.
@@ -839,6 +904,64 @@ mod tests {
                 _ => {}
             }
             with_simd(simd, || deinterleaves::<A, Portable<A, 4>>());
+        }
+        for simd in SimdLevel::runnable() {
+            all::<f32>(simd);
+            all::<f64>(simd);
+        }
+    }
+
+    /// `max` of pairs chosen lane by lane from ordinary values, infinities, signed zeros and NaN
+    /// on either side: the larger, or NaN where either is NaN.
+    fn maxes<A: Real, V: Vector<A>>() {
+        let special = [
+            1.5,
+            -2.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            0.0,
+            7.0,
+        ];
+        let n = V::LANES;
+        for shift in 0..special.len() {
+            let a: Vec<A> = (0..n)
+                .map(|l| A::from_f64(special[l % special.len()]))
+                .collect();
+            let b: Vec<A> = (0..n)
+                .map(|l| A::from_f64(special[(l + shift) % special.len()]))
+                .collect();
+            let mut out = vec![A::ZERO; n];
+            // SAFETY: the caller runs this at the level of `V`; every buffer holds LANES.
+            unsafe {
+                V::load(a.as_ptr())
+                    .max(V::load(b.as_ptr()))
+                    .store(out.as_mut_ptr())
+            };
+            for l in 0..n {
+                let (x, y, got) = (a[l].to_f64(), b[l].to_f64(), out[l].to_f64());
+                if x.is_nan() || y.is_nan() {
+                    assert!(got.is_nan(), "max({x}, {y}) = {got}, lane {l} of {n}");
+                } else {
+                    assert_eq!(got, x.max(y), "max({x}, {y}), lane {l} of {n}");
+                }
+            }
+        }
+    }
+
+    /// `max` of every vector type, at every level this CPU runs.
+    #[test]
+    fn max_is_nan_where_either_lane_is() {
+        fn all<A: Registers>(simd: SimdLevel) {
+            match simd {
+                SimdLevel::Avx512 => with_simd(simd, || {
+                    maxes::<A, A::X512>();
+                    maxes::<A, A::X256>();
+                }),
+                SimdLevel::Avx2Fma => with_simd(simd, || maxes::<A, A::X256>()),
+                _ => {}
+            }
+            with_simd(simd, || maxes::<A, Portable<A, 4>>());
         }
         for simd in SimdLevel::runnable() {
             all::<f32>(simd);
