@@ -788,6 +788,7 @@ fn pool2d(i: &mut Inputs) -> Result<Vec<Tensor>> {
     };
     Ok(vec![
         x.max_pool2d(Pool2dConfig::new([2, 2]))?,
+        x.avg_pool2d(Pool2dConfig::new([2, 2]))?,
         x.max_pool2d(padded)?,
         x.avg_pool2d(padded)?,
         x.avg_pool2d(Pool2dConfig {
