@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backends::cpu::cost::items_per_task;
+use crate::backends::cpu::scratch;
 
 /// The fold of `parts` in order (the default state for none).
 fn fold<A: Real, S: State<A>>(parts: Vec<S>) -> S {
@@ -60,8 +61,10 @@ pub(in crate::backends::cpu) fn lane_state<A: Real, S: State<A>, Src: Source<A>>
 }
 
 /// Per-column states of rows `rows` of the matrix whose row `r` is the `into.len()` elements from
-/// `base + r * stride` in `src`, into `into`: folded over blocks of [`ROWS`] rows. `cols` (fresh
-/// or taken) and `scratch` have room for the width.
+/// `base + r * stride` in `src`, into `into`: folded over blocks of [`ROWS`] rows, whose rows are
+/// pushed in groups of four from the block's first when a row spans [`GROUP_BYTES`] or more.
+/// `cols` (fresh or taken) has room for the width, `scratch` for four times the width when `Src`
+/// widens (else it may be empty).
 #[inline(always)]
 fn tile_state<A: Real, S: State<A>, Src: Source<A>>(
     src: &Src,
@@ -72,11 +75,29 @@ fn tile_state<A: Real, S: State<A>, Src: Source<A>>(
     scratch: &mut [A],
 ) {
     let width = into.len();
+    let grouped = width * std::mem::size_of::<A>() >= GROUP_BYTES;
     let mut start = rows.start;
     let mut fresh = true;
     while start < rows.end {
         let end = (start + ROWS).min(rows.end);
-        for r in start..end {
+        let mut r = start;
+        if grouped {
+            while r + 4 <= end {
+                let [s0, s1, s2, s3] = scratch_rows(scratch, width);
+                // SAFETY: the caller's matrix lies inside `src`, and no task writes an input.
+                let group = unsafe {
+                    [
+                        src.load(base + r * stride, width, s0),
+                        src.load(base + (r + 1) * stride, width, s1),
+                        src.load(base + (r + 2) * stride, width, s2),
+                        src.load(base + (r + 3) * stride, width, s3),
+                    ]
+                };
+                cols.push4(group);
+                r += 4;
+            }
+        }
+        for r in r..end {
             // SAFETY: the caller's matrix lies inside `src`, and no task writes an input.
             let row = unsafe { src.load(base + r * stride, width, scratch) };
             cols.push(row);
@@ -85,6 +106,22 @@ fn tile_state<A: Real, S: State<A>, Src: Source<A>>(
         fresh = false;
         start = end;
     }
+}
+
+/// Four disjoint pieces of `scratch`, one per row of a group: `width` elements each, or less when
+/// `scratch` is shorter than four widths (a source that does not widen never reads them).
+#[inline(always)]
+fn scratch_rows<A>(scratch: &mut [A], width: usize) -> [&mut [A]; 4] {
+    let width = width.min(scratch.len() / 4);
+    let (s0, rest) = scratch.split_at_mut(width);
+    let (s1, rest) = rest.split_at_mut(width);
+    let (s2, rest) = rest.split_at_mut(width);
+    [s0, s1, s2, &mut rest[..width]]
+}
+
+/// Scratch for [`tile_state`] over rows of `width`: four rows' worth when `Src` widens, else none.
+fn group_scratch<A: Real, Src: Source<A>>(width: usize) -> Vec<A> {
+    vec![A::ZERO; if Src::WIDENS { 4 * width } else { 0 }]
 }
 
 /// Merges the per-column states `later` after `acc`.
@@ -304,6 +341,12 @@ impl Matrices {
     }
 }
 
+/// Columns one task of the parallel fold of row chunks' states merges.
+const MERGE_COLUMNS: usize = 1024;
+
+/// The per-column states of every row chunk of a tile, kept between calls (see [`scratch`]).
+struct ChunkStates<S>(Vec<S>);
+
 /// Reduces every column of every matrix of `m` and hands the states to `emit(at, step, states)`:
 /// the states of consecutive columns, whose results go to output elements `at, at + step, ...`;
 /// each column once. Column tiles are split across threads; few tiles of many rows have their row
@@ -330,12 +373,17 @@ pub(in crate::backends::cpu) fn columns<A: Real, S: State<A>, Src: Source<A>>(
     };
     let rows_of = |k: usize| k * chunk..((k + 1) * chunk).min(m.rows);
     if ctx.threads > 1 && chunks > 1 && units < 2 * ctx.threads {
+        // Each row chunk's states go to its own piece of `parts`, kept between calls: made afresh,
+        // these megabytes were faulted in and zeroed again at every call.
+        let mut parts = scratch::take::<ChunkStates<S>>().map_or_else(Vec::new, |p| p.0);
+        parts.clear();
+        parts.resize(chunks * w0, S::default());
         for u in 0..units {
             let (base, at, width) = unit(u);
-            let parts: Vec<Vec<S>> = par_map(chunks, |k| {
-                let mut states = vec![S::default(); width];
+            let parts = &mut parts[..chunks * width];
+            par_chunks_mut(parts, width, |k, states| {
                 let mut cols = S::Cols::new(width);
-                let mut scratch = vec![A::ZERO; width];
+                let mut scratch = group_scratch::<A, Src>(width);
                 with_simd(
                     ctx.simd,
                     #[inline(always)]
@@ -345,21 +393,26 @@ pub(in crate::backends::cpu) fn columns<A: Real, S: State<A>, Src: Source<A>>(
                             src,
                             at,
                             rows_of(k),
-                            &mut states,
+                            states,
                             &mut cols,
                             &mut scratch,
                         )
                     },
                 );
-                states
             });
-            let mut parts = parts.into_iter();
-            let mut acc = parts.next().unwrap_or_default();
-            for p in parts {
-                merge_into::<A, S>(&mut acc, &p);
-            }
-            emit(at, m.out_step, &acc);
+            // The chunks' states folded in chunk order into the first's, columns in parallel.
+            let (acc, later) = parts.split_at_mut(width);
+            let piece = MERGE_COLUMNS.min(width);
+            par_chunks_mut(acc, piece, |j, acc| {
+                let c0 = j * piece;
+                for k in 0..chunks - 1 {
+                    merge_into::<A, S>(acc, &later[k * width + c0..][..acc.len()]);
+                }
+            });
+            emit(at, m.out_step, acc);
         }
+        let bytes = parts.capacity() * std::mem::size_of::<S>();
+        scratch::keep(ChunkStates(parts), bytes);
         return;
     }
     let min_units = items_per_task(m.rows * w0);
@@ -371,7 +424,7 @@ pub(in crate::backends::cpu) fn columns<A: Real, S: State<A>, Src: Source<A>>(
                 let mut acc = vec![S::default(); w0];
                 let mut part = vec![S::default(); w0];
                 let mut cols = S::Cols::new(w0);
-                let mut scratch = vec![A::ZERO; w0];
+                let mut scratch = group_scratch::<A, Src>(w0);
                 for u in r {
                     let (base, at, width) = unit(u);
                     let (acc, part) = (&mut acc[..width], &mut part[..width]);

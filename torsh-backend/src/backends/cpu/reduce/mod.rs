@@ -3,7 +3,8 @@
 //! A reduction is planned from the input view's strides. When the axis has stride 1, every output
 //! element reduces one contiguous run (a *lane*), vectorised along the run with many accumulators.
 //! When the dims after the axis form one contiguous run, each output row is reduced *column-style*,
-//! vectorised across the columns. Any other view is first gathered into a dense widened copy.
+//! vectorised across the columns, wide rows four at a time. Any other view is first gathered into a
+//! dense widened copy.
 //!
 //! Every result is a fold, in element order, of partial results over pieces of fixed size
 //! ([`BLOCK`] elements, [`LANE_CHUNK`] elements, [`ROWS`] rows), so it does not depend on how many
@@ -39,8 +40,17 @@ const OP: &str = "reduce";
 pub(super) const LANE_CHUNK: usize = 1 << 16;
 
 /// Columns a column-style task reduces at once: wide, so that rows are read as long sequential runs
-/// (narrow tiles of long-strided rows cost a TLB miss per row).
-const TILE: usize = 2048;
+/// (the hardware prefetchers lose a stream at each jump between rows: tiles of 2048 f32 columns
+/// read the rows of a 4096-wide matrix at half the speed of whole rows). The per-column
+/// accumulators of a tile (32 KiB in f32) then live in L2, so wide rows are pushed in groups
+/// ([`GROUP_BYTES`]).
+const TILE: usize = 8192;
+
+/// Row width in bytes of the compute type from which a column task pushes rows four at a time, so
+/// that accumulators too large for L1 are read and written once per four rows. Narrower rows go one
+/// at a time: their accumulators stay in L1, and four interleaved row streams read slower there than
+/// one.
+const GROUP_BYTES: usize = 16 << 10;
 
 /// Rows accumulated per column in the compute type before they are merged into the column's result.
 const ROWS: usize = 128;
@@ -93,8 +103,11 @@ pub(super) fn acc_of<'a, T: Element>(xs: &'a [T], buf: &'a mut Vec<T::Acc>) -> &
 
 /// Elements that kernels read as the compute type `A`, a run at a time.
 pub(super) trait Source<A>: Sync {
+    /// True when [`Source::load`] widens into its scratch; false when it never touches it.
+    const WIDENS: bool;
+
     /// Elements `start .. start + len` as `A`: in place when no conversion is needed, else widened
-    /// into `scratch` (at least `len` long).
+    /// into `scratch` (at least `len` long when the source [widens](Source::WIDENS)).
     ///
     /// # Safety
     /// The range is inside the source and no task writes it while the slice lives.
@@ -102,6 +115,8 @@ pub(super) trait Source<A>: Sync {
 }
 
 impl<T: Element> Source<T::Acc> for Span<T> {
+    const WIDENS: bool = std::mem::size_of::<T>() != std::mem::size_of::<T::Acc>();
+
     #[inline(always)]
     unsafe fn load<'a>(
         &'a self,
@@ -125,6 +140,8 @@ impl<T: Element> Source<T::Acc> for Span<T> {
 pub(super) struct Dense<'a, A>(pub(super) &'a [A]);
 
 impl<A: Real> Source<A> for Dense<'_, A> {
+    const WIDENS: bool = false;
+
     #[inline(always)]
     unsafe fn load<'a>(&'a self, start: usize, len: usize, _scratch: &'a mut [A]) -> &'a [A] {
         &self.0[start..start + len]

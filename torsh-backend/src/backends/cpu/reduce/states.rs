@@ -4,7 +4,7 @@ use super::*;
 
 /// A reduction's partial result over consecutive elements, merged in element order.
 pub(in crate::backends::cpu) trait State<A: Real>:
-    Copy + Default + Send + Sync
+    Copy + Default + Send + Sync + 'static
 {
     /// Per-column accumulators that produce this state for a block of rows.
     type Cols: Cols<A, Self>;
@@ -24,6 +24,15 @@ pub(in crate::backends::cpu) trait Cols<A: Real, S> {
     fn new(width: usize) -> Self;
     /// Adds the next row (the same width every time until the next take).
     fn push(&mut self, row: &[A]);
+    /// Adds the next four rows, in order, each as [`Cols::push`] takes it. A state may combine
+    /// them first (sums add `(r₀ + r₁) + (r₂ + r₃)` to the running sum): the result then depends on
+    /// where groups start, which the schedulers fix by row position, never by thread count.
+    #[inline(always)]
+    fn push4(&mut self, rows: [&[A]; 4]) {
+        for row in rows {
+            self.push(row);
+        }
+    }
     /// Puts each column's state over the rows pushed since the last take (numbered from `start`)
     /// into `into` (one per column, as many as pushed): set when `fresh`, else merged after what is
     /// there. Starts over.
@@ -115,6 +124,16 @@ impl<A: Real> Cols<A, Sum> for SumCols<A> {
     fn push(&mut self, row: &[A]) {
         for (a, &x) in self.acc.iter_mut().zip(row) {
             *a += x;
+        }
+    }
+
+    #[inline(always)]
+    fn push4(&mut self, [r0, r1, r2, r3]: [&[A]; 4]) {
+        let n = r0.len();
+        let acc = &mut self.acc[..n];
+        let (r1, r2, r3) = (&r1[..n], &r2[..n], &r3[..n]);
+        for i in 0..n {
+            acc[i] += (r0[i] + r1[i]) + (r2[i] + r3[i]);
         }
     }
 
@@ -316,6 +335,27 @@ impl<A: Real, const MAX: bool> Cols<A, Extreme<A, MAX>> for ExtremeCols<A, MAX> 
             }
         }
         self.rows += 1;
+    }
+
+    /// The same result as four pushes: [`pick`] keeps the earlier of equal values and the later of
+    /// two NaNs, which a pairwise fold does as well as a running one.
+    #[inline(always)]
+    fn push4(&mut self, [r0, r1, r2, r3]: [&[A]; 4]) {
+        if self.rows == 0 {
+            self.push(r0);
+            self.push(r1);
+            self.push(r2);
+            self.push(r3);
+            return;
+        }
+        let n = r0.len();
+        let m = &mut self.m[..n];
+        let (r1, r2, r3) = (&r1[..n], &r2[..n], &r3[..n]);
+        for i in 0..n {
+            let pair = pick::<A, MAX>(pick::<A, MAX>(r0[i], r1[i]), pick::<A, MAX>(r2[i], r3[i]));
+            m[i] = pick::<A, MAX>(m[i], pair);
+        }
+        self.rows += 4;
     }
 
     #[inline(always)]

@@ -143,7 +143,7 @@ fn long_lanes_split_into_chunks() {
 #[test]
 fn many_short_lanes_and_tall_columns() {
     // 5 000 lanes of 3 (emitted in batches); 30 000 rows of 5 columns (row chunks in parallel);
-    // 3 × 50 × 2500 (two column tiles per matrix).
+    // 3 × 50 × 2500 (rows of 20 000 bytes in f64, pushed in groups of four).
     check_view(
         &random(15_000, 13),
         &Layout::contiguous(&[5000, 3]),
@@ -166,6 +166,34 @@ fn many_short_lanes_and_tall_columns() {
             ReduceOp::ArgMax,
         ],
     );
+}
+
+#[test]
+fn wide_columns_push_rows_in_groups() {
+    // 131 rows of 8195 columns: a tile of 8192 columns, whose rows are pushed four at a time in
+    // two blocks of rows (split across threads at 2 threads) with three rows left over, then a
+    // tile of 3 columns pushed row by row.
+    check_view(
+        &random(131 * 8195, 16),
+        &Layout::contiguous(&[131, 8195]),
+        0,
+        &OPS,
+    );
+    // Ties, NaN and infinities in grouped rows of 4097 f32 (2049 f64 would group as well):
+    // the extremes and their positions must stay the reference's.
+    let mut vals: Vec<f64> = random(11 * 4097, 17)
+        .iter()
+        .map(|v| (v * 2.0).round())
+        .collect();
+    for (i, v) in vals.iter_mut().enumerate() {
+        match i % 1009 {
+            3 => *v = f64::NAN,
+            40 => *v = f64::INFINITY,
+            77 => *v = f64::NEG_INFINITY,
+            _ => {}
+        }
+    }
+    check_view(&vals, &Layout::contiguous(&[11, 4097]), 0, &OPS);
 }
 
 #[test]
