@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::backends::cpu::cost::items_per_task;
-use crate::backends::cpu::scratch;
 
 /// The fold of `parts` in order (the default state for none).
 fn fold<A: Real, S: State<A>>(parts: Vec<S>) -> S {
@@ -344,9 +343,6 @@ impl Matrices {
 /// Columns one task of the parallel fold of row chunks' states merges.
 const MERGE_COLUMNS: usize = 1024;
 
-/// The per-column states of every row chunk of a tile, kept between calls (see [`scratch`]).
-struct ChunkStates<S>(Vec<S>);
-
 /// Reduces every column of every matrix of `m` and hands the states to `emit(at, step, states)`:
 /// the states of consecutive columns, whose results go to output elements `at, at + step, ...`;
 /// each column once. Column tiles are split across threads; few tiles of many rows have their row
@@ -373,11 +369,9 @@ pub(in crate::backends::cpu) fn columns<A: Real, S: State<A>, Src: Source<A>>(
     };
     let rows_of = |k: usize| k * chunk..((k + 1) * chunk).min(m.rows);
     if ctx.threads > 1 && chunks > 1 && units < 2 * ctx.threads {
-        // Each row chunk's states go to its own piece of `parts`, kept between calls: made afresh,
-        // these megabytes were faulted in and zeroed again at every call.
-        let mut parts = scratch::take::<ChunkStates<S>>().map_or_else(Vec::new, |p| p.0);
-        parts.clear();
-        parts.resize(chunks * w0, S::default());
+        // Each row chunk's states go to its own piece of one buffer: allocated per chunk, inside
+        // the tasks, they were faulted in and zeroed again at every call.
+        let mut parts = vec![S::default(); chunks * w0];
         for u in 0..units {
             let (base, at, width) = unit(u);
             let parts = &mut parts[..chunks * width];
@@ -411,8 +405,6 @@ pub(in crate::backends::cpu) fn columns<A: Real, S: State<A>, Src: Source<A>>(
             });
             emit(at, m.out_step, acc);
         }
-        let bytes = parts.capacity() * std::mem::size_of::<S>();
-        scratch::keep(ChunkStates(parts), bytes);
         return;
     }
     let min_units = items_per_task(m.rows * w0);

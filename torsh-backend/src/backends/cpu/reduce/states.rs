@@ -4,7 +4,7 @@ use super::*;
 
 /// A reduction's partial result over consecutive elements, merged in element order.
 pub(in crate::backends::cpu) trait State<A: Real>:
-    Copy + Default + Send + Sync + 'static
+    Copy + Default + Send + Sync
 {
     /// Per-column accumulators that produce this state for a block of rows.
     type Cols: Cols<A, Self>;
