@@ -775,6 +775,10 @@ fn reduce(i: &mut Inputs) -> Result<Vec<Tensor>> {
         out.push(b.reduce(op, &distinct.t()?, 1, true)?);
     }
     out.push(x.sum_all()?);
+    // Columns of rows wider than 16 KiB in f32, which the CPU pushes four rows at a time.
+    let wide = i.normal(&[9, 4099])?;
+    out.push(b.reduce(ReduceOp::Sum, &wide, 0, false)?);
+    out.push(b.reduce(ReduceOp::Max, &wide, 0, false)?);
     Ok(out)
 }
 

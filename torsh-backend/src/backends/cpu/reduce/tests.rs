@@ -328,6 +328,29 @@ fn results_do_not_depend_on_the_thread_count() {
 }
 
 #[test]
+fn grouped_column_sums_do_not_depend_on_the_thread_count() {
+    // Rows of 8195 f32: a grouped tile and a narrow one, two blocks of rows split across threads
+    // at 2 and 3 threads and run in order at 1.
+    let vals = random(131 * 8195, 42);
+    let mut mem = HostMemory::default();
+    let x = upload(&mut mem, DType::F32, &vals);
+    let mut results = Vec::new();
+    for threads in [1, 2, 3] {
+        let out = mem.alloc(8195 * 4).unwrap();
+        let d = ReduceDesc {
+            op: ReduceOp::Sum,
+            dtype: DType::F32,
+            input: StridedBuf::contiguous(x, &[131, 8195]),
+            axis: 0,
+            output: out,
+        };
+        on_threads(threads, |ctx| reduce(&mut mem, &d, ctx)).unwrap();
+        results.push(mem.bytes(out, 8195 * 4).unwrap().to_vec());
+    }
+    assert!(results.windows(2).all(|w| w[0] == w[1]));
+}
+
+#[test]
 #[ignore = "10⁷ elements: run in release"]
 fn ten_million_f32_sum_is_accurate() {
     let n = 10_000_000;
