@@ -867,7 +867,7 @@ fn streamed_unary_and_binary_outputs_match_the_reference() {
             let (rows, cols) = (n / 2053, 2053);
             let a = upload(&mut mem, dtype, &values(n, 21, -3.0, 3.0));
             let b = upload(&mut mem, dtype, &values(n, 22, -3.0, 3.0));
-            for op in [UnaryOp::Exp, UnaryOp::Sigmoid, UnaryOp::Gelu] {
+            for op in [UnaryOp::Exp, UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Gelu] {
                 check_unary(&mut mem, op, dtype, StridedBuf::contiguous(a, &[n]), ctx);
             }
             let dense = |ptr| StridedBuf::contiguous(ptr, &[n]);

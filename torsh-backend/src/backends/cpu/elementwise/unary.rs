@@ -65,6 +65,7 @@ impl Avx512 {
         let f = match op {
             UnaryOp::Exp => Func::Exp,
             UnaryOp::Sigmoid => Func::Sigmoid,
+            UnaryOp::Tanh => Func::Tanh,
             _ => return None,
         };
         (simd == SimdLevel::Avx512).then_some(Avx512(f))
