@@ -15,7 +15,7 @@ pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
 
 /// 2⁻⁶⁴: the scale by which [`exp_f32`] and [`normal_tail_scaled`] keep their intermediate
 /// powers of two normal.
-const TWO_POW_M64: f32 = f32::from_bits(0x1f80_0000);
+pub(crate) const TWO_POW_M64: f32 = f32::from_bits(0x1f80_0000);
 
 /// `x` rounded to the nearest integer, as `(float, int)`, for `|x| < 2²²`: the integer is read from
 /// the low mantissa bits of `x + ROUND_MAGIC` rather than converted with `as i32`, whose saturating
@@ -299,6 +299,29 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
     odd_rational(x, f32::from_bits(0x407a_e14a), P, Q) // 3.920 000 6
 }
 
+/// The numerator of [`normal_tail_scaled`]'s rational in `t`, lowest degree first.
+pub(crate) const TAIL_P: [f32; 5] = [
+    0.5,
+    f32::from_bits(0x3edf_df6c), // 0.437 251 449
+    f32::from_bits(0x3e3a_d75f), // 0.182 462 201
+    f32::from_bits(0x3d25_5dd1), // 0.040 372 673
+    f32::from_bits(0x3b85_9d9b), // 0.004 077 626
+];
+
+/// The denominator of [`normal_tail_scaled`]'s rational in `t`, lowest degree first.
+pub(crate) const TAIL_Q: [f32; 6] = [
+    1.0,
+    f32::from_bits(0x3fd6_10ce), // 1.672 387 84
+    f32::from_bits(0x3f99_8269), // 1.199 292 30
+    f32::from_bits(0x3eef_52ff), // 0.467 430 085
+    f32::from_bits(0x3dcf_4524), // 0.101 206 094
+    f32::from_bits(0x3c27_75d4), // 0.010 220 964
+];
+
+/// [`normal_tail_scaled`]'s rounding constant, 1.5 · 2²³ + 64 + 127: the rounding of
+/// `−t²/2·log₂e` leaves n + 191 in the low mantissa bits.
+pub(crate) const TAIL_MAGIC: f32 = ROUND_MAGIC + 191.0;
+
 /// Φ(−t) and e^(−t²/2) for `t = min(a, 19)`, `a ≥ 0` (NaN is taken as 19), each scaled by 2⁶⁴ so
 /// that both stay normal f32 where the unscaled values would be subnormal: a caller multiplies by
 /// its own factor and then by [`TWO_POW_M64`], so that a subnormal result is rounded once.
@@ -310,35 +333,18 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
 /// `−t²/2·log₂e` (one integer max makes it 0 where n < −190, i.e. `t` above about 16.2).
 #[inline(always)]
 fn normal_tail_scaled(a: f32) -> (f32, f32) {
-    const P: [f32; 5] = [
-        0.5,
-        f32::from_bits(0x3edf_df6c), // 0.437 251 449
-        f32::from_bits(0x3e3a_d75f), // 0.182 462 201
-        f32::from_bits(0x3d25_5dd1), // 0.040 372 673
-        f32::from_bits(0x3b85_9d9b), // 0.004 077 626
-    ];
-    const Q: [f32; 6] = [
-        1.0,
-        f32::from_bits(0x3fd6_10ce), // 1.672 387 84
-        f32::from_bits(0x3f99_8269), // 1.199 292 30
-        f32::from_bits(0x3eef_52ff), // 0.467 430 085
-        f32::from_bits(0x3dcf_4524), // 0.101 206 094
-        f32::from_bits(0x3c27_75d4), // 0.010 220 964
-    ];
-    // 1.5 · 2²³ + 64 + 127: the rounding leaves n + 191 in the low mantissa bits.
-    const SCALED_MAGIC: f32 = ROUND_MAGIC + 191.0;
     let t = a.min(19.0);
     let sq = t * t;
     let sq_lo = t.mul_add(t, -sq);
     let h = -0.5 * sq;
-    let k = h.mul_add(LOG2E, SCALED_MAGIC);
-    let n = k - SCALED_MAGIC;
+    let k = h.mul_add(LOG2E, TAIL_MAGIC);
+    let n = k - TAIL_MAGIC;
     // `h − n·LN2_HI` is exact (Cephes' split), so the low parts enter at full precision.
     let r = sq_lo.mul_add(-0.5, n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, h)));
     // As in `exp_nonpositive_f32`: below `ROUND_MAGIC` (n + 191 < 0) the power is 0.
     let bits = (k.to_bits() as i32).max(ROUND_MAGIC.to_bits() as i32) as u32;
     let e = exp_reduced(r) * f32::from_bits(bits << 23);
-    (e * (horner(t, P) / horner(t, Q)), e)
+    (e * (horner(t, TAIL_P) / horner(t, TAIL_Q)), e)
 }
 
 /// `(Φ(x), φ(x))`, the standard normal CDF and density, within 5 and 2 ulp (results below f32's

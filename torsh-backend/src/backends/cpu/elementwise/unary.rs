@@ -66,6 +66,7 @@ impl Avx512 {
             UnaryOp::Exp => Func::Exp,
             UnaryOp::Sigmoid => Func::Sigmoid,
             UnaryOp::Tanh => Func::Tanh,
+            UnaryOp::Gelu => Func::Gelu,
             _ => return None,
         };
         (simd == SimdLevel::Avx512).then_some(Avx512(f))

@@ -8,20 +8,25 @@
 //! reduction and polynomial. The sigmoid ([`Func::Sigmoid`]) is the scalar one's formula on that
 //! exponential.
 //!
-//! tanh ([`Func::Tanh`]) is the scalar rational with the same operations in the same order, so it
-//! gives the scalar form's bits. Its gain is the path, not the instructions: streamed straight
-//! from the registers, a large output skips the L1 block the compiled scalar form is written to
-//! first.
+//! tanh ([`Func::Tanh`]) and GELU ([`Func::Gelu`]) are the scalar forms' operations in the same
+//! order, so they give the scalar forms' bits. Their gain is the path, not the instructions:
+//! streamed straight from the registers, a large output skips the L1 block the compiled scalar
+//! forms are written to first.
 
 use std::arch::x86_64::{
-    __m512, __mmask16, _mm512_abs_ps, _mm512_add_ps, _mm512_cmp_ps_mask, _mm512_div_ps,
-    _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_loadu_ps, _mm512_mask_blend_ps,
-    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_ps,
-    _mm512_roundscale_ps, _mm512_scalef_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
-    _mm512_stream_ps, _mm512_sub_ps, _CMP_LT_OQ, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT,
+    __m512, __mmask16, _mm512_abs_ps, _mm512_add_ps, _mm512_castps_si512, _mm512_castsi512_ps,
+    _mm512_cmp_ps_mask, _mm512_div_ps, _mm512_fmadd_ps, _mm512_fmsub_ps, _mm512_fnmadd_ps,
+    _mm512_loadu_ps, _mm512_mask_blend_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
+    _mm512_max_epi32, _mm512_max_ps, _mm512_min_ps, _mm512_mul_ps, _mm512_roundscale_ps,
+    _mm512_scalef_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps, _mm512_slli_epi32,
+    _mm512_storeu_ps, _mm512_stream_ps, _mm512_sub_ps, _CMP_LE_OQ, _CMP_LT_OQ, _MM_FROUND_NO_EXC,
+    _MM_FROUND_TO_NEAREST_INT,
 };
 
-use super::{EXP_MAX, EXP_MIN, EXP_REDUCED, LN2_HI, LN2_LO, LOG2E, TANH_LIMIT, TANH_P, TANH_Q};
+use super::{
+    EXP_MAX, EXP_MIN, EXP_REDUCED, LN2_HI, LN2_LO, LOG2E, ROUND_MAGIC, TAIL_MAGIC, TAIL_P, TAIL_Q,
+    TANH_LIMIT, TANH_P, TANH_Q, TWO_POW_M64,
+};
 
 /// f32 lanes of a register.
 const LANES: usize = 16;
@@ -110,6 +115,43 @@ unsafe fn tanh16(x: __m512) -> __m512 {
     _mm512_min_ps(_mm512_set1_ps(1.0), _mm512_max_ps(_mm512_set1_ps(-1.0), r))
 }
 
+/// [`gelu_f32`](super::gelu_f32) in every lane, bit for bit: `w = x·Φ(−|x|)` from the scaled
+/// normal tail (`normal_tail_scaled`: `Φ(−t) = e^(−t²/2)·P(t)/Q(t)`, `t = min(|x|, 19)`, the
+/// exponential's power read from the rounding's bits), the result `w` for `x ≤ 0` and `x − w`
+/// above (NaN kept, +∞ at +∞, NaN at −∞ as `−∞ · 0`).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu16(x: __m512) -> __m512 {
+    // `min` returns its second operand when either is NaN: NaN becomes 19, as `f32::min` does.
+    let t = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(19.0));
+    let sq = _mm512_mul_ps(t, t);
+    let sq_lo = _mm512_fmsub_ps(t, t, sq);
+    let h = _mm512_mul_ps(_mm512_set1_ps(-0.5), sq);
+    let k = _mm512_fmadd_ps(h, _mm512_set1_ps(LOG2E), _mm512_set1_ps(TAIL_MAGIC));
+    let n = _mm512_sub_ps(k, _mm512_set1_ps(TAIL_MAGIC));
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), h);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+    let r = _mm512_fmadd_ps(sq_lo, _mm512_set1_ps(-0.5), r);
+    // Below `ROUND_MAGIC` (n + 191 < 0) the power is 0.
+    let bits = _mm512_max_epi32(
+        _mm512_castps_si512(k),
+        _mm512_set1_epi32(ROUND_MAGIC.to_bits() as i32),
+    );
+    let power = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(bits));
+    let e = _mm512_mul_ps(horner16(r, EXP_REDUCED), power);
+    let tail = _mm512_mul_ps(e, _mm512_div_ps(horner16(t, TAIL_P), horner16(t, TAIL_Q)));
+    // Capped above so that +∞ takes `∞ − 0`; −∞ keeps `−∞ · 0`.
+    let w = _mm512_mul_ps(
+        _mm512_mul_ps(_mm512_min_ps(x, _mm512_set1_ps(19.0)), tail),
+        _mm512_set1_ps(TWO_POW_M64),
+    );
+    let nonpositive = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, _mm512_setzero_ps());
+    _mm512_mask_blend_ps(nonpositive, _mm512_sub_ps(x, w), w)
+}
+
 /// A function with an AVX-512 form here, as the `vmath` function of the same name computes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Func {
@@ -119,6 +161,8 @@ pub(crate) enum Func {
     Sigmoid,
     /// tanh x ([`tanh_f32`](super::tanh_f32)).
     Tanh,
+    /// x·Φ(x) ([`gelu_f32`](super::gelu_f32)).
+    Gelu,
 }
 
 /// [`Func::Exp`] as a const parameter.
@@ -127,8 +171,10 @@ const EXP: u8 = 0;
 const SIGMOID: u8 = 1;
 /// [`Func::Tanh`] as a const parameter.
 const TANH: u8 = 2;
+/// [`Func::Gelu`] as a const parameter.
+const GELU: u8 = 3;
 
-/// The function `F` ([`EXP`], [`SIGMOID`] or [`TANH`]) in every lane.
+/// The function `F` ([`EXP`], [`SIGMOID`], [`TANH`] or [`GELU`]) in every lane.
 ///
 /// # Safety
 /// The CPU has AVX-512F.
@@ -140,6 +186,7 @@ unsafe fn apply<const F: u8>(x: __m512) -> __m512 {
         match F {
             SIGMOID => sigmoid16(x),
             TANH => tanh16(x),
+            GELU => gelu16(x),
             _ => exp16(x),
         }
     }
@@ -189,6 +236,7 @@ unsafe fn run_func<const STREAM: bool>(f: Func, src: *const f32, dst: *mut f32, 
             Func::Exp => run::<EXP, STREAM>(src, dst, n),
             Func::Sigmoid => run::<SIGMOID, STREAM>(src, dst, n),
             Func::Tanh => run::<TANH, STREAM>(src, dst, n),
+            Func::Gelu => run::<GELU, STREAM>(src, dst, n),
         }
     }
 }
@@ -328,7 +376,7 @@ mod tests {
         if !avx512() {
             return;
         }
-        for f in [Func::Exp, Func::Sigmoid, Func::Tanh] {
+        for f in [Func::Exp, Func::Sigmoid, Func::Tanh, Func::Gelu] {
             for n in [0, 1, 15, 16, 17, 100, 1000] {
                 let xs: Vec<f32> = (0..n).map(|i| (i as f32) * 0.173 - 80.0).collect();
                 let mut buf = vec![f32::NAN; n + 48];
@@ -454,6 +502,54 @@ mod tests {
                 assert!(
                     y.to_bits() == want.to_bits() || (want.is_nan() && y.is_nan()),
                     "tanh({x}) = {y} in lane {lane}"
+                );
+                assert!(ys
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &y)| i == lane || y.to_bits() == ordinary.to_bits()));
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_gives_the_scalar_forms_bits() {
+        if !avx512() {
+            return;
+        }
+        let scalar = super::super::gelu_f32;
+        // The tails, where the power of two is 0 (beyond about 16.2) and where the result is
+        // subnormal, the cap at 19, and the middle.
+        let xs: Vec<f32> = sweep(-25.0, 25.0)
+            .chain(sweep(-3.0, 3.0))
+            .chain(sweep(-1e-3, 1e-3))
+            .chain([1e-40, -1e-40, 1e30, -1e30, f32::MAX, f32::MIN, 19.0, -19.0])
+            .collect();
+        let ys = map_of(Func::Gelu, &xs);
+        for (&x, &y) in xs.iter().zip(&ys) {
+            assert!(
+                y.to_bits() == scalar(x).to_bits() || (y.is_nan() && scalar(x).is_nan()),
+                "gelu({x:e}) = {y:e}, the scalar form {:e}",
+                scalar(x)
+            );
+        }
+        // Specials in every lane, among ordinary values.
+        let specials = [
+            (f32::NAN, f32::NAN),
+            (f32::INFINITY, f32::INFINITY),
+            (f32::NEG_INFINITY, f32::NAN),
+            (0.0, 0.0),
+            (-0.0, -0.0),
+        ];
+        let ordinary = scalar(0.5);
+        for &(x, want) in &specials {
+            for lane in 0..LANES {
+                let mut xs = vec![0.5f32; LANES + 3];
+                xs[lane] = x;
+                let ys = map_of(Func::Gelu, &xs);
+                let y = ys[lane];
+                assert!(
+                    y.to_bits() == want.to_bits() || (want.is_nan() && y.is_nan()),
+                    "gelu({x}) = {y} in lane {lane}"
                 );
                 assert!(ys
                     .iter()
