@@ -369,8 +369,8 @@ pub(in crate::backends::cpu) fn columns<A: Real, S: State<A>, Src: Source<A>>(
     };
     let rows_of = |k: usize| k * chunk..((k + 1) * chunk).min(m.rows);
     if ctx.threads > 1 && chunks > 1 && units < 2 * ctx.threads {
-        // Each row chunk's states go to its own piece of one buffer: allocated per chunk, inside
-        // the tasks, they were faulted in and zeroed again at every call.
+        // Each row chunk's states go to its own piece of one buffer made here, so that the tasks
+        // allocate and fault in nothing.
         let mut parts = vec![S::default(); chunks * w0];
         for u in 0..units {
             let (base, at, width) = unit(u);

@@ -310,6 +310,29 @@ mod tests {
         ys
     }
 
+    /// `f` at each special `(x, want)` in every lane of a register among ordinary values (0.5):
+    /// `want` in that lane (any NaN for NaN), and values `ordinary_ok` accepts in the others.
+    fn specials_in_every_lane(f: Func, specials: &[(f32, f32)], ordinary_ok: impl Fn(f32) -> bool) {
+        for &(x, want) in specials {
+            for lane in 0..LANES {
+                let mut xs = vec![0.5f32; LANES + 3];
+                xs[lane] = x;
+                let ys = map_of(f, &xs);
+                let y = ys[lane];
+                assert!(
+                    y.to_bits() == want.to_bits() || (want.is_nan() && y.is_nan()),
+                    "{f:?}({x}) = {y} in lane {lane}"
+                );
+                assert!(
+                    ys.iter()
+                        .enumerate()
+                        .all(|(i, &y)| i == lane || ordinary_ok(y)),
+                    "{f:?}({x}) in lane {lane} changed the other lanes"
+                );
+            }
+        }
+    }
+
     /// `exp` over `xs`.
     fn exp_of(xs: &[f32]) -> Vec<f32> {
         map_of(Func::Exp, xs)
@@ -447,22 +470,9 @@ mod tests {
             (200.0, 1.0),
         ];
         let ordinary = super::super::sigmoid_f32(0.5);
-        for &(x, want) in &specials {
-            for lane in 0..LANES {
-                let mut xs = vec![0.5f32; LANES + 3];
-                xs[lane] = x;
-                let ys = map_of(Func::Sigmoid, &xs);
-                let y = ys[lane];
-                assert!(
-                    y.to_bits() == want.to_bits() || (want.is_nan() && y.is_nan()),
-                    "sigmoid({x}) = {y} in lane {lane}"
-                );
-                assert!(ys
-                    .iter()
-                    .enumerate()
-                    .all(|(i, &y)| i == lane || ulp_error(y, ordinary as f64) <= 1));
-            }
-        }
+        specials_in_every_lane(Func::Sigmoid, &specials, |y| {
+            ulp_error(y, ordinary as f64) <= 1
+        });
     }
 
     #[test]
@@ -493,22 +503,7 @@ mod tests {
             (-TANH_LIMIT, -1.0),
         ];
         let ordinary = scalar(0.5);
-        for &(x, want) in &specials {
-            for lane in 0..LANES {
-                let mut xs = vec![0.5f32; LANES + 3];
-                xs[lane] = x;
-                let ys = map_of(Func::Tanh, &xs);
-                let y = ys[lane];
-                assert!(
-                    y.to_bits() == want.to_bits() || (want.is_nan() && y.is_nan()),
-                    "tanh({x}) = {y} in lane {lane}"
-                );
-                assert!(ys
-                    .iter()
-                    .enumerate()
-                    .all(|(i, &y)| i == lane || y.to_bits() == ordinary.to_bits()));
-            }
-        }
+        specials_in_every_lane(Func::Tanh, &specials, |y| y.to_bits() == ordinary.to_bits());
     }
 
     #[test]
@@ -541,21 +536,6 @@ mod tests {
             (-0.0, -0.0),
         ];
         let ordinary = scalar(0.5);
-        for &(x, want) in &specials {
-            for lane in 0..LANES {
-                let mut xs = vec![0.5f32; LANES + 3];
-                xs[lane] = x;
-                let ys = map_of(Func::Gelu, &xs);
-                let y = ys[lane];
-                assert!(
-                    y.to_bits() == want.to_bits() || (want.is_nan() && y.is_nan()),
-                    "gelu({x}) = {y} in lane {lane}"
-                );
-                assert!(ys
-                    .iter()
-                    .enumerate()
-                    .all(|(i, &y)| i == lane || y.to_bits() == ordinary.to_bits()));
-            }
-        }
+        specials_in_every_lane(Func::Gelu, &specials, |y| y.to_bits() == ordinary.to_bits());
     }
 }
