@@ -46,6 +46,22 @@ pub(crate) trait Vector<A>: Copy {
     /// # Safety
     /// See the trait; `n ≤ LANES` and `p .. p + n` is readable.
     unsafe fn load_first(p: *const A, n: usize) -> Self;
+    /// A set of lanes for [`Vector::load_lanes`] in the level's own form (a mask register where
+    /// it has one), made once by [`Vector::lanes`] for many loads.
+    type Lanes: Copy;
+    /// The lanes `lo .. hi`, each bound cut to `LANES`: none where `lo ≥ hi`.
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn lanes(lo: usize, hi: usize) -> Self::Lanes;
+    /// Lane `l` from `p + l` for each lane `l` of `lanes` and zero in the others, reading
+    /// nothing else (a masked load where the level has one). `p` itself need not point inside
+    /// the allocation the lanes read: a vector may start before a row and take only its lanes
+    /// inside it.
+    ///
+    /// # Safety
+    /// See the trait; `p + l` is readable for every lane `l` of `lanes`.
+    unsafe fn load_lanes(p: *const A, lanes: Self::Lanes) -> Self;
     /// Writes the lanes to `p .. p + LANES`.
     ///
     /// # Safety
@@ -124,6 +140,22 @@ impl<A: Real, const N: usize> Vector<A> for Portable<A, N> {
         let mut lanes = [A::ZERO; N];
         for (l, x) in lanes.iter_mut().enumerate().take(n) {
             *x = p.add(l).read();
+        }
+        Portable(lanes)
+    }
+
+    type Lanes = (usize, usize);
+
+    #[inline(always)]
+    unsafe fn lanes(lo: usize, hi: usize) -> (usize, usize) {
+        (lo.min(N), hi.min(N))
+    }
+
+    #[inline(always)]
+    unsafe fn load_lanes(p: *const A, (lo, hi): (usize, usize)) -> Self {
+        let mut lanes = [A::ZERO; N];
+        for (l, x) in lanes.iter_mut().enumerate().take(hi).skip(lo) {
+            *x = p.wrapping_add(l).read();
         }
         Portable(lanes)
     }
@@ -318,7 +350,8 @@ mod x86 {
     /// Implements [`Vector`] for a register type from its intrinsics.
     macro_rules! vector {
         ($doc:literal, $name:ident, $reg:ty, $elem:ty, $lanes:expr,
-         $zero:ident, $splat:ident, $load:ident, $load_first:ident, $store:ident,
+         $zero:ident, $splat:ident, $load:ident, $load_first:ident,
+         $lanes_of:ident, $mask:ty, $load_lanes:ident, $store:ident,
          $store_first:ident, $fma:ident,
          $deinterleave:ident, $add:ident, $sub:ident, $mul:ident, $max:ident,
          $transpose:ident) => {
@@ -347,6 +380,18 @@ mod x86 {
                 #[inline(always)]
                 unsafe fn load_first(p: *const $elem, n: usize) -> Self {
                     $name($load_first(p, n))
+                }
+
+                type Lanes = $mask;
+
+                #[inline(always)]
+                unsafe fn lanes(lo: usize, hi: usize) -> $mask {
+                    $lanes_of(lo.min($lanes), hi.min($lanes))
+                }
+
+                #[inline(always)]
+                unsafe fn load_lanes(p: *const $elem, lanes: $mask) -> Self {
+                    $name($load_lanes(lanes, p))
                 }
 
                 #[inline(always)]
@@ -413,6 +458,9 @@ mod x86 {
         _mm512_set1_ps,
         _mm512_loadu_ps,
         load_first_f32x16,
+        lanes_x16,
+        __mmask16,
+        _mm512_maskz_loadu_ps,
         _mm512_storeu_ps,
         store_first_f32x16,
         _mm512_fmadd_ps,
@@ -433,6 +481,9 @@ mod x86 {
         _mm256_set1_ps,
         _mm256_loadu_ps,
         load_first_f32x8,
+        lanes_i32x8,
+        __m256i,
+        maskload_f32x8,
         _mm256_storeu_ps,
         store_first_f32x8,
         _mm256_fmadd_ps,
@@ -453,6 +504,9 @@ mod x86 {
         _mm512_set1_pd,
         _mm512_loadu_pd,
         load_first_f64x8,
+        lanes_x8,
+        __mmask8,
+        _mm512_maskz_loadu_pd,
         _mm512_storeu_pd,
         store_first_f64x8,
         _mm512_fmadd_pd,
@@ -473,6 +527,9 @@ mod x86 {
         _mm256_set1_pd,
         _mm256_loadu_pd,
         load_first_f64x4,
+        lanes_i64x4,
+        __m256i,
+        maskload_f64x4,
         _mm256_storeu_pd,
         store_first_f64x4,
         _mm256_fmadd_pd,
@@ -521,6 +578,69 @@ mod x86 {
     unsafe fn load_first_f64x4(p: *const f64, n: usize) -> __m256d {
         let index = _mm256_setr_epi64x(0, 1, 2, 3);
         _mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), index))
+    }
+
+    /// [`Vector::lanes`] for 16 lanes (AVX-512 F), bounds at most 16: bits `lo .. hi` of a mask
+    /// register.
+    ///
+    /// # Safety
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn lanes_x16(lo: usize, hi: usize) -> __mmask16 {
+        (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as __mmask16
+    }
+
+    /// [`Vector::lanes`] for 8 lanes (AVX-512 F), bounds at most 8, as [`lanes_x16`].
+    ///
+    /// # Safety
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn lanes_x8(lo: usize, hi: usize) -> __mmask8 {
+        lanes_x16(lo, hi) as __mmask8
+    }
+
+    /// [`Vector::lanes`] for 8 f32 lanes (AVX2), bounds at most 8: all ones in the 32-bit lanes
+    /// `lo .. hi`, the mask [`maskload_f32x8`] takes.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline(always)]
+    unsafe fn lanes_i32x8(lo: usize, hi: usize) -> __m256i {
+        let index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let from = _mm256_cmpgt_epi32(_mm256_set1_epi32(lo as i32), index);
+        let to = _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), index);
+        _mm256_andnot_si256(from, to)
+    }
+
+    /// [`Vector::lanes`] for 4 f64 lanes (AVX2), as [`lanes_i32x8`] in 64-bit lanes.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline(always)]
+    unsafe fn lanes_i64x4(lo: usize, hi: usize) -> __m256i {
+        let index = _mm256_setr_epi64x(0, 1, 2, 3);
+        let from = _mm256_cmpgt_epi64(_mm256_set1_epi64x(lo as i64), index);
+        let to = _mm256_cmpgt_epi64(_mm256_set1_epi64x(hi as i64), index);
+        _mm256_andnot_si256(from, to)
+    }
+
+    /// [`Vector::load_lanes`] for 8 f32 lanes (AVX): lanes outside `mask` read as zero and do
+    /// not fault.
+    ///
+    /// # Safety
+    /// As [`Vector::load_lanes`], with AVX2.
+    #[inline(always)]
+    unsafe fn maskload_f32x8(mask: __m256i, p: *const f32) -> __m256 {
+        _mm256_maskload_ps(p, mask)
+    }
+
+    /// [`Vector::load_lanes`] for 4 f64 lanes (AVX), as [`maskload_f32x8`].
+    ///
+    /// # Safety
+    /// As [`Vector::load_lanes`], with AVX2.
+    #[inline(always)]
+    unsafe fn maskload_f64x4(mask: __m256i, p: *const f64) -> __m256d {
+        _mm256_maskload_pd(p, mask)
     }
 
     /// [`Vector::store_first`] for 16 f32 lanes (AVX-512 F): one masked store.
@@ -847,6 +967,60 @@ mod tests {
                 let want = if l < n { (l + 1) as f64 } else { 0.0 };
                 assert_eq!(o.to_f64(), want, "n = {n} of {}: lane {l}", V::LANES);
             }
+        }
+    }
+
+    /// Loads lanes `lo .. hi` for every pair of bounds up to one past `LANES` from a buffer that
+    /// holds just those lanes' values (`l + 1` for lane `l`), the vector's start before it where
+    /// `lo > 0`, and checks that the other lanes are zero.
+    fn loads_lanes<A: Real, V: Vector<A>>() {
+        for lo in 0..=V::LANES + 1 {
+            for hi in 0..=V::LANES + 1 {
+                let (from, to) = (lo.min(V::LANES), hi.min(V::LANES));
+                let values: Vec<A> = (from..to.max(from))
+                    .map(|l| A::from_f64((l + 1) as f64))
+                    .collect();
+                let mut out = vec![A::from_f64(f64::NAN); V::LANES];
+                // SAFETY: the caller runs this at the level of `V`; lane l of lo .. hi reads
+                // values[l − lo], and `out` holds LANES.
+                unsafe {
+                    let p = values.as_ptr().wrapping_sub(from);
+                    V::load_lanes(p, V::lanes(lo, hi)).store(out.as_mut_ptr());
+                }
+                for (l, &o) in out.iter().enumerate() {
+                    let want = if (from..to).contains(&l) {
+                        (l + 1) as f64
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(
+                        o.to_f64(),
+                        want,
+                        "lanes {lo}..{hi} of {}: lane {l}",
+                        V::LANES
+                    );
+                }
+            }
+        }
+    }
+
+    /// `load_lanes` of every vector type, at every level this CPU runs.
+    #[test]
+    fn load_lanes_reads_only_its_lanes() {
+        fn all<A: Registers>(simd: SimdLevel) {
+            match simd {
+                SimdLevel::Avx512 => with_simd(simd, || {
+                    loads_lanes::<A, A::X512>();
+                    loads_lanes::<A, A::X256>();
+                }),
+                SimdLevel::Avx2Fma => with_simd(simd, || loads_lanes::<A, A::X256>()),
+                _ => {}
+            }
+            with_simd(simd, || loads_lanes::<A, Portable<A, 4>>());
+        }
+        for simd in SimdLevel::runnable() {
+            all::<f32>(simd);
+            all::<f64>(simd);
         }
     }
 

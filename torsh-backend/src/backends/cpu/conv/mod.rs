@@ -10,7 +10,8 @@
 //!   and 7 taps (dilation 1), at other strides runs of [`RUN`] columns in interleaved partial sums.
 //!   Square 3×3, 5×5 and 7×7 windows at stride 1 and dilation 1 (f32, f64) run [`DW_ROWS`] output
 //!   rows per tile instead ([`RowTiles`], typed vectors of the level), loading each input row once
-//!   for all the rows whose window holds it.
+//!   for all the rows whose window holds it, in place: the padding is masked out of the loads
+//!   instead of copied in.
 //!   A single group of one input channel takes the first-layer kernel below when its window has
 //!   at least 25 taps, else on small planes the GEMM path.
 //! - **first layers** (one group of at most 4 input channels, at least 25 multiply-adds per output,
@@ -1120,22 +1121,33 @@ impl<T: Wide> Job<'_, T> {
         }
     }
 
-    /// Output rows `oy .. oy + DW_ROWS` of output plane `plane` of a stride-1 depthwise
-    /// convolution of a square 3×3, 5×5 or 7×7 window at dilation 1 and an f32 or f64 output, in
-    /// register tiles of `DW_ROWS` rows ([`RowTiles`]) on the vectors of `simd`. Returns `false`
-    /// for another window or when a tile would read past the padded rows (having written some
-    /// columns, or none): the caller then writes the rows whole with the one-row tiles.
+    /// Whether [`Self::depthwise_rows`] computes this convolution: a stride-1 square 3×3, 5×5 or
+    /// 7×7 window at dilation 1 with an f32 or f64 output.
+    fn depthwise_rows_apply(&self) -> bool {
+        let g = &self.g;
+        let square = matches!(g.s, 3 | 5 | 7) && g.r == g.s;
+        T::NATIVE && square && g.stride == [1, 1] && g.dilation == [1, 1]
+    }
+
+    /// Output rows `oy .. oy + DW_ROWS` of output plane `plane` of a convolution that
+    /// [`Self::depthwise_rows_apply`] takes, in register tiles of `DW_ROWS` rows ([`RowTiles`]) on
+    /// the vectors of `simd`, reading the input plane `x` (`H × W`) in place with the channel's
+    /// `taps` and `bias`. Returns `false`, writing nothing, for another window.
     #[inline(always)]
     fn depthwise_rows(
         &self,
-        view: &BandView<'_, T::Acc>,
+        x: &[T::Acc],
+        taps: &[T::Acc],
+        bias: T::Acc,
         plane: usize,
         oy: usize,
         simd: SimdLevel,
     ) -> bool {
         let g = &self.g;
-        let square = matches!(g.s, 3 | 5 | 7) && g.r == g.s && view.taps.len() == g.s * g.s;
-        if !T::NATIVE || !square || g.stride != [1, 1] || g.dilation != [1, 1] {
+        if !self.depthwise_rows_apply() || x.len() != g.h * g.w || taps.len() != g.s * g.s {
+            return false;
+        }
+        if oy + DW_ROWS > g.oh {
             return false;
         }
         let outs: [*mut T::Acc; DW_ROWS] = std::array::from_fn(|j| {
@@ -1143,10 +1155,17 @@ impl<T: Wide> Job<'_, T> {
                 .at((plane * g.oh + oy + j) * g.ow)
                 .cast::<T::Acc>()
         });
-        let step = RowTiles { view, g, oy, outs };
-        // SAFETY: `RowTiles`' contract: output rows oy .. oy + DW_ROWS of this plane exist (the
-        // caller's band holds them), are f32 or f64 (`T::NATIVE`) and are written by this item
-        // only.
+        let step = RowTiles {
+            g,
+            x,
+            taps,
+            bias,
+            oy,
+            outs,
+        };
+        // SAFETY: `RowTiles`' contract: output rows oy .. oy + DW_ROWS of this plane exist
+        // (checked above), are f32 or f64 (`T::NATIVE`) and are written by this item only; `x`
+        // is one `H × W` plane and `taps` the `K × K` window (checked above).
         unsafe { on_vectors(simd, step) }
     }
 
@@ -1169,26 +1188,32 @@ impl<T: Wide> Job<'_, T> {
         let cin = ch / g.kg(); // The group of the channel is its input channel.
                                // SAFETY: the input plane lies inside the input, which nothing writes.
         let x = unsafe { self.input.get((img * g.c + cin) * g.h * g.w, g.h * g.w) };
-        let first = band.load(g, x, rows.clone());
+        let taps = &self.weight[ch * g.r * g.s..][..g.r * g.s];
+        let bias = self.bias.map_or(T::Acc::ZERO, |b| b[ch]);
+        let mut oy = rows.start;
+        // Rows in tiles of several, reading the input plane in place; the rest through the band.
+        if let Some(x) = T::as_acc(x) {
+            while oy + DW_ROWS <= rows.end && self.depthwise_rows(x, taps, bias, plane, oy, simd) {
+                ahead.step(DW_ROWS * ahead_step);
+                oy += DW_ROWS;
+            }
+        }
+        if oy == rows.end {
+            return;
+        }
+        let first = band.load(g, x, oy..rows.end);
         let mut half_row = std::mem::take(&mut band.out);
         let view = BandView {
             buf: &band.rows,
             wp: band.wp,
             first,
-            taps: &self.weight[ch * g.r * g.s..][..g.r * g.s],
-            bias: self.bias.map_or(T::Acc::ZERO, |b| b[ch]),
+            taps,
+            bias,
         };
         // Columns computed a tile at a time (the padded rows are long enough for a last partial
         // tile when the stride is 1 or 2), then one at a time.
         let sw = g.stride[1];
         let mut vector_end = if sw <= 2 { g.ow } else { g.ow - g.ow % RUN };
-        let mut oy = rows.start;
-        if g.stride == [1, 1] {
-            while oy + DW_ROWS <= rows.end && self.depthwise_rows(&view, plane, oy, simd) {
-                ahead.step(DW_ROWS * ahead_step);
-                oy += DW_ROWS;
-            }
-        }
         for oy in oy..rows.end {
             ahead.step(ahead_step);
             // SAFETY: output row oy of this plane is written by this item only.
@@ -1451,9 +1476,18 @@ impl<A: Real> BandView<'_, A> {
 /// of the `DW_ROWS + K − 1` input rows a tile reads is loaded once per tap column and added to
 /// every row of the tile whose window holds it, by tap row within each output row, so every
 /// output is the same sum in the same order as [`BandView::unit_block`]'s.
-struct RowTiles<'v, 'a, A> {
-    view: &'v BandView<'a, A>,
+///
+/// The input rows are read in place, not copied into a padded band: a vector that reaches past
+/// either end of its row loads only its lanes inside it ([`Vector::load_lanes`]), zero in the
+/// others, which is the padding's value. Which lanes those are depends on the tile's columns
+/// only, so a tile works them out once for all its rows.
+struct RowTiles<'v, A> {
     g: &'v Geometry,
+    /// The input plane, `H × W`.
+    x: &'v [A],
+    /// The `K × K` taps.
+    taps: &'v [A],
+    bias: A,
     /// The first output row.
     oy: usize,
     /// The output rows, `OW` elements each.
@@ -1464,24 +1498,41 @@ struct RowTiles<'v, 'a, A> {
 /// with 16: `DW_ROWS ×` this many accumulators, beside the vectors of one input row.
 const TILE_VECTORS: [usize; 2] = [2, 4];
 
-impl<A: Real> RowTiles<'_, '_, A> {
-    /// The tile of `NV` vectors of columns from `c0`, for a `K`-tap window. Returns `false`,
-    /// writing nothing, when its reads would pass the padded rows.
+/// The input columns one load of a [`RowTiles`] tile reads: whole inside its row (a plain load),
+/// or the given lanes only.
+#[derive(Clone, Copy)]
+enum Lanes<M> {
+    All,
+    Some(M),
+}
+
+impl<A: Real> RowTiles<'_, A> {
+    /// The tile of `NV` vectors of columns from `c0`, for a `K`-tap window.
     ///
     /// # Safety
     /// As [`Vector`]'s methods for `V`; the struct's outputs are valid for `OW` elements each
-    /// and written by this thread only.
+    /// and written by this thread only, `x` is `H × W` and `taps` is `K × K`.
     #[inline(always)]
-    unsafe fn tile<V: Vector<A>, const NV: usize, const K: usize>(&self, c0: usize) -> bool {
-        let (g, view) = (self.g, self.view);
-        if c0 + NV * V::LANES + K - 1 > view.wp {
-            return false;
+    unsafe fn tile<V: Vector<A>, const NV: usize, const K: usize>(&self, c0: usize) {
+        let g = self.g;
+        // Vector `v` at tap column `si` reads input columns `start ..` of a row.
+        // (Loops, not `from_fn`, whose closures may not be inlined into the vectors' code.)
+        let mut lanes = [[Lanes::All; NV]; K];
+        for (si, lanes) in lanes.iter_mut().enumerate() {
+            for (v, lanes) in lanes.iter_mut().enumerate() {
+                let start = (c0 + v * V::LANES + si) as isize - g.padding[1] as isize;
+                let lo = start.unsigned_abs() * usize::from(start < 0);
+                let hi = (g.w as isize - start).max(0) as usize;
+                if lo > 0 || hi < V::LANES {
+                    *lanes = Lanes::Some(V::lanes(lo, hi));
+                }
+            }
         }
-        let mut acc = [[V::splat(view.bias); NV]; DW_ROWS];
+        let mut acc = [[V::splat(self.bias); NV]; DW_ROWS];
         // Input row by input row, each a separate instance, so that which output rows and taps
         // it meets is known at compile time (a loop over the rows kept a branch per output row).
         macro_rules! input_rows {
-            ($($t:literal)*) => { $( self.input_row::<V, NV, K, $t>(c0, &mut acc); )* };
+            ($($t:literal)*) => { $( self.input_row::<V, NV, K, $t>(c0, &lanes, &mut acc); )* };
         }
         const _: () = assert!(DW_ROWS + 7 - 1 <= 10, "input rows past the unrolled ones");
         input_rows!(0 1 2 3 4 5 6 7 8 9);
@@ -1496,36 +1547,50 @@ impl<A: Real> RowTiles<'_, '_, A> {
                 }
             }
         }
-        true
     }
 
-    /// Adds input row `T` of a tile (`oy + T − ph`, if not padding) at columns `c0 ..` to the
-    /// accumulators of every output row `j` whose window holds it, as its tap row `T − j`; nothing
-    /// for `T ≥ DW_ROWS + K − 1`.
+    /// Adds input row `T` of a tile (`oy + T − ph`, if not padding) at output columns `c0 ..` to
+    /// the accumulators of every output row `j` whose window holds it, as its tap row `T − j`,
+    /// loading each vector's `lanes`; nothing for `T ≥ DW_ROWS + K − 1`.
     ///
     /// # Safety
-    /// As [`RowTiles::tile`], with `c0 + NV·LANES + K − 1` within the padded row and `K·K` taps.
+    /// As [`RowTiles::tile`], with `lanes` the columns of the row each load reads.
     #[inline(always)]
     unsafe fn input_row<V: Vector<A>, const NV: usize, const K: usize, const T: usize>(
         &self,
         c0: usize,
+        lanes: &[[Lanes<V::Lanes>; NV]; K],
         acc: &mut [[V; NV]; DW_ROWS],
     ) {
         if T >= DW_ROWS + K - 1 {
             return;
         }
-        let (g, view) = (self.g, self.view);
-        let Some(row) = view.row(g, self.oy, T) else {
+        let g = self.g;
+        let Some(iy) = g.input_row(self.oy, T) else {
             return;
         };
-        let p = row.as_ptr().add(c0);
-        for si in 0..K {
-            // SAFETY: c0 + si + NV·LANES ≤ wp = row.len() (the caller's contract).
-            let x: [V; NV] = std::array::from_fn(|v| V::load(p.add(si + v * V::LANES)));
+        // Output column c0 reads input column c0 − pw at its first tap: possibly before the row,
+        // where no lane is read.
+        let p = self
+            .x
+            .as_ptr()
+            .wrapping_add(iy * g.w + c0)
+            .wrapping_sub(g.padding[1]);
+        for (si, lanes) in lanes.iter().enumerate() {
+            let mut x = [V::zero(); NV];
+            for (v, (x, &lanes)) in x.iter_mut().zip(lanes).enumerate() {
+                let at = p.wrapping_add(si + v * V::LANES);
+                // SAFETY: `All` when the vector's columns lie inside the row, else only the
+                // lanes inside it (`tile`).
+                *x = match lanes {
+                    Lanes::All => V::load(at),
+                    Lanes::Some(inside) => V::load_lanes(at, inside),
+                };
+            }
             for (j, acc) in acc.iter_mut().enumerate() {
                 if T >= j && T - j < K {
                     // SAFETY: (T − j)·K + si < K·K = taps.len() (the caller's contract).
-                    let w = V::splat(*view.taps.get_unchecked((T - j) * K + si));
+                    let w = V::splat(*self.taps.get_unchecked((T - j) * K + si));
                     for (a, &x) in acc.iter_mut().zip(&x) {
                         *a = x.mul_add(w, *a);
                     }
@@ -1535,32 +1600,28 @@ impl<A: Real> RowTiles<'_, '_, A> {
     }
 
     /// Every column of the rows, in tiles of `NV` vectors (fewer for the last), for a `K`-tap
-    /// window. Returns `false` when a tile would read past the padded rows (the columns before it
-    /// are written).
+    /// window.
     ///
     /// # Safety
     /// As [`RowTiles::tile`].
     #[inline(always)]
-    unsafe fn columns<V: Vector<A>, const NV: usize, const K: usize>(&self) -> bool {
+    unsafe fn columns<V: Vector<A>, const NV: usize, const K: usize>(&self) {
         let lanes = V::LANES;
         let mut c0 = 0;
         while c0 < self.g.ow {
             let left = (self.g.ow - c0).div_ceil(lanes).min(NV);
-            let done = match left {
+            match left {
                 1 => self.tile::<V, 1, K>(c0),
                 2 => self.tile::<V, 2, K>(c0),
                 3 if NV >= 3 => self.tile::<V, 3, K>(c0),
                 _ => self.tile::<V, NV, K>(c0),
-            };
-            if !done {
-                return false;
             }
             c0 += left * lanes;
         }
-        true
     }
 
-    /// [`RowTiles::columns`] for the window of `g`.
+    /// [`RowTiles::columns`] for the window of `g`; `false`, writing nothing, for a window other
+    /// than 3, 5 or 7 taps.
     ///
     /// # Safety
     /// As [`RowTiles::tile`].
@@ -1570,12 +1631,13 @@ impl<A: Real> RowTiles<'_, '_, A> {
             3 => self.columns::<V, NV, 3>(),
             5 => self.columns::<V, NV, 5>(),
             7 => self.columns::<V, NV, 7>(),
-            _ => false,
+            _ => return false,
         }
+        true
     }
 }
 
-impl<A: Real> Step<A> for RowTiles<'_, '_, A> {
+impl<A: Real> Step<A> for RowTiles<'_, A> {
     type Out = bool;
 
     #[inline(always)]

@@ -760,6 +760,24 @@ fn multi_row_depthwise_tiles_match_the_reference() {
             });
         }
     }
+    // The tiles read the input rows in place, loading only the lanes inside a row: horizontal
+    // padding past the window's reach (output columns that read padding alone), rows narrower
+    // than a vector, and rows several tiles wide, whose inner tiles read whole vectors.
+    for (width, padding) in [
+        (5, [1, 4]),
+        (2, [2, 3]),
+        (20, [2, 6]),
+        (131, [1, 1]),
+        (131, [3, 2]),
+    ] {
+        for k in [3, 5, 7] {
+            check_all(Case {
+                groups: 2,
+                padding,
+                ..Case::new([1, 2, 9, width], 2, [k, k])
+            });
+        }
+    }
     // Vertical strides other than 1 with stride 1 along the row take the one-row tiles.
     for stride in [[2, 1], [3, 1], [1, 2]] {
         for k in [3, 5] {
