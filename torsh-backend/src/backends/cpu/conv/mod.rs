@@ -1518,13 +1518,13 @@ impl<A: Real> RowTiles<'_, A> {
         // Vector `v` at tap column `si` reads input columns `start ..` of a row.
         // (Loops, not `from_fn`, whose closures may not be inlined into the vectors' code.)
         let mut lanes = [[Lanes::All; NV]; K];
-        for (si, lanes) in lanes.iter_mut().enumerate() {
-            for (v, lanes) in lanes.iter_mut().enumerate() {
+        for (si, tap_lanes) in lanes.iter_mut().enumerate() {
+            for (v, vector_lanes) in tap_lanes.iter_mut().enumerate() {
                 let start = (c0 + v * V::LANES + si) as isize - g.padding[1] as isize;
                 let lo = start.unsigned_abs() * usize::from(start < 0);
                 let hi = (g.w as isize - start).max(0) as usize;
                 if lo > 0 || hi < V::LANES {
-                    *lanes = Lanes::Some(V::lanes(lo, hi));
+                    *vector_lanes = Lanes::Some(V::lanes(lo, hi));
                 }
             }
         }
@@ -1576,13 +1576,13 @@ impl<A: Real> RowTiles<'_, A> {
             .as_ptr()
             .wrapping_add(iy * g.w + c0)
             .wrapping_sub(g.padding[1]);
-        for (si, lanes) in lanes.iter().enumerate() {
+        for (si, tap_lanes) in lanes.iter().enumerate() {
             let mut x = [V::zero(); NV];
-            for (v, (x, &lanes)) in x.iter_mut().zip(lanes).enumerate() {
+            for (v, (x, &vector_lanes)) in x.iter_mut().zip(tap_lanes).enumerate() {
                 let at = p.wrapping_add(si + v * V::LANES);
                 // SAFETY: `All` when the vector's columns lie inside the row, else only the
                 // lanes inside it (`tile`).
-                *x = match lanes {
+                *x = match vector_lanes {
                     Lanes::All => V::load(at),
                     Lanes::Some(inside) => V::load_lanes(at, inside),
                 };
