@@ -561,7 +561,7 @@ mod x86 {
     }
 
     /// [`Vector::load_first`] for 8 f32 lanes (AVX): one masked load (masked lanes read as zero
-    /// and do not fault), lanes below `n` selected as in [`store_first_f32x8`].
+    /// and do not fault), lanes below `n` selected by comparing their index with it.
     ///
     /// # Safety
     /// As [`Vector::load_first`], with AVX2.
@@ -663,9 +663,9 @@ mod x86 {
     }
 
     /// [`Vector::store_first`] for 8 f32 lanes (AVX): plain stores of 4, 2 and 1 lanes as `n`'s
-    /// bits ask, lowest lanes first. AMD's cores up to Zen 3 run `vmaskmovps` stores as
-    /// microcode, about 14 cycles each, which took a fifth of a 7×7/2 first layer whose tiles end
-    /// in one per output row; the plain stores take a cycle each.
+    /// bits ask, lowest lanes first, or one whole store for `n = 8`. Not `vmaskmovps`: AMD's
+    /// cores up to Zen 3 run its store form as microcode, about 14 cycles each, against a cycle
+    /// for each plain store.
     ///
     /// # Safety
     /// As [`Vector::store_first`], with AVX2.
