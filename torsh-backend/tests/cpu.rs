@@ -3,7 +3,7 @@
 //! threads, with strided and broadcast views; GEMM in every transpose; and operands the SIMD path must
 //! hand to the scalar one (misaligned raw pointers).
 
-use torsh_backend::compute::{BinaryOp, GemmDesc, ReduceOp, Transpose, UnaryOp};
+use torsh_backend::compute::{BinaryOp, CompareOp, GemmDesc, ReduceOp, Transpose, UnaryOp};
 use torsh_backend::ops::conv::ConvConfig;
 use torsh_backend::ops::norm::BatchNormConfig;
 use torsh_backend::ops::optim::AdamState;
@@ -244,8 +244,8 @@ fn misaligned_raw_operands_take_the_scalar_path() {
     assert_eq!(cpu.backend_type(), BackendType::Cpu);
 }
 
-/// Elementwise ops on 3 × 40 009 elements (more than one block and one thread's share), a transposed
-/// input, a row broadcast and a scalar broadcast.
+/// Elementwise ops and `where` on 3 × 40 009 elements (more than one block and one thread's share),
+/// a transposed input, a row broadcast and a scalar broadcast.
 fn large_elementwise(i: &mut Inputs) -> Result<Vec<Tensor>> {
     let b = i.backend();
     let x = i.uniform(&[3, 40_009], -3.0, 3.0)?;
@@ -269,6 +269,12 @@ fn large_elementwise(i: &mut Inputs) -> Result<Vec<Tensor>> {
         out.push(b.binary(op, &positive, &x)?);
         out.push(b.binary(op, &scalar, &x)?);
     }
+    // `where` by a random mask (no pattern a branch predictor could learn): dense operands, a
+    // transposed one, a broadcast row and a broadcast scalar.
+    let mask = b.compare_scalar(CompareOp::Gt, &i.uniform(&[3, 40_009], -1.0, 1.0)?, 0.0)?;
+    out.push(x.where_(&mask, &positive)?);
+    out.push(positive.where_(&mask, &row)?);
+    out.push(scalar.where_(&mask, &x)?);
     out.push(x.t()?.contiguous()?);
     out.push(x.cast(DType::F32)?.cast(DType::F64)?);
     out.push(x.cast(DType::I32)?);
