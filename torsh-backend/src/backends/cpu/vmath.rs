@@ -5,8 +5,11 @@
 //! domain is `x ≤ 0` and which flushes results below 2⁻¹²⁶ towards 0.
 //!
 //! Where an instruction the compiler does not reach from this scalar source makes a function much
-//! cheaper, module `avx512` has its explicit vector form on the same reduction and polynomial.
+//! cheaper, modules `avx512` and `avx2` have its explicit vector form on the same reduction and
+//! polynomial.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 

@@ -94,6 +94,49 @@ impl Elementwise<f32> for Avx512 {
     }
 }
 
+/// A function with an AVX2 form ([`vmath::avx2`]), on its registers: made only where the CPU has
+/// AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2(vmath::avx2::Func);
+
+#[cfg(target_arch = "x86_64")]
+impl Avx2 {
+    /// The AVX2 form of `op`, when it has one and `simd` includes AVX2 and FMA (detected on this
+    /// CPU).
+    fn of(op: UnaryOp, simd: SimdLevel) -> Option<Avx2> {
+        use vmath::avx2::Func;
+        let f = match op {
+            UnaryOp::Exp => Func::Exp,
+            UnaryOp::Sigmoid => Func::Sigmoid,
+            _ => return None,
+        };
+        matches!(simd, SimdLevel::Avx2Fma | SimdLevel::Avx512).then_some(Avx2(f))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Elementwise<f32> for Avx2 {
+    #[inline(always)]
+    fn block(&self, xs: &[f32], ys: &mut [f32]) {
+        // SAFETY: an `Avx2` exists only where the CPU has AVX2 and FMA (`of`).
+        unsafe { vmath::avx2::map(self.0, xs, ys) }
+    }
+
+    #[inline(always)]
+    fn block_in_place(&self, b: &mut [f32]) {
+        // SAFETY: as in `block`.
+        unsafe { vmath::avx2::map_in_place(self.0, b) }
+    }
+
+    #[inline(always)]
+    fn block_streamed(&self, xs: &[f32], ys: &mut [f32]) -> bool {
+        // SAFETY: as in `block`.
+        unsafe { vmath::avx2::map_streamed(self.0, xs, ys) };
+        true
+    }
+}
+
 /// `output[i] = op(input[i])`.
 pub(crate) fn unary(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx) -> Result<()> {
     match d.dtype {
@@ -128,6 +171,11 @@ fn unary_f32<T: Lanes<Acc = f32>>(mem: &mut HostMemory, d: &UnaryDesc, ctx: Ctx)
     let x = &x;
     #[cfg(target_arch = "x86_64")]
     if let Some(f) = Avx512::of(d.op, ctx.simd) {
+        map(x, out, ctx, f);
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = Avx2::of(d.op, ctx.simd) {
         map(x, out, ctx, f);
         return Ok(());
     }
