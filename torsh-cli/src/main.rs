@@ -62,11 +62,12 @@ enum Command {
         /// The backend to measure (cpu, cuda, reference, ...); default: the one Backend::auto() picks.
         #[arg(long, value_name = "KIND")]
         backend: Option<String>,
-        /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, softmax, layer_norm, batch_norm,
-        /// layer_norm_backward, batch_norm_backward, sum, max, cast, fill, gather, index_select, index_add, where, cumsum, topk, cat,
-        /// gelu_backward, softmax_backward, dropout, max_pool2d, max_pool2d_backward,
-        /// avg_pool2d_backward, cross_entropy, cross_entropy_backward, attention, attention_backward,
-        /// conv2d, conv2d_backward, adam); repeatable.
+        /// Only these ops (matmul, memcpy, copy, add, mul, exp, gelu, erf, tanh, sigmoid, softmax,
+        /// layer_norm, batch_norm, layer_norm_backward, batch_norm_backward, sum, max, cast, fill,
+        /// gather, index_select, index_add, where, cumsum, topk, cat, gelu_backward,
+        /// softmax_backward, dropout, max_pool2d, max_pool2d_backward, avg_pool2d_backward,
+        /// cross_entropy, cross_entropy_backward, attention, attention_backward, conv2d,
+        /// conv2d_backward, adam); repeatable.
         #[arg(long = "op", value_name = "NAME")]
         ops: Vec<String>,
         /// Tiny sizes and short repeats: a smoke run (used by the tests).
