@@ -109,6 +109,7 @@ impl Avx2 {
         let f = match op {
             UnaryOp::Exp => Func::Exp,
             UnaryOp::Sigmoid => Func::Sigmoid,
+            UnaryOp::Tanh => Func::Tanh,
             _ => return None,
         };
         matches!(simd, SimdLevel::Avx2Fma | SimdLevel::Avx512).then_some(Avx2(f))

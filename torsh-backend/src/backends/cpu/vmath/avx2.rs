@@ -1,5 +1,11 @@
 //! AVX2 forms of `vmath` functions whose compiled scalar source leaves a machine without AVX-512
-//! well short of its peers: a block of f32 at a time, on explicit 8-lane vectors.
+//! short of its peers: a block of f32 at a time, on explicit 8-lane vectors.
+//!
+//! eˣ ([`Func::Exp`]) and tanh ([`Func::Tanh`]) are the scalar forms' operations in the same
+//! order, so they give the scalar forms' bits, with the clamps as `min`/`max` that keep NaN and
+//! eˣ's choice of scale by the sign bit (`blendv`) instead of a compare. Their gain is mostly the
+//! path: a large output is streamed straight from the registers, where the compiled forms write
+//! each block to L1 first.
 //!
 //! The sigmoid ([`Func::Sigmoid`]) computes [`sigmoid_f32`](super::sigmoid_f32)'s `num / (1 + e)`,
 //! `e = e^−|x|`, bit for bit, in fewer instructions than the compiler makes of the scalar source:
@@ -12,8 +18,8 @@
 //!   `p·2⁻⁶⁴·2^(n+64)` is one product rounded once, where the scalar form multiplies twice;
 //! - the numerator chosen by `x`'s sign bit (`blendv`), with no compare.
 //!
-//! On a Zen 3 core this runs a vector in about 70 % of the compiled form's time, and a large output
-//! is streamed straight from the registers instead of through an L1 block.
+//! Its large outputs are streamed straight from the registers too (`docs/benchmarks.md` has the
+//! figures).
 
 use std::arch::x86_64::{
     __m256, _mm256_add_ps, _mm256_andnot_ps, _mm256_blendv_ps, _mm256_castps_si256,
@@ -22,7 +28,10 @@ use std::arch::x86_64::{
     _mm256_storeu_ps, _mm256_stream_ps, _mm256_sub_ps,
 };
 
-use super::{EXP_MAX, EXP_MIN, EXP_REDUCED, LN2_HI, LN2_LO, LOG2E, ROUND_MAGIC, TWO_POW_M64};
+use super::{
+    EXP_MAX, EXP_MIN, EXP_REDUCED, LN2_HI, LN2_LO, LOG2E, ROUND_MAGIC, TANH_LIMIT, TANH_P, TANH_Q,
+    TWO_POW_M64,
+};
 
 /// f32 lanes of a register.
 const LANES: usize = 8;
@@ -124,6 +133,24 @@ unsafe fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(_mm256_mul_ps(horner8(r, EXP_REDUCED), power), last)
 }
 
+/// [`tanh_f32`](super::tanh_f32) in every lane, bit for bit: `c·P(c²)/Q(c²)` on `c = x` clamped
+/// to ±[`TANH_LIMIT`], the result clamped to ±1 (NaN kept, ±0 kept, ±1 at ±∞).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tanh8(x: __m256) -> __m256 {
+    // `max` and `min` return their second operand when either is NaN: NaN stays.
+    let c = _mm256_min_ps(
+        _mm256_set1_ps(TANH_LIMIT),
+        _mm256_max_ps(_mm256_set1_ps(-TANH_LIMIT), x),
+    );
+    let z = _mm256_mul_ps(c, c);
+    let r = _mm256_div_ps(_mm256_mul_ps(c, horner8(z, TANH_P)), horner8(z, TANH_Q));
+    _mm256_min_ps(_mm256_set1_ps(1.0), _mm256_max_ps(_mm256_set1_ps(-1.0), r))
+}
+
 /// A function with an AVX2 form here, as the `vmath` function of the same name computes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Func {
@@ -131,14 +158,18 @@ pub(crate) enum Func {
     Exp,
     /// 1/(1 + e⁻ˣ) ([`sigmoid_f32`](super::sigmoid_f32)).
     Sigmoid,
+    /// tanh x ([`tanh_f32`](super::tanh_f32)).
+    Tanh,
 }
 
 /// [`Func::Exp`] as a const parameter.
 const EXP: u8 = 0;
 /// [`Func::Sigmoid`] as a const parameter.
 const SIGMOID: u8 = 1;
+/// [`Func::Tanh`] as a const parameter.
+const TANH: u8 = 2;
 
-/// The function `F` ([`EXP`] or [`SIGMOID`]) in every lane.
+/// The function `F` ([`EXP`], [`SIGMOID`] or [`TANH`]) in every lane.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
@@ -149,6 +180,7 @@ unsafe fn apply<const F: u8>(x: __m256) -> __m256 {
     unsafe {
         match F {
             SIGMOID => sigmoid8(x),
+            TANH => tanh8(x),
             _ => exp8(x),
         }
     }
@@ -222,6 +254,7 @@ unsafe fn run_func<const STREAM: bool>(f: Func, src: *const f32, dst: *mut f32, 
         match f {
             Func::Exp => run::<EXP, STREAM>(src, dst, n),
             Func::Sigmoid => run::<SIGMOID, STREAM>(src, dst, n),
+            Func::Tanh => run::<TANH, STREAM>(src, dst, n),
         }
     }
 }
@@ -306,9 +339,10 @@ mod tests {
     type Scalar = fn(f32) -> f32;
 
     /// Every function of the module with its scalar form.
-    const FUNCS: [(Func, Scalar); 2] = [
+    const FUNCS: [(Func, Scalar); 3] = [
         (Func::Exp, super::super::exp_f32),
         (Func::Sigmoid, super::super::sigmoid_f32),
+        (Func::Tanh, super::super::tanh_f32),
     ];
 
     #[test]
@@ -317,9 +351,11 @@ mod tests {
             return;
         }
         // Both tails (the clamps at −104 and 89 or 104, subnormal results below about −87), the
-        // middle, tiny and subnormal arguments, and the ends of the range.
+        // region where tanh's rational exceeds 1 before its clamp, the middle, tiny and subnormal
+        // arguments, and the ends of the range.
         let xs: Vec<f32> = sweep(-110.0, 100.0)
             .chain(sweep(-5.0, 5.0))
+            .chain(sweep(8.0, 9.2))
             .chain(sweep(-1e-3, 1e-3))
             .chain([1e-40, -1e-40, 1e30, -1e30, f32::MAX, f32::MIN])
             .chain([88.72, 89.0, 104.0, -87.5, -103.0, -104.0])
@@ -341,16 +377,19 @@ mod tests {
         if !avx2() {
             return;
         }
-        let specials: [(f32, [f32; 2]); 8] = [
-            // (x, [exp, sigmoid])
-            (f32::NAN, [f32::NAN, f32::NAN]),
-            (f32::INFINITY, [f32::INFINITY, 1.0]),
-            (f32::NEG_INFINITY, [0.0, 0.0]),
-            (0.0, [1.0, 0.5]),
-            (-0.0, [1.0, 0.5]),
-            (-200.0, [0.0, 0.0]),
-            (200.0, [f32::INFINITY, 1.0]),
-            (89.0, [f32::INFINITY, 1.0]),
+        use super::super::{exp_f32 as exp, sigmoid_f32 as sigmoid};
+        let specials: [(f32, [f32; 3]); 10] = [
+            // (x, [exp, sigmoid, tanh])
+            (f32::NAN, [f32::NAN, f32::NAN, f32::NAN]),
+            (f32::INFINITY, [f32::INFINITY, 1.0, 1.0]),
+            (f32::NEG_INFINITY, [0.0, 0.0, -1.0]),
+            (0.0, [1.0, 0.5, 0.0]),
+            (-0.0, [1.0, 0.5, -0.0]),
+            (-200.0, [0.0, 0.0, -1.0]),
+            (200.0, [f32::INFINITY, 1.0, 1.0]),
+            (89.0, [f32::INFINITY, 1.0, 1.0]),
+            (TANH_LIMIT, [exp(TANH_LIMIT), sigmoid(TANH_LIMIT), 1.0]),
+            (-TANH_LIMIT, [exp(-TANH_LIMIT), sigmoid(-TANH_LIMIT), -1.0]),
         ];
         for (k, (f, scalar)) in FUNCS.into_iter().enumerate() {
             let ordinary = scalar(0.5);
