@@ -324,7 +324,10 @@ where
             ctx.simd,
             #[inline(always)]
             || {
-                let staged = !T::DIRECT || stream;
+                // A row of f32 or f64 past `LONG_ROW_BYTES` takes `long_row`, which needs no row
+                // of scratch (zeroing one would cost as much as a pass over the row).
+                let long = T::DIRECT && len * std::mem::size_of::<T>() > LONG_ROW_BYTES;
+                let staged = !long && (!T::DIRECT || stream);
                 let mut buf = vec![<T::Acc as Real>::ZERO; if staged { len } else { 0 }];
                 let mut block = scratch_row::<T>();
                 let mut streamer = stream.then(Streamer::new);
@@ -773,6 +776,26 @@ pub(super) mod tests {
         for_threads(|ctx| {
             for dtype in [DType::F32, DType::F64] {
                 assert!(worth_streaming(outer * len * dtype.size_in_bytes()));
+                for log in [false, true] {
+                    check(&vals, (outer, len, 1), dtype, log, ctx);
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn long_rows_of_a_streamed_output_match_the_reference() {
+        // Rows past `LONG_ROW_BYTES` whose output is past the streaming size: they take
+        // `long_row` and need no row of scratch; three rows, so that two threads share them.
+        let (outer, len) = (
+            3,
+            (crate::backends::cpu::stream::STREAM_BYTES / 4).div_ceil(3) + 5,
+        );
+        let vals = HostRng::new(6).uniform_vec(outer * len, -25.0, 25.0);
+        for_threads(|ctx| {
+            for dtype in [DType::F32, DType::F64] {
+                assert!(worth_streaming(outer * len * dtype.size_in_bytes()));
+                assert!(len * dtype.size_in_bytes() > LONG_ROW_BYTES);
                 for log in [false, true] {
                     check(&vals, (outer, len, 1), dtype, log, ctx);
                 }
