@@ -27,7 +27,7 @@ use super::super::elementwise::Lanes;
 use super::super::host::{for_chunks, with_float, with_simd, Ahead, Ctx, Real, Span, BLOCK};
 use super::super::vmath;
 use crate::backends::cpu::cost::{items_per_task, TASK_ELEMENTS};
-use crate::backends::cpu::stream::{worth_streaming, Streamer};
+use crate::backends::cpu::stream::{on_a_line, worth_streaming, Streamer};
 use crate::backends::cpu::CpuBackend;
 use crate::backends::reference::{memory::HostMemory, norm as reference};
 use crate::compute::op::OpImpl;
@@ -328,7 +328,11 @@ where
                 // of scratch (zeroing one would cost as much as a pass over the row).
                 let long = T::DIRECT && len * std::mem::size_of::<T>() > LONG_ROW_BYTES;
                 let staged = !long && (!T::DIRECT || stream);
-                let mut buf = vec![<T::Acc as Real>::ZERO; if staged { len } else { 0 }];
+                // The row starts on a 64-byte line: the exponential pass's vector stores and the
+                // scaling pass's loads then never straddle two lines.
+                let line = 64 / std::mem::size_of::<T::Acc>();
+                let mut buf = vec![<T::Acc as Real>::ZERO; if staged { len + line } else { 0 }];
+                let buf = on_a_line(&mut buf, len);
                 let mut block = scratch_row::<T>();
                 let mut streamer = stream.then(Streamer::new);
                 let last = rows.end.saturating_sub(1);
@@ -344,7 +348,7 @@ where
                         &[]
                     };
                     let out = streamer.as_mut().map(|s| (s, &mut block[..]));
-                    row(xs, ys, next, &mut buf, sh.log, out);
+                    row(xs, ys, next, buf, sh.log, out);
                 }
             },
         )
