@@ -60,7 +60,8 @@ const BLOCK_K: usize = 64;
 
 /// The exponentials the softmax and its gradient use in each compute type.
 trait Exp: Real {
-    /// eˣ for the softmax's arguments `x − max ≤ 0`: positive arguments give 1.
+    /// eˣ for the softmax's arguments `x − max ≤ 0` (never positive: the max is taken over the
+    /// values it is subtracted from, and NaN scores give NaN).
     fn exp_fast(self) -> Self;
     /// eˣ for any argument, as fast: the gradient's `s − lse`, which a log-sum-exp from
     /// elsewhere than the forward can make positive. Past the largest argument whose power of two
@@ -94,8 +95,7 @@ fn exp_f32(x: f32, hi: f32, above: Option<f32>) -> f32 {
 
 impl Exp for f32 {
     /// [`vmath::exp_nonpositive_f32`]: results under 2⁻¹²⁶ flush towards 0 (0 below about −87.7,
-    /// so masked keys contribute exactly nothing); positive arguments (only from
-    /// NaN-free rows whose max was +∞ or NaN, where the reference gives NaN too) are clamped to 0.
+    /// so masked keys contribute exactly nothing), within 2 ulp above.
     #[inline(always)]
     fn exp_fast(self) -> f32 {
         vmath::exp_nonpositive_f32(self)

@@ -46,8 +46,8 @@ pub(in crate::backends::cpu) trait Exp: Real {
     fn vexp(self) -> Self;
 
     /// eˢᵉˡᶠ for a softmax's shifted argument `x − max ≤ 0` (or NaN): in f32 a cheaper kernel whose
-    /// results below 2⁻¹²⁶ flush towards 0 and which takes positive arguments as 0
-    /// ([`vmath::exp_nonpositive_f32`]); in f64 the same as [`Exp::vexp`].
+    /// results below 2⁻¹²⁶ flush towards 0 and whose positive arguments past 88 give unspecified
+    /// results ([`vmath::exp_nonpositive_f32`]); in f64 the same as [`Exp::vexp`].
     fn vexp_shifted(self) -> Self;
 }
 
