@@ -110,6 +110,7 @@ impl Avx2 {
             UnaryOp::Exp => Func::Exp,
             UnaryOp::Sigmoid => Func::Sigmoid,
             UnaryOp::Tanh => Func::Tanh,
+            UnaryOp::Gelu => Func::Gelu,
             _ => return None,
         };
         matches!(simd, SimdLevel::Avx2Fma | SimdLevel::Avx512).then_some(Avx2(f))

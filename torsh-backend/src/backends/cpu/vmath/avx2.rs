@@ -1,9 +1,10 @@
 //! AVX2 forms of `vmath` functions whose compiled scalar source leaves a machine without AVX-512
 //! short of its peers: a block of f32 at a time, on explicit 8-lane vectors.
 //!
-//! eˣ ([`Func::Exp`]) and tanh ([`Func::Tanh`]) are the scalar forms' operations in the same
-//! order, so they give the scalar forms' bits, with the clamps as `min`/`max` that keep NaN and
-//! eˣ's choice of scale by the sign bit (`blendv`) instead of a compare; a large output is
+//! eˣ ([`Func::Exp`]), tanh ([`Func::Tanh`]) and GELU ([`Func::Gelu`]) are the scalar forms'
+//! operations in the same order, so they give the scalar forms' bits, with the clamps as
+//! `min`/`max` that keep NaN and eˣ's choice of scale by the sign bit (`blendv`) instead of a
+//! compare; a large output is
 //! streamed straight from the registers, where the compiled forms write each block to L1 first.
 //!
 //! The sigmoid ([`Func::Sigmoid`]) computes [`sigmoid_f32`](super::sigmoid_f32)'s `num / (1 + e)`,
@@ -22,14 +23,15 @@
 
 use std::arch::x86_64::{
     __m256, _mm256_add_ps, _mm256_andnot_ps, _mm256_blendv_ps, _mm256_castps_si256,
-    _mm256_castsi256_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, _mm256_loadu_ps,
-    _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_slli_epi32,
-    _mm256_storeu_ps, _mm256_stream_ps, _mm256_sub_ps,
+    _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_fmsub_ps,
+    _mm256_fnmadd_ps, _mm256_loadu_ps, _mm256_max_epi32, _mm256_max_ps, _mm256_min_ps,
+    _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32,
+    _mm256_storeu_ps, _mm256_stream_ps, _mm256_sub_ps, _CMP_LE_OQ,
 };
 
 use super::{
-    EXP_MAX, EXP_MIN, EXP_REDUCED, LN2_HI, LN2_LO, LOG2E, ROUND_MAGIC, TANH_LIMIT, TANH_P, TANH_Q,
-    TWO_POW_M64,
+    EXP_MAX, EXP_MIN, EXP_REDUCED, LN2_HI, LN2_LO, LOG2E, ROUND_MAGIC, TAIL_MAGIC, TAIL_P, TAIL_Q,
+    TANH_LIMIT, TANH_P, TANH_Q, TWO_POW_M64,
 };
 
 /// f32 lanes of a register.
@@ -150,6 +152,47 @@ unsafe fn tanh8(x: __m256) -> __m256 {
     _mm256_min_ps(_mm256_set1_ps(1.0), _mm256_max_ps(_mm256_set1_ps(-1.0), r))
 }
 
+/// [`gelu_f32`](super::gelu_f32) in every lane, bit for bit: `w = x·Φ(−|x|)` from the scaled
+/// normal tail (`normal_tail_scaled`: `Φ(−t) = e^(−t²/2)·P(t)/Q(t)`, `t = min(|x|, 19)`, the
+/// exponential's power read from the rounding's bits), the result `w` for `x ≤ 0` and `x − w`
+/// above (NaN kept, +∞ at +∞, NaN at −∞ as `−∞ · 0`).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu8(x: __m256) -> __m256 {
+    // `min` returns its second operand when either is NaN: NaN becomes 19, as `f32::min` does.
+    let t = _mm256_min_ps(
+        _mm256_andnot_ps(_mm256_set1_ps(-0.0), x),
+        _mm256_set1_ps(19.0),
+    );
+    let sq = _mm256_mul_ps(t, t);
+    let sq_lo = _mm256_fmsub_ps(t, t, sq);
+    let h = _mm256_mul_ps(_mm256_set1_ps(-0.5), sq);
+    let k = _mm256_fmadd_ps(h, _mm256_set1_ps(LOG2E), _mm256_set1_ps(TAIL_MAGIC));
+    let n = _mm256_sub_ps(k, _mm256_set1_ps(TAIL_MAGIC));
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), h);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    let r = _mm256_fmadd_ps(sq_lo, _mm256_set1_ps(-0.5), r);
+    // Below `ROUND_MAGIC` (n + 191 < 0) the power is 0.
+    let bits = _mm256_max_epi32(
+        _mm256_castps_si256(k),
+        _mm256_set1_epi32(ROUND_MAGIC.to_bits() as i32),
+    );
+    let power = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(bits));
+    let e = _mm256_mul_ps(horner8(r, EXP_REDUCED), power);
+    let tail = _mm256_mul_ps(e, _mm256_div_ps(horner8(t, TAIL_P), horner8(t, TAIL_Q)));
+    // Capped above so that +∞ takes `∞ − 0`; −∞ keeps `−∞ · 0`.
+    let w = _mm256_mul_ps(
+        _mm256_mul_ps(_mm256_min_ps(x, _mm256_set1_ps(19.0)), tail),
+        _mm256_set1_ps(TWO_POW_M64),
+    );
+    // All ones where `x ≤ 0` (false for NaN, which takes `x − w`, NaN, as the scalar form does).
+    let nonpositive = _mm256_cmp_ps::<_CMP_LE_OQ>(x, _mm256_setzero_ps());
+    _mm256_blendv_ps(_mm256_sub_ps(x, w), w, nonpositive)
+}
+
 /// A function with an AVX2 form here, as the `vmath` function of the same name computes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Func {
@@ -159,6 +202,8 @@ pub(crate) enum Func {
     Sigmoid,
     /// tanh x ([`tanh_f32`](super::tanh_f32)).
     Tanh,
+    /// x·Φ(x) ([`gelu_f32`](super::gelu_f32)).
+    Gelu,
 }
 
 /// [`Func::Exp`] as a const parameter.
@@ -167,8 +212,10 @@ const EXP: u8 = 0;
 const SIGMOID: u8 = 1;
 /// [`Func::Tanh`] as a const parameter.
 const TANH: u8 = 2;
+/// [`Func::Gelu`] as a const parameter.
+const GELU: u8 = 3;
 
-/// The function `F` ([`EXP`], [`SIGMOID`] or [`TANH`]) in every lane.
+/// The function `F` ([`EXP`], [`SIGMOID`], [`TANH`] or [`GELU`]) in every lane.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
@@ -180,6 +227,7 @@ unsafe fn apply<const F: u8>(x: __m256) -> __m256 {
         match F {
             SIGMOID => sigmoid8(x),
             TANH => tanh8(x),
+            GELU => gelu8(x),
             _ => exp8(x),
         }
     }
@@ -254,6 +302,7 @@ unsafe fn run_func<const STREAM: bool>(f: Func, src: *const f32, dst: *mut f32, 
             Func::Exp => run::<EXP, STREAM>(src, dst, n),
             Func::Sigmoid => run::<SIGMOID, STREAM>(src, dst, n),
             Func::Tanh => run::<TANH, STREAM>(src, dst, n),
+            Func::Gelu => run::<GELU, STREAM>(src, dst, n),
         }
     }
 }
@@ -338,10 +387,11 @@ mod tests {
     type Scalar = fn(f32) -> f32;
 
     /// Every function of the module with its scalar form.
-    const FUNCS: [(Func, Scalar); 3] = [
+    const FUNCS: [(Func, Scalar); 4] = [
         (Func::Exp, super::super::exp_f32),
         (Func::Sigmoid, super::super::sigmoid_f32),
         (Func::Tanh, super::super::tanh_f32),
+        (Func::Gelu, super::super::gelu_f32),
     ];
 
     #[test]
@@ -354,6 +404,7 @@ mod tests {
         // arguments, and the ends of the range.
         let xs: Vec<f32> = sweep(-110.0, 100.0)
             .chain(sweep(-5.0, 5.0))
+            .chain(sweep(-20.0, 20.0))
             .chain(sweep(8.0, 9.2))
             .chain(sweep(-1e-3, 1e-3))
             .chain([1e-40, -1e-40, 1e30, -1e30, f32::MAX, f32::MIN])
@@ -376,19 +427,22 @@ mod tests {
         if !avx2() {
             return;
         }
-        use super::super::{exp_f32 as exp, sigmoid_f32 as sigmoid};
-        let specials: [(f32, [f32; 3]); 10] = [
-            // (x, [exp, sigmoid, tanh])
-            (f32::NAN, [f32::NAN, f32::NAN, f32::NAN]),
-            (f32::INFINITY, [f32::INFINITY, 1.0, 1.0]),
-            (f32::NEG_INFINITY, [0.0, 0.0, -1.0]),
-            (0.0, [1.0, 0.5, 0.0]),
-            (-0.0, [1.0, 0.5, -0.0]),
-            (-200.0, [0.0, 0.0, -1.0]),
-            (200.0, [f32::INFINITY, 1.0, 1.0]),
-            (89.0, [f32::INFINITY, 1.0, 1.0]),
-            (TANH_LIMIT, [exp(TANH_LIMIT), sigmoid(TANH_LIMIT), 1.0]),
-            (-TANH_LIMIT, [exp(-TANH_LIMIT), sigmoid(-TANH_LIMIT), -1.0]),
+        use super::super::{exp_f32 as exp, gelu_f32 as gelu, sigmoid_f32 as sigmoid};
+        let l = TANH_LIMIT;
+        let specials: [(f32, [f32; 4]); 12] = [
+            // (x, [exp, sigmoid, tanh, gelu])
+            (f32::NAN, [f32::NAN, f32::NAN, f32::NAN, f32::NAN]),
+            (f32::INFINITY, [f32::INFINITY, 1.0, 1.0, f32::INFINITY]),
+            (f32::NEG_INFINITY, [0.0, 0.0, -1.0, f32::NAN]),
+            (0.0, [1.0, 0.5, 0.0, 0.0]),
+            (-0.0, [1.0, 0.5, -0.0, -0.0]),
+            (-200.0, [0.0, 0.0, -1.0, -0.0]),
+            (200.0, [f32::INFINITY, 1.0, 1.0, 200.0]),
+            (89.0, [f32::INFINITY, 1.0, 1.0, 89.0]),
+            (l, [exp(l), sigmoid(l), 1.0, gelu(l)]),
+            (-l, [exp(-l), sigmoid(-l), -1.0, gelu(-l)]),
+            (19.0, [exp(19.0), sigmoid(19.0), 1.0, 19.0]),
+            (-19.0, [exp(-19.0), sigmoid(-19.0), -1.0, gelu(-19.0)]),
         ];
         for (k, (f, scalar)) in FUNCS.into_iter().enumerate() {
             let ordinary = scalar(0.5);
