@@ -111,11 +111,11 @@ pub(crate) const EXP_SHIFTED: [f32; 6] = [
 /// eˣ for the arguments of a softmax, `x ≤ 0` (`x − max` of a row), within 2 ulp where the result
 /// is at least 2⁻¹²⁶ (measured over every f32 in [−88, 0]): [`exp_f32`]'s reduction with the
 /// polynomial of [`EXP_SHIFTED`], one degree lower, 2ⁿ built in one step from the rounding's
-/// bits and no clamp from above. Results below 2⁻¹²⁶ flush towards 0 (an absolute error under 2⁻¹²⁶; −∞ gives
-/// exactly 0) and NaN propagates. Positive arguments are outside the domain: up to 88 they give eˣ
-/// within the same bound; above, the result is unspecified (a wrong finite value, +∞ or NaN),
-/// which callers never ask for (`x − max` of the values the max was taken over is never
-/// positive).
+/// bits and no clamp from above. Results below 2⁻¹²⁶ flush towards 0 (an absolute error under
+/// 2⁻¹²⁶; −∞ gives exactly 0) and NaN propagates. Positive arguments are outside the domain: up
+/// to 88 they give eˣ within the same bound; above, the result is unspecified (a wrong finite
+/// value, +∞ or NaN), which callers never ask for (`x − max` of the values the max was taken
+/// over is never positive).
 #[inline(always)]
 pub(crate) fn exp_nonpositive_f32(x: f32) -> f32 {
     // 1.5 · 2²³ + 127: the rounding leaves n + 127 in the low mantissa bits of `t`.

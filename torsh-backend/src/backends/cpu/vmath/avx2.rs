@@ -4,8 +4,8 @@
 //! eˣ ([`Func::Exp`]), tanh ([`Func::Tanh`]) and GELU ([`Func::Gelu`]) are the scalar forms'
 //! operations in the same order, so they give the scalar forms' bits, with the clamps as
 //! `min`/`max` that keep NaN and eˣ's choice of scale by the sign bit (`blendv`) instead of a
-//! compare; a large output is
-//! streamed straight from the registers, where the compiled forms write each block to L1 first.
+//! compare; a large output is streamed straight from the registers, where the compiled forms
+//! write each block to L1 first.
 //!
 //! The sigmoid ([`Func::Sigmoid`]) computes [`sigmoid_f32`](super::sigmoid_f32)'s `num / (1 + e)`,
 //! `e = e^−|x|`, bit for bit, in fewer instructions than the compiler makes of the scalar source:
