@@ -18,7 +18,8 @@
 //! `x − m` are never positive; terms below 2⁻¹²⁶ of the row's largest flush to 0), f64 the
 //! standard library's `exp`; sums run in lanes of the compute type within a [`BLOCK`] and in f64
 //! across blocks, so long rows lose no accuracy. f16 and bf16 are widened to f32 per row (or tile
-//! row) and rounded once.
+//! row) and rounded once; a row whose f32 copy would pass [`LONG_ROW_BYTES`] is widened a block
+//! at a time instead ([`long_widened_row`]), so no scratch grows with the row's length.
 
 use super::super::team::{par_for, par_map};
 
@@ -324,9 +325,10 @@ where
             ctx.simd,
             #[inline(always)]
             || {
-                // A row of f32 or f64 past `LONG_ROW_BYTES` takes `long_row`, which needs no row
-                // of scratch (zeroing one would cost as much as a pass over the row).
-                let long = T::DIRECT && len * std::mem::size_of::<T>() > LONG_ROW_BYTES;
+                // A row whose compute-type copy passes `LONG_ROW_BYTES` takes `long_row` (f32,
+                // f64) or `long_widened_row` (half types), which need no row of scratch (zeroing
+                // one would cost as much as a pass over the row).
+                let long = len * std::mem::size_of::<T::Acc>() > LONG_ROW_BYTES;
                 let staged = !long && (!T::DIRECT || stream);
                 // The row starts on a 64-byte line: the exponential pass's vector stores and the
                 // scaling pass's loads then never straddle two lines.
@@ -356,7 +358,8 @@ where
 }
 
 /// One row: straight from `xs` into `ys` for f32 and f64, through `buf` (the row's length) for
-/// the half types. `next` (the next row, or empty) is prefetched during the exponential pass.
+/// the half types up to [`LONG_ROW_BYTES`] of f32 (`buf` may be empty past it). `next` (the next
+/// row, or empty) is prefetched during the exponential pass.
 /// With a streamer and its block buffer (f32 and f64, `buf` the row's length), the output is
 /// built in `buf` and the final pass streams it out.
 #[inline(always)]
@@ -421,6 +424,9 @@ fn row<T: Lanes>(
             }
         }
         return;
+    }
+    if xs.len() * std::mem::size_of::<T::Acc>() > LONG_ROW_BYTES {
+        return long_widened_row(xs, ys, log);
     }
     let b = &mut buf[..xs.len()];
     T::load(xs, b);
@@ -496,6 +502,59 @@ fn long_row<A: Exp>(xa: &[A], ya: &mut [A], log: bool) {
     }
 }
 
+/// One long row of a half type (its f32 copy past [`LONG_ROW_BYTES`]) with a block of scratch
+/// instead of a widened copy of the row: a first pass takes each [`BLOCK`]'s maximum `m_b` and
+/// `s_b = Σ exp(x − m_b)` and merges them as it goes into the row's `m = max m_b` and
+/// `s = Σ s_b·exp(m_b − m)` (in f64); a second pass writes `exp(x − m)/s` or `x − m − ln s`,
+/// rounded once. Each exponential is taken twice. A block of −∞ only contributes 0; a row of −∞
+/// only, or holding NaN or +∞, comes out all NaN, as in the reference.
+#[inline(always)]
+fn long_widened_row<T: Lanes>(xs: &[T], ys: &mut [T], log: bool)
+where
+    T::Acc: Exp,
+{
+    let mut m = <T::Acc as Real>::NEG_INFINITY;
+    let mut s = 0.0f64;
+    widened_blocks(xs, |b| {
+        let mb = max_of(b);
+        if mb == <T::Acc as Real>::NEG_INFINITY {
+            // −∞ only, or with NaN (which the maximum skips): nothing, or NaN for the whole row.
+            if b.iter().any(|v| v.is_nan()) {
+                s = f64::NAN;
+            }
+            return;
+        }
+        let sb = sum_of(b, |v| (v - mb).vexp_shifted(), Ahead::none());
+        if mb > m {
+            // Also the first finite block: `m` is −∞, its factor 0 and `s` 0 (or NaN).
+            s = s * (m.to_f64() - mb.to_f64()).exp() + sb;
+            m = mb;
+        } else {
+            s += sb * (mb.to_f64() - m.to_f64()).exp();
+        }
+    });
+    let k = <T::Acc as Real>::from_f64(if log { s.ln() } else { 1.0 / s });
+    let mut buf = scratch_row::<T>();
+    for (xb, yb) in xs.chunks(BLOCK).zip(ys.chunks_mut(BLOCK)) {
+        finish(xb, yb, &mut buf, |_| (m, k), log);
+    }
+}
+
+/// Calls `f` on each [`BLOCK`] of `xs` in order, in the compute type: the elements themselves for
+/// f32 and f64, else widened into one block of scratch, so that a row of any length needs no
+/// scratch of its own length.
+#[inline(always)]
+fn widened_blocks<T: Lanes>(xs: &[T], mut f: impl FnMut(&[T::Acc])) {
+    if let Some(xa) = T::as_acc(xs) {
+        xa.chunks(BLOCK).for_each(f);
+        return;
+    }
+    let mut buf = scratch_row::<T>();
+    for xb in xs.chunks(BLOCK) {
+        f(widened(xb, &mut buf));
+    }
+}
+
 /// Row `r` of `[outer, len]` (a long one), each pass split across the team: partial maxima and sums
 /// per chunk, combined in chunk order (deterministic for a given thread count).
 fn wide_row<T: Lanes>(x: Span<T>, y: Span<T>, r: usize, sh: Shape, ctx: Ctx)
@@ -515,8 +574,12 @@ where
                 // SAFETY: input and output do not overlap (the checks forbid it); nothing writes
                 // the input.
                 let xs = unsafe { x.slice(part(c)) };
-                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
-                max_of(widened(xs, &mut buf))
+                let mut m = <T::Acc as Real>::NEG_INFINITY;
+                widened_blocks(xs, |b| {
+                    let mb = max_of(b);
+                    m = if mb > m { mb } else { m };
+                });
+                m
             },
         )
     });
@@ -528,12 +591,12 @@ where
             || {
                 // SAFETY: as above.
                 let xs = unsafe { x.slice(part(c)) };
-                let mut buf = vec![<T::Acc as Real>::ZERO; if T::DIRECT { 0 } else { xs.len() }];
-                sum_of(
-                    widened(xs, &mut buf),
-                    |v| (v - m).vexp_shifted(),
-                    Ahead::none(),
-                )
+                // Block by block as `sum_of` sums a slice: the same f64 total.
+                let mut s = 0.0;
+                widened_blocks(xs, |b| {
+                    s += sum_of(b, |v| (v - m).vexp_shifted(), Ahead::none());
+                });
+                s
             },
         )
     });
