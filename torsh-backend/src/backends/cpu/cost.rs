@@ -10,8 +10,10 @@
 //! posting the tasks, reaching the spinning workers and joining them), so that a second thread
 //! repays it; below that it runs on the calling thread, and so do all its tasks. A shared op is cut
 //! into tasks of at least [`TEAM_WORK`] each as well ([`TASK_ELEMENTS`], [`items_per_task`]), at
-//! most four per thread (`host::for_chunks`, `team::Items`), so that small planes of pooling, norms
-//! and elementwise ops are batched into a task rather than run one task each.
+//! most four per thread (`host::for_chunks`), so that small planes of pooling, norms and
+//! elementwise ops are batched into a task rather than run one task each. The work items of
+//! convolution and attention, each well past [`TEAM_WORK`], go in up to sixteen jobs per thread
+//! (`team::Items`), so that a thread slowed by a busy core holds the op up by one small job.
 //!
 //! The rates are the top of one core's, so estimates err short: an op the model keeps on one thread
 //! loses at most the half of its 16 µs that a second thread would have taken, while an op shared

@@ -11,8 +11,10 @@
 //! worker, inside a task, with no team) they run the tasks in turn on the calling thread. A team runs
 //! one job at a time; a second caller meanwhile runs its tasks itself.
 //!
-//! Lock discipline: a task never takes a lock and a worker runs nothing but the tasks of the job it
-//! joined, so no op can wait on another from inside the team.
+//! Lock discipline: a task takes no lock but the leaf locks of the job's own bookkeeping (a result
+//! slot, the first error, a free scratch), each held for one store or take and never while waiting
+//! on anything, and a worker runs nothing but the tasks of the job it joined, so no op can wait on
+//! another from inside the team.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -302,8 +304,13 @@ pub(crate) fn par_chunks_mut<T: Send>(
     });
 }
 
-/// Work items `0..items` grouped into at most four jobs per thread, so that a job's scratch is
-/// made once for its items (see [`Items::try_for_each_init`]).
+/// Jobs per thread that [`Items`] cuts its items into (fewer where there are fewer items): fine
+/// enough that when one thread runs slower than the others (its core busy elsewhere, as on a
+/// shared host), the op waits on at most one small job of it, not on a quarter of its share.
+const JOBS_PER_THREAD: usize = 16;
+
+/// Work items `0..items` grouped into at most [`JOBS_PER_THREAD`] jobs per thread, whose scratch
+/// is made a few times per op, not once per item or job (see [`Items::try_for_each_init`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Items {
     items: usize,
@@ -315,21 +322,27 @@ impl Items {
     pub(crate) fn new(items: usize, threads: usize) -> Items {
         Items {
             items,
-            per_job: items.div_ceil(4 * threads.max(1)).max(1),
+            per_job: items.div_ceil(JOBS_PER_THREAD * threads.max(1)).max(1),
         }
     }
 
-    /// Runs `f(&mut scratch, i)` for every item, each job with its own `scratch = init()`, as
-    /// [`par_for`] runs tasks; the first error (in item order within a job) is returned, after
-    /// every job has ended.
-    pub(crate) fn try_for_each_init<S, E: Send>(
+    /// Runs `f(&mut scratch, i)` for every item, jobs of consecutive items as [`par_for`] runs
+    /// tasks; the first error (in item order within a job) is returned, after every job has
+    /// ended. Each job takes a scratch that an earlier job of this call handed back, or makes one
+    /// with `init()` when none is free, and hands it back when its items are done (one after an
+    /// error is dropped): at most as many are made as jobs run at once, and an item may find its
+    /// scratch as any earlier item of the call left it. The free scratches are kept under a lock
+    /// taken only to take or hand back one, never while a job runs.
+    pub(crate) fn try_for_each_init<S: Send, E: Send>(
         self,
         init: impl Fn() -> S + Sync,
         f: impl Fn(&mut S, usize) -> std::result::Result<(), E> + Sync,
     ) -> std::result::Result<(), E> {
         let error = Mutex::new(None);
+        let free = Mutex::new(Vec::new());
         par_for(self.items.div_ceil(self.per_job), |job| {
-            let mut scratch = init();
+            let kept = free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let mut scratch = kept.unwrap_or_else(&init);
             let end = ((job + 1) * self.per_job).min(self.items);
             for i in job * self.per_job..end {
                 if let Err(e) = f(&mut scratch, i) {
@@ -340,6 +353,7 @@ impl Items {
                     return;
                 }
             }
+            free.lock().unwrap_or_else(|e| e.into_inner()).push(scratch);
         });
         match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
             Some(e) => Err(e),
@@ -404,16 +418,26 @@ mod tests {
                 }
             });
             assert!(v.iter().enumerate().all(|(i, &x)| i == x));
+            // 37 items in jobs of two: a scratch for each job running at once (at most one per
+            // thread), handed on to later jobs.
             let seen: Vec<AtomicUsize> = (0..37).map(|_| AtomicUsize::new(0)).collect();
+            let (made, used) = (AtomicUsize::new(0), AtomicUsize::new(0));
             let r: std::result::Result<(), ()> = Items::new(37, 2).try_for_each_init(
-                || 0usize,
-                |made, i| {
-                    *made += 1;
+                || {
+                    made.fetch_add(1, SeqCst);
+                    0usize
+                },
+                |items_seen, i| {
+                    *items_seen += 1;
+                    used.fetch_max(*items_seen, SeqCst);
                     seen[i].fetch_add(1, SeqCst);
                     Ok(())
                 },
             );
             assert!(r.is_ok() && seen.iter().all(|c| c.load(SeqCst) == 1));
+            let made = made.load(SeqCst);
+            assert!((1..=2).contains(&made), "{made} scratches for two threads");
+            assert!(used.load(SeqCst) > 2, "a scratch served more than one job");
             let r = Items::new(37, 2)
                 .try_for_each_init(|| (), |_, i| if i == 20 { Err(i) } else { Ok(()) });
             assert_eq!(r, Err(20));

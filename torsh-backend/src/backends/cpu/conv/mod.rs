@@ -267,8 +267,8 @@ impl<T: Element> Raw<T> {
     }
 }
 
-/// Items `0..items` in at most four jobs per thread, so that the per-job scratch buffers of
-/// `try_for_each_init` are allocated a few times, not once per item.
+/// Items `0..items` in jobs of consecutive items ([`Items`]), whose scratch buffers
+/// `try_for_each_init` allocates a few times per op, not once per item or job.
 pub(super) fn parallel_items(items: usize, threads: usize) -> Items {
     Items::new(items, threads)
 }
