@@ -277,21 +277,21 @@ fn nan_inf_and_ties_follow_the_reference() {
 
 #[test]
 fn one_nan_anywhere_in_a_row_makes_its_extreme_nan() {
-    // Row r holds a single NaN, at column r: in turn at every lane and step of the vectorised
-    // loop, in its leftover chunk and in its scalar tail, for the wide lanes (300) and the
-    // narrow ones (100).
+    // Row r holds a single NaN, at column r (or 7r): in turn at every lane and step of the
+    // vectorised loop, in its leftover chunk and in its scalar tail, for the wide lanes (300),
+    // the narrow ones (100), and lanes of a whole block and a tail (2100).
     let ops = [
         ReduceOp::Max,
         ReduceOp::Min,
         ReduceOp::ArgMax,
         ReduceOp::ArgMin,
     ];
-    for n in [300, 100] {
-        let mut vals = random(n * n, 53);
-        for r in 0..n {
-            vals[r * n + r] = f64::NAN;
+    for (rows, n, step) in [(300, 300, 1), (100, 100, 1), (300, 2100, 7)] {
+        let mut vals = random(rows * n, 53);
+        for r in 0..rows {
+            vals[r * n + r * step] = f64::NAN;
         }
-        check_view(&vals, &Layout::contiguous(&[n, n]), 1, &ops);
+        check_view(&vals, &Layout::contiguous(&[rows, n]), 1, &ops);
     }
 }
 
@@ -325,6 +325,48 @@ fn results_do_not_depend_on_the_thread_count() {
         results.push(mem.bytes(out, 4).unwrap().to_vec());
     }
     assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
+}
+
+#[test]
+fn a_lane_among_others_gives_the_bits_it_gives_alone() {
+    // Five lanes reduced together, then each again as a tensor of its own (a view at its
+    // offset): the same bits, however a scheduler groups, splits or orders lanes. Lengths: one
+    // block (whose wide steps leave a tail), two blocks with a tail, and past a chunk (blocks
+    // merged within and across chunks).
+    for (len, seed) in [(257, 61), (3001, 62), (70_001, 63)] {
+        let mut vals = random(5 * len, seed);
+        // A NaN in the third lane only: its extreme is NaN, its neighbours' are not.
+        vals[2 * len + len / 3] = f64::NAN;
+        for dtype in [DType::F32, DType::F64] {
+            let size = dtype.size_in_bytes();
+            let mut mem = HostMemory::default();
+            let x = upload(&mut mem, dtype, &vals);
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                let mut run = |layout: Layout, lanes: usize| {
+                    let out = mem.alloc(lanes * size).unwrap();
+                    let d = ReduceDesc {
+                        op,
+                        dtype,
+                        input: StridedBuf { ptr: x, layout },
+                        axis: 1,
+                        output: out,
+                    };
+                    on_threads(1, |ctx| reduce(&mut mem, &d, ctx)).unwrap();
+                    mem.bytes(out, lanes * size).unwrap().to_vec()
+                };
+                let all = run(Layout::contiguous(&[5, len]), 5);
+                for r in 0..5 {
+                    let one = run(Layout::new(vec![1, len], vec![len, 1], r * len).unwrap(), 1);
+                    assert_eq!(
+                        one,
+                        all[r * size..(r + 1) * size],
+                        "{} {dtype} lane {r} of 5 × {len}",
+                        op.name()
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]
