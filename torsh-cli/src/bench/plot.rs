@@ -151,6 +151,7 @@ fn panels(results: &[Measured], ceilings: &[Ceilings]) -> Vec<Panel> {
             if let Some(c) = ceilings_of(first, ceilings) {
                 if section.in_bytes() {
                     lines.extend(c.copy_gbps.map(|v| ("copy".to_string(), v)));
+                    lines.extend(c.read_gbps.map(|v| ("read".to_string(), v)));
                 } else {
                     lines.extend(c.fma_f32_gflops.map(|v| ("f32 FMA peak".to_string(), v)));
                     if rows
