@@ -18,8 +18,10 @@
 //!   any window, stride, padding and dilation): a direct kernel (`direct.rs`) with a tile of output
 //!   channels × pixels in registers, reading a zero-padded band of input rows split by the stride
 //!   into phases in place of a patch matrix.
-//! - **3×3, stride 1, dilation 1, one group, at least 16 input and output channels**: Winograd
-//!   F(2×2, 3×3) (`winograd.rs`): 16 GEMMs over transformed tiles, 2.25 times fewer multiply-adds.
+//! - **3×3, stride 1, dilation 1, one group, at least 16 input and output channels, at least 32
+//!   output tiles of 2×2 per call**: Winograd F(2×2, 3×3) (`winograd.rs`): 16 GEMMs over
+//!   transformed tiles, 2.25 times fewer multiply-adds (fewer tiles, such as one 7×7 image, do not
+//!   repay the per-call filter transform and take im2col).
 //!   It also serves the other 3×3 stride-1 ungrouped layers when asked for ([`Algorithm`]); the
 //!   autotuner offers the family the default does not take as a variant.
 //! - **everything else**: im2col of a block of output positions (at most [`COL_BYTES`] of patches,

@@ -530,6 +530,15 @@ fn winograd_is_the_default_for_channel_rich_3x3() {
         groups,
     };
     assert!(winograd_preferred(&desc(64, 64, 3, 1, 1)));
+    // One 7×7 image has 16 tiles, too few to repay the filter transform; two have 32.
+    let small = |n: usize| Conv2dDesc {
+        input_shape: [n, 512, 7, 7],
+        weight_shape: [512, 512, 3, 3],
+        output_shape: [n, 512, 7, 7],
+        ..desc(64, 64, 3, 1, 1)
+    };
+    assert!(winograd_applies(&small(1)) && !winograd_preferred(&small(1)));
+    assert!(winograd_preferred(&small(2)));
     assert!(winograd_applies(&desc(3, 64, 3, 1, 1)) && !winograd_preferred(&desc(3, 64, 3, 1, 1)));
     for other in [
         desc(64, 64, 5, 1, 1),

@@ -15,7 +15,9 @@
 //! positions as vectors along the channels and writes its 2×2 outputs channel by channel.
 //!
 //! Work is cut into groups of tiles whose transformed input fits [`GROUP_BYTES`] (several whole
-//! images, or one block of tile rows of a large plane). A group runs in two steps: its input
+//! images, or one block of tile rows of a large plane), or [`SMALL_GROUP_BYTES`] when that would
+//! leave several threads fewer than [`GROUPS_PER_THREAD`] groups each and the transformed filters,
+//! which every group reads, fit the cache ([`FILTER_IN_CACHE`]). A group runs in two steps: its input
 //! transform, shared out by input channels; then its products and output transform, shared out by
 //! blocks of output channels (and of tiles, when there are too few blocks for the threads). With
 //! at least two groups per thread the threads take whole groups instead. The filters are
@@ -55,12 +57,31 @@ const XI: usize = 16;
 /// 16 GEMMs are too thin for their transforms to pay.
 const MIN_CHANNELS: usize = 16;
 
+/// The fewest output tiles a call must have (all images together) for the Winograd path to be
+/// chosen by default: each call transforms every filter, work that only enough tiles repay (a
+/// single 7×7 image, 16 tiles, runs faster through im2col).
+const MIN_TILES: usize = 32;
+
 /// The most elements of transformed filters (`16·K·C`) the path builds.
 const MAX_FILTER: usize = 1 << 23;
 
 /// Bytes of transformed input a group of tiles holds at most (unless one tile row is larger):
 /// it stays in each core's L2 cache while every block of output channels reads it.
 const GROUP_BYTES: usize = 1 << 20;
+
+/// Groups per thread below which the threads' share of whole groups is too uneven: a thread
+/// that starts late leaves most of them to the others.
+const GROUPS_PER_THREAD: usize = 4;
+
+/// Bytes of transformed input a group holds at most when [`GROUP_BYTES`] would give each of
+/// several threads fewer than [`GROUPS_PER_THREAD`] groups and the transformed filters fit
+/// [`FILTER_IN_CACHE`]: smaller groups share out more evenly, and each rereads the filters
+/// from the cache.
+const SMALL_GROUP_BYTES: usize = 1 << 18;
+
+/// The most bytes of transformed filters (`16·K·C`) that smaller groups may reread: beyond it
+/// each group would read them from memory again.
+const FILTER_IN_CACHE: usize = 1 << 20;
 
 /// Tiles per register tile of the products, by preference, with 16 vector registers and with 32
 /// (AVX-512): the first is the widest the registers hold beside two vectors of channels; a group
@@ -90,10 +111,16 @@ pub(super) fn applies(g: &Geometry, elem: usize) -> bool {
             <= 8 * COL_BYTES
 }
 
-/// Whether the Winograd path is this backend's default for `g`: it applies and both channel
-/// counts reach [`MIN_CHANNELS`].
+/// Whether the Winograd path is this backend's default for `g`: it applies, both channel
+/// counts reach [`MIN_CHANNELS`] and the call has at least [`MIN_TILES`] tiles.
 pub(super) fn preferred(g: &Geometry, elem: usize) -> bool {
-    applies(g, elem) && g.c >= MIN_CHANNELS && g.k >= MIN_CHANNELS
+    applies(g, elem)
+        && g.c >= MIN_CHANNELS
+        && g.k >= MIN_CHANNELS
+        && g.n
+            .saturating_mul(g.oh.div_ceil(2))
+            .saturating_mul(g.ow.div_ceil(2))
+            >= MIN_TILES
 }
 
 /// Lanes of the vectors the products run on at `simd` (see `Job::block_products`).
@@ -143,14 +170,26 @@ impl Tiling {
     fn new(g: &Geometry, threads: usize, simd: SimdLevel, elem: usize) -> Result<Tiling> {
         let (th, tw) = (g.oh.div_ceil(2), g.ow.div_ceil(2));
         let per_row = XI * g.c * tw * elem;
-        let blocks = th.div_ceil((GROUP_BYTES / per_row.max(1)).clamp(1, th));
-        let rows = th.div_ceil(blocks);
-        let per_group = if blocks == 1 {
-            (GROUP_BYTES / (per_row * th).max(1)).clamp(1, g.n)
-        } else {
-            1
+        // (blocks per plane, items per group, groups) within a budget of `bytes`.
+        let cut = |bytes: usize| {
+            let blocks = th.div_ceil((bytes / per_row.max(1)).clamp(1, th));
+            let per_group = if blocks == 1 {
+                (bytes / (per_row * th).max(1)).clamp(1, g.n)
+            } else {
+                1
+            };
+            (blocks, per_group, (g.n * blocks).div_ceil(per_group))
         };
-        let groups = (g.n * blocks).div_ceil(per_group);
+        let mut layout = cut(GROUP_BYTES);
+        let filters = XI
+            .saturating_mul(g.k)
+            .saturating_mul(g.c)
+            .saturating_mul(elem);
+        if threads > 1 && layout.2 < GROUPS_PER_THREAD * threads && filters <= FILTER_IN_CACHE {
+            layout = cut(SMALL_GROUP_BYTES);
+        }
+        let (blocks, per_group, groups) = layout;
+        let rows = th.div_ceil(blocks);
         let tiles = per_group * rows * tw;
         let cl = 2 * vector_lanes(simd, elem);
         let kblocks = g.k.div_ceil(cl);
@@ -1298,17 +1337,34 @@ mod tests {
         // Eight such images: a group each, taken whole by the threads; filters transformed once.
         let t = tiling(8, 256, 14, 256, 2);
         assert!(t.groups == 8 && t.outer && !t.fused, "{t:?}");
-        // 56², C64: four blocks of tile rows within the budget, two groups for each of two
-        // threads.
-        let t = tiling(1, 64, 56, 64, 2);
+        // 56², C64: on one thread, four blocks of tile rows within the budget; on two, whose
+        // threads would take two of those each, 14 blocks within the smaller budget (the 256 KiB
+        // of transformed filters stay in the cache).
+        let t = tiling(1, 64, 56, 64, 1);
         assert!(
-            t.blocks == 4 && XI * 64 * t.rows * t.tw * 4 <= GROUP_BYTES,
+            t.blocks == 4 && XI * 64 * t.rows * t.tw * 4 <= GROUP_BYTES && !t.outer,
             "{t:?}"
         );
-        assert!(t.outer && !t.fused, "{t:?}");
-        // 28², C64: one group, whose two blocks of channels are cut in two pieces of tiles for
-        // two threads.
+        let t = tiling(1, 64, 56, 64, 2);
+        assert!(
+            t.blocks == 14 && XI * 64 * t.rows * t.tw * 4 <= SMALL_GROUP_BYTES,
+            "{t:?}"
+        );
+        assert!(
+            t.outer && !t.fused && t.groups >= GROUPS_PER_THREAD * 2,
+            "{t:?}"
+        );
+        // Eight such images on two threads: 32 groups, enough at the full budget.
+        let t = tiling(8, 64, 56, 64, 2);
+        assert!(t.blocks == 4 && t.groups == 32 && t.outer, "{t:?}");
+        // 28², C64: one group on one thread; four on two.
+        let t = tiling(1, 64, 28, 64, 1);
+        assert!(t.groups == 1 && t.chunks == 1 && t.fused, "{t:?}");
         let t = tiling(1, 64, 28, 64, 2);
+        assert!(t.groups == 4 && t.outer && !t.fused, "{t:?}");
+        // 14², C256 → 96: 1.5 MiB of transformed filters keep the full budget, one group, whose
+        // three blocks of channels are cut in two pieces of tiles for two threads.
+        let t = tiling(1, 256, 14, 96, 2);
         assert!(
             t.groups == 1 && t.chunks == 2 && !t.outer && !t.fused,
             "{t:?}"
@@ -1332,7 +1388,7 @@ mod tests {
 
     #[test]
     fn pieces_cover_a_group_in_whole_register_tiles() {
-        let t = tiling(1, 64, 56, 16, 3);
+        let t = tiling(1, 256, 14, 96, 3);
         assert!(t.chunks > 1);
         for tiles in [1, t.p, t.p + 1, t.tiles] {
             let mut next = 0;
