@@ -539,6 +539,14 @@ fn winograd_is_the_default_for_channel_rich_3x3() {
     };
     assert!(winograd_applies(&small(1)) && !winograd_preferred(&small(1)));
     assert!(winograd_preferred(&small(2)));
+    // The parity cases' Winograd layer: 6 × 7 tiles.
+    let deep = Conv2dDesc {
+        input_shape: [1, 16, 11, 13],
+        weight_shape: [17, 16, 3, 3],
+        output_shape: [1, 17, 11, 13],
+        ..desc(64, 64, 3, 1, 1)
+    };
+    assert!(winograd_preferred(&deep));
     assert!(winograd_applies(&desc(3, 64, 3, 1, 1)) && !winograd_preferred(&desc(3, 64, 3, 1, 1)));
     for other in [
         desc(64, 64, 5, 1, 1),
